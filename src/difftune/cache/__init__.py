@@ -1,0 +1,12 @@
+"""The split-training cache: stage 1 writes per-sample values here, stage 2 reads them back.
+
+Generic: it stores dicts of named tensors and JSON values and knows nothing about models. Format and
+guarantees: docs/cache_format.md.
+"""
+
+from .manifest import FORMAT_VERSION, CacheManifest, file_identity, fingerprint_diff, fingerprint_hash
+from .store import CacheDataset, CacheReader, CacheWriter, remove_cache
+from .verify import VerifyReport, verify_cache
+
+__all__ = ["CacheManifest", "CacheWriter", "CacheReader", "CacheDataset", "VerifyReport", "verify_cache",
+           "fingerprint_hash", "fingerprint_diff", "file_identity", "remove_cache", "FORMAT_VERSION"]

@@ -1,0 +1,105 @@
+"""Training flags: every flag of the reference's training scripts, with its meaning, plus ours.
+
+Users paste the reference's command lines and change only the script path, so names, defaults and
+meanings follow DiffSynth-Studio's documentation; where the reference has a bug (an accidental lr/3
+warm-up, no seed, micro-step counting) we keep the flag and fix the behaviour.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+TASKS = ("sft", "sft:data_process", "sft:train", "sft:split",
+         "direct_distill", "direct_distill:data_process", "direct_distill:train", "direct_distill:split")
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {value!r}")
+
+
+def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    g = parser.add_argument_group("dataset")
+    g.add_argument("--dataset_base_path", required=True, help="Root directory of the dataset (for --task *:train: the cache written by *:data_process).")
+    g.add_argument("--dataset_metadata_path", default=None, help="Metadata file (csv, json or jsonl).")
+    g.add_argument("--dataset_repeat", type=int, default=1, help="Times the dataset is repeated in each epoch.")
+    g.add_argument("--dataset_num_workers", type=int, default=0, help="DataLoader worker processes.")
+    g.add_argument("--data_file_keys", default="image,video", help="Comma-separated metadata fields that are files to load.")
+    g.add_argument("--on_bad_sample", choices=("error", "skip"), default="error", help="Stop on a bad sample, or skip it and list it in bad_samples.json.")
+
+    g = parser.add_argument_group("size")
+    g.add_argument("--height", type=int, default=None, help="Fixed height; leave height and width empty for dynamic resolution.")
+    g.add_argument("--width", type=int, default=None, help="Fixed width.")
+    g.add_argument("--max_pixels", type=int, default=1024 * 1024, help="Dynamic resolution: larger images are scaled down to this area.")
+    g.add_argument("--num_frames", type=int, default=81, help="Video frames (video families).")
+
+    g = parser.add_argument_group("models")
+    g.add_argument("--model_paths", default=None, help="JSON list of model files (an entry may be a list of shards).")
+    g.add_argument("--model_id_with_origin_paths", default=None, help="Comma-separated model_id:glob entries, downloaded from the hub.")
+    g.add_argument("--tokenizer_path", default=None, help="Tokenizer directory or model_id:glob.")
+    g.add_argument("--processor_path", default=None, help="Image processor directory (Qwen-Image-Edit).")
+    g.add_argument("--extra_inputs", default=None, help="Comma-separated extra pipeline inputs from the metadata, e.g. edit_image.")
+    g.add_argument("--fp8_models", default=None, help="Frozen models to store in FP8 (entries of the model flags, or dit/text_encoder/vae).")
+    g.add_argument("--offload_models", default=None, help="Accepted for compatibility; split training never loads unneeded models.")
+    g.add_argument("--family", default=None, help="Model family (default: recognised from the weights).")
+    g.add_argument("--torch_dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="Dtype of frozen weights.")
+    g.add_argument("--initialize_model_on_cpu", action="store_true", help="Load models on the CPU first.")
+    g.add_argument("--zero_cond_t", action="store_true", help="Qwen-Image-Edit-2511: reference tokens at t=0.")
+
+    g = parser.add_argument_group("training")
+    g.add_argument("--task", default="sft", choices=TASKS, help="sft, direct_distill, and their :data_process / :train / :split stages.")
+    g.add_argument("--learning_rate", type=float, default=1e-4)
+    g.add_argument("--weight_decay", type=float, default=0.01)
+    g.add_argument("--num_epochs", type=int, default=1)
+    g.add_argument("--max_steps", type=int, default=None, help="Stop after this many optimizer steps.")
+    g.add_argument("--batch_size", type=int, default=1, help="Samples per process per micro-step (equal image sizes).")
+    g.add_argument("--trainable_models", default=None, help="Comma-separated models to train fully: dit, text_encoder, vae.")
+    g.add_argument("--find_unused_parameters", action="store_true", help="DDP: some parameters get no gradient (Qwen-Image's last text block).")
+    g.add_argument("--lr_scheduler", default="constant", choices=("constant", "constant_with_warmup", "linear", "cosine"))
+    g.add_argument("--lr_warmup_steps", type=int, default=0)
+    g.add_argument("--max_grad_norm", type=float, default=None, help="Clip the gradient norm (off by default).")
+    g.add_argument("--seed", type=int, default=0, help="Seeds data order, noise and timesteps.")
+    g.add_argument("--customized_optimizer", default=None, help="Optimizer class by import path, e.g. bitsandbytes.optim.AdamW8bit.")
+    g.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default=None, help="Default: bf16 when --torch_dtype is bfloat16 (trainable weights stay fp32).")
+    g.add_argument("--timestep_sampling", default="uniform", choices=("uniform", "logit_normal"))
+    g.add_argument("--timestep_shift", default="fixed", choices=("fixed", "dynamic"))
+    g.add_argument("--loss_weighting", default="bell", choices=("bell", "none"))
+    g.add_argument("--rebuild_cache", action="store_true", help="*:data_process: rebuild a cache made with other settings.")
+
+    g = parser.add_argument_group("output")
+    g.add_argument("--output_path", default="./models", help="Where checkpoints (or the stage-1 cache) are written.")
+    g.add_argument("--remove_prefix_in_ckpt", default="pipe.dit.", help="Prefix removed from saved full-model keys.")
+    g.add_argument("--save_steps", type=int, default=None, help="Save every N optimizer steps; empty = once per epoch.")
+    g.add_argument("--resume_from_checkpoint", default=None, help="Full-model weights to start from (the reference's meaning).")
+
+    g = parser.add_argument_group("lora")
+    g.add_argument("--lora_base_model", default=None, help="Model the LoRA is added to (dit, text_encoder).")
+    g.add_argument("--lora_target_modules", default="", help="Comma-separated module names for LoRA.")
+    g.add_argument("--lora_rank", type=int, default=32)
+    g.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank, as the reference).")
+    g.add_argument("--lora_checkpoint", default=None, help="Start from this LoRA (difftune, diffusers/PEFT, ComfyUI, kohya or DiffSynth layout).")
+    g.add_argument("--preset_lora_path", default=None, help="A LoRA merged into the base before training (differential LoRA).")
+    g.add_argument("--preset_lora_model", default=None, help="Model the preset LoRA is merged into, e.g. dit.")
+
+    g = parser.add_argument_group("gradient")
+    g.add_argument("--use_gradient_checkpointing", action="store_true")
+    g.add_argument("--use_gradient_checkpointing_offload", action="store_true", help="Keep checkpointed activations in CPU memory.")
+    g.add_argument("--gradient_accumulation_steps", type=int, default=1)
+
+    g = parser.add_argument_group("logging and validation")
+    g.add_argument("--enable_tensorboard_log", type=_bool, nargs="?", const=True, default=True, help="TensorBoard logs under <output_path>/logs (on by default).")
+    g.add_argument("--enable_csv_log", action="store_true", help="Also write <output_path>/loss.csv.")
+    g.add_argument("--validation_prompts", default=None, help="'|'-separated prompts rendered during training.")
+    g.add_argument("--validation_steps", type=int, default=None, help="Render validation samples every N optimizer steps.")
+    g.add_argument("--validation_size", type=int, default=None, help="Height and width of validation samples.")
+    g.add_argument("--validation_inference_steps", type=int, default=20)
+    g.add_argument("--no_progress", action="store_true", help="No progress bar.")
+    return parser
+
+
+def training_parser(prog: str = "difftune train") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Train a diffusion model (reference-compatible flags).")
+    return add_training_args(parser)

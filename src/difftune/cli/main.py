@@ -1,0 +1,89 @@
+"""`difftune` command line: train, sample, cache verify (and demo).
+
+User mistakes (`UserError`) are printed as one line and exit with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..errors import UserError
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        import diffusers
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        diffusers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        diffusers.utils.logging.disable_progress_bar()
+    except Exception:  # pragma: no cover - logging is cosmetic
+        pass
+
+
+def cmd_train(argv: list[str]) -> int:
+    from ..training.run import run
+    from .args import training_parser
+
+    args = training_parser().parse_args(argv)
+    run(args)
+    return 0
+
+
+def cmd_sample(argv: list[str]) -> int:
+    from .sample import main as sample_main
+
+    return sample_main(argv)
+
+
+def cmd_cache(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="difftune cache")
+    sub = parser.add_subparsers(dest="action", required=True)
+    verify = sub.add_parser("verify", help="check a stage-1 cache: counts, shapes, dtypes, non-finite values")
+    verify.add_argument("path")
+    args = parser.parse_args(argv)
+    from ..cache import verify_cache
+
+    report = verify_cache(args.path)
+    for problem in report.problems:
+        print(f"problem: {problem}")
+    print(report.summary)
+    return 0 if report.ok else 1
+
+
+def cmd_demo(argv: list[str]) -> int:
+    from ..demo import main as demo_main
+
+    return demo_main(argv)
+
+
+COMMANDS = {"train": cmd_train, "sample": cmd_sample, "cache": cmd_cache, "demo": cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: difftune {train,sample,cache,demo} ...\n"
+              "  train   fine-tune a model (DiffSynth-Studio compatible flags; see difftune train --help)\n"
+              "  sample  generate images, optionally with a trained LoRA\n"
+              "  cache   verify a stage-1 cache (difftune cache verify DIR)\n"
+              "  demo    a split LoRA fine-tune of the bundled tiny model, on CPU", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    _quiet_libraries()
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

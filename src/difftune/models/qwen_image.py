@@ -1,0 +1,131 @@
+"""Qwen-Image components: the official configs and how their checkpoints are recognised.
+
+The configs are the public `config.json` files of the Qwen/Qwen-Image repository (transformer/, vae/,
+text_encoder/ = Qwen2.5-VL-7B-Instruct). Weights without a config.json beside them are recognised when
+their tensor names and shapes equal those of one of these. Qwen-Image-Edit(-2509/-2511) and -2512 share
+the transformer's shapes: bare files load with the Qwen-Image config (so `zero_cond_t`, an Edit-2511
+setting that changes no weight, comes from the pipeline, not from here).
+"""
+
+from __future__ import annotations
+
+from .loader import ComponentSpec, register_spec
+
+QWEN_IMAGE_TRANSFORMER_CONFIG = {
+    "_class_name": "QwenImageTransformer2DModel",
+    "attention_head_dim": 128,
+    "axes_dims_rope": [16, 56, 56],
+    "guidance_embeds": False,
+    "in_channels": 64,
+    "joint_attention_dim": 3584,
+    "num_attention_heads": 24,
+    "num_layers": 60,
+    "out_channels": 16,
+    "patch_size": 2,
+    "pooled_projection_dim": 768,  # in the official file; the diffusers class takes no such argument
+}
+
+QWEN_IMAGE_VAE_CONFIG = {
+    "_class_name": "AutoencoderKLQwenImage",
+    "attn_scales": [],
+    "base_dim": 96,
+    "dim_mult": [1, 2, 4, 4],
+    "dropout": 0.0,
+    "latents_mean": [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+                     0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921],
+    "latents_std": [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+                    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.916],
+    "num_res_blocks": 2,
+    "temperal_downsample": [False, True, True],
+    "z_dim": 16,
+}
+
+QWEN25_VL_7B_CONFIG = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "vision_token_id": 151654,
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 128000,
+    "max_window_layers": 28,
+    "model_type": "qwen2_5_vl",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vision_config": {
+        "depth": 32,
+        "hidden_act": "silu",
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "in_chans": 3,
+        "out_hidden_size": 3584,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "spatial_patch_size": 14,
+        "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+        "tokens_per_second": 2,
+        "temporal_patch_size": 2,
+    },
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "vocab_size": 152064,
+}
+
+
+def transformer_key(key: str) -> str:
+    """ComfyUI single-file checkpoints prefix the diffusers names with `model.diffusion_model.`."""
+    for prefix in ("model.diffusion_model.", "diffusion_model."):
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def text_encoder_key(key: str) -> str:
+    """Qwen2.5-VL checkpoint names -> transformers>=4.52 module names.
+
+    The official files (and transformers 5's `save_pretrained`) use `model.layers.*`, `visual.*`; the module
+    tree is `model.language_model.*`, `model.visual.*`. Names already in the new layout are unchanged.
+    """
+    if key.startswith(("model.language_model.", "model.visual.")):
+        return key
+    if key.startswith("visual."):
+        return "model." + key
+    if key.startswith("model."):
+        return "model.language_model." + key[len("model."):]
+    return key
+
+
+DIT = register_spec(ComponentSpec(
+    name="dit", library="diffusers", class_name="QwenImageTransformer2DModel",
+    known_configs={"Qwen/Qwen-Image transformer": QWEN_IMAGE_TRANSFORMER_CONFIG},
+    marker_keys=("img_in.weight", "txt_in.weight", "txt_norm.weight"), normalize_key=transformer_key,
+    description="Qwen-Image MMDiT (20B)"))
+
+TEXT_ENCODER = register_spec(ComponentSpec(
+    name="text_encoder", library="transformers", class_name="Qwen2_5_VLForConditionalGeneration",
+    config_class_name="Qwen2_5_VLConfig",
+    known_configs={"Qwen2.5-VL-7B-Instruct": QWEN25_VL_7B_CONFIG},
+    marker_keys=("model.language_model.embed_tokens.weight", "model.visual.patch_embed.proj.weight"),
+    normalize_key=text_encoder_key, description="Qwen2.5-VL-7B text encoder"))
+
+VAE = register_spec(ComponentSpec(
+    name="vae", library="diffusers", class_name="AutoencoderKLQwenImage",
+    known_configs={"Qwen/Qwen-Image VAE": QWEN_IMAGE_VAE_CONFIG},
+    marker_keys=("encoder.conv_in.weight", "decoder.conv_in.weight", "quant_conv.weight", "post_quant_conv.weight"),
+    description="Qwen-Image VAE"))

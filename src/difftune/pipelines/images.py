@@ -1,0 +1,54 @@
+"""PIL <-> tensor conversion shared by the image families."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+def as_image_list(images) -> list[Image.Image]:
+    if isinstance(images, Image.Image):
+        return [images]
+    return list(images)
+
+
+def images_to_tensor(images, height: int | None = None, width: int | None = None) -> torch.Tensor:
+    """PIL image(s) -> float tensor (B, 3, H, W) in [-1, 1], resized to (height, width) when given."""
+    arrays = []
+    for img in as_image_list(images):
+        img = img.convert("RGB")
+        if height is not None and width is not None and img.size != (width, height):
+            img = img.resize((width, height), Image.LANCZOS)
+        arrays.append(np.asarray(img, dtype=np.float32) / 127.5 - 1.0)
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        raise ValueError(f"images in one batch must have the same size, got {sorted(shapes)}")
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+
+
+def tensor_to_images(x: torch.Tensor) -> list[Image.Image]:
+    """Float tensor (B, 3, H, W) in [-1, 1] -> PIL images."""
+    x = ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    return [Image.fromarray(a) for a in x]
+
+
+# Stage-1 caches hold tensors and JSON only; images that stage 2 needs are stored as uint8 tensors.
+IMAGE_MARK = "__difftune_images__"
+
+
+def images_to_cache(value):
+    """PIL image(s) -> a uint8 tensor (N, H, W, 3) marked as images; anything else unchanged."""
+    if isinstance(value, Image.Image) or (isinstance(value, list) and value and
+                                          all(isinstance(v, Image.Image) for v in value)):
+        images = as_image_list(value)
+        return {IMAGE_MARK: torch.from_numpy(np.stack([np.asarray(i.convert("RGB")) for i in images])),
+                "single": isinstance(value, Image.Image)}
+    return value
+
+
+def images_from_cache(value):
+    if isinstance(value, dict) and IMAGE_MARK in value:
+        images = [Image.fromarray(a) for a in value[IMAGE_MARK].numpy()]
+        return images[0] if value.get("single") else images
+    return value

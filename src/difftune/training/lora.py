@@ -1,0 +1,657 @@
+"""LoRA through peft: inject, export (diffusers / ComfyUI / kohya), import every common layout, fuse.
+
+The canonical form inside difftune is one state dict per component with keys `<module path>.lora_A.weight`
+and `<module path>.lora_B.weight` (peft's naming minus the adapter name), fp32, plus an alpha per module.
+A component is named by its file prefix: `transformer` (our `dit` slot, as diffusers names it) or
+`text_encoder`; `""` holds LoRAs whose keys carry no prefix (raw peft keys, the reference's files), which
+fit whichever model they are loaded into.
+
+Injection uses `peft.inject_adapter_in_model` rather than `add_adapter`: diffusers' `ModelMixin.add_adapter`
+is that same call plus bookkeeping, transformers' `PreTrainedModel.add_adapter` has its own signature and
+checks, and a plain `nn.Module` has neither. We do the shared bookkeeping (`peft_config`,
+`_hf_peft_config_loaded`) ourselves so diffusers' and transformers' adapter helpers still see the adapter.
+
+Alpha read from per-module `.alpha` tensors (ComfyUI, kohya) is kept per module, not folded into `lora_B`:
+folding would round B and, when training continues from the file, change the effective learning rate of B.
+Per-module values that differ from the common one go into peft's `rank_pattern` / `alpha_pattern`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+
+logger = logging.getLogger(__name__)
+
+# Pipeline slot -> prefix of that component's keys in a LoRA file (diffusers' names).
+COMPONENT_PREFIX = {"dit": "transformer", "transformer": "transformer", "text_encoder": "text_encoder"}
+ADAPTER_METADATA_KEY = "lora_adapter_metadata"  # what diffusers' save_lora_weights writes
+DIFFTUNE_METADATA_KEY = "difftune_lora"
+_PEFT_PARTS = {"base_layer", "lora_A", "lora_B", "lora_dropout", "lora_embedding_A", "lora_embedding_B",
+               "lora_magnitude_vector"}
+_WEIGHT_KEY = re.compile(r"^(?P<path>.+?)\.(?P<kind>lora_A|lora_B|lora_down|lora_up)(?:\.(?P<adapter>[^.]+))?\.weight$")
+_ALPHA_KEY = re.compile(r"^(?P<path>.+)\.alpha$")
+# (key prefix, component, layout, flattened kohya names)
+_PREFIXES = (
+    ("transformer.", "transformer", "diffusers", False),
+    ("text_encoder.", "text_encoder", "diffusers", False),
+    ("diffusion_model.", "transformer", "comfyui", False),
+    ("pipe.dit.", "transformer", "reference", False),
+    ("pipe.text_encoder.", "text_encoder", "reference", False),
+    ("lora_unet_", "transformer", "kohya", True),
+    ("lora_te1_", "text_encoder", "kohya", True),
+    ("lora_te_", "text_encoder", "kohya", True),
+)
+
+
+def component_prefix(name: str | None) -> str | None:
+    """The key prefix of a pipeline slot in LoRA files (`dit` -> `transformer`); other names pass through."""
+    return None if name is None else COMPONENT_PREFIX.get(name, name)
+
+
+def _names(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value if v]
+
+
+def _suffix_match(name: str, target: str) -> bool:
+    # peft's rule for a list of target_modules / exclude_modules
+    return name == target or name.endswith("." + target)
+
+
+def _is_peft_internal(name: str) -> bool:
+    return any(part in _PEFT_PARTS for part in name.split("."))
+
+
+def _linear_of(m: nn.Module | None) -> nn.Linear | None:
+    """The nn.Linear itself, or the one a peft layer wraps."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if isinstance(m, BaseTunerLayer):
+        m = m.get_base_layer()
+    return m if isinstance(m, nn.Linear) else None
+
+
+def _short_name(name: str) -> str:
+    # `transformer_blocks.0.attn.to_q` -> `attn.to_q`: the part users put in --lora_target_modules
+    parts = name.split(".")
+    for i, p in enumerate(parts[:-1]):
+        if p.isdigit():
+            return ".".join(parts[i + 1:])
+    return name
+
+
+def _linear_examples(module: nn.Module, limit: int = 12) -> str:
+    seen: list[str] = []
+    for name, m in module.named_modules():
+        if name and not _is_peft_internal(name) and _linear_of(m) is not None:
+            short = _short_name(name)
+            if short not in seen:
+                seen.append(short)
+    more = f", ... ({len(seen)} in all)" if len(seen) > limit else ""
+    return ", ".join(seen[:limit]) + more if seen else "none"
+
+
+def _check_targets(module: nn.Module, targets: list[str], exclude: list[str]) -> list[str]:
+    """The module names the targets select (peft's suffix rule); UserError for targets matching nothing."""
+    names = [n for n, _ in module.named_modules() if n and not _is_peft_internal(n)]
+    unmatched = [t for t in targets if not any(_suffix_match(n, t) for n in names)]
+    if unmatched:
+        raise UserError(f"--lora_target_modules: {', '.join(unmatched)} match no module of {type(module).__name__} "
+                        f"(its Linear layers include: {_linear_examples(module)})")
+    selected = [n for n in names if any(_suffix_match(n, t) for t in targets)
+                and not any(_suffix_match(n, e) for e in exclude)]
+    if not selected:
+        raise UserError(f"--lora_target_modules: every module matched by {', '.join(targets)} is excluded")
+    for n in selected:
+        m = module.get_submodule(n)
+        if _linear_of(m) is None:
+            raise UserError(f"--lora_target_modules: '{n}' is a {type(m).__name__}, not a Linear layer "
+                            f"(Linear layers include: {_linear_examples(module)})")
+    return selected
+
+
+def _lora_layers(module: nn.Module, adapter_name: str):
+    from peft.tuners.lora import LoraLayer
+
+    for name, m in module.named_modules():
+        if isinstance(m, LoraLayer) and adapter_name in m.lora_A:
+            yield name, m
+
+
+def inject_lora(module: nn.Module, target_modules: Iterable[str] | str, rank: int, alpha: float | None = None,
+                init: Any = "default", exclude_modules: Iterable[str] | str | None = None,
+                adapter_name: str = "default", rank_pattern: Mapping[str, int] | None = None,
+                alpha_pattern: Mapping[str, float] | None = None):
+    """Add a LoRA adapter to `module` in place; returns its `peft.LoraConfig`.
+
+    Targets are matched like peft (a module whose name equals or ends with `.<target>`). `alpha` defaults
+    to `rank`. `init`: "default" (B = 0, so the output is unchanged), "gaussian", False (random A and B,
+    for tests) or any other `init_lora_weights` value peft knows. LoRA parameters are fp32 whatever the
+    base dtype (mixed precision comes from autocast); afterwards only this adapter's parameters require grad.
+    """
+    from peft import LoraConfig, inject_adapter_in_model
+
+    targets, exclude = _names(target_modules), _names(exclude_modules)
+    if not targets:
+        raise UserError("--lora_target_modules is empty: name the modules to put LoRA on, e.g. to_q,to_k,to_v")
+    if int(rank) < 1:
+        raise UserError(f"--lora_rank must be at least 1 (got {rank})")
+    previous = dict(getattr(module, "peft_config", None) or {})
+    if adapter_name in previous:
+        raise ValueError(f"{type(module).__name__} already has a LoRA adapter named {adapter_name!r}")
+    _check_targets(module, targets, exclude)
+    config = LoraConfig(
+        r=int(rank), lora_alpha=float(rank if alpha is None else alpha), target_modules=targets,
+        exclude_modules=exclude or None, init_lora_weights=True if init in ("default", True) else init,
+        rank_pattern=dict(rank_pattern or {}), alpha_pattern=dict(alpha_pattern or {}))
+    inject_adapter_in_model(config, module, adapter_name=adapter_name)
+    # peft replaces module.peft_config with a dict holding only the new adapter; keep earlier ones.
+    module.peft_config = {**previous, **module.peft_config}
+    if hasattr(module, "_hf_peft_config_loaded"):
+        module._hf_peft_config_loaded = True
+    lora_params = set()
+    for _, layer in _lora_layers(module, adapter_name):
+        for part in (layer.lora_A[adapter_name], layer.lora_B[adapter_name]):
+            part.to(torch.float32)  # peft copies the base dtype (bf16, even fp8); keep the adapter in fp32
+            lora_params.update(id(p) for p in part.parameters())
+    for p in module.parameters():
+        p.requires_grad_(id(p) in lora_params)
+    return config
+
+
+def lora_state_dict(module: nn.Module, adapter_name: str = "default") -> dict[str, torch.Tensor]:
+    """The adapter's weights in canonical form: `<module path>.lora_A.weight` / `.lora_B.weight`, fp32."""
+    out: dict[str, torch.Tensor] = {}
+    for name, layer in _lora_layers(module, adapter_name):
+        for kind in ("lora_A", "lora_B"):
+            out[f"{name}.{kind}.weight"] = getattr(layer, kind)[adapter_name].weight.detach().float().contiguous()
+    if not out:
+        raise ValueError(f"{type(module).__name__} has no LoRA adapter named {adapter_name!r}")
+    return out
+
+
+def canonical_lora_keys(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`x.lora_A.<adapter>.weight` (a module's own parameter names) -> `x.lora_A.weight`, fp32, contiguous."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        m = _WEIGHT_KEY.match(key)
+        if m is None or m["kind"] not in ("lora_A", "lora_B"):
+            raise ValueError(f"not a peft LoRA weight: {key!r}")
+        canonical = f"{m['path']}.{m['kind']}.weight"
+        if canonical in out:
+            raise ValueError(f"two adapters for {canonical!r}; export one adapter at a time")
+        out[canonical] = value.detach().float().contiguous()
+    return out
+
+
+def _module_paths(sd: Mapping[str, torch.Tensor]) -> list[str]:
+    return sorted(k[: -len(".lora_A.weight")] for k in sd if k.endswith(".lora_A.weight"))
+
+
+# -- export ---------------------------------------------------------------------------------------------
+
+def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
+                      metadata: Mapping[str, str] | None = None) -> Path:
+    """Write a safetensors file atomically (temporary name in the same folder, then `os.replace`)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp),
+                  metadata=dict(metadata) if metadata else None)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _pattern_value(patterns: Mapping[str, Any], path: str, default):
+    # peft's rule for rank_pattern / alpha_pattern (peft.utils.other.get_pattern_key)
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", path):
+            return value
+    return default
+
+
+def _config_spec(config, sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """LoraConfig / (rank, alpha, targets) / dict -> the LoraConfig fields a loader needs, checked against sd."""
+    if isinstance(config, tuple):
+        rank, alpha, targets = config
+        spec = {"r": int(rank), "lora_alpha": float(rank if alpha is None else alpha),
+                "target_modules": _names(targets)}
+    else:
+        get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
+        targets = get("target_modules")
+        targets = sorted(targets) if isinstance(targets, (set, frozenset)) else _names(targets)
+        spec = {"r": int(get("r")), "lora_alpha": float(get("lora_alpha")), "target_modules": targets}
+        for k in ("rank_pattern", "alpha_pattern"):
+            if get(k):
+                spec[k] = dict(get(k))
+        if get("exclude_modules"):
+            spec["exclude_modules"] = sorted(get("exclude_modules"))
+        if get("use_rslora") or get("use_dora"):
+            raise ValueError("rsLoRA / DoRA adapters cannot be exported by difftune")
+    spec.setdefault("rank_pattern", {})
+    spec.setdefault("alpha_pattern", {})
+    for path in _module_paths(sd):
+        want = _pattern_value(spec["rank_pattern"], path, spec["r"])
+        got = sd[f"{path}.lora_A.weight"].shape[0]
+        if got != want:
+            raise ValueError(f"{path}: lora_A has rank {got} but the config says {want}")
+    return spec
+
+
+def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, torch.Tensor]],
+              configs: Mapping[str, Any], base_info: Mapping[str, Any] | None = None) -> Path:
+    """Write one LoRA file that diffusers' `load_lora_weights` loads with its alpha.
+
+    `state_dicts` / `configs` are keyed by component or pipeline slot (`dit` is written as `transformer`).
+    A config is a `LoraConfig`, a `(rank, alpha, target_modules)` tuple or a dict of LoraConfig fields.
+    Keys: `<prefix>.<module path>.lora_A.weight`; metadata: `format=pt`, `lora_adapter_metadata` (the
+    prefixed LoraConfig fields, as diffusers writes them) and `difftune_lora` (per-component rank, alpha,
+    targets, the base model described by `base_info`).
+    """
+    from .. import __version__
+
+    tensors: dict[str, torch.Tensor] = {}
+    adapter_meta: dict[str, Any] = {}
+    ours: dict[str, Any] = {}
+    for name, sd in state_dicts.items():
+        prefix = component_prefix(name)
+        sd = canonical_lora_keys(sd)
+        spec = _config_spec(configs[name], sd)
+        tensors.update({f"{prefix}.{k}": v for k, v in sd.items()})
+        adapter_meta.update({f"{prefix}.{k}": v for k, v in spec.items() if k != "exclude_modules"})
+        ours[prefix] = {"model": name, "rank": spec["r"], "alpha": spec["lora_alpha"],
+                        **{k: v for k, v in spec.items() if k not in ("r", "lora_alpha")}}
+    metadata = {
+        "format": "pt",
+        ADAPTER_METADATA_KEY: json.dumps(adapter_meta, indent=2, sort_keys=True),
+        DIFFTUNE_METADATA_KEY: json.dumps({"version": 1, "difftune_version": __version__, "components": ours,
+                                           "base_model": dict(base_info or {})}, sort_keys=True, default=str),
+    }
+    return write_safetensors(path, tensors, metadata)
+
+
+def _alpha_for(alpha: float | Mapping[str, float], path: str) -> float:
+    return float(alpha[path] if isinstance(alpha, Mapping) else alpha)
+
+
+def to_comfyui(state_dict: Mapping[str, torch.Tensor], alpha: float | Mapping[str, float],
+               prefix: str = "diffusion_model.") -> dict[str, torch.Tensor]:
+    """A DiT LoRA in ComfyUI's layout: `diffusion_model.<path>.lora_A/B.weight` + a `.alpha` tensor per module."""
+    sd = canonical_lora_keys(state_dict)
+    out: dict[str, torch.Tensor] = {}
+    for path in _module_paths(sd):
+        out[f"{prefix}{path}.lora_A.weight"] = sd[f"{path}.lora_A.weight"]
+        out[f"{prefix}{path}.lora_B.weight"] = sd[f"{path}.lora_B.weight"]
+        out[f"{prefix}{path}.alpha"] = torch.tensor(_alpha_for(alpha, path), dtype=torch.float32)
+    return out
+
+
+def to_kohya(state_dict: Mapping[str, torch.Tensor], alpha: float | Mapping[str, float],
+             prefix: str = "lora_unet_") -> dict[str, torch.Tensor]:
+    """A DiT LoRA in kohya's layout: `lora_unet_<path, dots as _>.lora_down/lora_up.weight` + `.alpha`."""
+    sd = canonical_lora_keys(state_dict)
+    out: dict[str, torch.Tensor] = {}
+    for path in _module_paths(sd):
+        flat = prefix + path.replace(".", "_")
+        out[f"{flat}.lora_down.weight"] = sd[f"{path}.lora_A.weight"]
+        out[f"{flat}.lora_up.weight"] = sd[f"{path}.lora_B.weight"]
+        out[f"{flat}.alpha"] = torch.tensor(_alpha_for(alpha, path), dtype=torch.float32)
+    return out
+
+
+# -- import ---------------------------------------------------------------------------------------------
+
+@dataclass
+class ImportedLora:
+    """A LoRA file read into canonical form.
+
+    `components`: prefix (`transformer`, `text_encoder`, or `""` for unprefixed keys) -> canonical state
+    dict. `alphas`: prefix -> module path -> alpha (rank where the file stores none: scale 1, as diffusers
+    and the reference use it). `targets`: prefix -> target_modules (from metadata, else the module paths).
+    Components in `unresolved` still carry kohya's flattened names; they are matched against the model's
+    module names when the LoRA is loaded or fused.
+    """
+
+    source: str
+    layout: str
+    components: dict[str, dict[str, torch.Tensor]]
+    alphas: dict[str, dict[str, float]]
+    targets: dict[str, list[str]]
+    alpha_source: str
+    info: dict[str, Any] = field(default_factory=dict)
+    keys: dict[str, dict[str, str]] = field(default_factory=dict)  # prefix -> path -> a key as in the file
+    unresolved: frozenset[str] = frozenset()
+
+    def ranks(self, component: str | None = None) -> dict[str, int]:
+        key = self.select(component)
+        return {p: self.components[key][f"{p}.lora_A.weight"].shape[0] for p in _module_paths(self.components[key])}
+
+    def select(self, component: str | None = None) -> str:
+        """The component key for a pipeline slot or prefix (None: the only one)."""
+        prefix = component_prefix(component)
+        if prefix is not None and prefix in self.components:
+            return prefix
+        if "" in self.components and (prefix is None or len(self.components) == 1):
+            return ""
+        if prefix is None and len(self.components) == 1:
+            return next(iter(self.components))
+        have = ", ".join(k or "(unprefixed)" for k in self.components)
+        what = f"for {component}" if component else "without naming the model (it has several)"
+        raise UserError(f"{self.source}: no LoRA {what} in this file (it holds: {have})")
+
+    def config(self, component: str | None = None) -> dict[str, Any]:
+        """LoraConfig fields reproducing this LoRA exactly (common rank/alpha + per-module patterns)."""
+        key = self.select(component)
+        ranks, alphas = self.ranks(key), self.alphas[key]
+        r = Counter(ranks.values()).most_common(1)[0][0]
+        a = Counter(alphas.values()).most_common(1)[0][0]
+        return {"r": r, "lora_alpha": a, "target_modules": list(self.targets[key]),
+                "rank_pattern": {re.escape(p): v for p, v in ranks.items() if v != r},
+                "alpha_pattern": {re.escape(p): v for p, v in alphas.items() if v != a}}
+
+    def resolved(self, module: nn.Module, component: str | None = None) -> ImportedLora:
+        """This LoRA with kohya names replaced by `module`'s module names, checked to fit `module`."""
+        key, fitted = _fit(self, module, component)
+        new = {old: real for old, (real, *_rest) in fitted.items()}
+        sd = {}
+        for real, a, b, _ in fitted.values():
+            sd[f"{real}.lora_A.weight"], sd[f"{real}.lora_B.weight"] = a, b
+        return replace(
+            self, components={**self.components, key: sd},
+            alphas={**self.alphas, key: {real: al for real, _, _, al in fitted.values()}},
+            keys={**self.keys, key: {new[p]: k for p, k in self.keys.get(key, {}).items()}},
+            targets={**self.targets, key: [new.get(t, t) for t in self.targets[key]]},
+            unresolved=self.unresolved - {key})
+
+
+def _find_file(path: Path) -> Path:
+    if path.is_dir():
+        for name in ("pytorch_lora_weights.safetensors", "adapter_model.safetensors"):
+            if (path / name).is_file():
+                return path / name
+        found = sorted(path.glob("*.safetensors"))
+        if len(found) != 1:
+            raise UserError(f"{path}: expected one .safetensors LoRA file in this folder, found {len(found)}")
+        return found[0]
+    if not path.is_file():
+        raise UserError(f"{path}: no such LoRA file")
+    return path
+
+
+def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import SafetensorError, safe_open
+
+    if path.suffix.lower() in (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle"):
+        raise UserError(f"{path}: pickled checkpoints are refused (they can run code); convert it to .safetensors")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            metadata = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{path}: not a safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__});"
+                        " LoRAs are read from .safetensors only") from None
+    return tensors, metadata
+
+
+def _json_meta(path: Path, metadata: Mapping[str, str], key: str) -> dict[str, Any]:
+    raw = metadata.get(key)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        raise UserError(f"{path}: its '{key}' metadata is not valid JSON") from None
+    return value if isinstance(value, dict) else {}
+
+
+def _split_prefix(path: str) -> tuple[str, str, str, bool]:
+    path = path.removeprefix("base_model.model.")  # PeftModel.save_pretrained
+    for prefix, component, layout, flat in _PREFIXES:
+        if path.startswith(prefix):
+            return component, path[len(prefix):], layout, flat
+    return "", path, "peft", False
+
+
+def _adapter_config(path: Path, comp_meta: dict[str, dict], components: Iterable[str]) -> None:
+    # PEFT's adapter_model.safetensors keeps its LoraConfig beside it, in adapter_config.json.
+    cfg = path.with_name("adapter_config.json")
+    if "" in components and "" not in comp_meta and cfg.is_file():
+        try:
+            comp_meta[""] = json.loads(cfg.read_text())
+        except json.JSONDecodeError:
+            raise UserError(f"{cfg}: not valid JSON") from None
+
+
+def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = None,
+                   component: str | None = None) -> ImportedLora:
+    """Read a LoRA in any supported layout into canonical form.
+
+    Layouts: difftune's and diffusers' (`transformer.` / `text_encoder.` prefixes, alpha from
+    `lora_adapter_metadata`), raw peft keys (alpha from an `adapter_config.json` beside the file),
+    ComfyUI (`diffusion_model.` + `.alpha`), kohya (`lora_unet_..._to_q.lora_down/lora_up` + `.alpha`) and
+    the reference's (`...to_q.lora_A.default.weight`, no alpha: alpha = rank). With `resolve_against`, kohya
+    names are resolved against that module's names and the LoRA is checked to fit it (`component`
+    picks which part of the file, if it has several).
+    """
+    path = _find_file(Path(path))
+    tensors, metadata = _read(path)
+    src = str(path)
+    parts: dict[str, dict[str, dict[str, Any]]] = {}
+    layouts: set[str] = set()
+    flat_components: set[str] = set()
+    lora_keys = [k for k in tensors if _WEIGHT_KEY.match(k)]
+    if not lora_keys:
+        example = next(iter(tensors), "(the file is empty)")
+        raise UserError(f"{src}: not a LoRA file (no lora_A/lora_B or lora_down/lora_up keys; e.g. '{example}')")
+    for key, value in tensors.items():
+        m = _WEIGHT_KEY.match(key) or _ALPHA_KEY.match(key)
+        if m is None:
+            raise UserError(f"{src}: unsupported key '{key}' (only lora_A/lora_B, lora_down/lora_up and .alpha "
+                            "weights of Linear layers are supported)")
+        comp, mpath, layout, flat = _split_prefix(m["path"])
+        kind = m.groupdict().get("kind") or "alpha"
+        if m.groupdict().get("adapter") and layout == "peft":
+            layout = "reference"  # peft parameter names with the adapter name left in
+        layouts.add(layout)
+        if flat:
+            flat_components.add(comp)
+        entry = parts.setdefault(comp, {}).setdefault(mpath, {})
+        slot = {"lora_A": "A", "lora_down": "A", "lora_B": "B", "lora_up": "B"}.get(kind, "alpha")
+        if slot in entry:
+            raise UserError(f"{src}: '{key}' duplicates another key for module '{mpath}' (several adapters?)")
+        entry[slot] = value
+        if slot == "A":
+            entry["key"] = key
+
+    adapter_meta = _json_meta(path, metadata, ADAPTER_METADATA_KEY)
+    info = _json_meta(path, metadata, DIFFTUNE_METADATA_KEY)
+    comp_meta: dict[str, dict] = {}
+    for k, v in adapter_meta.items():
+        comp, _, field_name = k.rpartition(".")
+        comp_meta.setdefault(comp, {})[field_name] = v
+    _adapter_config(path, comp_meta, parts)
+
+    components: dict[str, dict[str, torch.Tensor]] = {}
+    alphas: dict[str, dict[str, float]] = {}
+    targets: dict[str, list[str]] = {}
+    keys: dict[str, dict[str, str]] = {}
+    sources: set[str] = set()
+    for comp, modules in parts.items():
+        meta = comp_meta.get(comp, {})
+        if meta.get("use_dora"):
+            raise UserError(f"{src}: DoRA LoRAs are not supported")
+        sd, al, kk = {}, {}, {}
+        for mpath, entry in sorted(modules.items()):
+            if "A" not in entry or "B" not in entry:
+                have = "lora_A" if "A" in entry else "lora_B" if "B" in entry else "only an alpha"
+                raise UserError(f"{src}: module '{mpath}' has {have} but not both lora_A and lora_B")
+            a, b = entry["A"], entry["B"]
+            if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+                raise UserError(f"{src}: '{entry['key']}' is not a Linear LoRA (lora_A {tuple(a.shape)}, "
+                                f"lora_B {tuple(b.shape)})")
+            rank = a.shape[0]
+            if "alpha" in entry:
+                alpha, how = float(entry["alpha"].float().item()), "alpha tensors"
+            elif meta.get("lora_alpha") is not None:
+                want = _pattern_value(meta.get("rank_pattern") or {}, mpath, meta.get("r", rank))
+                if int(want) != rank:
+                    raise UserError(f"{src}: metadata says rank {want} for '{mpath}' but its lora_A has {rank} rows")
+                alpha, how = float(_pattern_value(meta.get("alpha_pattern") or {}, mpath, meta["lora_alpha"])), \
+                    "metadata"
+                if meta.get("use_rslora"):  # scale alpha/sqrt(r) == (alpha*sqrt(r))/r
+                    alpha *= math.sqrt(rank)
+            else:
+                alpha, how = float(rank), "none stored: alpha = rank"
+            sources.add(how)
+            sd[f"{mpath}.lora_A.weight"] = a.float().contiguous()
+            sd[f"{mpath}.lora_B.weight"] = b.float().contiguous()
+            al[mpath] = alpha
+            kk[mpath] = entry["key"]
+        components[comp], alphas[comp], keys[comp] = sd, al, kk
+        targets[comp] = _names(meta.get("target_modules")) or sorted(al)
+
+    if info and layouts == {"diffusers"}:
+        layouts = {"difftune"}
+    imported = ImportedLora(source=src, layout="+".join(sorted(layouts)), components=components, alphas=alphas,
+                            targets=targets, alpha_source=", ".join(sorted(sources)), info=info, keys=keys,
+                            unresolved=frozenset(flat_components))
+    if resolve_against is not None:
+        imported = imported.resolved(resolve_against, component)
+    return imported
+
+
+def _kohya_index(module: nn.Module) -> dict[str, list[str]]:
+    index: dict[str, list[str]] = {}
+    for name, m in module.named_modules():
+        if name and not _is_peft_internal(name) and _linear_of(m) is not None:
+            index.setdefault(name.replace(".", "_"), []).append(name)
+    return index
+
+
+def _fit(imported: ImportedLora, module: nn.Module, component: str | None):
+    """Match the LoRA to `module`: (component key, {path in file: (module path, A, B, alpha)}).
+
+    UserError when the LoRA is for another model (a module is missing or has other shapes).
+    """
+    key = imported.select(component)
+    sd, alphas, orig = imported.components[key], imported.alphas[key], imported.keys.get(key, {})
+    index = _kohya_index(module) if key in imported.unresolved else None
+    what = f"{type(module).__name__}" + (f" ({component})" if component else "")
+    fitted: dict[str, tuple[str, torch.Tensor, torch.Tensor, float]] = {}
+    missing: list[str] = []
+    for path in _module_paths(sd):
+        a, b = sd[f"{path}.lora_A.weight"], sd[f"{path}.lora_B.weight"]
+        real = path
+        if index is not None:
+            found = index.get(path, [])
+            if len(found) > 1:
+                raise UserError(f"{imported.source}: kohya name '{orig.get(path, path)}' is ambiguous in {what} "
+                                f"({', '.join(found)})")
+            real = found[0] if found else None
+        try:
+            linear = _linear_of(module.get_submodule(real)) if real else None
+        except AttributeError:
+            linear = None
+        if linear is None:
+            missing.append(path)
+            continue
+        if a.shape[1] != linear.in_features or b.shape[0] != linear.out_features:
+            raise UserError(f"{imported.source}: LoRA key '{orig.get(path, path)}' has shapes A {tuple(a.shape)}, "
+                            f"B {tuple(b.shape)} but '{real}' of {what} is Linear({linear.in_features} -> "
+                            f"{linear.out_features}); is this a LoRA for another model?")
+        fitted[path] = (real, a, b, alphas[path])
+    if missing:
+        raise UserError(f"{imported.source}: {len(missing)} of {len(sd) // 2} LoRA modules match no Linear layer "
+                        f"of {what} (e.g. key '{orig.get(missing[0], missing[0])}'); is this a LoRA for another "
+                        f"model?")
+    return key, fitted
+
+
+# -- apply ----------------------------------------------------------------------------------------------
+
+def load_lora_into(module: nn.Module, imported: ImportedLora, adapter_name: str = "default", trainable: bool = True,
+                   component: str | None = None, target_modules: Iterable[str] | str | None = None,
+                   rank: int | None = None, alpha: float | None = None,
+                   exclude_modules: Iterable[str] | str | None = None):
+    """Inject a LoRA adapter holding the file's weights (e.g. to continue training); returns its LoraConfig.
+
+    The file's rank and alpha win over `rank` / `alpha` (a warning says so when they differ). With
+    `target_modules`, modules they select that the file lacks start fresh (B = 0); a module of the file
+    that they do not select is a UserError. Without them, exactly the file's modules get the adapter.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    _, fitted = _fit(imported, module, component)
+    ranks = {real: a.shape[0] for real, a, _, _ in fitted.values()}
+    alphas = {real: al for real, _, _, al in fitted.values()}
+    r = Counter(ranks.values()).most_common(1)[0][0]
+    a = Counter(alphas.values()).most_common(1)[0][0]
+    if rank is not None and int(rank) != r:
+        logger.warning("%s: the LoRA has rank %d; --lora_rank %s is ignored", imported.source, r, rank)
+    if alpha is not None and float(alpha) != a:
+        logger.warning("%s: the LoRA has alpha %g; --lora_alpha %s is ignored", imported.source, a, alpha)
+    targets, exclude = _names(target_modules), _names(exclude_modules)
+    if targets:
+        uncovered = [p for p in ranks if not any(_suffix_match(p, t) for t in targets)
+                     or any(_suffix_match(p, e) for e in exclude)]
+        if uncovered:
+            raise UserError(f"--lora_target_modules does not cover {len(uncovered)} modules of {imported.source} "
+                            f"(e.g. '{uncovered[0]}'); add them or leave the flag out to use the file's modules")
+    else:
+        targets, exclude = sorted(ranks), []
+    config = inject_lora(module, targets, r, a, exclude_modules=exclude, adapter_name=adapter_name,
+                         rank_pattern={re.escape(p): v for p, v in ranks.items() if v != r},
+                         alpha_pattern={re.escape(p): v for p, v in alphas.items() if v != a})
+    with torch.no_grad():
+        for path, wa, wb, _ in fitted.values():
+            layer = module.get_submodule(path)
+            assert isinstance(layer, LoraLayer) and adapter_name in layer.lora_A, path
+            layer.lora_A[adapter_name].weight.copy_(wa)
+            layer.lora_B[adapter_name].weight.copy_(wb)
+    if not trainable:
+        for _, layer in _lora_layers(module, adapter_name):
+            for p in (*layer.lora_A[adapter_name].parameters(), *layer.lora_B[adapter_name].parameters()):
+                p.requires_grad_(False)
+    return config
+
+
+@torch.no_grad()
+def fuse_lora(module: nn.Module, imported: ImportedLora, scale: float = 1.0,
+              component: str | None = None) -> list[str]:
+    """Merge W += scale * (alpha / r) * B @ A into the base Linear weights; no peft layer is left behind.
+
+    Computed in fp32 and cast back once, so bf16 and float8 weights take the sum rounded a single time
+    (a delta below the float8 step is lost, as with any float8 weight). Returns the fused module paths.
+    """
+    _, fitted = _fit(imported, module, component)
+    for path, a, b, alpha in fitted.values():
+        weight = _linear_of(module.get_submodule(path)).weight
+        if type(weight.data) is not torch.Tensor or not weight.dtype.is_floating_point:
+            raise UserError(f"{imported.source}: cannot fuse into '{path}': its weight is stored as "
+                            f"{type(weight.data).__name__}/{weight.dtype} (quantized); load the model unquantized")
+        delta = b.to(weight.device, torch.float32) @ a.to(weight.device, torch.float32)
+        merged = weight.to(torch.float32) + delta * (float(scale) * alpha / a.shape[0])
+        weight.copy_(merged.to(weight.dtype))
+    return [real for real, *_ in fitted.values()]

@@ -1,0 +1,70 @@
+"""Training losses. Each draws its randomness from a generator derived from (seed, epoch, sample index).
+
+Never from the data and never from global RNG state: so one-stage and two-stage training, one process
+or several, with or without gradient accumulation, draw the same noise and timesteps for the same sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """A CPU generator for one sample visit, independent of process, batch layout and stage."""
+    digest = hashlib.sha256(f"difftune:{seed}:{epoch}:{index}".encode()).digest()
+    return torch.Generator("cpu").manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def _per_sample_noise(shape_like: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    return torch.stack([torch.randn(shape_like.shape[1:], generator=g, dtype=torch.float32) for g in generators])
+
+
+# Names each loss reads from the values besides what model_fn reads (the split analysis needs them).
+SFT_READS = ("input_latents",)
+DIRECT_DISTILL_READS = ("input_latents", "latents", "num_inference_steps", "height", "width")
+
+
+def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch.Generator],
+                        settings: dict[str, Any]) -> torch.Tensor:
+    """Flow-matching supervised loss: predict the velocity noise - x0 at a random timestep per sample."""
+    x0 = values["input_latents"]
+    if x0 is None:
+        raise ValueError("the sft loss needs input_latents: the data must have an image")
+    scheduler = pipe.scheduler
+    image_seq_len = (x0.shape[-2] // 2) * (x0.shape[-1] // 2)
+    draws = [scheduler.sample_training(1, g, image_seq_len=image_seq_len) for g in generators]
+    noise = _per_sample_noise(x0, generators).to(device=x0.device, dtype=x0.dtype)
+    sigma = torch.cat([d[0] for d in draws]).to(x0.device)
+    timestep = torch.cat([d[1] for d in draws]).to(x0.device)
+    weight = torch.cat([d[2] for d in draws]).to(x0.device)
+    noisy = scheduler.add_noise(x0, noise, sigma)
+    target = scheduler.training_target(x0, noise)
+    pred = pipe.model_fn(latents=noisy, timestep=timestep, **pipe.model_fn_kwargs(values), **settings)
+    per_sample = (pred.float() - target.float()).pow(2).flatten(1).mean(1)
+    return (per_sample * weight.float()).mean()
+
+
+def direct_distill_loss(pipe, values: dict[str, Any], generators: Sequence[torch.Generator],
+                        settings: dict[str, Any]) -> torch.Tensor:
+    """The reference's direct distillation: sample for the metadata's `num_inference_steps` from the
+    seeded noise (cfg 1) with gradients through every step, MSE against the teacher image's latents."""
+    target = values["input_latents"]
+    latents = values["latents"]
+    steps = values.get("num_inference_steps")
+    steps = int(steps[0] if isinstance(steps, (list, tuple)) else steps if steps is not None else 4)
+    scheduler = pipe.scheduler
+    h, w = latents.shape[-2:]
+    scheduler.set_timesteps(steps, image_seq_len=(h // 2) * (w // 2))
+    kwargs = pipe.model_fn_kwargs(values)
+    for i in range(steps):
+        t = scheduler.timesteps[i].expand(latents.shape[0]).to(latents.device)
+        pred = pipe.model_fn(latents=latents, timestep=t, **kwargs, **settings)
+        latents = scheduler.step(pred, i, latents)
+    return torch.nn.functional.mse_loss(latents.float(), target.float())
+
+
+LOSSES = {"sft": (flow_match_sft_loss, SFT_READS), "direct_distill": (direct_distill_loss, DIRECT_DISTILL_READS)}

@@ -1,0 +1,135 @@
+"""Training modules: a pipeline switched to training mode, whose forward runs units and returns a loss.
+
+`DiffusionTrainingModule` is the public base class for custom training scripts (the reference's shape:
+subclass, load a pipeline in `__init__`, switch it to training mode, compute the loss in `forward`).
+`PipelineTrainingModule` is the one the `train` command builds from flags; it runs a given list of
+units (all of them in one-stage training, the stage-2 units when training from a cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import UserError
+from ..pipelines.base import collate_values, split_batch
+from .losses import LOSSES, sample_generator
+
+
+def _names(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [v for v in value if v]
+
+
+class DiffusionTrainingModule(torch.nn.Module):
+    """Base class: holds a pipeline; subclasses implement `forward(data) -> loss`."""
+
+    def __init__(self):
+        super().__init__()
+        self.pipe = None
+        self.lora_configs: dict[str, Any] = {}
+
+    def _register_models(self, pipe) -> None:
+        # The pipeline is not an nn.Module; registering its models makes .parameters(), DDP and
+        # accelerate see them.
+        self.pipe = pipe
+        self.pipe_models = torch.nn.ModuleDict(pipe.loaded_models())
+
+    def switch_pipe_to_training_mode(self, pipe, trainable_models=None, lora_base_model: str | None = None,
+                                     lora_target_modules="", lora_rank: int = 32, lora_alpha: float | None = None,
+                                     lora_checkpoint: str | None = None, preset_lora_path: str | None = None,
+                                     preset_lora_model: str | None = None, inject_lora: bool = True,
+                                     timestep_sampling: str = "uniform", timestep_shift: str = "fixed",
+                                     loss_weighting: str = "bell") -> None:
+        """Scheduler in training mode, freeze all but the trainable models, merge a preset LoRA, add the LoRA.
+
+        Trainable weights are fp32 (frozen ones keep the pipeline dtype); mixed precision comes from accelerate.
+        """
+        from .lora import fuse_lora, inject_lora as inject, load_lora_file, load_lora_into
+
+        pipe.scheduler.set_training(sampling=timestep_sampling, shift=timestep_shift, weighting=loss_weighting)
+        trainable = _names(trainable_models)
+        pipe.freeze_except(trainable)
+        for name in trainable:
+            if pipe.models.get(name) is not None:
+                pipe.models[name].float()
+        if preset_lora_path:
+            if not preset_lora_model or pipe.models.get(preset_lora_model) is None:
+                raise UserError(f"--preset_lora_model must name a loaded model (got {preset_lora_model!r})")
+            fuse_lora(pipe.models[preset_lora_model], load_lora_file(preset_lora_path), component=preset_lora_model)
+        if lora_base_model and inject_lora:
+            model = pipe.models.get(lora_base_model)
+            if model is None:
+                raise UserError(f"--lora_base_model {lora_base_model}: that model is not loaded "
+                                f"(loaded: {sorted(pipe.loaded_models())})")
+            targets = _names(lora_target_modules)
+            if not targets:
+                raise UserError("--lora_target_modules is empty: name the modules to put LoRA on, e.g. to_q,to_k,to_v")
+            if lora_checkpoint:
+                config = load_lora_into(model, load_lora_file(lora_checkpoint), component=lora_base_model,
+                                        target_modules=targets, rank=lora_rank, alpha=lora_alpha)
+            else:
+                config = inject(model, targets, lora_rank, lora_alpha)
+            self.lora_configs[lora_base_model] = config
+            model.train()
+        self._register_models(pipe)
+
+    def trainable_modules(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def trainable_param_names(self) -> list[str]:
+        return [n for n, p in self.named_parameters() if p.requires_grad]
+
+
+class PipelineTrainingModule(DiffusionTrainingModule):
+    """Runs `units` on each sample, batches the results, and computes the task's loss.
+
+    `from_cache=True` means samples are stage-1 values (no batch dimension) rather than raw data.
+    """
+
+    def __init__(self, pipe, task: str, units: Sequence, seed: int, settings: dict[str, Any] | None = None,
+                 from_cache: bool = False):
+        super().__init__()
+        self.pipe = pipe
+        self.task = task.split(":")[0]
+        if self.task not in LOSSES:
+            raise UserError(f"--task {task}: unknown task (known: {sorted(LOSSES)})")
+        self.loss_fn, self.loss_reads = LOSSES[self.task]
+        self.units = list(units)
+        self.seed = seed
+        self.settings = dict(settings or {})
+        self.from_cache = from_cache
+        self.epoch = 0
+
+    @property
+    def needed(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.loss_reads + self.pipe.model_fn_inputs))
+
+    def prepare_sample(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """One sample through this module's units; returns what the loss needs (no batch dimension)."""
+        pipe = self.pipe
+        if self.from_cache:
+            values = collate_values([pipe.from_cache_values(sample)], pipe.padded_values)
+        else:
+            values = pipe.training_inputs(sample)
+        values.update(self.settings)
+        pipe.run_units(values, self.units)
+        return split_batch(values, 1, pipe.padded_values, self.needed)[0]
+
+    def forward(self, samples: list[dict[str, Any]], indices: Iterable[int], epoch: int | None = None):
+        pipe = self.pipe
+        epoch = self.epoch if epoch is None else epoch
+        prepared = [self.prepare_sample(s) for s in samples]
+        batch = collate_values(prepared, pipe.padded_values)
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor):
+                batch[key] = value.to(pipe.device)
+        generators = [sample_generator(self.seed, epoch, int(i)) for i in indices]
+        settings = {k: v for k, v in self.settings.items()
+                    if k in ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")}
+        return self.loss_fn(pipe, batch, generators, settings)

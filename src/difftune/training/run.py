@@ -1,0 +1,235 @@
+"""The `train` command: flags -> accelerator, pipeline, data, module -> one of the tasks.
+
+Tasks: `sft` / `direct_distill` train in one stage; `<task>:data_process` runs stage 1 and writes the
+cache; `<task>:train` trains from a cache; `<task>:split` does both in one command, freeing the
+stage-1 models before stage 2. Each stage loads only the models it uses, whatever the model flags list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from ..pipelines import families, split_units
+from .losses import LOSSES
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+GRAD_SETTINGS = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")
+
+
+@dataclass
+class TaskSpec:
+    loss: str  # sft | direct_distill
+    stage: str  # "" (one stage) | data_process | train | split
+
+    @classmethod
+    def parse(cls, task: str) -> TaskSpec:
+        loss, _, stage = task.partition(":")
+        if loss not in LOSSES or stage not in ("", "data_process", "train", "split"):
+            raise UserError(f"--task {task}: unknown task")
+        return cls(loss, stage)
+
+
+def _names(value) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def trainable_set(args) -> list[str]:
+    names = _names(args.trainable_models)
+    if args.lora_base_model:
+        names.append(args.lora_base_model)
+    return list(dict.fromkeys(names))
+
+
+def make_accelerator(args, project_dir: str | None):
+    from accelerate import Accelerator, DistributedDataParallelKwargs
+    from accelerate.utils import ProjectConfiguration
+
+    mixed = args.mixed_precision
+    if mixed is None:
+        mixed = "bf16" if args.torch_dtype == "bfloat16" else "fp16" if args.torch_dtype == "float16" else "no"
+    log_with = "tensorboard" if (project_dir and args.enable_tensorboard_log) else None
+    config = ProjectConfiguration(project_dir=project_dir, logging_dir=os.path.join(project_dir, "logs")) \
+        if project_dir else None
+    return Accelerator(
+        cpu=not torch.cuda.is_available(),  # gloo DDP on CPU under `accelerate launch --multi_gpu`
+        gradient_accumulation_steps=args.gradient_accumulation_steps, mixed_precision=mixed,
+        log_with=log_with, project_config=config,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(args.find_unused_parameters))],
+    )
+
+
+def resolve_components(args):
+    """(component name, ModelConfig) for every model flag entry, recognised from the weights' headers."""
+    from ..models import detect_component, parse_model_configs
+
+    configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths, args.fp8_models)
+    return [(detect_component(c).name, c) for c in configs]
+
+
+def build_pipeline(args, components, wanted: set[str] | None, device, log=print):
+    from ..models import load_component, load_processor, load_tokenizer
+
+    family = args.family or "qwen_image"
+    cls = families().get(family)
+    if cls is None:
+        raise UserError(f"--family {family}: unknown family (known: {sorted(families())})")
+    dtype = DTYPES[args.torch_dtype]
+    pipe = cls(device=device, torch_dtype=dtype)
+    for name, config in components:
+        if wanted is not None and name not in wanted:
+            log(f"not loading {name} ({config.describe()}): this stage does not use it")
+            continue
+        loaded = load_component(config, torch_dtype=dtype, device="cpu" if args.initialize_model_on_cpu else device)
+        setattr(pipe, loaded.name, loaded.module)
+    needs_text = wanted is None or "text_encoder" in wanted
+    if needs_text and pipe.models.get("text_encoder") is not None:
+        pipe.tokenizer = load_tokenizer(args.tokenizer_path or _sibling(components, "text_encoder", "tokenizer"))
+        processor = args.processor_path or _sibling(components, "text_encoder", "processor", required=False)
+        if processor:
+            pipe.processor = load_processor(processor)
+    return pipe
+
+
+def _sibling(components, component: str, folder: str, required: bool = True):
+    """The official layout keeps tokenizer/ (and processor/) beside text_encoder/."""
+    for name, config in components:
+        if name != component:
+            continue
+        files = config.resolve()
+        first = Path(files[0] if isinstance(files, (list, tuple)) else files)
+        candidate = (first if first.is_dir() else first.parent).parent / folder
+        if candidate.is_dir():
+            return str(candidate)
+    if required:
+        raise UserError(f"no tokenizer found: pass --tokenizer_path (looked for a {folder}/ folder beside the text encoder)")
+    return None
+
+
+def stage_settings(args) -> dict:
+    return {"use_gradient_checkpointing": bool(args.use_gradient_checkpointing),
+            "use_gradient_checkpointing_offload": bool(args.use_gradient_checkpointing_offload),
+            "edit_image_auto_resize": True, "batch_size": 1}
+
+
+def compute_split(pipe_cls, args, task: TaskSpec):
+    loss_reads = LOSSES[task.loss][1] + pipe_cls.model_fn_inputs
+    return split_units(pipe_cls().units, trainable_set(args), loss_reads, settings=pipe_cls.settings,
+                       loss_models=("dit",))
+
+
+def make_dataset(args, pipe_cls):
+    from ..data import UnifiedDataset
+
+    if not args.dataset_metadata_path:
+        raise UserError("--dataset_metadata_path is required (only --task *:train reads a cache without metadata)")
+    keys = _names(args.data_file_keys)
+    extra = _names(args.extra_inputs)
+    operator = UnifiedDataset.default_image_operator(
+        base_path=args.dataset_base_path, height=args.height, width=args.width, max_pixels=args.max_pixels,
+        height_division_factor=pipe_cls.division_factor, width_division_factor=pipe_cls.division_factor)
+    return UnifiedDataset(base_path=args.dataset_base_path, metadata_path=args.dataset_metadata_path,
+                          repeat=args.dataset_repeat, data_file_keys=keys + [k for k in extra if k not in keys],
+                          main_data_operator=operator, extra_inputs=extra, on_bad_sample=args.on_bad_sample,
+                          present_keys_only=True)
+
+
+def run(args) -> dict:
+    task = TaskSpec.parse(args.task)
+    if task.stage == "split":
+        from .split import run_split
+
+        return run_split(args, task)
+    if task.stage == "data_process":
+        from .split import run_data_process
+
+        return run_data_process(args, task)
+    return run_train(args, task)
+
+
+def run_train(args, task: TaskSpec, accelerator=None) -> dict:
+    from .checkpoint import CheckpointSaver
+    from .loop import LoopConfig, train
+    from .module import PipelineTrainingModule
+
+    accelerator = accelerator or make_accelerator(args, args.output_path)
+    log = print if accelerator.is_main_process else (lambda *a, **k: None)
+    pipe_cls = families()[args.family or "qwen_image"]
+    split = compute_split(pipe_cls, args, task)
+    components = resolve_components(args)
+    from_cache = task.stage == "train"
+    if from_cache:
+        from .split import open_cache
+
+        dataset = open_cache(args, pipe_cls, split)
+        wanted = set(split.stage2_models)
+        units = split.stage2
+        log(f"training from the cache at {args.dataset_base_path} ({len(dataset)} samples): {split.describe()}")
+    else:
+        dataset = make_dataset(args, pipe_cls)
+        wanted = None
+        units = pipe_cls().units
+    from ..models import check_fp8_frozen
+
+    check_fp8_frozen([n for n, c in components if c.wants_fp8(n)], args.trainable_models)
+    pipe = build_pipeline(args, components, wanted, accelerator.device, log=log)
+    if from_cache:  # this stage's units, bound to this pipeline's instances
+        units = [u for u in pipe.units if type(u) in {type(s) for s in split.stage2}]
+    module = PipelineTrainingModule(pipe, task.loss, units, seed=args.seed, settings=stage_settings(args),
+                                    from_cache=from_cache)
+    if args.resume_from_checkpoint:
+        load_full_weights(pipe, args.resume_from_checkpoint, args.remove_prefix_in_ckpt)
+    module.switch_pipe_to_training_mode(
+        pipe, trainable_models=args.trainable_models, lora_base_model=args.lora_base_model,
+        lora_target_modules=args.lora_target_modules, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+        lora_checkpoint=args.lora_checkpoint, preset_lora_path=args.preset_lora_path,
+        preset_lora_model=args.preset_lora_model, timestep_sampling=args.timestep_sampling,
+        timestep_shift=args.timestep_shift, loss_weighting=args.loss_weighting)
+    os.makedirs(args.output_path, exist_ok=True)
+    if accelerator.is_main_process:
+        _write_json(Path(args.output_path) / "training_args.json", vars(args))
+    if accelerator.log_with:
+        accelerator.init_trackers("train")
+    saver = CheckpointSaver(args.output_path, args.remove_prefix_in_ckpt,
+                            base_info={"family": pipe.family, "task": args.task})
+    config = LoopConfig(learning_rate=args.learning_rate, weight_decay=args.weight_decay, num_epochs=args.num_epochs,
+                        max_steps=args.max_steps, batch_size=args.batch_size,
+                        gradient_accumulation_steps=args.gradient_accumulation_steps,
+                        max_grad_norm=args.max_grad_norm, lr_scheduler=args.lr_scheduler,
+                        lr_warmup_steps=args.lr_warmup_steps, seed=args.seed, num_workers=args.dataset_num_workers,
+                        save_steps=args.save_steps, customized_optimizer=args.customized_optimizer,
+                        progress=not args.no_progress)
+    from .loop import train as train_loop
+
+    summary = train_loop(accelerator, dataset, module, config, saver=saver)
+    accelerator.end_training()
+    summary["saved"] = [str(p) for p in saver.saved]
+    return summary
+
+
+def load_full_weights(pipe, path: str, remove_prefix: str | None) -> None:
+    """`--resume_from_checkpoint`: full-model weights saved by a previous run (the reference's meaning)."""
+    from safetensors.torch import load_file
+
+    if not str(path).endswith(".safetensors"):
+        raise UserError(f"--resume_from_checkpoint {path}: only .safetensors files are read (no pickles)")
+    state = load_file(path)
+    prefix = remove_prefix or "pipe.dit."
+    model_name = prefix.split(".")[1] if prefix.startswith("pipe.") else "dit"
+    model = pipe.models.get(model_name)
+    if model is None:
+        raise UserError(f"--resume_from_checkpoint {path}: model '{model_name}' is not loaded")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise UserError(f"--resume_from_checkpoint {path}: keys that {model_name} does not have, e.g. {unexpected[0]}")
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
