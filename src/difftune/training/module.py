@@ -124,6 +124,10 @@ class PipelineTrainingModule(DiffusionTrainingModule):
     def forward(self, samples: list[dict[str, Any]], indices: Iterable[int], epoch: int | None = None):
         pipe = self.pipe
         epoch = self.epoch if epoch is None else epoch
+        kept = [(s, i) for s, i in zip(samples, indices) if s is not None]  # None: a skipped bad sample
+        if not kept:  # keep every parameter in the graph so DDP's gradient sync still happens
+            return sum(p.sum() * 0.0 for p in self.trainable_modules())
+        samples, indices = [s for s, _ in kept], [i for _, i in kept]
         prepared = [self.prepare_sample(s) for s in samples]
         batch = collate_values(prepared, pipe.padded_values)
         for key, value in batch.items():

@@ -184,6 +184,9 @@ def run_train(args, task: TaskSpec, accelerator=None) -> dict:
                                     from_cache=from_cache)
     if args.resume_from_checkpoint:
         load_full_weights(pipe, args.resume_from_checkpoint, args.remove_prefix_in_ckpt)
+    # LoRA initialisation draws from the global RNG: seed it here so the initial weights depend only on
+    # --seed (and not on which models this stage happened to load before).
+    torch.manual_seed(args.seed)
     module.switch_pipe_to_training_mode(
         pipe, trainable_models=args.trainable_models, lora_base_model=args.lora_base_model,
         lora_target_modules=args.lora_target_modules, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,

@@ -1,0 +1,54 @@
+"""Shared fixtures: tiny Qwen-Image repositories and tiny image datasets in the reference's layout."""
+
+import json
+import os
+
+import pytest
+from PIL import Image
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tmp_path_factory):
+    from difftune.testing import write_tiny_qwen_image
+
+    return write_tiny_qwen_image(tmp_path_factory.mktemp("tiny_qwen_image"))
+
+
+def make_image_dataset(root, n=2, size=(64, 48), fmt="csv"):
+    """metadata.csv + image_<i>.png, as in the reference's example_image_dataset."""
+    root.mkdir(parents=True, exist_ok=True)
+    colors = [(220, 30, 30), (30, 30, 220), (30, 200, 60), (230, 230, 40)]
+    rows = []
+    for i in range(n):
+        img = Image.new("RGB", size, colors[i % len(colors)])
+        for x in range(size[0] // 4, size[0] // 2):
+            for y in range(size[1] // 4, size[1] // 2):
+                img.putpixel((x, y), (255, 255, 255))
+        img.save(root / f"image_{i + 1}.png")
+        rows.append({"image": f"image_{i + 1}.png", "prompt": ["a dog", "a cat", "a bird", "a fish"][i % 4]})
+    if fmt == "csv":
+        lines = ["image,prompt"] + [f'{r["image"]},"{r["prompt"]}"' for r in rows]
+        (root / "metadata.csv").write_text("\n".join(lines) + "\n")
+        return root / "metadata.csv"
+    path = root / f"metadata.{fmt}"
+    if fmt == "json":
+        path.write_text(json.dumps(rows))
+    else:
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+@pytest.fixture()
+def image_dataset(tmp_path):
+    return make_image_dataset(tmp_path / "data")
+
+
+def model_paths_json(repo, components=("transformer", "text_encoder", "vae")):
+    from difftune.testing import tiny_qwen_image_paths
+
+    paths = tiny_qwen_image_paths(repo)
+    return json.dumps([paths[c] if len(paths[c]) > 1 else paths[c][0] for c in components])
