@@ -52,3 +52,32 @@ def model_paths_json(repo, components=("transformer", "text_encoder", "vae")):
 
     paths = tiny_qwen_image_paths(repo)
     return json.dumps([paths[c] if len(paths[c]) > 1 else paths[c][0] for c in components])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Accelerator state is process-global; each in-process training run starts from a clean one."""
+    yield
+    try:
+        from accelerate.state import AcceleratorState, GradientState, PartialState
+
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        PartialState._reset_state()
+    except Exception:
+        pass
+
+
+LORA_TARGETS = "to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,img_mod.1,txt_mlp.net.2,txt_mod.1"
+
+
+def train_args(*argv):
+    from difftune.cli.args import training_parser
+
+    return training_parser().parse_args([str(a) for a in argv])
+
+
+def run_train(*argv):
+    from difftune.training.run import run
+
+    return run(train_args(*argv))
