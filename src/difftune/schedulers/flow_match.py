@@ -1,9 +1,12 @@
-"""Flow-matching scheduler: Qwen-Image's inference sigmas, and a training mode.
+"""Flow-matching scheduler: inference sigmas identical to diffusers' Qwen-Image pipeline, and a training mode.
 
-Inference follows the official Qwen-Image scheduler config (diffusers' FlowMatchEulerDiscreteScheduler
-with `use_dynamic_shifting`, exponential time shift, `shift_terminal=0.02`) and QwenImagePipeline's
-schedule (`sigmas = linspace(1, 1/N, N)`, mu from the image sequence length). Training draws one timestep
-per sample from a caller's generator; formulas and reasons are in docs/scheduler.md.
+Inference reproduces what `QwenImagePipeline` feeds diffusers' `FlowMatchEulerDiscreteScheduler`: sigmas
+`linspace(1, 1/N, N)`, the time shift (exponential, mu from the image sequence length when
+`use_dynamic_shifting`), the `shift_terminal` stretch, timesteps = sigmas * 1000, and a final 0 sigma.
+The arithmetic follows diffusers' dtype path (float32 numpy) so the numbers are bit-identical.
+
+Training draws one timestep per sample from a caller's `torch.Generator`; by default from the same
+distribution as DiffSynth-Studio (docs/scheduler.md has the formulas and the reasons).
 """
 
 from __future__ import annotations
@@ -15,26 +18,58 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import UserError
+
+# The official Qwen/Qwen-Image scheduler/scheduler_config.json (the values that matter here).
 QWEN_IMAGE_CONFIG = {
     "base_image_seq_len": 256, "max_image_seq_len": 8192, "base_shift": 0.5, "max_shift": 0.9,
     "num_train_timesteps": 1000, "shift": 1.0, "shift_terminal": 0.02, "time_shift_type": "exponential",
     "use_dynamic_shifting": True,
 }
-TRAINING_MU = 0.8  # the reference's fixed training shift for Qwen-Image
+# diffusers' FlowMatchEulerDiscreteScheduler defaults: what a config that leaves a key out means.
+DIFFUSERS_DEFAULTS = {
+    "num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False, "base_shift": 0.5,
+    "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096, "invert_sigmas": False,
+    "shift_terminal": None, "use_karras_sigmas": False, "use_exponential_sigmas": False, "use_beta_sigmas": False,
+    "time_shift_type": "exponential", "stochastic_sampling": False,
+}
+_UNSUPPORTED = ("invert_sigmas", "use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
+                "stochastic_sampling")
+TRAINING_MU = 0.8  # DiffSynth-Studio's fixed training shift for Qwen-Image (and FLUX.2, Krea-2)
+TIMESTEP_SAMPLINGS = ("uniform", "logit_normal")
+SHIFTS = ("fixed", "dynamic")
+WEIGHTINGS = ("bell", "none")
+STRENGTH_MODES = ("diffusers", "diffsynth")
 
 
-def calculate_shift(image_seq_len: float, base_seq_len=256, max_seq_len=8192, base_shift=0.5, max_shift=0.9) -> float:
+def calculate_shift(image_seq_len: float, base_seq_len: int = 256, max_seq_len: int = 8192,
+                    base_shift: float = 0.5, max_shift: float = 0.9) -> float:
+    """mu, linear in the image sequence length (as diffusers' Qwen-Image pipeline computes it)."""
     m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
-    return image_seq_len * m + (base_shift - m * base_seq_len)
+    b = base_shift - m * base_seq_len
+    return image_seq_len * m + b
 
 
 class FlowMatchScheduler:
+    """Flow-matching Euler scheduler. `FlowMatchScheduler()` is Qwen-Image's; other families pass their
+    scheduler_config.json through `from_config` / `from_pretrained`."""
+
     def __init__(self, **config):
-        self.config = {**QWEN_IMAGE_CONFIG, **{k: v for k, v in config.items() if not k.startswith("_")}}
+        given = {k: v for k, v in config.items() if not k.startswith("_")}
+        self.config = {**DIFFUSERS_DEFAULTS, **(given if given else QWEN_IMAGE_CONFIG)}
+        on = [k for k in _UNSUPPORTED if self.config.get(k)]
+        if on:
+            raise ValueError(f"FlowMatchScheduler does not implement scheduler options {on}")
+        if self.config["time_shift_type"] not in ("exponential", "linear"):
+            raise ValueError(f"unknown time_shift_type {self.config['time_shift_type']!r}")
+        self.num_train_timesteps = int(self.config["num_train_timesteps"])
         self.training = False
-        self.sampling, self.shift_mode, self.weighting = "uniform", "fixed", "bell"
         self.sigmas = torch.zeros(0)
         self.timesteps = torch.zeros(0)
+        self.timestep_sampling, self.shift_mode, self.weighting = "uniform", "fixed", "bell"
+        self.logit_mean, self.logit_std = 0.0, 1.0
+        self.train_image_seq_len: float | None = None
+        self._tables: dict[float, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def from_config(cls, config: dict) -> FlowMatchScheduler:
@@ -42,9 +77,18 @@ class FlowMatchScheduler:
 
     @classmethod
     def from_pretrained(cls, path: str) -> FlowMatchScheduler:
+        """From a scheduler_config.json, a folder holding one, or a model repository (its scheduler/)."""
         p = Path(path)
-        p = p / "scheduler_config.json" if p.is_dir() else p
-        return cls(**json.loads(p.read_text()))
+        for candidate in (p, p / "scheduler_config.json", p / "scheduler" / "scheduler_config.json"):
+            if candidate.is_file():
+                try:
+                    config = json.loads(candidate.read_text(encoding="utf-8"))
+                except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                    raise UserError(f"{candidate}: not a valid scheduler config ({type(err).__name__})") from None
+                if not isinstance(config, dict):
+                    raise UserError(f"{candidate}: a scheduler config must be a JSON object")
+                return cls(**config)
+        raise UserError(f"{path}: no scheduler_config.json there (nor in its scheduler/ folder)")
 
     # -- shared maths ---------------------------------------------------------------------------------
     def mu(self, image_seq_len: float) -> float:
@@ -53,80 +97,139 @@ class FlowMatchScheduler:
                                c["max_shift"])
 
     def shift_sigmas(self, sigmas: np.ndarray, mu: float | None) -> np.ndarray:
+        """The time shift (dynamic with `mu`, else the static `shift`), then the `shift_terminal` stretch,
+        which rescales 1 - sigma so that the last sigma is exactly `shift_terminal`."""
         c = self.config
-        if c.get("use_dynamic_shifting"):
-            if c.get("time_shift_type", "exponential") == "exponential":
+        if c["use_dynamic_shifting"]:
+            if mu is None:
+                raise ValueError("this scheduler shifts by image size: pass image_seq_len (or mu)")
+            if c["time_shift_type"] == "exponential":
                 sigmas = math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
             else:
                 sigmas = mu / (mu + (1 / sigmas - 1))
         else:
-            s = c.get("shift", 1.0)
+            s = c["shift"]
             sigmas = s * sigmas / (1 + (s - 1) * sigmas)
-        if c.get("shift_terminal"):
+        if c["shift_terminal"] and float(1 - sigmas[-1]) > 0:  # one step from sigma 1: diffusers gives NaN
             one_minus = 1 - sigmas
             sigmas = 1 - one_minus / (one_minus[-1] / (1 - c["shift_terminal"]))
         return sigmas
 
     # -- inference ------------------------------------------------------------------------------------
-    def set_timesteps(self, num_inference_steps: int, *, image_seq_len: float, denoising_strength: float = 1.0):
-        """Sigmas (N+1, ending in 0) and timesteps (N) for N steps; with strength < 1 the first steps are
-        dropped (image-to-image starts part-way, as diffusers' img2img pipeline does)."""
+    def set_timesteps(self, num_inference_steps: int, *, image_seq_len: float | None = None,
+                      denoising_strength: float = 1.0, mu: float | None = None,
+                      strength_mode: str = "diffusers") -> torch.Tensor:
+        """Set `sigmas` (steps + 1, ending in 0) and `timesteps` (steps) and return the timesteps.
+
+        `image_seq_len` = (H/16)*(W/16) picks mu (or pass `mu`). With `denoising_strength` < 1:
+        "diffusers" (default, diffusers' img2img pipelines) computes the N-step schedule and drops the
+        first `int(N - N*strength)` steps; "diffsynth" (DiffSynth-Studio) runs all N steps from a raw
+        sigma of `strength`, i.e. `linspace(strength, 0, N+1)[:-1]` before the shift.
+        Does not change `training`: a training loss may sample a short schedule mid-run.
+        """
         n = int(num_inference_steps)
-        sigmas = np.linspace(1.0, 1 / n, n)
-        sigmas = self.shift_sigmas(sigmas, self.mu(image_seq_len)).astype(np.float32)
-        sigmas = torch.from_numpy(sigmas).float()
-        start = int(max(n - min(n * denoising_strength, n), 0))
-        sigmas = sigmas[start:]
+        if n < 1:
+            raise ValueError(f"num_inference_steps must be >= 1, got {num_inference_steps}")
+        s = float(denoising_strength)
+        if not 0.0 < s <= 1.0:
+            raise ValueError(f"denoising_strength must be in (0, 1], got {denoising_strength}")
+        if strength_mode not in STRENGTH_MODES:
+            raise ValueError(f"strength_mode must be one of {STRENGTH_MODES}, got {strength_mode!r}")
+        if mu is None and self.config["use_dynamic_shifting"]:
+            if image_seq_len is None:
+                raise ValueError("this scheduler shifts by image size: pass image_seq_len (or mu)")
+            mu = self.mu(image_seq_len)
+        top = s if strength_mode == "diffsynth" else 1.0
+        # float64 linspace cast to float32 before shifting: diffusers' exact dtype path.
+        raw = np.linspace(top, 0.0, n + 1)[:-1] if strength_mode == "diffsynth" else np.linspace(1.0, 1 / n, n)
+        sigmas = torch.from_numpy(np.asarray(self.shift_sigmas(raw.astype(np.float32), mu))).to(torch.float32)
+        if strength_mode == "diffusers":
+            start = int(max(n - min(n * s, n), 0))  # diffusers' get_timesteps, float quirks included
+            sigmas = sigmas[start:]
+        self.timesteps = sigmas * self.num_train_timesteps
         self.sigmas = torch.cat([sigmas, torch.zeros(1)])
-        self.timesteps = sigmas * self.config["num_train_timesteps"]
         return self.timesteps
 
     def step(self, model_output: torch.Tensor, step_index: int, sample: torch.Tensor) -> torch.Tensor:
-        """One Euler step of the velocity ODE, computed in fp32 like diffusers."""
-        dt = self.sigmas[step_index + 1] - self.sigmas[step_index]
+        """One Euler step of the velocity ODE, x + (sigma_next - sigma) * v, in fp32 like diffusers."""
+        dt = (self.sigmas[step_index + 1] - self.sigmas[step_index]).to(sample.device)
         return (sample.float() + dt * model_output.float()).to(model_output.dtype)
-
-    # -- training -------------------------------------------------------------------------------------
-    def set_training(self, sampling: str = "uniform", shift: str = "fixed", weighting: str = "bell") -> None:
-        self.training = True
-        self.sampling, self.shift_mode, self.weighting = sampling, shift, weighting
-        self._tables: dict[float, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-    def training_table(self, mu: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The 1000-entry training table for shift `mu`: sigmas, timesteps and loss weights (mean 1)."""
-        if mu not in self._tables:
-            n = self.config["num_train_timesteps"]
-            sigmas = self.shift_sigmas(np.linspace(1.0, 0.0, n + 1)[:-1], mu)
-            sigmas = torch.from_numpy(sigmas).float()
-            timesteps = sigmas * n
-            self._tables[mu] = (sigmas, timesteps, self._bell(timesteps))
-        return self._tables[mu]
-
-    def _bell(self, timesteps: torch.Tensor) -> torch.Tensor:
-        n = self.config["num_train_timesteps"]
-        y = torch.exp(-2 * ((timesteps - n / 2) / n) ** 2)
-        y = y - y.min()
-        return y * (len(y) / y.sum())
-
-    def sample_training(self, batch_size: int, generator: torch.Generator, image_seq_len: float | None = None):
-        """(sigma, timestep, weight), each (batch_size,), drawn only from `generator`."""
-        mu = self.mu(image_seq_len) if (self.shift_mode == "dynamic" and image_seq_len) else TRAINING_MU
-        sigmas, timesteps, weights = self.training_table(mu)
-        if self.sampling == "logit_normal":
-            u = torch.sigmoid(torch.randn(batch_size, generator=generator)).clamp(1e-4, 1 - 1e-4)
-            # inverse-CDF lookup into the (decreasing) table keeps the same shift and weights
-            idx = ((1 - u) * len(sigmas)).long().clamp(0, len(sigmas) - 1)
-        else:
-            idx = torch.randint(0, len(sigmas), (batch_size,), generator=generator)
-        weight = weights[idx] if self.weighting == "bell" else torch.ones(batch_size)
-        return sigmas[idx], timesteps[idx], weight
 
     @staticmethod
     def add_noise(x0: torch.Tensor, noise: torch.Tensor, sigma) -> torch.Tensor:
+        """(1 - sigma) * x0 + sigma * noise; `sigma` is a number or one per batch element."""
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=x0.device)
-        sigma = sigma.view(-1, *([1] * (x0.dim() - 1))) if sigma.dim() else sigma
+        if sigma.dim():
+            sigma = sigma.reshape(-1, *([1] * (x0.dim() - 1)))
         return ((1 - sigma) * x0.float() + sigma * noise.float()).to(x0.dtype)
 
     @staticmethod
     def training_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The velocity d x_sigma / d sigma of the straight path from x0 to noise."""
         return noise - x0
+
+    # -- training -------------------------------------------------------------------------------------
+    def set_training(self, image_seq_len: float | None = None, *, timestep_sampling: str | None = None,
+                     shift: str | None = None, weighting: str | None = None, sampling: str | None = None,
+                     logit_mean: float = 0.0, logit_std: float = 1.0) -> None:
+        """Switch to training. Defaults reproduce DiffSynth-Studio (uniform over its 1000-entry table,
+        mu fixed at 0.8, bell weighting). `sampling` is an alias of `timestep_sampling`;
+        `image_seq_len` is the default for `shift="dynamic"` when a draw does not give one."""
+        options = {"--timestep_sampling": (timestep_sampling or sampling or "uniform", TIMESTEP_SAMPLINGS),
+                   "--timestep_shift": (shift or "fixed", SHIFTS), "--loss_weighting": (weighting or "bell", WEIGHTINGS)}
+        for flag, (value, allowed) in options.items():
+            if value not in allowed:
+                raise UserError(f"{flag} must be one of {', '.join(allowed)}; got {value!r}")
+        if not logit_std > 0:
+            raise UserError(f"the logit-normal std must be > 0, got {logit_std}")
+        self.timestep_sampling = options["--timestep_sampling"][0]
+        self.shift_mode = options["--timestep_shift"][0]
+        self.weighting = options["--loss_weighting"][0]
+        self.logit_mean, self.logit_std = float(logit_mean), float(logit_std)
+        self.train_image_seq_len = image_seq_len
+        self.training = True
+
+    def training_table(self, mu: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sigmas, timesteps, bell weights) over `num_train_timesteps` entries for shift `mu`:
+        sigma = stretch(shift(linspace(1, 0, n + 1)[:-1])), decreasing; the weights have mean 1."""
+        key = float(mu)
+        if key not in self._tables:
+            n = self.num_train_timesteps
+            raw = np.linspace(1.0, 0.0, n + 1)[:-1]
+            sigmas = torch.from_numpy(np.asarray(self.shift_sigmas(raw, key))).to(torch.float32)
+            timesteps = sigmas * n
+            self._tables[key] = (sigmas, timesteps, bell_weights(timesteps, n))
+        return self._tables[key]
+
+    def training_mu(self, image_seq_len: float | None = None) -> float:
+        if self.shift_mode == "fixed":
+            return TRAINING_MU
+        seq = image_seq_len if image_seq_len is not None else self.train_image_seq_len
+        if seq is None:
+            raise ValueError("--timestep_shift dynamic needs the image sequence length of the sample")
+        return self.mu(seq)
+
+    def sample_training(self, batch_size: int, generator: torch.Generator, image_seq_len: float | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sigma, timestep, weight), each (batch_size,) float32 on the CPU, drawn only from `generator`."""
+        if not isinstance(generator, torch.Generator):
+            raise TypeError("sample_training needs a torch.Generator (the global RNG is never used)")
+        sigmas, timesteps, weights = self.training_table(self.training_mu(image_seq_len))
+        n = len(sigmas)
+        if self.timestep_sampling == "logit_normal":
+            z = torch.randn(batch_size, generator=generator, device=generator.device).cpu()
+            u = torch.sigmoid(self.logit_mean + self.logit_std * z.double())
+            # u is the unshifted sigma; the table is indexed by 1 - sigma, so the shift still applies
+            idx = ((1 - u) * n).long().clamp(0, n - 1)
+        else:
+            idx = torch.randint(0, n, (batch_size,), generator=generator, device=generator.device).cpu()
+        weight = weights[idx] if self.weighting == "bell" else torch.ones(batch_size)
+        return sigmas[idx], timesteps[idx], weight
+
+
+def bell_weights(timesteps: torch.Tensor, num_train_timesteps: int = 1000) -> torch.Tensor:
+    """DiffSynth-Studio's loss weight: exp(-2((t - T/2)/T)^2), minus its minimum, scaled to mean 1."""
+    t = timesteps.double()
+    y = torch.exp(-2 * ((t - num_train_timesteps / 2) / num_train_timesteps) ** 2)
+    y = y - y.min()
+    return (y * (len(y) / y.sum())).to(torch.float32)

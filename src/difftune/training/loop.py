@@ -138,13 +138,13 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
                 optimizer.zero_grad(set_to_none=True)
             if not accelerator.sync_gradients:
                 continue
+            lr = schedule.get_last_lr()[0]  # the rate this step used
             schedule.step()
             step += 1
             step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
             micro_losses = []
             losses.append(step_loss)
             ema = step_loss if ema is None else 0.9 * ema + 0.1 * step_loss
-            lr = schedule.get_last_lr()[0]
             accelerator.log({"train/loss": step_loss, "train/lr": lr}, step=step)
             bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr:.2e}", epoch=epoch)
             bar.update(1)
