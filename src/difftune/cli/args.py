@@ -73,7 +73,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--output_path", default="./models", help="Where checkpoints (or the stage-1 cache) are written.")
     g.add_argument("--remove_prefix_in_ckpt", default="pipe.dit.", help="Prefix removed from saved full-model keys.")
     g.add_argument("--save_steps", type=int, default=None, help="Save every N optimizer steps; empty = once per epoch.")
-    g.add_argument("--resume_from_checkpoint", default=None, help="Full-model weights to start from (the reference's meaning).")
+    g.add_argument("--resume_from_checkpoint", default=None, help="'latest' or a state directory: continue exactly where a run stopped; a .safetensors file: full-model weights to start from (the reference's meaning).")
+    g.add_argument("--save_state_steps", type=int, default=None, help="Save the full training state (for exact resume) every N optimizer steps.")
+    g.add_argument("--save_state", action="store_true", help="Also save the full training state with every checkpoint.")
+    g.add_argument("--keep_last_states", type=int, default=2, help="Training states to keep (older ones are deleted).")
+    g.add_argument("--force_resume", action="store_true", help="Resume even if settings that break exactness changed.")
 
     g = parser.add_argument_group("lora")
     g.add_argument("--lora_base_model", default=None, help="Model the LoRA is added to (dit, text_encoder).")

@@ -1,8 +1,9 @@
 """The unified dataset and its operators."""
 
-from .dataset import UnifiedDataset, read_metadata
-from .operators import (DataOperator, ImageCropAndResize, LoadImage, RouteByExtension, ToAbsolutePath, cover_crop,
-                        target_size)
+from .dataset import UnifiedDataset, names, read_metadata
+from .operators import (CHECKED, IMAGE_EXTENSIONS, DataError, DataOperator, ImageCropAndResize, Lambda, LoadImage,
+                        RouteByExtension, Sequence, ToAbsolutePath, compose, cover_crop, target_size)
 
-__all__ = ["DataOperator", "ImageCropAndResize", "LoadImage", "RouteByExtension", "ToAbsolutePath", "UnifiedDataset",
-           "cover_crop", "read_metadata", "target_size"]
+__all__ = ["CHECKED", "IMAGE_EXTENSIONS", "DataError", "DataOperator", "ImageCropAndResize", "Lambda", "LoadImage",
+           "RouteByExtension", "Sequence", "ToAbsolutePath", "UnifiedDataset", "compose", "cover_crop", "names",
+           "read_metadata", "target_size"]

@@ -1,145 +1,253 @@
 """The unified dataset: a metadata file (csv, json or jsonl) whose file fields are relative to a base path.
 
-Each item is the row's columns, with the fields named in `data_file_keys` loaded by the operators, plus
-`_row` (the row number) and `_id` (a stable sample id used by the stage-1 cache). `len = rows * repeat`.
+An item is the row's columns (strings and numbers; None where a row has no value), with the fields
+named in `data_file_keys` (and file-valued `extra_inputs`) loaded by the operators, plus `_row` (the
+0-based row index) and `_id` (a stable sample id for the stage-1 cache: zero-padded row index and a
+short hash of the row). Messages and `bad_samples` number rows from 1, the first data row being row 1.
+
+`on_bad_sample="skip"` pre-validates every row cheaply when the dataset is built (files exist, are not
+empty, and their image header and structure read), leaves the bad rows out and lists them in
+`bad_samples`, so every process and DataLoader worker sees the same rows. A file that passes that
+check but fails to decode is found only when loaded: the item then comes from the next good row
+(deterministic) and the row is added to that process's `bad_samples` with a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
+import re
+import warnings
 from typing import Any
 
-from ..errors import UserError
-from .operators import IMAGE_EXTENSIONS, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension, ToAbsolutePath
+import torch
+
+from .operators import (IMAGE_EXTENSIONS, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension,
+                        ToAbsolutePath, compose, one_line)
+
+FILE_EXTENSIONS = IMAGE_EXTENSIONS  # what makes an --extra_inputs column a file column (video later)
+_INT = re.compile(r"[+-]?\d+")
+_FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 
 
-def _clean(value):
-    """pandas gives NaN for empty csv cells and numpy scalars for numbers; return plain Python values."""
+def names(value) -> list[str]:
+    """Comma-separated string or list of names -> list (stripped, no empties, no repeats)."""
     if value is None:
-        return None
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            return value.item()
-        except (ValueError, AttributeError):
-            return value
-    return value
+        return []
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    out: list[str] = []
+    for item in (i.strip() for i in items):
+        if item and item not in out:
+            out.append(item)
+    return out
 
 
-def read_metadata(path: str) -> list[dict[str, Any]]:
-    if not os.path.isfile(path):
-        raise UserError(f"--dataset_metadata_path {path}: file not found")
+def _convert_csv_column(values: list[str], keep_text: bool) -> list:
+    """A csv column as the user means it: empty cells are None; a column whose every value is an
+    integer (a seed, a step count) becomes int, else float, else bool; anything else stays text."""
+    present = [v for v in values if v != ""]
+    convert = str
+    if present and not keep_text:
+        if all(_INT.fullmatch(v) for v in present):
+            convert = int
+        elif all(_FLOAT.fullmatch(v) for v in present):
+            convert = float
+        elif all(v.lower() in ("true", "false") for v in present):
+            convert = lambda v: v.lower() == "true"  # noqa: E731
+    return [None if v == "" else convert(v) for v in values]
+
+
+def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
+    import pandas as pd
+
+    try:
+        # everything as text first (no NaN, no "None" -> NaN), then convert per column
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True, encoding="utf-8-sig")
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: the metadata file is empty") from None
+    except pd.errors.ParserError as err:
+        raise DataError(f"{path}: not valid CSV ({one_line(err)})") from None
+    frame.columns = [str(c).strip() for c in frame.columns]
+    columns = {c: _convert_csv_column([str(v) for v in frame[c].tolist()], c in text_columns) for c in frame.columns}
+    return [{c: columns[c][i] for c in frame.columns} for i in range(len(frame))]
+
+
+def read_metadata(path, text_columns=()) -> list[dict[str, Any]]:
+    """Rows of a .csv, .json (a list of objects) or .jsonl metadata file. `text_columns` stay strings."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f"--dataset_metadata_path {path}: file not found")
+    if os.path.isdir(path):
+        raise DataError(f"--dataset_metadata_path {path}: is a folder, not a metadata file")
     ext = os.path.splitext(path)[1].lower()
+    if ext not in (".csv", ".json", ".jsonl"):
+        raise DataError(f"--dataset_metadata_path {path}: unknown metadata format '{ext or '(no extension)'}' "
+                        f"(use .csv, .json or .jsonl)")
     try:
         if ext == ".csv":
-            import pandas as pd
-
-            try:
-                frame = pd.read_csv(path, keep_default_na=True)
-            except pd.errors.EmptyDataError:
-                raise UserError(f"{path}: the metadata file is empty") from None
-            rows = [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+            rows = _read_csv(path, set(text_columns))
         elif ext == ".json":
-            with open(path, encoding="utf-8") as f:
-                rows = json.load(f)
-            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-                raise UserError(f"{path}: a .json metadata file must hold a list of objects")
-        elif ext == ".jsonl":
+            with open(path, encoding="utf-8-sig") as f:
+                text = f.read()
+            if not text.strip():
+                raise DataError(f"{path}: the metadata file is empty")
+            try:
+                rows = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+            if not isinstance(rows, list):
+                raise DataError(f"{path}: a .json metadata file must hold a list of objects")
+        else:
             rows = []
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:
                 for n, line in enumerate(f, 1):
                     if line.strip():
                         try:
                             rows.append(json.loads(line))
                         except json.JSONDecodeError as err:
-                            raise UserError(f"{path}: line {n} is not valid JSON ({err.msg})") from None
-        else:
-            raise UserError(f"--dataset_metadata_path {path}: unknown metadata format '{ext}' (use .csv, .json or .jsonl)")
+                            raise DataError(f"{path}: line {n} is not valid JSON ({err.msg})") from None
     except UnicodeDecodeError:
-        raise UserError(f"{path}: the metadata file is not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+        raise DataError(f"{path}: the metadata file is not UTF-8 text") from None
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise DataError(f"{path} row {n}: a row must be an object with named fields, got {type(row).__name__}")
     if not rows:
-        raise UserError(f"{path}: the metadata file has no rows")
+        raise DataError(f"{path}: the metadata file has no rows")
     return rows
 
 
-class UnifiedDataset:
-    def __init__(self, base_path: str, metadata_path: str, repeat: int = 1, data_file_keys=("image",),
-                 main_data_operator: DataOperator | None = None, special_operator_map: dict | None = None,
-                 extra_inputs=(), on_bad_sample: str = "error", present_keys_only: bool = False):
-        self.base_path = base_path
-        self.metadata_path = metadata_path
-        self.repeat = max(1, int(repeat))
-        keys = data_file_keys.split(",") if isinstance(data_file_keys, str) else list(data_file_keys)
-        self.rows = read_metadata(metadata_path)
-        columns = set().union(*(r.keys() for r in self.rows))
-        keys = [k.strip() for k in keys if k and k.strip()]
-        if present_keys_only:  # the CLI default "image,video" names video even for image data sets
-            keys = [k for k in keys if k in columns] or keys
-        missing = [k for k in keys if k not in columns]
-        if missing:
-            raise UserError(f"{metadata_path}: column(s) {missing} named by --data_file_keys are missing "
-                            f"(columns: {sorted(columns)})")
-        extra = [k.strip() for k in (extra_inputs.split(",") if isinstance(extra_inputs, str) else extra_inputs) if k]
-        missing = [k for k in extra if k not in columns]
-        if missing:
-            raise UserError(f"{metadata_path}: column(s) {missing} named by --extra_inputs are missing")
-        self.data_file_keys = keys
-        self.main_data_operator = main_data_operator or self.default_image_operator(base_path)
-        self.special_operator_map = dict(special_operator_map or {})
+def _looks_like_files(rows: list[dict], key: str) -> bool:
+    values = [r.get(key) for r in rows if r.get(key) not in (None, "")]
+    flat = [v for value in values for v in (value if isinstance(value, list) else [value])]
+    return bool(flat) and all(isinstance(v, str) and os.path.splitext(v.strip())[1].lower() in FILE_EXTENSIONS
+                              for v in flat)
+
+
+class UnifiedDataset(torch.utils.data.Dataset):
+    def __init__(self, base_path, metadata_path, repeat: int = 1, data_file_keys=("image",),
+                 main_data_operator=None, special_operator_map: dict | None = None, extra_inputs=(),
+                 on_bad_sample: str = "error", present_keys_only: bool = False):
+        """`base_path` None means the metadata file's folder. `present_keys_only` drops listed file keys
+        the metadata lacks (for the CLI default "image,video"), as long as one is left."""
+        if metadata_path is None:
+            raise DataError("--dataset_metadata_path is required")
         if on_bad_sample not in ("error", "skip"):
-            raise UserError(f"--on_bad_sample must be 'error' or 'skip', got {on_bad_sample!r}")
+            raise DataError(f"--on_bad_sample must be 'error' or 'skip', got {on_bad_sample!r}")
+        if int(repeat) < 1:
+            raise DataError(f"--dataset_repeat must be at least 1, got {repeat}")
+        self.metadata_path = os.fspath(metadata_path)
+        self.base_path = os.fspath(base_path) if base_path is not None else os.path.dirname(self.metadata_path)
+        self.repeat = int(repeat)
         self.on_bad_sample = on_bad_sample
-        self.bad_samples: list[dict] = []
-        width = len(str(len(self.rows)))
-        self._ids = [f"{i:0{max(6, width)}d}-{self._row_hash(r)}" for i, r in enumerate(self.rows)]
+        keys, extra = names(data_file_keys), names(extra_inputs)
+        self.rows = read_metadata(self.metadata_path, text_columns=keys + extra)
+        self.columns = list(dict.fromkeys(c for r in self.rows for c in r))
+        if present_keys_only:
+            keys = [k for k in keys if k in self.columns] or keys
+        for flag, listed in (("--data_file_keys", keys), ("--extra_inputs", extra)):
+            for key in listed:
+                if key not in self.columns:
+                    raise DataError(f"{self.metadata_path}: no column '{key}' (named by {flag}); "
+                                    f"its columns are {', '.join(self.columns)}")
+        self.data_file_keys = keys + [k for k in extra if k not in keys and _looks_like_files(self.rows, k)]
+        self.extra_inputs = extra
+        self.main_data_operator = (compose(main_data_operator) if main_data_operator is not None
+                                   else self.default_image_operator(self.base_path))
+        self.special_operator_map = {k: compose(v) for k, v in (special_operator_map or {}).items()}
+        width = max(6, len(str(len(self.rows) - 1)))
+        self._ids = [f"{i:0{width}d}-{self._row_hash(r)}" for i, r in enumerate(self.rows)]
+        self.bad_samples: list[dict[str, Any]] = []
+        self._good = list(range(len(self.rows)))
+        if on_bad_sample == "skip":
+            self._good = [i for i in self._good if self._prevalidate(i)]
+            if not self._good:
+                raise DataError(f"{self.metadata_path}: none of its {len(self.rows)} rows is usable "
+                                f"(first problem: {self.bad_samples[0]['reason']})")
 
     @staticmethod
-    def default_image_operator(base_path: str, height=None, width=None, max_pixels=1024 * 1024,
-                               height_division_factor=16, width_division_factor=16) -> DataOperator:
-        load = RouteByExtension({tuple(IMAGE_EXTENSIONS): LoadImage()})
-        return ToAbsolutePath(base_path) >> load >> ImageCropAndResize(height, width, max_pixels,
-                                                                        height_division_factor, width_division_factor)
+    def default_image_operator(base_path, height: int | None = None, width: int | None = None,
+                               max_pixels: int = 1024 * 1024, height_division_factor: int = 16,
+                               width_division_factor: int = 16) -> DataOperator:
+        """Path -> RGB image, cropped and resized (fixed size, or dynamic under max_pixels)."""
+        return (ToAbsolutePath(base_path) >> RouteByExtension({IMAGE_EXTENSIONS: LoadImage()})
+                >> ImageCropAndResize(height, width, max_pixels, height_division_factor, width_division_factor))
 
     @staticmethod
     def _row_hash(row: dict) -> str:
-        return hashlib.sha256(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        text = json.dumps(row, sort_keys=True, default=str, ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
 
+    # -- indexing -------------------------------------------------------------------------------------
     @property
     def num_rows(self) -> int:
-        return len(self.rows)
-
-    def sample_id(self, index: int) -> str:
-        return self._ids[index % len(self.rows)]
+        """Rows the dataset serves (bad rows left out when skipping)."""
+        return len(self._good)
 
     def __len__(self) -> int:
-        return len(self.rows) * self.repeat
+        return self.num_rows * self.repeat
 
-    def load_row(self, row_index: int) -> dict[str, Any]:
-        row = self.rows[row_index]
-        where = f"{self.metadata_path} row {row_index + 1}"
-        item = dict(row)
+    def row_index(self, index: int) -> int:
+        return self._good[index % self.num_rows]
+
+    def sample_id(self, index: int) -> str:
+        return self._ids[self.row_index(index)]
+
+    # -- loading --------------------------------------------------------------------------------------
+    def _context(self, row: int, key: str) -> dict[str, Any]:
+        return {"where": f"{self.metadata_path} row {row + 1}", "key": key, "row": row}
+
+    def _values(self, row: int, key: str) -> list:
+        """The file value(s) of one field; a list value (json) is several files."""
+        value = self.rows[row].get(key)
+        if value is None or value == "" or value == []:
+            raise DataError(f"{self.metadata_path} row {row + 1}: no value for '{key}'")
+        return value if isinstance(value, list) else [value]
+
+    def _operator(self, key: str) -> DataOperator:
+        return self.special_operator_map.get(key, self.main_data_operator)
+
+    def load_row(self, row: int) -> dict[str, Any]:
+        """Row `row` (0-based) loaded; raises DataError naming the row and the file."""
+        source = self.rows[row]
+        item = {c: source.get(c) for c in self.columns}
         for key in self.data_file_keys:
-            op = self.special_operator_map.get(key, self.main_data_operator)
-            value = row.get(key)
-            if value is None:
-                raise UserError(f"{where}: '{key}' is empty")
-            item[key] = op(value, {"where": where, "key": key, "row": row_index})
-        item["_row"] = row_index
-        item["_id"] = self._ids[row_index]
+            op, value, context = self._operator(key), source.get(key), self._context(row, key)
+            try:
+                loaded = [op(v, context) for v in self._values(row, key)]
+            except DataError as err:
+                err.key, err.file = key, context.get("file")  # for bad_samples
+                raise
+            item[key] = loaded if isinstance(value, list) else loaded[0]
+        item["_row"] = row
+        item["_id"] = self._ids[row]
         return item
 
-    def __getitem__(self, index: int) -> dict[str, Any] | None:
-        row_index = index % len(self.rows)
-        try:
-            return self.load_row(row_index)
-        except UserError as err:
-            if self.on_bad_sample == "error":
-                raise
-            self.bad_samples.append({"row": row_index + 1, "id": self._ids[row_index], "reason": str(err)})
-            return None
+    def _record(self, row: int, key: str | None, file: str | None, reason: str) -> None:
+        self.bad_samples.append({"row": row + 1, "id": self._ids[row], "key": key, "file": file, "reason": reason})
+
+    def _prevalidate(self, row: int) -> bool:
+        for key in self.data_file_keys:
+            context = self._context(row, key)
+            try:
+                for value in self._values(row, key):
+                    self._operator(key).check(value, context)
+            except DataError as err:
+                self._record(row, key, context.get("file"), str(err))
+                return False
+        return True
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        position = index % self.num_rows
+        for attempt in range(self.num_rows):
+            row = self._good[(position + attempt) % self.num_rows]
+            try:
+                return self.load_row(row)
+            except DataError as err:
+                if self.on_bad_sample == "error":
+                    raise
+                if not any(b["row"] == row + 1 for b in self.bad_samples):
+                    self._record(row, getattr(err, "key", None), getattr(err, "file", None), str(err))
+                    warnings.warn(f"skipping bad sample: {err}", stacklevel=2)
+        raise DataError(f"{self.metadata_path}: no row could be loaded "
+                        f"(last problem: {self.bad_samples[-1]['reason']})")

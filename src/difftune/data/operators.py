@@ -1,131 +1,251 @@
 """Data operators: small steps that turn a metadata value into what a pipeline takes.
 
-Operators compose with `>>`. Images are PIL images; a video is a list of PIL frames, so the resize
-operator (and anything after it) works on both, and a video loader can be added as one more operator
-routed by file extension without changing the rest.
+An operator is called as `op(value, context)`; `context` (optional) says where the value came from
+(`where`: "metadata.csv row 3", `key`: the column, `file`: the resolved path) so every error names the
+row and the file. Operators compose with `>>` or as a list.
+
+Images are PIL images and a video is a list of PIL frames: `ImageCropAndResize` takes either, and a
+video loader is one more entry in `RouteByExtension`, with nothing else to change.
+
+`check(value, context)` is the cheap half of loading (exists, not empty, header readable); the dataset
+uses it to pre-validate rows when bad samples are skipped. It returns the value for the next operator,
+or `CHECKED` once nothing more can be checked without decoding.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import UserError
 
-IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif"}
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
+CHECKED = object()  # returned by `check` when the rest can only be checked by loading
+
+
+def one_line(text) -> str:
+    return " ".join(str(text).split("\n")).replace("\r", " ").strip()
+
+
+class DataError(UserError):
+    """A bad metadata file or sample: one line naming the file (and the row).
+
+    A DataLoader worker's exception reaches the main process as `DataError(<worker traceback>)` (torch
+    rebuilds it from the formatted traceback), so the constructor recovers the original one-line message
+    from the traceback's last line. Pickling keeps the message (it is the only argument)."""
+
+    def __init__(self, message: str = ""):
+        text = str(message)
+        if text.startswith("Caught ") and "Traceback" in text:
+            last = text.rstrip().splitlines()[-1]
+            marker = f"{type(self).__name__}: "
+            at = last.find(marker)
+            if at >= 0:
+                text = last[at + len(marker):]
+        super().__init__(one_line(text))
+
+
+def _where(context: dict | None) -> str:
+    context = context or {}
+    where = context.get("where") or "data"
+    return f"{where} '{context['key']}'" if context.get("key") else where
 
 
 class DataOperator:
-    def __call__(self, value, context: dict):  # pragma: no cover - abstract
+    """Base class: `__call__(value, context=None)` transforms; `check` validates cheaply."""
+
+    def __call__(self, value, context: dict | None = None):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def __rshift__(self, other: DataOperator) -> DataOperator:
-        return Sequence([self, other])
+    def check(self, value, context: dict | None = None):
+        return CHECKED
+
+    def __rshift__(self, other) -> Sequence:
+        return Sequence([self, compose(other)])
 
 
 class Sequence(DataOperator):
-    def __init__(self, operators):
-        self.operators = []
+    """Operators applied in order."""
+
+    def __init__(self, operators: Iterable):
+        self.operators: list[DataOperator] = []
         for op in operators:
+            op = compose(op)
             self.operators.extend(op.operators if isinstance(op, Sequence) else [op])
 
-    def __call__(self, value, context):
+    def __call__(self, value, context=None):
         for op in self.operators:
             value = op(value, context)
         return value
 
+    def check(self, value, context=None):
+        for op in self.operators:
+            value = op.check(value, context)
+            if value is CHECKED:
+                break
+        return CHECKED
+
+
+class Lambda(DataOperator):
+    """Wrap a one-argument function (DiffSynth-Studio's operators take only the value)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, value, context=None):
+        return self.fn(value)
+
+
+def compose(ops) -> DataOperator:
+    """An operator from an operator, a list of operators, or a one-argument callable."""
+    if isinstance(ops, DataOperator):
+        return ops
+    if isinstance(ops, (list, tuple)):
+        return Sequence(ops)
+    if callable(ops):
+        return Lambda(ops)
+    raise TypeError(f"not a data operator: {ops!r}")
+
 
 class ToAbsolutePath(DataOperator):
-    def __init__(self, base_path: str):
-        self.base_path = base_path
+    """A metadata file name, relative to `base_path` unless already absolute."""
 
-    def __call__(self, value, context):
+    def __init__(self, base_path: str | os.PathLike = ""):
+        self.base_path = os.fspath(base_path or "")
+
+    def __call__(self, value, context=None):
         if not isinstance(value, str) or not value.strip():
-            raise UserError(f"{context['where']}: '{context['key']}' is empty or not a file name ({value!r})")
-        return value if os.path.isabs(value) else os.path.join(self.base_path, value)
+            raise DataError(f"{_where(context)}: not a file name: {value!r}")
+        path = value.strip()
+        path = path if os.path.isabs(path) else os.path.join(self.base_path, path)
+        if context is not None:
+            context["file"] = path
+        return path
+
+    check = __call__
+
+
+def _file_problem(path: str) -> str | None:
+    if not os.path.exists(path):
+        return "file not found"
+    if os.path.isdir(path):
+        return "is a folder, not a file"
+    if os.path.getsize(path) == 0:
+        return "file is empty (0 bytes)"
+    return None
 
 
 class LoadImage(DataOperator):
-    """Open an image file as RGB; every failure is a one-line error naming the row and the file."""
+    """Open an image file and convert it (RGB by default); every failure names the row and the file."""
 
     def __init__(self, mode: str = "RGB"):
         self.mode = mode
 
-    def __call__(self, path, context):
-        where = context["where"]
-        if not os.path.exists(path):
-            raise UserError(f"{where}: file not found: {path}")
-        if os.path.getsize(path) == 0:
-            raise UserError(f"{where}: file is empty (0 bytes): {path}")
+    def _open(self, path, context, decode: bool):
+        problem = _file_problem(path)
+        if problem:
+            raise DataError(f"{_where(context)}: {problem}: {path}")
         try:
             with Image.open(path) as img:
-                img.load()
+                if not decode:
+                    img.verify()  # structure and checksums only (PNG); no pixel decoding
+                    return CHECKED
+                img.load()  # decode now, so a truncated file fails here with its row and file named
                 return img.convert(self.mode)
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-            kind = "not an image" if isinstance(err, UnidentifiedImageError) else "unreadable image"
-            raise UserError(f"{where}: {kind}: {path} ({type(err).__name__})") from None
+        except UnidentifiedImageError:
+            raise DataError(f"{_where(context)}: not an image (PIL cannot read its format): {path}") from None
+        except Image.DecompressionBombError:
+            raise DataError(f"{_where(context)}: image too large (over PIL's pixel limit): {path}") from None
+        except (OSError, SyntaxError, ValueError, EOFError) as err:
+            raise DataError(f"{_where(context)}: unreadable or corrupt image ({one_line(err)}): {path}") from None
+
+    def __call__(self, path, context=None):
+        return self._open(os.fspath(path), context, decode=True)
+
+    def check(self, path, context=None):
+        return self._open(os.fspath(path), context, decode=False)
 
 
 class RouteByExtension(DataOperator):
-    """Send a path to the operator registered for its extension (images today; video later)."""
+    """Send a path to the operator registered for its extension, e.g. {IMAGE_EXTENSIONS: LoadImage()};
+    a video loader is one more entry. The key None is the fallback."""
 
-    def __init__(self, routes: dict[str, DataOperator]):
-        self.routes = routes
+    def __init__(self, routes: dict):
+        self.routes: list[tuple[tuple[str, ...] | None, DataOperator]] = []
+        for exts, op in routes.items():
+            if exts is not None:
+                exts = (exts,) if isinstance(exts, str) else tuple(exts)
+                exts = tuple(e.lower() if e.startswith(".") else f".{e.lower()}" for e in exts)
+            self.routes.append((exts, compose(op)))
 
-    def __call__(self, path, context):
-        ext = os.path.splitext(str(path))[1].lower()
-        for exts, op in self.routes.items():
-            if ext in exts:
-                return op(path, context)
-        raise UserError(f"{context['where']}: unsupported file type '{ext or '(none)'}': {path}")
+    @property
+    def extensions(self) -> tuple[str, ...]:
+        return tuple(e for exts, _ in self.routes if exts for e in exts)
+
+    def route(self, path, context=None) -> DataOperator:
+        ext = os.path.splitext(os.fspath(path))[1].lower()
+        for exts, op in self.routes:
+            if exts is None or ext in exts:
+                return op
+        raise DataError(f"{_where(context)}: unsupported file type '{ext or '(no extension)'}' "
+                        f"(expected {', '.join(self.extensions)}): {path}")
+
+    def __call__(self, path, context=None):
+        return self.route(path, context)(path, context)
+
+    def check(self, path, context=None):
+        return self.route(path, context).check(path, context)
 
 
 def target_size(width: int, height: int, fixed_height: int | None, fixed_width: int | None, max_pixels: int,
-                height_factor: int, width_factor: int) -> tuple[int, int]:
-    """(width, height) an image of this size becomes: fixed, or scaled down to max_pixels (never up),
-    then sides rounded down to the division factors."""
+                height_factor: int = 16, width_factor: int = 16) -> tuple[int, int]:
+    """(width, height) an image of this size is cropped to. Fixed sizes win; otherwise an image over
+    `max_pixels` is scaled down by sqrt(area / max_pixels) (never up), then each side is rounded down to
+    its division factor (DiffSynth-Studio's rule)."""
     if fixed_height is not None and fixed_width is not None:
-        return fixed_width, fixed_height
-    if width * height > max_pixels:
-        scale = math.sqrt(max_pixels / (width * height))
-        width, height = int(width * scale), int(height * scale)
-    return max(width_factor, width // width_factor * width_factor), max(height_factor, height // height_factor * height_factor)
+        return int(fixed_width), int(fixed_height)
+    if max_pixels is not None and width * height > max_pixels:
+        scale = math.sqrt(width * height / max_pixels)
+        width, height = int(width / scale), int(height / scale)
+    return width // width_factor * width_factor, height // height_factor * height_factor
 
 
 def cover_crop(img: Image.Image, width: int, height: int) -> Image.Image:
-    """Scale to cover (width, height), then centre-crop."""
+    """Scale (bilinear) so the image covers (width, height), then centre-crop, as torchvision's
+    resize + center_crop do in the reference."""
     scale = max(width / img.width, height / img.height)
-    w, h = max(width, round(img.width * scale)), max(height, round(img.height * scale))
+    w, h = round(img.width * scale), round(img.height * scale)
     if (w, h) != img.size:
-        img = img.resize((w, h), Image.BICUBIC)
-    left, top = (w - width) // 2, (h - height) // 2
+        img = img.resize((w, h), Image.BILINEAR)
+    left, top = int(round((w - width) / 2.0)), int(round((h - height) / 2.0))
     return img.crop((left, top, left + width, top + height))
 
 
 class ImageCropAndResize(DataOperator):
-    def __init__(self, height: int | None = None, width: int | None = None, max_pixels: int = 1024 * 1024,
+    """Fixed `height`/`width`: scale to cover and centre-crop. Both None (dynamic resolution): keep the
+    image's size, scaled down to `max_pixels` and rounded down to the division factors. Works on one
+    PIL image or a list of frames."""
+
+    def __init__(self, height: int | None = None, width: int | None = None, max_pixels: int | None = 1024 * 1024,
                  height_division_factor: int = 16, width_division_factor: int = 16):
         if (height is None) != (width is None):
             raise UserError("--height and --width must be given together (or neither, for dynamic resolution)")
         self.height, self.width, self.max_pixels = height, width, max_pixels
-        self.hf, self.wf = height_division_factor, width_division_factor
+        self.height_division_factor, self.width_division_factor = height_division_factor, width_division_factor
 
-    def one(self, img: Image.Image) -> Image.Image:
-        w, h = target_size(img.width, img.height, self.height, self.width, self.max_pixels, self.hf, self.wf)
-        return cover_crop(img, w, h)
+    def size_for(self, img: Image.Image, context=None) -> tuple[int, int]:
+        w, h = target_size(img.width, img.height, self.height, self.width, self.max_pixels,
+                           self.height_division_factor, self.width_division_factor)
+        if w < 1 or h < 1:
+            file = (context or {}).get("file", "")
+            raise DataError(f"{_where(context)}: image is {img.width}x{img.height}, smaller than the division "
+                            f"factor ({self.width_division_factor}x{self.height_division_factor}): {file}")
+        return w, h
 
-    def __call__(self, value, context):
-        if isinstance(value, list):  # video frames: one size for all, from the first frame
-            return [self.one(f) for f in value]
-        return self.one(value)
-
-
-class Lambda(DataOperator):
-    def __init__(self, fn: Callable):
-        self.fn = fn
-
-    def __call__(self, value, context):
-        return self.fn(value)
+    def __call__(self, value, context=None):
+        if isinstance(value, list):  # video frames
+            return [cover_crop(f, *self.size_for(f, context)) for f in value]
+        return cover_crop(value, *self.size_for(value, context))

@@ -176,7 +176,8 @@ class FlowMatchScheduler:
         mu fixed at 0.8, bell weighting). `sampling` is an alias of `timestep_sampling`;
         `image_seq_len` is the default for `shift="dynamic"` when a draw does not give one."""
         options = {"--timestep_sampling": (timestep_sampling or sampling or "uniform", TIMESTEP_SAMPLINGS),
-                   "--timestep_shift": (shift or "fixed", SHIFTS), "--loss_weighting": (weighting or "bell", WEIGHTINGS)}
+                   "--timestep_shift": (shift or "fixed", SHIFTS),
+                   "--loss_weighting": (weighting or "bell", WEIGHTINGS)}
         for flag, (value, allowed) in options.items():
             if value not in allowed:
                 raise UserError(f"{flag} must be one of {', '.join(allowed)}; got {value!r}")

@@ -38,6 +38,14 @@ class LoopConfig:
     customized_optimizer: str | None = None
     progress: bool = True
     shuffle: bool = True
+    output_path: str = "."
+    save_state_steps: int | None = None
+    save_state: bool = False
+    keep_states: int = 2
+    resume_from: object = None  # a state directory (Path) to continue from exactly
+    force_resume: bool = False
+    validate: Callable | None = None  # validate(accelerator, module, step)
+    validation_steps: int | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -112,24 +120,49 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
     schedule = make_lr_schedule(optimizer, config.lr_scheduler, config.lr_warmup_steps, total_steps)
     module, optimizer = accelerator.prepare(module, optimizer)
     inner = accelerator.unwrap_model(module)
+    exactness = {"world_size": world, "batch_size": config.batch_size,
+                 "gradient_accumulation_steps": config.gradient_accumulation_steps, "dataset_len": len(dataset),
+                 "seed": config.seed, "learning_rate": config.learning_rate, "lr_scheduler": config.lr_scheduler,
+                 "lr_warmup_steps": config.lr_warmup_steps, **config.extra.get("exactness", {})}
 
-    bar = tqdm(total=total_steps, disable=not (config.progress and accelerator.is_main_process), desc="training",
-               dynamic_ncols=True)
-    step, losses, started = 0, [], time.perf_counter()
-    ema = None
-    for epoch in range(config.num_epochs):
+    step, start_epoch, start_step = 0, 0, 0
+    if config.resume_from is not None:
+        from .state import load_training_state
+
+        position = load_training_state(config.resume_from, accelerator, module, optimizer, schedule, exactness,
+                                       force=config.force_resume)
+        step, start_epoch, start_step = position["global_step"], position["epoch"], position["step_in_epoch"]
+        if start_step >= plan.steps_per_epoch():
+            start_epoch, start_step = start_epoch + 1, 0
+        if accelerator.is_main_process:
+            print(f"resumed from {config.resume_from}: step {step}, epoch {start_epoch}, "
+                  f"{start_step} step(s) into the epoch")
+
+    def save_state(epoch: int, step_in_epoch: int) -> None:
+        from .state import save_training_state
+
+        save_training_state(accelerator, module, optimizer, schedule,
+                            {"global_step": step, "epoch": epoch, "step_in_epoch": step_in_epoch}, exactness,
+                            config.output_path, keep=config.keep_states)
+
+    bar = tqdm(total=total_steps, initial=step, disable=not (config.progress and accelerator.is_main_process),
+               desc="training", dynamic_ncols=True)
+    losses, started, ema = [], time.perf_counter(), None
+    for epoch in range(start_epoch, config.num_epochs):
         if step >= total_steps:
             break
         inner.epoch = epoch
-        batches = [idx for _, _, idx in plan.micro_batches(epoch)]
-        loader = DataLoader(_Indexed(dataset), batch_sampler=batches, collate_fn=_list_collate,
-                            num_workers=config.num_workers, persistent_workers=False)
+        first = start_step if epoch == start_epoch else 0
+        plan_batches = list(plan.micro_batches(epoch, start_step=first))
+        loader = DataLoader(_Indexed(dataset), batch_sampler=[idx for _, _, idx in plan_batches],
+                            collate_fn=_list_collate, num_workers=config.num_workers, persistent_workers=False)
         micro_losses = []
-        for items in loader:
+        for (step_in_epoch, _, _), items in zip(plan_batches, loader):
             indices = [i for i, _ in items]
             samples = [s for _, s in items]
             with accelerator.accumulate(module):
                 loss = module(samples, indices, epoch)
+                check_finite(accelerator, loss, step + 1, epoch, samples, indices, saver)
                 accelerator.backward(loss)
                 micro_losses.append(loss.detach().float())
                 if accelerator.sync_gradients and config.max_grad_norm:
@@ -150,14 +183,40 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
             bar.update(1)
             if on_step is not None:
                 on_step(step, step_loss)
+            saved = False
             if saver is not None and config.save_steps and step % config.save_steps == 0:
                 saver.save(accelerator, module, f"step-{step}")
+                saved = True
+            if (config.save_state_steps and step % config.save_state_steps == 0) or (saved and config.save_state):
+                save_state(epoch, step_in_epoch + 1)
+            if config.validate is not None and config.validation_steps and step % config.validation_steps == 0:
+                config.validate(accelerator, inner, step)
             if step >= total_steps:
                 break
         if saver is not None and not config.save_steps:
             saver.save(accelerator, module, f"epoch-{epoch}")
+            if config.save_state:
+                save_state(epoch + 1, 0)
     if saver is not None and config.save_steps and step % config.save_steps != 0:
         saver.save(accelerator, module, f"step-{step}")
+    if config.validate is not None and (not config.validation_steps or step % config.validation_steps != 0):
+        config.validate(accelerator, inner, step)
     bar.close()
     accelerator.wait_for_everyone()
     return {"steps": step, "losses": losses, "seconds": time.perf_counter() - started}
+
+
+def check_finite(accelerator, loss, step: int, epoch: int, samples, indices, saver) -> None:
+    """Stop on a NaN/Inf loss before it reaches the weights, on every process at once, naming the samples."""
+    bad = torch.tensor([0.0 if torch.isfinite(loss).all() else 1.0], device=loss.device)
+    if accelerator.num_processes > 1:
+        bad = accelerator.reduce(bad, reduction="sum")
+    if bad.item() == 0:
+        return
+    from ..errors import UserError
+
+    ids = [str(s.get("_id", i)) if isinstance(s, dict) else str(i) for s, i in zip(samples, indices)]
+    last = saver.saved[-1] if (saver is not None and saver.saved) else None
+    where = f"the last good checkpoint is {last}" if last else "no checkpoint was saved before it"
+    raise UserError(f"non-finite loss at step {step} (epoch {epoch}, sample(s) {', '.join(ids)}); training stopped "
+                    f"before updating the weights; {where}")

@@ -182,8 +182,14 @@ def run_train(args, task: TaskSpec, accelerator=None) -> dict:
         units = [u for u in pipe.units if type(u) in {type(s) for s in split.stage2}]
     module = PipelineTrainingModule(pipe, task.loss, units, seed=args.seed, settings=stage_settings(args),
                                     from_cache=from_cache)
+    resume_state = None
     if args.resume_from_checkpoint:
-        load_full_weights(pipe, args.resume_from_checkpoint, args.remove_prefix_in_ckpt)
+        if args.resume_from_checkpoint == "latest" or os.path.isdir(args.resume_from_checkpoint):
+            from .state import find_state
+
+            resume_state = find_state(args.resume_from_checkpoint, args.output_path)
+        else:
+            load_full_weights(pipe, args.resume_from_checkpoint, args.remove_prefix_in_ckpt)
     # LoRA initialisation draws from the global RNG: seed it here so the initial weights depend only on
     # --seed (and not on which models this stage happened to load before).
     torch.manual_seed(args.seed)
@@ -206,10 +212,18 @@ def run_train(args, task: TaskSpec, accelerator=None) -> dict:
                         max_grad_norm=args.max_grad_norm, lr_scheduler=args.lr_scheduler,
                         lr_warmup_steps=args.lr_warmup_steps, seed=args.seed, num_workers=args.dataset_num_workers,
                         save_steps=args.save_steps, customized_optimizer=args.customized_optimizer,
-                        progress=not args.no_progress)
-    from .loop import train as train_loop
+                        progress=not args.no_progress, output_path=args.output_path,
+                        save_state_steps=args.save_state_steps, save_state=args.save_state,
+                        keep_states=args.keep_last_states, resume_from=resume_state, force_resume=args.force_resume,
+                        extra={"exactness": {"task": args.task.split(":")[0], "trainable": trainable_set(args),
+                                             "lora_rank": args.lora_rank,
+                                             "lora_target_modules": args.lora_target_modules}})
+    if args.validation_prompts:
+        from .validation import Validator
 
-    summary = train_loop(accelerator, dataset, module, config, saver=saver)
+        config.validate = Validator(args, pipe, components, cache_dir=args.dataset_base_path if from_cache else None)
+        config.validation_steps = args.validation_steps
+    summary = train(accelerator, dataset, module, config, saver=saver)
     accelerator.end_training()
     summary["saved"] = [str(p) for p in saver.saved]
     return summary

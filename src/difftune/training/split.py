@@ -122,6 +122,12 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
             writer.write(sample["_id"], _cacheable(per_sample))
             written += 1
     writer.close()
+    if args.validation_prompts and accelerator.is_main_process and pipe.models.get("text_encoder") is not None:
+        from .validation import parse_prompts, write_cached_prompts
+
+        vae_files = [f for name, c in components if name == "vae"
+                     for f in (c.resolve() if isinstance(c.resolve(), list) else [c.resolve()])]
+        write_cached_prompts(output_path, pipe, parse_prompts(args.validation_prompts), vae_files)
     accelerator.wait_for_everyone()
     if hasattr(dataset, "bad_samples") and dataset.bad_samples and accelerator.is_main_process:
         report = Path(output_path) / "bad_samples.json"

@@ -1,0 +1,97 @@
+"""Exact resume: a run killed with SIGKILL and resumed ends with the same weights as an uninterrupted run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_train
+from difftune.errors import UserError
+
+
+def train_cmd(data, meta, models, out, *extra):
+    return [sys.executable, "-m", "difftune", "train", "--dataset_base_path", str(data), "--dataset_metadata_path",
+            str(meta), "--max_pixels", "4096", "--dataset_repeat", "12", "--num_epochs", "2",
+            "--learning_rate", "1e-3", "--model_paths", models, "--output_path", str(out), "--lora_base_model", "dit",
+            "--lora_target_modules", LORA_TARGETS, "--lora_rank", "4", "--torch_dtype", "float32",
+            "--gradient_accumulation_steps", "2", "--save_state_steps", "3", "--no_progress", *map(str, extra)]
+
+
+def kill_after_state(cmd, state_root: Path, min_step: int, timeout=300):
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            steps = [int(p.name.split("-")[1]) for p in state_root.glob("step-*")] if state_root.exists() else []
+            if steps and max(steps) >= min_step:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return max(steps)
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}")
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    raise AssertionError("no state was saved in time")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["one_stage", "stage2"])
+def test_sigkill_then_resume_gives_the_same_weights(tmp_path, tiny_repo, stage):
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    models = model_paths_json(tiny_repo)
+    data = meta.parent
+    extra = []
+    if stage == "stage2":
+        run_train("--task", "sft:data_process", "--dataset_base_path", data, "--dataset_metadata_path", meta,
+                  "--max_pixels", 4096, "--model_paths", models, "--output_path", tmp_path / "cache",
+                  "--lora_base_model", "dit", "--lora_target_modules", LORA_TARGETS, "--torch_dtype", "float32",
+                  "--no_progress")
+        data, extra = tmp_path / "cache", ["--task", "sft:train"]
+
+    def cmd(out, *more):
+        c = train_cmd(data, meta, models, out, *extra, *more)
+        if stage == "stage2":  # stage 2 reads the cache, not the metadata
+            i = c.index("--dataset_metadata_path")
+            del c[i:i + 2]
+        return c
+
+    subprocess.run(cmd(tmp_path / "full"), check=True, capture_output=True, timeout=600)
+    killed_at = kill_after_state(cmd(tmp_path / "killed"), tmp_path / "killed" / "state", min_step=4)
+    assert killed_at < 12  # really interrupted before the end (2 epochs x 12 samples / accumulation 2)
+    done = subprocess.run(cmd(tmp_path / "killed", "--resume_from_checkpoint", "latest"), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resumed from" in done.stdout
+    a = load_file(str(tmp_path / "full" / "epoch-1.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "epoch-1.safetensors"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    assert len(list((tmp_path / "killed" / "state").glob("step-*"))) <= 2  # keeps the last 2
+
+
+def test_resume_refuses_a_changed_batch_layout(tmp_path, tiny_repo):
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    common = ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--max_pixels", 4096,
+              "--dataset_repeat", 4, "--model_paths", model_paths_json(tiny_repo), "--output_path", tmp_path / "out",
+              "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--lora_rank", 2, "--torch_dtype",
+              "float32", "--no_progress", "--save_state_steps", 2]
+    run_train(*common, "--max_steps", 2)
+    with pytest.raises(UserError, match=r"gradient_accumulation_steps \(1 -> 2\)"):
+        run_train(*common, "--gradient_accumulation_steps", 2, "--resume_from_checkpoint", "latest")
+    summary = run_train(*common, "--gradient_accumulation_steps", 2, "--resume_from_checkpoint", "latest",
+                        "--force_resume")
+    assert summary["steps"] >= 2
+
+
+def test_resume_latest_without_state_is_a_clear_error(tmp_path, tiny_repo):
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    with pytest.raises(UserError, match="no saved training state"):
+        run_train("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--model_paths",
+                  model_paths_json(tiny_repo), "--output_path", tmp_path / "out", "--lora_base_model", "dit",
+                  "--lora_target_modules", "to_q", "--torch_dtype", "float32", "--resume_from_checkpoint", "latest")

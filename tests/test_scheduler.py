@@ -1,0 +1,200 @@
+"""FlowMatchScheduler: diffusers-identical inference sigmas, DiffSynth-compatible training draws."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift as diffusers_calculate_shift
+from diffusers.pipelines.qwenimage.pipeline_qwenimage_img2img import QwenImageImg2ImgPipeline
+
+from difftune.errors import UserError
+from difftune.schedulers import TRAINING_MU, FlowMatchScheduler, calculate_shift
+from difftune.testing import QWEN_IMAGE_SCHEDULER_CONFIG as QWEN
+
+SIZES = [(1024, 1024, 50), (1328, 1328, 30), (512, 768, 20), (928, 1664, 8), (2048, 2048, 4), (256, 256, 3)]
+
+
+def diffusers_schedule(config, height, width, steps):
+    """What QwenImagePipeline feeds diffusers' scheduler: sigmas linspace(1, 1/N, N), mu from (H/16)(W/16)."""
+    ref = FlowMatchEulerDiscreteScheduler.from_config(config)
+    seq = (height // 16) * (width // 16)
+    mu = diffusers_calculate_shift(seq, ref.config.get("base_image_seq_len", 256),
+                                   ref.config.get("max_image_seq_len", 4096), ref.config.get("base_shift", 0.5),
+                                   ref.config.get("max_shift", 1.15))
+    ref.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    return ref, seq
+
+
+@pytest.mark.parametrize("height,width,steps", SIZES)
+def test_inference_sigmas_match_diffusers_qwen_image(height, width, steps):
+    ref, seq = diffusers_schedule(QWEN, height, width, steps)
+    ours = FlowMatchScheduler.from_config(QWEN)
+    timesteps = ours.set_timesteps(steps, image_seq_len=seq)
+    assert ours.sigmas.shape == (steps + 1,) and ours.timesteps.shape == (steps,)
+    assert (ours.sigmas - ref.sigmas).abs().max().item() <= 1e-6
+    assert (ours.timesteps - ref.timesteps).abs().max().item() <= 1e-6
+    assert timesteps is ours.timesteps
+    assert ours.sigmas[0].item() == 1.0 and ours.sigmas[-1].item() == 0.0
+    assert ours.sigmas[-2].item() == pytest.approx(0.02, abs=1e-6)  # shift_terminal
+
+
+@pytest.mark.parametrize("steps,strength", [(10, 0.7), (20, 0.5), (30, 0.33), (10, 0.9), (50, 1.0)])
+def test_img2img_strength_drops_first_steps_like_diffusers(steps, strength):
+    ref, seq = diffusers_schedule(QWEN, 1024, 768, steps)
+    timesteps, n = QwenImageImg2ImgPipeline.get_timesteps(SimpleNamespace(scheduler=ref), steps, strength, "cpu")
+    ours = FlowMatchScheduler()
+    ours.set_timesteps(steps, image_seq_len=seq, denoising_strength=strength)
+    assert len(ours.timesteps) == n
+    assert (ours.timesteps - timesteps).abs().max().item() <= 1e-6
+    assert (ours.sigmas - ref.sigmas[ref.begin_index or 0:]).abs().max().item() <= 1e-6
+    if (steps, strength) == (10, 0.9):  # int(10 - 10*0.9) = 1 step dropped; int(10*(1-0.9)) would drop 0
+        assert n == 9
+
+
+def test_img2img_strength_diffsynth_mode_keeps_all_steps():
+    """DiffSynth-Studio: N steps from a raw sigma of `strength`: linspace(strength, 0, N+1)[:-1], then shift."""
+    s = FlowMatchScheduler()
+    s.set_timesteps(4, mu=0.8, denoising_strength=0.5, strength_mode="diffsynth")
+    e = math.exp(0.8)
+    shifted = [e / (e + 1 / r - 1) for r in (0.5, 0.375, 0.25, 0.125)]
+    stretched = [1 - (1 - x) / ((1 - shifted[-1]) / 0.98) for x in shifted]
+    assert s.sigmas.tolist() == pytest.approx(stretched + [0.0], abs=1e-6)
+    assert len(s.timesteps) == 4
+
+
+@pytest.mark.parametrize("config", [
+    {"shift": 3.0, "use_dynamic_shifting": False},  # SD3-style static shift
+    {"use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15, "max_image_seq_len": 4096},  # FLUX.1
+    {**QWEN, "time_shift_type": "linear"},
+])
+def test_other_family_configs_match_diffusers(config):
+    ref, seq = diffusers_schedule(config, 1024, 1024, 28)
+    ours = FlowMatchScheduler.from_config(config)
+    ours.set_timesteps(28, image_seq_len=seq)
+    assert (ours.sigmas - ref.sigmas).abs().max().item() <= 1e-6
+
+
+def test_one_step_is_finite():
+    s = FlowMatchScheduler()  # diffusers' stretch divides 0 by 0 here
+    s.set_timesteps(1, image_seq_len=4096)
+    assert s.sigmas.tolist() == [1.0, 0.0] and s.timesteps.tolist() == [1000.0]
+
+
+def test_defaults_are_qwen_image_and_from_pretrained(tmp_path):
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps(QWEN))
+    a, b, c = FlowMatchScheduler(), FlowMatchScheduler.from_pretrained(tmp_path), FlowMatchScheduler.from_pretrained(
+        tmp_path / "scheduler")
+    for s in (a, b, c):
+        s.set_timesteps(20, image_seq_len=4096)
+    assert torch.equal(a.sigmas, b.sigmas) and torch.equal(a.sigmas, c.sigmas)
+    assert calculate_shift(4096) == pytest.approx(0.5 + 0.4 * (4096 - 256) / (8192 - 256))
+    with pytest.raises(UserError, match="no scheduler_config.json"):
+        FlowMatchScheduler.from_pretrained(tmp_path / "nope")
+    with pytest.raises(ValueError, match="image_seq_len"):
+        a.set_timesteps(20)
+    with pytest.raises(ValueError, match="use_karras_sigmas"):
+        FlowMatchScheduler.from_config({**QWEN, "use_karras_sigmas": True})
+
+
+def test_step_integrates_a_linear_path_exactly():
+    g = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(2, 4, 8, 8, generator=g), torch.randn(2, 4, 8, 8, generator=g)
+    s = FlowMatchScheduler()
+    s.set_timesteps(13, image_seq_len=1024, denoising_strength=0.8)
+    x = s.add_noise(x0, noise, s.sigmas[0])
+    for i in range(len(s.timesteps)):
+        x = s.step(s.training_target(x0, noise), i, x)  # the exact velocity of the straight path
+    assert torch.allclose(x, x0, atol=1e-5)
+    # one step lands exactly on the path at the next sigma
+    y = s.step(noise - x0, 0, s.add_noise(x0, noise, s.sigmas[0]))
+    assert torch.allclose(y, s.add_noise(x0, noise, s.sigmas[1]), atol=1e-6)
+
+
+def test_add_noise_per_sample_sigma_and_target():
+    x0, noise = torch.zeros(3, 2, 2), torch.ones(3, 2, 2)
+    out = FlowMatchScheduler.add_noise(x0, noise, torch.tensor([0.0, 0.25, 1.0]))
+    assert out[:, 0, 0].tolist() == [0.0, 0.25, 1.0]
+    assert FlowMatchScheduler.add_noise(x0, noise, 0.5).unique().tolist() == [0.5]
+    assert torch.equal(FlowMatchScheduler.training_target(x0, noise), noise - x0)
+
+
+def test_training_table_matches_hand_computed_values():
+    s = FlowMatchScheduler()
+    s.set_training()
+    assert s.training and (s.timestep_sampling, s.shift_mode, s.weighting) == ("uniform", "fixed", "bell")
+    sigmas, timesteps, weights = s.training_table(TRAINING_MU)
+    assert sigmas.shape == (1000,)
+    e = math.exp(0.8)
+
+    def shift(raw):
+        return e / (e + 1 / raw - 1)
+
+    scale = (1 - shift(0.001)) / (1 - 0.02)
+    for i in (0, 1, 250, 500, 999):
+        expected = 1 - (1 - shift(1 - i / 1000)) / scale
+        assert sigmas[i].item() == pytest.approx(expected, abs=1e-6)
+    assert sigmas[500].item() == pytest.approx(0.695492, abs=1e-5)
+    assert sigmas[999].item() == pytest.approx(0.02, abs=1e-7)
+    assert torch.allclose(timesteps, sigmas * 1000)
+    assert weights.mean().item() == pytest.approx(1.0, abs=1e-6)
+    assert weights[0].item() == 0.0  # t = 1000 is the farthest from 500
+    peak = int(weights.argmax())
+    assert abs(timesteps[peak].item() - 500) < 1.5
+
+
+def test_training_draws_come_only_from_the_generator():
+    s = FlowMatchScheduler()
+    s.set_training()
+    torch.manual_seed(123)
+    a = s.sample_training(64, torch.Generator().manual_seed(7))
+    torch.manual_seed(999)
+    global_state = torch.get_rng_state()
+    b = s.sample_training(64, torch.Generator().manual_seed(7))
+    assert torch.equal(torch.get_rng_state(), global_state)
+    for x, y in zip(a, b):
+        assert x.shape == (64,) and torch.equal(x, y)
+    c = s.sample_training(64, torch.Generator().manual_seed(8))
+    assert not torch.equal(a[0], c[0])
+    sigmas, timesteps, weights = s.training_table(TRAINING_MU)
+    idx = [int((sigmas == v).nonzero()[0]) for v in a[0]]
+    assert torch.equal(a[2], weights[idx]) and torch.equal(a[1], timesteps[idx])
+
+
+def test_uniform_draws_cover_the_table_with_mean_weight_one():
+    s = FlowMatchScheduler()
+    s.set_training()
+    sigma, _, weight = s.sample_training(40000, torch.Generator().manual_seed(0))
+    assert weight.mean().item() == pytest.approx(1.0, abs=0.02)
+    assert sigma.min().item() == pytest.approx(0.02, abs=1e-6) and sigma.max().item() == 1.0
+    assert (sigma > 0.6955).float().mean().item() == pytest.approx(0.5, abs=0.02)  # median = table[500]
+
+
+def test_logit_normal_dynamic_and_no_weighting():
+    s = FlowMatchScheduler()
+    s.set_training(timestep_sampling="logit_normal", weighting="none", shift="dynamic")
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    small, _, w = s.sample_training(20000, g(), image_seq_len=256)
+    large, _, _ = s.sample_training(20000, g(), image_seq_len=8192)
+    assert torch.equal(w, torch.ones(20000))
+    # logit-normal(0, 1) has median 0.5: the median sigma is the table's entry for raw sigma 0.5
+    assert small.median().item() == pytest.approx(s.training_table(0.5)[0][500].item(), abs=0.01)
+    assert (large >= small).all() and large.mean() > small.mean()  # larger images: more noise
+    with pytest.raises(ValueError, match="sequence length"):
+        s.sample_training(1, g())
+    s.set_training(4096, shift="dynamic")
+    assert s.sample_training(4, g())[0].shape == (4,)
+    with pytest.raises(UserError, match="--timestep_sampling"):
+        s.set_training(timestep_sampling="cosine")
+
+
+def test_set_timesteps_keeps_training_mode():
+    s = FlowMatchScheduler()
+    s.set_training(sampling="logit_normal")  # the trainer's spelling
+    assert s.timestep_sampling == "logit_normal"
+    s.set_timesteps(4, image_seq_len=256)  # e.g. a distillation loss unrolling a short schedule
+    assert s.training
