@@ -68,6 +68,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--timestep_shift", default="fixed", choices=("fixed", "dynamic"))
     g.add_argument("--loss_weighting", default="bell", choices=("bell", "none"))
     g.add_argument("--rebuild_cache", action="store_true", help="*:data_process: rebuild a cache made with other settings.")
+    g.add_argument("--data_process_batch_size", type=int, default=8, help="*:data_process: samples of equal size encoded together.")
+    g.add_argument("--cache_commit_every", type=int, default=64, help="*:data_process: commit the cache every N samples (what a crash can lose).")
 
     g = parser.add_argument_group("output")
     g.add_argument("--output_path", default="./models", help="Where checkpoints (or the stage-1 cache) are written.")

@@ -114,13 +114,19 @@ class QwenImageNoiseInitializer(PipelineUnit):
 
     def process(self, pipe, height, width, seed, rand_device, batch_size):
         rand_device = rand_device or "cpu"
-        generator = torch.Generator(rand_device)
-        if seed is not None:
-            generator.manual_seed(int(seed))
-        else:
-            generator.seed()
-        shape = (batch_size or 1, 16, height // VAE_SCALE, width // VAE_SCALE)
-        noise = torch.randn(shape, generator=generator, device=rand_device, dtype=torch.float32)
+        if isinstance(rand_device, (list, tuple)):
+            rand_device = rand_device[0]
+        shape = (16, height // VAE_SCALE, width // VAE_SCALE)
+
+        def draw(n, s):
+            generator = torch.Generator(rand_device)
+            generator.manual_seed(int(s)) if s is not None else generator.seed()
+            return torch.randn((n, *shape), generator=generator, device=rand_device, dtype=torch.float32)
+
+        if isinstance(seed, (list, tuple)):  # a batch of training samples: each sample's noise from its own seed
+            noise = torch.cat([draw(1, s) for s in seed])
+        else:  # one seed for the whole batch, as diffusers draws it
+            noise = draw(batch_size or 1, seed)
         return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
 
@@ -347,6 +353,31 @@ class QwenImagePipeline(BasePipeline):
         if values["prompt"] is None or (isinstance(values["prompt"], float) and math.isnan(values["prompt"])):
             values["prompt"] = ""
         return values
+
+    def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        """Pipeline inputs for several samples of the same size, encoded as one batch (stage 1)."""
+        per = [self.training_inputs(s) for s in samples]
+        if len(per) == 1:
+            return per[0]
+        values = {}
+        for key in per[0]:
+            vals = [p[key] for p in per]
+            if key in ("height", "width", "rand_device"):
+                values[key] = vals[0]
+            elif all(v is None for v in vals):
+                values[key] = None
+            else:
+                values[key] = vals
+        values["batch_size"] = len(per)
+        return values
+
+    @staticmethod
+    def batch_signature(sample: dict[str, Any]) -> tuple:
+        """Samples with equal signatures can be encoded in one batch."""
+        def size(v):
+            return v.size if isinstance(v, Image.Image) else tuple(i.size for i in v) if isinstance(v, list) else v
+
+        return (size(sample.get("image")), size(sample.get("edit_image")), sample.get("rand_device", "cpu"))
 
     def from_cache_values(self, sample: dict[str, Any]) -> dict[str, Any]:
         """Values read back from a stage-1 cache (images come back as PIL)."""

@@ -97,7 +97,8 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
                                  expected_count=rows)
     writer = CacheWriter(output_path, manifest=manifest, rank=accelerator.process_index,
                          world_size=accelerator.num_processes, rebuild=args.rebuild_cache,
-                         barrier=accelerator.wait_for_everyone)
+                         barrier=accelerator.wait_for_everyone,
+                         shard_max_samples=max(1, int(getattr(args, "cache_commit_every", 64) or 64)))
     done = set(writer.done_ids())
     pipe = build_pipeline(args, components, set(split.stage1_models), accelerator.device, log=log)
     pipe.scheduler.set_training()
@@ -109,18 +110,36 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
     from tqdm.auto import tqdm
 
     written = 0
-    with torch.no_grad():
-        for i in tqdm(todo, desc="stage 1", disable=args.no_progress or not accelerator.is_main_process):
-            sample = dataset[i]
-            if sample is None:  # a bad sample the user asked to skip
-                writer.skip(dataset.sample_id(i), "bad sample (see bad_samples.json)")
-                continue
-            values = pipe.training_inputs(sample)
-            values.update(settings)
-            pipe.run_units(values, split.stage1)
-            per_sample = split_batch(values, 1, pipe.padded_values, split.frontier)[0]
+    batch_size = max(1, int(getattr(args, "data_process_batch_size", 1) or 1))
+
+    def encode(samples: list[dict]) -> None:
+        nonlocal written
+        values = pipe.training_inputs_batch(samples)
+        values.update({k: v for k, v in settings.items() if k != "batch_size"})
+        values["batch_size"] = len(samples)
+        pipe.run_units(values, split.stage1)
+        for sample, per_sample in zip(samples, split_batch(values, len(samples), pipe.padded_values, split.frontier)):
             writer.write(sample["_id"], _cacheable(per_sample))
             written += 1
+
+    # Rows are loaded by DataLoader workers; samples of equal size are encoded together in batches.
+    loader = torch.utils.data.DataLoader(_RowSubset(dataset, todo), batch_size=None, shuffle=False,
+                                         num_workers=args.dataset_num_workers, collate_fn=lambda x: x)
+    buckets: dict[tuple, list[dict]] = {}
+    with torch.no_grad():
+        for row, sample in tqdm(zip(todo, loader), total=len(todo), desc="stage 1",
+                                disable=args.no_progress or not accelerator.is_main_process):
+            if sample is None:  # a bad sample the user asked to skip
+                writer.skip(dataset.sample_id(row), "bad sample (see bad_samples.json)")
+                continue
+            bucket = buckets.setdefault(pipe.batch_signature(sample), [])
+            bucket.append(sample)
+            if len(bucket) >= batch_size:
+                encode(bucket)
+                bucket.clear()
+        for bucket in buckets.values():
+            if bucket:
+                encode(bucket)
     writer.close()
     if args.validation_prompts and accelerator.is_main_process and pipe.models.get("text_encoder") is not None:
         from .validation import parse_prompts, write_cached_prompts
@@ -137,6 +156,17 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
     gc.collect()
     return {"written": written, "skipped_done": len(mine) - len(todo), "cache": output_path,
             "stage1_models": list(split.stage1_models)}
+
+
+class _RowSubset(torch.utils.data.Dataset):
+    def __init__(self, dataset, rows: list[int]):
+        self.dataset, self.rows = dataset, rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.dataset[self.rows[i]]
 
 
 class RepeatedCache(torch.utils.data.Dataset):

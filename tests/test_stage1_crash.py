@@ -1,0 +1,75 @@
+"""Stage 1 killed mid-way resumes without re-encoding finished samples and yields the same cache."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_train
+from difftune.cache import CacheReader
+
+
+def stage1_cmd(meta, models, out, *extra):
+    return [sys.executable, "-m", "difftune", "train", "--task", "sft:data_process", "--dataset_base_path",
+            str(meta.parent), "--dataset_metadata_path", str(meta), "--max_pixels", "4096", "--model_paths", models,
+            "--output_path", str(out), "--lora_base_model", "dit", "--lora_target_modules", LORA_TARGETS,
+            "--torch_dtype", "float32", "--data_process_batch_size", "1", "--cache_commit_every", "3",
+            "--no_progress", *extra]
+
+
+def read_all(path):
+    reader = CacheReader(str(path))
+    return {reader[i]["_id"]: reader[i] for i in range(len(reader))}
+
+
+@pytest.mark.slow
+def test_sigkill_in_stage1_then_rerun(tmp_path, tiny_repo):
+    meta = make_image_dataset(tmp_path / "data", n=30, size=(64, 64))
+    models = model_paths_json(tiny_repo)
+    run_train("--task", "sft:data_process", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--max_pixels", 4096, "--model_paths", models, "--output_path", tmp_path / "ref", "--lora_base_model",
+              "dit", "--lora_target_modules", LORA_TARGETS, "--torch_dtype", "float32", "--no_progress",
+              "--data_process_batch_size", 1)
+    proc = subprocess.Popen(stage1_cmd(meta, models, tmp_path / "cache"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        shards = list((tmp_path / "cache").glob("part-*/shard-*.json"))
+        if len(shards) >= 2:
+            proc.send_signal(signal.SIGKILL)
+            break
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.02)
+    proc.wait()
+    partial = CacheReader(str(tmp_path / "cache"), allow_incomplete=True)
+    done_before = len(partial)
+    assert 0 < done_before < 30
+    rerun = subprocess.run(stage1_cmd(meta, models, tmp_path / "cache"), capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"resuming stage 1: {done_before} sample(s) already cached" in rerun.stdout
+    ref, got = read_all(tmp_path / "ref"), read_all(tmp_path / "cache")
+    assert ref.keys() == got.keys() and len(ref) == 30
+    for key in ref:
+        for name, value in ref[key].items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, got[key][name]), (key, name)
+
+
+def test_batched_stage1_matches_one_at_a_time(tmp_path, tiny_repo):
+    meta = make_image_dataset(tmp_path / "data", n=4, size=(64, 64))
+    models = model_paths_json(tiny_repo)
+    common = ["--task", "sft:data_process", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--max_pixels", 4096, "--model_paths", models, "--lora_base_model", "dit", "--lora_target_modules",
+              LORA_TARGETS, "--torch_dtype", "float32", "--no_progress"]
+    run_train(*common, "--output_path", tmp_path / "one", "--data_process_batch_size", 1)
+    run_train(*common, "--output_path", tmp_path / "four", "--data_process_batch_size", 4)
+    a, b = read_all(tmp_path / "one"), read_all(tmp_path / "four")
+    assert a.keys() == b.keys()
+    for key in a:
+        for name, value in a[key].items():
+            if isinstance(value, torch.Tensor):
+                assert value.shape == b[key][name].shape
+                assert (value.float() - b[key][name].float()).abs().max() <= 1e-5, (key, name)
