@@ -102,6 +102,9 @@ def test_extra_inputs_that_are_files_are_loaded(data):
     item = ds[0]
     assert isinstance(item["edit_image"], Image.Image) and item["edit_image"].size == (96, 48)
     assert item["strength"] == 0.5
+    csv = write_metadata(data / "m.csv", rows)
+    item = UnifiedDataset(data, csv, extra_inputs="edit_image,seed")[2]
+    assert isinstance(item["edit_image"], Image.Image) and item["seed"] == 333  # a number, not "333"
     many = write_metadata(data / "many.json", [{**ROWS[0], "edit_image": ["a.png", "b.png"]}])
     item = UnifiedDataset(data, many, extra_inputs=["edit_image"])[0]
     assert [im.size for im in item["edit_image"]] == [(64, 48), (80, 48)]

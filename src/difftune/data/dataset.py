@@ -141,7 +141,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
         self.repeat = int(repeat)
         self.on_bad_sample = on_bad_sample
         keys, extra = names(data_file_keys), names(extra_inputs)
-        self.rows = read_metadata(self.metadata_path, text_columns=keys + extra)
+        self.rows = read_metadata(self.metadata_path, text_columns=keys)  # file names stay text
         self.columns = list(dict.fromkeys(c for r in self.rows for c in r))
         if present_keys_only:
             keys = [k for k in keys if k in self.columns] or keys

@@ -105,6 +105,7 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         self.settings = dict(settings or {})
         self.from_cache = from_cache
         self.epoch = 0
+        self.skipped: set[int] = set()  # dataset indices that failed to load (--on_bad_sample skip)
 
     @property
     def needed(self) -> tuple[str, ...]:
@@ -124,6 +125,7 @@ class PipelineTrainingModule(DiffusionTrainingModule):
     def forward(self, samples: list[dict[str, Any]], indices: Iterable[int], epoch: int | None = None):
         pipe = self.pipe
         epoch = self.epoch if epoch is None else epoch
+        self.skipped.update(int(i) for s, i in zip(samples, indices) if s is None)
         kept = [(s, i) for s, i in zip(samples, indices) if s is not None]  # None: a skipped bad sample
         if not kept:  # keep every parameter in the graph so DDP's gradient sync still happens
             return sum(p.sum() * 0.0 for p in self.trainable_modules())

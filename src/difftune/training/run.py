@@ -157,6 +157,7 @@ def run_train(args, task: TaskSpec, accelerator=None) -> dict:
     from .loop import LoopConfig, train
     from .module import PipelineTrainingModule
 
+    ensure_writable(args.output_path)
     accelerator = accelerator or make_accelerator(args, args.output_path)
     log = print if accelerator.is_main_process else (lambda *a, **k: None)
     pipe_cls = families()[args.family or "qwen_image"]
@@ -224,9 +225,30 @@ def run_train(args, task: TaskSpec, accelerator=None) -> dict:
         config.validate = Validator(args, pipe, components, cache_dir=args.dataset_base_path if from_cache else None)
         config.validation_steps = args.validation_steps
     summary = train(accelerator, dataset, module, config, saver=saver)
+    bad = list(getattr(dataset, "bad_samples", []) or [])
+    known = {b.get("id") for b in bad}
+    bad += [{"id": dataset.sample_id(i), "reason": "failed to load"} for i in sorted(module.skipped)
+            if hasattr(dataset, "sample_id") and dataset.sample_id(i) not in known]
+    if bad and accelerator.is_main_process:
+        report = Path(args.output_path) / "bad_samples.json"
+        _write_json(report, {"skipped": bad, "note": "rows left out of training (--on_bad_sample skip)"})
+        log(f"skipped {len(bad)} bad sample(s); listed in {report}")
+    summary["skipped"] = [b.get("id") for b in bad]
     accelerator.end_training()
     summary["saved"] = [str(p) for p in saver.saved]
     return summary
+
+
+def ensure_writable(path: str, flag: str = "--output_path") -> None:
+    """Fail before any work if the output directory cannot be created or written."""
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".difftune-write-test-"):
+            pass
+    except OSError as err:
+        raise UserError(f"{flag} {path}: cannot write there ({err.strerror or err})") from None
 
 
 def load_full_weights(pipe, path: str, remove_prefix: str | None) -> None:

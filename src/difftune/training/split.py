@@ -81,7 +81,10 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
     from ..cache import CacheManifest, CacheWriter
     from .run import build_pipeline, compute_split, make_accelerator, make_dataset, resolve_components, stage_settings
 
+    from .run import ensure_writable
+
     output_path = output_path or args.output_path
+    ensure_writable(output_path)
     accelerator = accelerator or make_accelerator(args, None)
     log = print if accelerator.is_main_process else (lambda *a, **k: None)
     pipe_cls = families()[args.family or "qwen_image"]
