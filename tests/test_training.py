@@ -198,7 +198,7 @@ def test_lora_checkpoint_in_reference_layout_continues(tmp_path, tiny_repo):
 
 BAD_CASES = {
     "missing file": (lambda d: (d / "image_1.png").unlink(), "file not found"),
-    "missing column": (lambda d: (d / "metadata.csv").write_text("img,prompt\nimage_1.png,a\n"), "missing"),
+    "missing column": (lambda d: (d / "metadata.csv").write_text("img,prompt\nimage_1.png,a\n"), "column"),
     "empty metadata": (lambda d: (d / "metadata.csv").write_text("image,prompt\n"), "no rows"),
     "corrupt image": (lambda d: (d / "image_1.png").write_bytes(b"\x89PNG\r\n\x1a\nbroken"), "image_1.png"),
 }
