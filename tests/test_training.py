@@ -144,6 +144,12 @@ def test_save_steps_count_optimizer_steps(tmp_path, tiny_repo):
                         "--torch_dtype", "float32", "--no_progress")
     assert summary["steps"] == 4  # 8 micro-steps / accumulation 2
     assert sorted(Path(p).name for p in summary["saved"]) == ["step-2.safetensors", "step-4.safetensors"]
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in summary["saved"]:  # readable by others as usual (safetensors alone would make them 0600)
+        assert os.stat(p).st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_loss_and_lr_reach_tensorboard(tmp_path, tiny_repo):

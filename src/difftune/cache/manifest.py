@@ -57,6 +57,9 @@ def commit_file(tmp: str, final: str | os.PathLike) -> None:
     """fsync `tmp` and rename it to `final`: readers see the old file or the whole new one, never a part."""
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
+    from ..io import normal_permissions
+
+    normal_permissions(tmp)  # mkstemp and safetensors make 0600; the final file gets normal permissions
     os.replace(tmp, final)
     fsync_dir(Path(final).parent)
 

@@ -11,25 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from .. import __version__
-
-_LORA_KEY = re.compile(r"\.lora_[AB]\.[^.]+\.weight$|\.lora_(embedding_)?[AB]\.[^.]+$")
-
-
-def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
-                            metadata: dict[str, str] | None = None) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
-
+from ..io import atomic_save_safetensors
 
 def _split_by_model(state: dict[str, torch.Tensor], names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
     """Trainable entries of the module's state dict, grouped by pipeline model, keyed inside the model."""

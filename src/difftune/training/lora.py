@@ -209,19 +209,10 @@ def _module_paths(sd: Mapping[str, torch.Tensor]) -> list[str]:
 
 def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
                       metadata: Mapping[str, str] | None = None) -> Path:
-    """Write a safetensors file atomically (temporary name in the same folder, then `os.replace`)."""
-    from safetensors.torch import save_file
+    """Write a safetensors file atomically (see difftune.io)."""
+    from ..io import atomic_save_safetensors
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp),
-                  metadata=dict(metadata) if metadata else None)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return atomic_save_safetensors(tensors, path, metadata)
 
 
 def _pattern_value(patterns: Mapping[str, Any], path: str, default):

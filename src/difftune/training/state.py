@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import UserError
+from ..io import normal_permissions
 
 STATE_DIR = "state"
 FORMAT = 1
@@ -83,6 +84,8 @@ def save_training_state(accelerator, module, optimizer, schedule, position: dict
         (tmp / "state.json").write_text(json.dumps(meta, indent=1, default=str))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        for f in tmp.iterdir():
+            normal_permissions(f)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
