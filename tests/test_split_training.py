@@ -180,3 +180,28 @@ def test_no_pickle_is_written_anywhere(setup):
         assert p.suffix not in (".pth", ".pt", ".bin", ".pkl", ".ckpt"), p
         head = p.read_bytes()[:2]
         assert head != b"\x80\x04" and head != b"\x80\x02" and head[:2] != b"PK", p  # pickle / torch zip
+
+
+@pytest.fixture(scope="module")
+def edit_repo(tmp_path_factory):
+    from difftune.testing import write_tiny_qwen_image
+
+    return write_tiny_qwen_image(tmp_path_factory.mktemp("tiny_edit"), edit=True)
+
+
+@pytest.mark.slow
+def test_qwen_image_edit_lora_split_equals_one_stage(tmp_path, edit_repo):
+    """Qwen-Image-Edit: --extra_inputs edit_image, the processor found beside the text encoder."""
+    data = tmp_path / "data"
+    make_image_dataset(data, n=2, size=(32, 32))
+    from PIL import Image
+
+    for i in range(2):
+        Image.new("RGB", (48, 40), (10 + 100 * i, 50, 200)).save(data / f"edit_{i + 1}.png")
+    (data / "metadata.csv").write_text("image,edit_image,prompt\nimage_1.png,edit_1.png,make it red\n"
+                                       "image_2.png,edit_2.png,make it blue\n")
+    flags = ["--lora_base_model", "dit", "--lora_target_modules", LORA_TARGETS, "--lora_rank", 4,
+             "--extra_inputs", "edit_image"]
+    assert one_stage_vs_split(tmp_path, data / "metadata.csv", model_paths_json(edit_repo), flags) <= 1e-5
+    manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
+    assert "edit_latents" in manifest["frontier"]

@@ -134,9 +134,8 @@ def make_dataset(args, pipe_cls):
         base_path=args.dataset_base_path, height=args.height, width=args.width, max_pixels=args.max_pixels,
         height_division_factor=pipe_cls.division_factor, width_division_factor=pipe_cls.division_factor)
     return UnifiedDataset(base_path=args.dataset_base_path, metadata_path=args.dataset_metadata_path,
-                          repeat=args.dataset_repeat, data_file_keys=keys + [k for k in extra if k not in keys],
-                          main_data_operator=operator, extra_inputs=extra, on_bad_sample=args.on_bad_sample,
-                          present_keys_only=True)
+                          repeat=args.dataset_repeat, data_file_keys=keys, main_data_operator=operator,
+                          extra_inputs=extra, on_bad_sample=args.on_bad_sample, present_keys_only=True)
 
 
 def run(args) -> dict:

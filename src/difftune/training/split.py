@@ -132,7 +132,7 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
     with torch.no_grad():
         for row, sample in tqdm(zip(todo, loader), total=len(todo), desc="stage 1",
                                 disable=args.no_progress or not accelerator.is_main_process):
-            if sample is None:  # a bad sample the user asked to skip
+            if sample is None or sample.get("_id") != dataset.sample_id(row):  # a bad row the user asked to skip
                 writer.skip(dataset.sample_id(row), "bad sample (see bad_samples.json)")
                 continue
             bucket = buckets.setdefault(pipe.batch_signature(sample), [])
