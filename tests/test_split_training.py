@@ -189,7 +189,6 @@ def edit_repo(tmp_path_factory):
     return write_tiny_qwen_image(tmp_path_factory.mktemp("tiny_edit"), edit=True)
 
 
-@pytest.mark.slow
 def test_qwen_image_edit_lora_split_equals_one_stage(tmp_path, edit_repo):
     """Qwen-Image-Edit: --extra_inputs edit_image, the processor found beside the text encoder."""
     data = tmp_path / "data"
@@ -201,7 +200,7 @@ def test_qwen_image_edit_lora_split_equals_one_stage(tmp_path, edit_repo):
     (data / "metadata.csv").write_text("image,edit_image,prompt\nimage_1.png,edit_1.png,make it red\n"
                                        "image_2.png,edit_2.png,make it blue\n")
     flags = ["--lora_base_model", "dit", "--lora_target_modules", LORA_TARGETS, "--lora_rank", 4,
-             "--extra_inputs", "edit_image"]
+             "--extra_inputs", "edit_image", "--edit_image_auto_resize", "false"]  # small edit images: fast
     assert one_stage_vs_split(tmp_path, data / "metadata.csv", model_paths_json(edit_repo), flags) <= 1e-5
     manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
     assert "edit_latents" in manifest["frontier"]

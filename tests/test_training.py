@@ -25,35 +25,6 @@ def load_pipe(repo):
         tokenizer_config=ModelConfig(str(repo / "tokenizer")))
 
 
-@pytest.mark.slow
-def test_reference_lora_command_runs(tmp_path, tiny_repo):
-    """Seed 000's first command, with only the script path, the model flags and the data set changed."""
-    meta = make_image_dataset(tmp_path / "data" / "example_image_dataset", n=2)
-    out = tmp_path / "models" / "train" / "Qwen-Image_lora"
-    summary = run_train(
-        "--dataset_base_path", meta.parent,
-        "--dataset_metadata_path", meta,
-        "--max_pixels", "1048576",
-        "--dataset_repeat", "50",
-        "--model_paths", model_paths_json(tiny_repo),
-        "--learning_rate", "1e-4",
-        "--num_epochs", "5",
-        "--remove_prefix_in_ckpt", "pipe.dit.",
-        "--output_path", out,
-        "--lora_base_model", "dit",
-        "--lora_target_modules", LORA_TARGETS,
-        "--lora_rank", "32",
-        "--use_gradient_checkpointing",
-        "--dataset_num_workers", "2",
-        "--find_unused_parameters", "--no_progress")
-    assert summary["steps"] == 500
-    assert [Path(p).name for p in summary["saved"]] == [f"epoch-{i}.safetensors" for i in range(5)]
-    sd = load_file(str(out / "epoch-4.safetensors"))
-    assert all(k.startswith("transformer.") and ".lora_" in k for k in sd)
-    assert {v.dtype for v in sd.values()} == {torch.float32}
-    assert (out / "training_args.json").exists()
-
-
 def eval_loss(pipe, meta_dir, n_draws=8):
     """The sft loss on fixed noise and timesteps for both images."""
     from difftune.data import UnifiedDataset
@@ -234,3 +205,43 @@ def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--model_paths" in lines[0] and "Traceback" not in proc.stderr
+
+
+REFERENCE_MODELS = ("Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors,"
+                    "Qwen/Qwen-Image:text_encoder/model*.safetensors,"
+                    "Qwen/Qwen-Image:vae/diffusion_pytorch_model.safetensors")
+
+
+@pytest.mark.slow
+def test_reference_commands_verbatim_with_hub_ids(tmp_path, tiny_repo, monkeypatch):
+    """Seed 000's three commands exactly, with only the script path changed: hub ids resolve from a
+    pre-populated DIFFTUNE_MODEL_BASE_PATH (no network), data in data/example_image_dataset."""
+    from difftune.testing import populate_offline_hub
+
+    monkeypatch.chdir(tmp_path)
+    populate_offline_hub(tmp_path / "models", "Qwen/Qwen-Image", tiny_repo)
+    monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
+    make_image_dataset(tmp_path / "data" / "example_image_dataset", n=2)
+    lora = ["--lora_base_model", "dit", "--lora_target_modules", LORA_TARGETS, "--lora_rank", "32",
+            "--use_gradient_checkpointing", "--dataset_num_workers", "8", "--find_unused_parameters", "--no_progress"]
+    common = ["--learning_rate", "1e-4", "--num_epochs", "5", "--remove_prefix_in_ckpt", "pipe.dit."]
+    data = ["--dataset_base_path", "data/example_image_dataset", "--dataset_metadata_path",
+            "data/example_image_dataset/metadata.csv", "--max_pixels", "1048576"]
+    summary = run_train(*data, "--dataset_repeat", "50", "--model_id_with_origin_paths", REFERENCE_MODELS, *common,
+                        "--output_path", "./models/train/Qwen-Image_lora", *lora)
+    assert summary["steps"] == 500  # 2 images x 50 repeats x 5 epochs, batch 1
+    assert [Path(p).name for p in summary["saved"]] == [f"epoch-{i}.safetensors" for i in range(5)]
+    assert Path("models/train/Qwen-Image_lora/training_args.json").exists()
+    run_train(*data, "--dataset_repeat", "1", "--model_id_with_origin_paths", REFERENCE_MODELS.split(",", 1)[1],
+              *common, "--output_path", "./models/train/Qwen-Image-LoRA-splited-cache", *lora,
+              "--task", "sft:data_process")
+    run_train("--dataset_base_path", "./models/train/Qwen-Image-LoRA-splited-cache", "--max_pixels", "1048576",
+              "--dataset_repeat", "50", "--model_id_with_origin_paths", REFERENCE_MODELS.split(",")[0], *common,
+              "--output_path", "./models/train/Qwen-Image-LoRA-splited", *lora, "--task", "sft:train")
+    one = load_file("models/train/Qwen-Image_lora/epoch-4.safetensors")
+    two = load_file("models/train/Qwen-Image-LoRA-splited/epoch-4.safetensors")
+    assert one.keys() == two.keys()
+    assert all(k.startswith("transformer.") and ".lora_" in k for k in one)  # diffusers' layout
+    assert {v.dtype for v in one.values()} == {torch.float32}  # LoRA trained and saved in fp32
+    # bf16 frozen weights (the reference's default dtype): equal up to bf16 rounding of the cached values
+    assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-3

@@ -48,6 +48,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--torch_dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="Dtype of frozen weights.")
     g.add_argument("--initialize_model_on_cpu", action="store_true", help="Load models on the CPU first.")
     g.add_argument("--zero_cond_t", action="store_true", help="Qwen-Image-Edit-2511: reference tokens at t=0.")
+    g.add_argument("--edit_image_auto_resize", type=_bool, default=True, help="Qwen-Image-Edit: resize edit images to about 1 MP (default true, as the reference).")
 
     g = parser.add_argument_group("training")
     g.add_argument("--task", default="sft", choices=TASKS, help="sft, direct_distill, and their :data_process / :train / :split stages.")

@@ -53,6 +53,19 @@ def _list_collate(items):
     return items
 
 
+class _EpochBatches:
+    """A batch sampler whose batches are replaced each epoch (it is iterated in the main process)."""
+
+    def __init__(self):
+        self.batches: list[list[int]] = []
+
+    def __iter__(self):
+        return iter(list(self.batches))
+
+    def __len__(self):
+        return len(self.batches)
+
+
 class _Indexed(torch.utils.data.Dataset):
     """Yields (index, sample) so the loss knows which sample (and so which noise) it has."""
 
@@ -145,6 +158,10 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
                             {"global_step": step, "epoch": epoch, "step_in_epoch": step_in_epoch}, exactness,
                             config.output_path, keep=config.keep_states)
 
+    # One loader for the whole run (workers start once); the batches of each epoch are swapped in.
+    batches = _EpochBatches()
+    loader = DataLoader(_Indexed(dataset), batch_sampler=batches, collate_fn=_list_collate,
+                        num_workers=config.num_workers, persistent_workers=config.num_workers > 0)
     bar = tqdm(total=total_steps, initial=step, disable=not (config.progress and accelerator.is_main_process),
                desc="training", dynamic_ncols=True)
     losses, started, ema = [], time.perf_counter(), None
@@ -154,8 +171,7 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
         inner.epoch = epoch
         first = start_step if epoch == start_epoch else 0
         plan_batches = list(plan.micro_batches(epoch, start_step=first))
-        loader = DataLoader(_Indexed(dataset), batch_sampler=[idx for _, _, idx in plan_batches],
-                            collate_fn=_list_collate, num_workers=config.num_workers, persistent_workers=False)
+        batches.batches = [idx for _, _, idx in plan_batches]
         micro_losses = []
         for (step_in_epoch, _, _), items in zip(plan_batches, loader):
             indices = [i for i, _ in items]

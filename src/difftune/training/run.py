@@ -19,7 +19,6 @@ from ..pipelines import families, split_units
 from .losses import LOSSES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-GRAD_SETTINGS = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")
 
 
 @dataclass
@@ -90,17 +89,26 @@ def build_pipeline(args, components, wanted: set[str] | None, device, log=print)
     needs_text = wanted is None or "text_encoder" in wanted
     if needs_text and pipe.models.get("text_encoder") is not None:
         pipe.tokenizer = load_tokenizer(args.tokenizer_path or _sibling(components, "text_encoder", "tokenizer"))
-        processor = args.processor_path or _sibling(components, "text_encoder", "processor", required=False)
+        wants_edit = "edit_image" in _names(getattr(args, "extra_inputs", None)) or getattr(args, "edit_image", None)
+        processor = args.processor_path or _sibling(components, "text_encoder", "processor", required=False,
+                                                    download=bool(wants_edit))
         if processor:
             pipe.processor = load_processor(processor)
     return pipe
 
 
-def _sibling(components, component: str, folder: str, required: bool = True):
-    """The official layout keeps tokenizer/ (and processor/) beside text_encoder/."""
+def _sibling(components, component: str, folder: str, required: bool = True, download: bool = True):
+    """The official layout keeps tokenizer/ (and processor/) beside text_encoder/; for a hub id, the same
+    repository's folder (downloaded like the weights)."""
+    from ..models import ModelConfig
+
     for name, config in components:
         if name != component:
             continue
+        if config.model_id and download:
+            return ModelConfig(model_id=config.model_id, origin_file_pattern=f"{folder}/",
+                               local_model_path=config.local_model_path, download_source=config.download_source,
+                               skip_download=config.skip_download)
         files = config.resolve()
         first = Path(files[0] if isinstance(files, (list, tuple)) else files)
         candidate = (first if first.is_dir() else first.parent).parent / folder
@@ -114,7 +122,7 @@ def _sibling(components, component: str, folder: str, required: bool = True):
 def stage_settings(args) -> dict:
     return {"use_gradient_checkpointing": bool(args.use_gradient_checkpointing),
             "use_gradient_checkpointing_offload": bool(args.use_gradient_checkpointing_offload),
-            "edit_image_auto_resize": True, "batch_size": 1}
+            "edit_image_auto_resize": bool(getattr(args, "edit_image_auto_resize", True)), "batch_size": 1}
 
 
 def compute_split(pipe_cls, args, task: TaskSpec):
