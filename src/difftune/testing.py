@@ -196,3 +196,32 @@ def populate_offline_hub(model_base_path: str | os.PathLike, model_id: str, sour
         shutil.rmtree(dest)
     shutil.copytree(source, dest)
     return dest
+
+
+def write_example_dataset(root: str | os.PathLike, n: int = 4, size: tuple[int, int] = (64, 64)) -> Path:
+    """A tiny image data set in the reference's layout: image_<i>.png and metadata.csv (image,prompt)."""
+    from PIL import Image, ImageDraw
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    colors = [("red", (220, 40, 40)), ("blue", (40, 60, 220)), ("green", (40, 180, 70)), ("yellow", (230, 220, 50))]
+    lines = ["image,prompt"]
+    for i in range(n):
+        name, rgb = colors[i % len(colors)]
+        back_name, back = colors[(i + 1) % len(colors)]
+        img = Image.new("RGB", size, back)
+        w, h = size
+        ImageDraw.Draw(img).ellipse((w // 4, h // 4, 3 * w // 4, 3 * h // 4), fill=rgb)
+        img.save(root / f"image_{i + 1}.png")
+        lines.append(f'image_{i + 1}.png,"a {name} circle on a {back_name} background"')
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n")
+    return root / "metadata.csv"
+
+
+def write_example_workspace(root: str | os.PathLike) -> Path:
+    """`./models/Qwen/Qwen-Image` (a tiny model in the official layout, where hub ids resolve) and
+    `./data/example_image_dataset`, so the reference's command lines run unchanged inside `root`."""
+    root = Path(root)
+    write_tiny_qwen_image(root / "models" / "Qwen" / "Qwen-Image")
+    write_example_dataset(root / "data" / "example_image_dataset")
+    return root

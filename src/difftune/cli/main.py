@@ -62,7 +62,21 @@ def cmd_demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
-COMMANDS = {"train": cmd_train, "sample": cmd_sample, "cache": cmd_cache, "demo": cmd_demo}
+def cmd_example(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="difftune example-workspace",
+                                     description="Write a tiny Qwen-Image (official layout) under DIR/models/Qwen/Qwen-Image "
+                                                 "and a tiny data set under DIR/data/example_image_dataset, so the "
+                                                 "reference's command lines run unchanged in DIR.")
+    parser.add_argument("dir")
+    args = parser.parse_args(argv)
+    from ..testing import write_example_workspace
+
+    print(write_example_workspace(args.dir))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "sample": cmd_sample, "cache": cmd_cache, "demo": cmd_demo,
+            "example-workspace": cmd_example}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
               "  train   fine-tune a model (DiffSynth-Studio compatible flags; see difftune train --help)\n"
               "  sample  generate images, optionally with a trained LoRA\n"
               "  cache   verify a stage-1 cache (difftune cache verify DIR)\n"
+              "  example-workspace DIR   a tiny model + data set where the reference's commands run\n"
               "  demo    a split LoRA fine-tune of the bundled tiny model, on CPU", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     _quiet_libraries()

@@ -10,6 +10,7 @@ duplicate samples) but by `EpochPlan`, so any layout of processes and accumulati
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -160,8 +161,9 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
 
     # One loader for the whole run (workers start once); the batches of each epoch are swapped in.
     batches = _EpochBatches()
+    workers = min(config.num_workers, os.cpu_count() or 1)  # more workers than cores only slows loading
     loader = DataLoader(_Indexed(dataset), batch_sampler=batches, collate_fn=_list_collate,
-                        num_workers=config.num_workers, persistent_workers=config.num_workers > 0)
+                        num_workers=workers, persistent_workers=workers > 0)
     bar = tqdm(total=total_steps, initial=step, disable=not (config.progress and accelerator.is_main_process),
                desc="training", dynamic_ncols=True)
     losses, started, ema = [], time.perf_counter(), None

@@ -127,7 +127,8 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
 
     # Rows are loaded by DataLoader workers; samples of equal size are encoded together in batches.
     loader = torch.utils.data.DataLoader(_RowSubset(dataset, todo), batch_size=None, shuffle=False,
-                                         num_workers=args.dataset_num_workers, collate_fn=lambda x: x)
+                                         num_workers=min(args.dataset_num_workers, os.cpu_count() or 1),
+                                         collate_fn=lambda x: x)
     buckets: dict[tuple, list[dict]] = {}
     with torch.no_grad():
         for row, sample in tqdm(zip(todo, loader), total=len(todo), desc="stage 1",
