@@ -72,6 +72,9 @@ def test_metadata_round_trip(data, fmt):
     changed = write_metadata(data / "changed.jsonl", [ROWS[0], {**ROWS[1], "prompt": "a cow"}, ROWS[2]])
     changed_ids = [UnifiedDataset(data, changed).sample_id(i) for i in range(3)]
     assert changed_ids[0] == ids[0] and changed_ids[1] != ids[1]
+    twins = UnifiedDataset(data, write_metadata(data / "twins.json", [ROWS[0]] * 3), repeat=2)
+    assert len({twins.sample_id(i) for i in range(3)}) == 3  # identical rows still get distinct ids
+    assert [twins.sample_id(i) for i in range(6)] == [twins.sample_id(i) for i in range(3)] * 2
 
 
 def test_csv_values_keep_their_meaning(tmp_path):
@@ -139,6 +142,34 @@ def test_dynamic_resolution_sizes(tmp_path, size, max_pixels, factor, expected):
     out = UnifiedDataset(tmp_path, tmp_path / "m.csv", main_data_operator=op)[0]["image"]
     assert out.size == expected
     assert out.width <= size[0] and out.height <= size[1]
+
+
+def thirds(size):
+    """Red | green | blue vertical thirds (or horizontal ones for a tall image)."""
+    w, h = size
+    img = Image.new("RGB", size, (255, 0, 0))
+    if w >= h:
+        img.paste((0, 255, 0), (w // 3, 0, 2 * w // 3, h))
+        img.paste((0, 0, 255), (2 * w // 3, 0, w, h))
+    else:
+        img.paste((0, 255, 0), (0, h // 3, w, 2 * h // 3))
+        img.paste((0, 0, 255), (0, 2 * h // 3, w, h))
+    return img
+
+
+@pytest.mark.parametrize("size,height,width", [((300, 100), 100, 100), ((600, 200), 64, 64), ((100, 300), 50, 50),
+                                               ((150, 50), 100, 100)])
+def test_fixed_size_keeps_exactly_the_centre(size, height, width):
+    """Scale to cover, centre-crop: a square crop of a 3:1 image is its middle third, nothing else."""
+    out = ImageCropAndResize(height=height, width=width)(thirds(size))
+    assert out.size == (width, height)
+    if size[0] == 3 * width:  # no resampling: exactly the middle third
+        assert set(out.getdata()) == {(0, 255, 0)}
+    # resampling blends the crop's outermost pixels with the neighbouring thirds, no more than that
+    tall = size[1] > size[0]
+    inner = out.crop((0, 2, width, height - 2) if tall else (2, 0, width - 2, height))
+    assert set(inner.getdata()) == {(0, 255, 0)}
+    assert all(g >= 128 and g > r and g > b for r, g, b in out.getdata())
 
 
 def test_fixed_size_covers_and_centre_crops(tmp_path):
@@ -241,6 +272,11 @@ def test_metadata_errors(tmp_path, data):
         with pytest.raises(DataError) as err:
             UnifiedDataset(data, path)
         one_line_error(err, *parts)
+    with pytest.raises(DataError, match="^--dataset_metadata_path is required$"):
+        UnifiedDataset(data, None)
+    with pytest.raises(DataError) as err:
+        UnifiedDataset(data, data)
+    one_line_error(err, str(data), "is a folder")
     missing_value = write_metadata(data / "gap.jsonl", [ROWS[0], {"prompt": "no image here"}])
     with pytest.raises(DataError) as err:
         UnifiedDataset(data, missing_value)[1]
@@ -251,6 +287,8 @@ def test_errors_pickle_and_surface_from_workers(data):
     err = DataError("m.csv row 3 'image': file not found: /x/y.png")
     again = pickle.loads(pickle.dumps(err))
     assert type(again) is DataError and isinstance(again, UserError) and str(again) == str(err)
+    plain = pickle.loads(pickle.dumps(UserError("--dataset_repeat must be at least 1, got 0")))
+    assert type(plain) is UserError and str(plain) == "--dataset_repeat must be at least 1, got 0"
     name, _ = bad_file(data, "empty")
     meta = write_metadata(data / "m.csv", [ROWS[0], {**ROWS[1], "image": name}])
     loader = DataLoader(UnifiedDataset(data, meta), batch_size=None, num_workers=2)
@@ -268,7 +306,7 @@ def test_errors_pickle_and_surface_from_workers(data):
 def test_dataloader_workers_return_the_same_items(data):
     meta = write_metadata(data / "m.jsonl", ROWS)
     ds = UnifiedDataset(data, meta, repeat=2)
-    direct = [ds[i] for i in range(len(ds))]
+    direct = list(DataLoader(ds, batch_size=None, num_workers=0))
     loaded = list(DataLoader(ds, batch_size=None, num_workers=2))
     assert len(loaded) == 6
     for a, b in zip(direct, loaded):
@@ -298,10 +336,34 @@ def test_skip_prevalidates_and_reports(data):
 def test_skip_a_file_that_fails_only_when_decoded(data):
     name, _ = bad_file(data, "truncated_jpeg")
     meta = write_metadata(data / "m.csv", [ROWS[0], {**ROWS[1], "image": name}, ROWS[2]])
-    ds = UnifiedDataset(data, meta, on_bad_sample="skip")
+    ds = UnifiedDataset(data, meta, on_bad_sample="skip", repeat=2)
     assert ds.num_rows == 3 and ds.bad_samples == []  # the header is fine
     with pytest.warns(UserWarning, match="skipping bad sample"):
-        item = ds[1]
-    assert item["_row"] == 2  # deterministically the next good row
-    assert ds.bad_samples[0]["row"] == 2 and ds.bad_samples[0]["file"].endswith(name)
-    assert ds[1]["_row"] == 2 and len(ds.bad_samples) == 1
+        assert ds[1] is None  # the trainer and stage 1 leave a None out
+    assert len(ds.bad_samples) == 1
+    bad = ds.bad_samples[0]
+    assert bad["row"] == 2 and bad["id"] == ds.sample_id(1) and bad["key"] == "image"
+    assert bad["file"] == str(data / name) and "m.csv row 2" in bad["reason"] and "\n" not in bad["reason"]
+    assert ds[4] is None and len(ds.bad_samples) == 1  # recorded once, however often it is asked for
+    assert ds[0]["_row"] == 0 and ds[2]["_row"] == 2
+    # a worker's None reaches the main process (its bad_samples do not)
+    loaded = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert [item if item is None else item["_row"] for item in loaded] == [0, None, 2, 0, None, 2]
+    every = write_metadata(data / "every.csv", [{**ROWS[0], "image": name}, {**ROWS[1], "image": name}])
+    ds = UnifiedDataset(data, every, on_bad_sample="skip")
+    with pytest.warns(UserWarning):
+        assert ds[0] is None
+        with pytest.raises(DataError) as err:  # no silent training on nothing
+            ds[1]
+    one_line_error(err, "every.csv", "none of its 2 usable rows could be loaded", name)
+
+
+def test_skip_keeps_what_error_mode_loads(data):
+    """A PNG missing only its end chunk fails PIL's verify() but decodes: both modes keep it."""
+    Image.effect_noise((64, 64), 40).convert("RGB").save(data / "full.png")
+    (data / "noend.png").write_bytes((data / "full.png").read_bytes()[:-12])
+    meta = write_metadata(data / "m.csv", [ROWS[0], {**ROWS[1], "image": "noend.png"}])
+    strict = UnifiedDataset(data, meta)[1]["image"]
+    lenient = UnifiedDataset(data, meta, on_bad_sample="skip")
+    assert lenient.num_rows == 2 and lenient.bad_samples == []
+    assert lenient[1]["image"].tobytes() == strict.tobytes()

@@ -8,8 +8,10 @@ short hash of the row). Messages and `bad_samples` number rows from 1, the first
 `on_bad_sample="skip"` pre-validates every row cheaply when the dataset is built (files exist, are not
 empty, and their image header and structure read), leaves the bad rows out and lists them in
 `bad_samples`, so every process and DataLoader worker sees the same rows. A file that passes that
-check but fails to decode is found only when loaded: the item then comes from the next good row
-(deterministic) and the row is added to that process's `bad_samples` with a warning.
+check but fails to decode is found only when loaded: the item is then None (the trainer and stage 1
+both leave it out, so split and one-stage training skip the same rows; a DataLoader worker's
+`bad_samples` never reach the main process, a None does) and the row is added to that process's
+`bad_samples` with a warning.
 """
 
 from __future__ import annotations
@@ -159,6 +161,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
         self._ids = [f"{i:0{width}d}-{self._row_hash(r)}" for i, r in enumerate(self.rows)]
         self.bad_samples: list[dict[str, Any]] = []
         self._good = list(range(len(self.rows)))
+        self._failed: set[int] = set()  # rows that passed pre-validation but failed to load here
         if on_bad_sample == "skip":
             self._good = [i for i in self._good if self._prevalidate(i)]
             if not self._good:
@@ -237,17 +240,19 @@ class UnifiedDataset(torch.utils.data.Dataset):
                 return False
         return True
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        position = index % self.num_rows
-        for attempt in range(self.num_rows):
-            row = self._good[(position + attempt) % self.num_rows]
-            try:
-                return self.load_row(row)
-            except DataError as err:
-                if self.on_bad_sample == "error":
-                    raise
-                if not any(b["row"] == row + 1 for b in self.bad_samples):
-                    self._record(row, getattr(err, "key", None), getattr(err, "file", None), str(err))
-                    warnings.warn(f"skipping bad sample: {err}", stacklevel=2)
-        raise DataError(f"{self.metadata_path}: no row could be loaded "
-                        f"(last problem: {self.bad_samples[-1]['reason']})")
+    def __getitem__(self, index: int) -> dict[str, Any] | None:
+        """The item for `index` (mod the row count); None for a row that fails to load when skipping."""
+        row = self.row_index(index)
+        try:
+            return self.load_row(row)
+        except DataError as err:
+            if self.on_bad_sample == "error":
+                raise
+            if row not in self._failed:
+                self._failed.add(row)
+                self._record(row, getattr(err, "key", None), getattr(err, "file", None), str(err))
+                warnings.warn(f"skipping bad sample: {err}", stacklevel=2)
+            if len(self._failed) == self.num_rows:  # else training would go on with nothing to learn from
+                raise DataError(f"{self.metadata_path}: none of its {self.num_rows} usable rows could be loaded "
+                                f"(last problem: {one_line(err)})") from None
+            return None

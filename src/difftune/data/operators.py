@@ -166,7 +166,13 @@ class LoadImage(DataOperator):
         return self._open(os.fspath(path), context, decode=True)
 
     def check(self, path, context=None):
-        return self._open(os.fspath(path), context, decode=False)
+        try:
+            return self._open(os.fspath(path), context, decode=False)
+        except DataError:
+            # verify() is stricter than decoding (a PNG missing only its end chunk decodes fine): reject only
+            # what loading rejects, so skipping never drops a row that error mode would train on
+            self._open(os.fspath(path), context, decode=True)
+            return CHECKED
 
 
 class RouteByExtension(DataOperator):

@@ -151,9 +151,10 @@ class FlowMatchScheduler:
         return self.timesteps
 
     def step(self, model_output: torch.Tensor, step_index: int, sample: torch.Tensor) -> torch.Tensor:
-        """One Euler step of the velocity ODE, x + (sigma_next - sigma) * v, in fp32 like diffusers."""
+        """One Euler step of the velocity ODE, x + (sigma_next - sigma) * v, exactly as diffusers computes it:
+        the sample in fp32, dt * v in v's dtype (a 0-dim fp32 dt does not promote a bf16 v), cast back."""
         dt = (self.sigmas[step_index + 1] - self.sigmas[step_index]).to(sample.device)
-        return (sample.float() + dt * model_output.float()).to(model_output.dtype)
+        return (sample.float() + dt * model_output).to(model_output.dtype)
 
     @staticmethod
     def add_noise(x0: torch.Tensor, noise: torch.Tensor, sigma) -> torch.Tensor:

@@ -132,6 +132,10 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
         raise UserError("nothing to train: set --trainable_models or --lora_base_model")
     optimizer = make_optimizer(params, config)
     schedule = make_lr_schedule(optimizer, config.lr_scheduler, config.lr_warmup_steps, total_steps)
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
+        # No DataLoader goes through prepare(), so DeepSpeed cannot read the micro-batch size from one.
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size
     module, optimizer = accelerator.prepare(module, optimizer)
     inner = accelerator.unwrap_model(module)
     exactness = {"world_size": world, "batch_size": config.batch_size,

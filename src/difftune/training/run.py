@@ -55,12 +55,19 @@ def make_accelerator(args, project_dir: str | None):
     log_with = "tensorboard" if (project_dir and args.enable_tensorboard_log) else None
     config = ProjectConfiguration(project_dir=project_dir, logging_dir=os.path.join(project_dir, "logs")) \
         if project_dir else None
-    return Accelerator(
+    accelerator = Accelerator(
         cpu=not torch.cuda.is_available(),  # gloo DDP on CPU under `accelerate launch --multi_gpu`
         gradient_accumulation_steps=args.gradient_accumulation_steps, mixed_precision=mixed,
         log_with=log_with, project_config=config,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(args.find_unused_parameters))],
     )
+    # A DeepSpeed accelerate config's gradient_accumulation_steps arrives through the environment and beats
+    # the argument above; the sampler and step counts follow the flag, so a mismatch would go wrong silently.
+    if accelerator.gradient_accumulation_steps != args.gradient_accumulation_steps:
+        raise UserError(f"the accelerate config sets gradient_accumulation_steps to "
+                        f"{accelerator.gradient_accumulation_steps} but --gradient_accumulation_steps is "
+                        f"{args.gradient_accumulation_steps}: remove it from the config (the flag decides)")
+    return accelerator
 
 
 def resolve_components(args):
@@ -236,6 +243,7 @@ def run_train(args, task: TaskSpec, accelerator=None) -> dict:
     known = {b.get("id") for b in bad}
     bad += [{"id": dataset.sample_id(i), "reason": "failed to load"} for i in sorted(module.skipped)
             if hasattr(dataset, "sample_id") and dataset.sample_id(i) not in known]
+    bad = bad_samples_of_all_processes(accelerator, bad)
     if bad and accelerator.is_main_process:
         report = Path(args.output_path) / "bad_samples.json"
         _write_json(report, {"skipped": bad, "note": "rows left out of training (--on_bad_sample skip)"})
@@ -244,6 +252,21 @@ def run_train(args, task: TaskSpec, accelerator=None) -> dict:
     accelerator.end_training()
     summary["saved"] = [str(p) for p in saver.saved]
     return summary
+
+
+def bad_samples_of_all_processes(accelerator, bad: list[dict]) -> list[dict]:
+    """A row that fails to decode is found by the process that loads it: collect every process's finds
+    (a collective call: every process must make it), one entry per sample id, in row order."""
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        bad = gather_object(list(bad))
+    unique: dict = {}
+    for entry in bad:  # an entry with the row number beats a bare "failed to load" for the same id
+        key = entry.get("id", json.dumps(entry, sort_keys=True, default=str))
+        if key not in unique or ("row" in entry and "row" not in unique[key]):
+            unique[key] = entry
+    return sorted(unique.values(), key=lambda e: (e.get("row") is None, e.get("row") or 0, str(e.get("id"))))
 
 
 def ensure_writable(path: str, flag: str = "--output_path") -> None:

@@ -152,10 +152,13 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
                      for f in (c.resolve() if isinstance(c.resolve(), list) else [c.resolve()])]
         write_cached_prompts(output_path, pipe, parse_prompts(args.validation_prompts), vae_files)
     accelerator.wait_for_everyone()
-    if hasattr(dataset, "bad_samples") and dataset.bad_samples and accelerator.is_main_process:
+    from .run import bad_samples_of_all_processes
+
+    bad = bad_samples_of_all_processes(accelerator, getattr(dataset, "bad_samples", None) or [])
+    if bad and accelerator.is_main_process:
         report = Path(output_path) / "bad_samples.json"
-        report.write_text(json.dumps(dataset.bad_samples, indent=2))
-        log(f"skipped {len(dataset.bad_samples)} bad sample(s), listed in {report}")
+        report.write_text(json.dumps(bad, indent=2))
+        log(f"skipped {len(bad)} bad sample(s), listed in {report}")
     del pipe
     gc.collect()
     return {"written": written, "skipped_done": len(mine) - len(todo), "cache": output_path,
