@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -103,7 +104,10 @@ def compare_lora(one: Path, two: Path) -> float:
 @pytest.fixture(scope="module")
 def one_process_cache(workspace):
     out = workspace["root"] / "cache-one"
-    run_train(*stage1(workspace, out))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_train(*stage1(workspace, out))
+    assert any("skipping bad sample" in str(w.message) and "cut.jpg" in str(w.message) for w in caught)
     return out
 
 

@@ -136,9 +136,10 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
             if sample is None or sample.get("_id") != dataset.sample_id(row):  # a bad row the user asked to skip
                 writer.skip(dataset.sample_id(row), "bad sample (see bad_samples.json)")
                 continue
-            bucket = buckets.setdefault(pipe.batch_signature(sample), [])
+            signature = pipe.batch_signature(sample)
+            bucket = buckets.setdefault(signature, [])
             bucket.append(sample)
-            if len(bucket) >= batch_size:
+            if len(bucket) >= batch_size or signature is None:  # None: the family encodes one at a time
                 encode(bucket)
                 bucket.clear()
         for bucket in buckets.values():
@@ -156,8 +157,10 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
 
     bad = bad_samples_of_all_processes(accelerator, getattr(dataset, "bad_samples", None) or [])
     if bad and accelerator.is_main_process:
+        from .run import _write_json
+
         report = Path(output_path) / "bad_samples.json"
-        report.write_text(json.dumps(bad, indent=2))
+        _write_json(report, bad)
         log(f"skipped {len(bad)} bad sample(s), listed in {report}")
     del pipe
     gc.collect()
