@@ -116,6 +116,10 @@ class BasePipeline:
     model_fn_inputs: tuple[str, ...] = ()
     # Variable-length values and their masks: padded to a common length when samples are batched.
     padded_values: Mapping[str, str] = {}
+    # Models `model_fn` uses (the denoiser): stage 2 always loads them.
+    loss_models: tuple[str, ...] = ()
+    # Training images are cropped so both sides are multiples of this.
+    division_factor: int = 1
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32):
         self.device = torch.device(device)
@@ -193,6 +197,27 @@ class BasePipeline:
                 pred = self.combine_cfg(pred, pred_nega, cfg_scale)
             latents = self.scheduler.step(pred, i, latents)
         return latents
+
+    # -- training data (families override `training_inputs`; the rest have working defaults) ---------
+    def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - abstract
+        """Pipeline inputs for one data sample, as inference would be called with (batch of one)."""
+        raise NotImplementedError
+
+    def batch_signature(self, sample: dict[str, Any]):
+        """Stage 1 encodes samples with equal signatures as one batch; None (the default): one at a time."""
+        return None
+
+    def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        """Pipeline inputs for samples of one signature; needed only if `batch_signature` returns one."""
+        if len(samples) != 1:
+            raise NotImplementedError(f"{type(self).__name__} defines batch_signature but not training_inputs_batch")
+        return self.training_inputs(samples[0])
+
+    def from_cache_values(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """Values read back from a stage-1 cache: images come back as PIL, bookkeeping keys are dropped."""
+        from .images import images_from_cache
+
+        return {k: images_from_cache(v) for k, v in sample.items() if not k.startswith("_")}
 
     def negative_name(self, name: str) -> str:
         """The namespace name of the negative-prompt version of a model_fn input."""

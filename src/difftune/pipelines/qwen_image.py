@@ -268,6 +268,7 @@ class QwenImagePipeline(BasePipeline):
                           "use_gradient_checkpointing_offload"})
     model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "edit_latents")
     padded_values = {"prompt_embeds": "prompt_embeds_mask", "negative_prompt_embeds": "negative_prompt_embeds_mask"}
+    loss_models = ("dit",)
     division_factor = DIVISION_FACTOR
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):

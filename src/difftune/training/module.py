@@ -33,6 +33,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         super().__init__()
         self.pipe = None
         self.lora_configs: dict[str, Any] = {}
+        # The current sample's generator, from (seed, epoch, index): set by `difftune.launch_training_task`.
+        self.generator: torch.Generator | None = None
 
     def _register_models(self, pipe) -> None:
         # The pipeline is not an nn.Module; registering its models makes .parameters(), DDP and
@@ -115,7 +117,10 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         """One sample through this module's units; returns what the loss needs (no batch dimension)."""
         pipe = self.pipe
         if self.from_cache:
-            values = collate_values([pipe.from_cache_values(sample)], pipe.padded_values)
+            cached = pipe.from_cache_values(sample)
+            values = collate_values([cached], pipe.padded_values)  # tensors get their batch dimension back
+            # Everything else stays as `training_inputs` gives it (height 32, not [32]), as in one-stage training.
+            values.update({k: v for k, v in cached.items() if not isinstance(v, torch.Tensor)})
         else:
             values = pipe.training_inputs(sample)
         values.update(self.settings)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..pipelines import families, split_units
+from ..pipelines import families, get_family, split_units
 from .losses import LOSSES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -135,7 +135,7 @@ def stage_settings(args) -> dict:
 def compute_split(pipe_cls, args, task: TaskSpec):
     loss_reads = LOSSES[task.loss][1] + pipe_cls.model_fn_inputs
     return split_units(pipe_cls().units, trainable_set(args), loss_reads, settings=pipe_cls.settings,
-                       loss_models=("dit",))
+                       loss_models=pipe_cls.loss_models)
 
 
 def make_dataset(args, pipe_cls):
@@ -174,7 +174,7 @@ def run_train(args, task: TaskSpec, accelerator=None) -> dict:
     ensure_writable(args.output_path)
     accelerator = accelerator or make_accelerator(args, args.output_path)
     log = print if accelerator.is_main_process else (lambda *a, **k: None)
-    pipe_cls = families()[args.family or "qwen_image"]
+    pipe_cls = get_family(args.family)
     split = compute_split(pipe_cls, args, task)
     components = resolve_components(args)
     from_cache = task.stage == "train"

@@ -17,7 +17,7 @@ import torch
 
 from .. import __version__
 from ..errors import UserError
-from ..pipelines import families, split_batch
+from ..pipelines import get_family, split_batch
 from ..pipelines.images import IMAGE_MARK, images_to_cache
 
 CACHE_SUBDIR = "cache"
@@ -87,7 +87,7 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
     ensure_writable(output_path)
     accelerator = accelerator or make_accelerator(args, None)
     log = print if accelerator.is_main_process else (lambda *a, **k: None)
-    pipe_cls = families()[args.family or "qwen_image"]
+    pipe_cls = get_family(args.family)
     split = compute_split(pipe_cls, args, task)
     log(f"split: {split.describe()}")
     components = resolve_components(args)
