@@ -1,0 +1,513 @@
+"""Shared pieces of the benchmarks: model configurations, data, measured runs, the doc tables.
+
+Every measured run is the CLI path (`difftune.training.run.run`) in a fresh process (one per
+configuration), so peak RSS (`VmHWM`) belongs to that configuration alone. Timing comes from hooks, not
+from the code under test: a global optimizer-step hook stamps every optimizer step, the training loop's
+DataLoader is wrapped to time each `next()`, and the cache writer's `write`/`close` are stamped in stage 1.
+
+`python benchmarks/common.py --child '<json>'` is the child entry point (it prints one `BENCH_RESULT`
+line); the benchmark scripts never call it by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
+RESULT_MARK = "BENCH_RESULT "
+LORA_TARGETS = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,img_mod.1,"
+                "txt_mlp.net.2,txt_mod.1")
+PROMPTS = ["a red fox sitting in fresh snow at dawn", "an old stone bridge over a quiet green river",
+           "a bowl of ripe lemons on a wooden table", "a lighthouse on a cliff under a stormy sky",
+           "a yellow taxi parked on a rainy city street", "a small cabin in a pine forest at dusk",
+           "a white sailboat on a calm blue lake", "a cup of black coffee beside an open book"]
+
+
+@dataclass
+class BenchConfig:
+    """A model configuration and the fixed training resolution it is measured at."""
+
+    name: str
+    spec: dict  # TinyQwenImageSpec fields
+    resolution: int
+    lora_rank: int = 32
+
+    def tiny_spec(self):
+        from difftune.testing import TinyQwenImageSpec
+
+        return TinyQwenImageSpec(**self.spec)
+
+
+def proportional() -> BenchConfig:
+    """Qwen-Image's proportions at CPU scale: head width 128 and rope axes (16, 56, 56) as the real DiT,
+    a text encoder with ~0.4x the DiT's parameters (Qwen2.5-VL-7B is 8.3B against the DiT's 20.4B) and
+    the real ratio of MLP to hidden width, and a small VAE (the smallest of the tiny ones, so stage 1 is
+    as cheap as it can be: the conservative choice for split training). 256x256 gives 256 image tokens."""
+    return BenchConfig("proportional", dict(
+        num_layers=4, num_attention_heads=4, attention_head_dim=128, axes_dims_rope=(16, 56, 56),
+        text_hidden=512, text_layers=3, text_heads=4, text_intermediate=2900, mrope_section=(16, 24, 24),
+        vae_base_dim=8, vae_dim_mult=(1, 1, 1, 1), vae_num_res_blocks=1), resolution=256)
+
+
+def quick() -> BenchConfig:
+    """The tests' tiny model: for smoke runs only (the step is pure overhead, not compute)."""
+    return BenchConfig("quick", {}, resolution=64, lora_rank=4)
+
+
+# -- workspace ----------------------------------------------------------------------------------------
+
+@dataclass
+class Workspace:
+    repo: Path
+    data: Path
+    metadata: Path
+    config: BenchConfig
+
+    def model_paths(self, components=("transformer", "text_encoder", "vae")) -> str:
+        from difftune.testing import tiny_qwen_image_paths
+
+        paths = tiny_qwen_image_paths(self.repo)
+        return json.dumps([paths[c] if len(paths[c]) > 1 else paths[c][0] for c in components])
+
+
+def prepare(workdir: Path, config: BenchConfig, n_images: int) -> Workspace:
+    """The model repository (reused when the same spec is already there) and `n_images` images."""
+    from difftune.testing import write_tiny_qwen_image
+
+    workdir = Path(workdir)
+    repo = workdir / f"model-{config.name}"
+    marker = repo / "difftune_tiny_spec.json"
+    wanted = json.dumps(config.tiny_spec().__dict__, indent=2, default=list)
+    if not (marker.is_file() and marker.read_text() == wanted):
+        write_tiny_qwen_image(repo, config.tiny_spec(), shard=False)
+    data = workdir / f"data-{config.resolution}-{n_images}"
+    metadata = data / "metadata.csv"
+    if not metadata.is_file():
+        write_images(data, n_images, config.resolution)
+    return Workspace(repo, data, metadata, config)
+
+
+def write_images(root: Path, n: int, size: int) -> Path:
+    """`n` distinct images of size x size (smooth gradients and shapes, so PNG decoding is realistic-ish)."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    lines = ["image,prompt"]
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    for i in range(n):
+        a, b, c = rng.uniform(0, 255, 3)
+        arr = np.stack([a * xx + (255 - a) * yy, b * (1 - xx), c * yy], -1)
+        arr = (arr + rng.normal(0, 8, arr.shape)).clip(0, 255).astype("uint8")
+        img = Image.fromarray(arr)
+        draw = ImageDraw.Draw(img)
+        for _ in range(3):
+            x0, y0 = rng.integers(0, size // 2, 2)
+            draw.ellipse((int(x0), int(y0), int(x0 + size // 3), int(y0 + size // 3)),
+                         fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
+        name = f"image_{i + 1:03d}.png"
+        img.save(root / name)
+        lines.append(f'{name},"{PROMPTS[i % len(PROMPTS)]}"')
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n")
+    return root / "metadata.csv"
+
+
+def train_flags(ws: Workspace, task: str, output: Path, *, dataset: Path | None = None, epochs: int = 1,
+                repeat: int = 1, components=("transformer", "text_encoder", "vae"), extra=()) -> list[str]:
+    """The reference's LoRA command (fp32 on this CPU: it has no native bf16) at a fixed resolution.
+    `output` is emptied first: every run is measured from scratch (a stage 1 would otherwise resume)."""
+    fresh(output)
+    res = str(ws.config.resolution)
+    flags = ["--task", task, "--output_path", str(output), "--model_paths", ws.model_paths(components),
+             "--height", res, "--width", res, "--torch_dtype", "float32", "--learning_rate", "1e-4",
+             "--num_epochs", str(epochs), "--dataset_repeat", str(repeat), "--lora_base_model", "dit",
+             "--lora_target_modules", LORA_TARGETS, "--lora_rank", str(ws.config.lora_rank), "--seed", "0",
+             "--no_progress", "--enable_tensorboard_log", "false"]
+    if dataset is None:
+        flags += ["--dataset_base_path", str(ws.data), "--dataset_metadata_path", str(ws.metadata)]
+    else:
+        flags += ["--dataset_base_path", str(dataset)]
+    return flags + [str(e) for e in extra]
+
+
+def fresh(folder: Path) -> Path:
+    """`folder`, removed if a previous run left it (a reused --workdir)."""
+    import shutil
+
+    if Path(folder).exists():
+        shutil.rmtree(folder)
+    return Path(folder)
+
+
+# -- measured runs ------------------------------------------------------------------------------------
+
+def status_kb(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+@contextlib.contextmanager
+def _instrumented(record: dict):
+    """Stamp optimizer steps, loader waits in the training loop and stage-1 cache writes into `record`."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    import difftune.training.loop as loop
+    from difftune.cache import CacheWriter
+
+    steps, waits, writes = record["step_stamps"], record["loader_waits"], record["write_stamps"]
+    hook = register_optimizer_step_post_hook(lambda *a: steps.append(time.perf_counter()))
+    base_loader = loop.DataLoader
+
+    class TimedLoader(base_loader):
+        def __iter__(self):
+            it = super().__iter__()
+            while True:
+                start = time.perf_counter()
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+                waits.append(time.perf_counter() - start)
+                yield item
+
+    write, close = CacheWriter.write, CacheWriter.close
+
+    def timed_write(self, *a, **k):
+        out = write(self, *a, **k)
+        writes.append(time.perf_counter())
+        return out
+
+    def timed_close(self, *a, **k):
+        out = close(self, *a, **k)
+        record["close_stamp"] = time.perf_counter()
+        return out
+
+    loop.DataLoader, CacheWriter.write, CacheWriter.close = TimedLoader, timed_write, timed_close
+    try:
+        yield
+    finally:
+        hook.remove()
+        loop.DataLoader, CacheWriter.write, CacheWriter.close = base_loader, write, close
+
+
+def measure_difftune(argv: list[str]) -> dict:
+    """One `difftune train` run in this process, instrumented. Heavy libraries are imported first so
+    `rss_before_kb` is the interpreter + libraries baseline."""
+    import accelerate  # noqa: F401
+    import diffusers  # noqa: F401
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+
+    from difftune.cli.args import training_parser
+    from difftune.training.run import run
+
+    args = training_parser().parse_args(argv)
+    record = {"step_stamps": [], "loader_waits": [], "write_stamps": [], "close_stamp": None}
+    rss_before = status_kb("VmRSS")
+    with _instrumented(record), RssSampler() as rss:
+        start = time.perf_counter()
+        summary = run(args)
+        end = time.perf_counter()
+    record.update(start=start, end=end, run_seconds=end - start, rss_before_kb=rss_before,
+                  vmhwm_kb=status_kb("VmHWM"), steps=summary.get("steps") if isinstance(summary, dict) else None)
+    stamps = record["step_stamps"]
+    record["train_peak_rss_kb"] = rss.peak_between(stamps[0], stamps[-1]) if len(stamps) > 1 else None
+    record["rss_trace"] = rss.trace(start)
+    return record
+
+
+class RssSampler:
+    """VmRSS sampled every `interval` seconds in a thread: when the peak happens (loading or training)."""
+
+    def __init__(self, interval: float = 0.02):
+        import threading
+
+        self.interval, self.samples = interval, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), status_kb("VmRSS")))
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def peak_between(self, t0: float, t1: float) -> int | None:
+        inside = [kb for t, kb in self.samples if t0 <= t <= t1]
+        return max(inside) if inside else None
+
+    def trace(self, t0: float, points: int = 60) -> list[tuple[float, int]]:
+        """A downsampled (seconds since t0, KiB) trace that keeps each window's maximum."""
+        if not self.samples:
+            return []
+        size = max(1, len(self.samples) // points)
+        out = []
+        for i in range(0, len(self.samples), size):
+            window = self.samples[i:i + size]
+            t, kb = max(window, key=lambda s: s[1])
+            out.append((round(t - t0, 2), kb))
+        return out
+
+
+def child_command(python: str, script: Path, payload: dict) -> list[str]:
+    return [python, str(script), "--child", json.dumps(payload)]
+
+
+def run_child(cmd: list[str], threads: int, timeout: float = 900, env: dict | None = None) -> dict:
+    """Run a child process that prints one BENCH_RESULT line; adds `wall_seconds` (process wall time).
+    `threads` caps the intra-op threads of every library (OpenMP, MKL) the same way for every run."""
+    full_env = dict(os.environ, TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error",
+                    OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                    HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONPATH=os.pathsep.join(
+                        [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    full_env.update(env or {})
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=str(ROOT))
+    wall = time.perf_counter() - start
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stdout[-1500:] + "\n" + proc.stderr[-3000:]).strip()
+        raise RuntimeError(f"benchmark child failed (exit {proc.returncode}): {' '.join(cmd[:3])} ...\n{tail}")
+    result = json.loads(lines[-1][len(RESULT_MARK):])
+    result["wall_seconds"] = wall
+    return result
+
+
+def run_difftune(argv: list[str], isolated: bool = True, threads: int = 1) -> dict:
+    """A measured difftune run: in a fresh process (`isolated`), or in this one (smoke runs)."""
+    if isolated:
+        return run_child(child_command(sys.executable, Path(__file__), {"kind": "difftune", "argv": argv}), threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    try:
+        record = measure_difftune(argv)
+    finally:
+        reset_accelerate()
+    record["wall_seconds"] = time.perf_counter() - start
+    return record
+
+
+def reset_accelerate() -> None:
+    """Accelerate's state is process-global; in-process runs start from a clean one."""
+    try:
+        from accelerate.state import AcceleratorState, GradientState, PartialState
+
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        PartialState._reset_state()
+    except Exception:
+        pass
+
+
+# -- statistics ---------------------------------------------------------------------------------------
+
+def step_intervals(record: dict, warmup: int) -> list[float]:
+    """Seconds between consecutive optimizer steps, the first `warmup` intervals dropped."""
+    s = record["step_stamps"]
+    return [b - a for a, b in zip(s[:-1], s[1:])][warmup:]
+
+
+def step_time(record: dict, warmup: int) -> float:
+    """Median step time after warm-up (the median ignores the few steps that also save a checkpoint)."""
+    intervals = step_intervals(record, warmup)
+    if not intervals:
+        raise RuntimeError("too few steps to measure: raise the step count")
+    return statistics.median(intervals)
+
+
+def data_wait_share(record: dict, warmup: int) -> float:
+    """Time blocked in the loader's next() over total step time, for the measured steps. Interval j
+    (between steps j and j+1) contains the wait for batch j+1."""
+    intervals = step_intervals(record, warmup)
+    waits = record["loader_waits"][warmup + 1: warmup + 1 + len(intervals)]
+    return sum(waits) / sum(intervals[:len(waits)]) if waits else float("nan")
+
+
+def stage1_rate(record: dict, batch: int) -> float:
+    """Samples per second written by stage 1 after its first batch (model loading and warm-up excluded),
+    up to the writer's close (the last flush included)."""
+    w = record["write_stamps"]
+    end = record.get("close_stamp") or w[-1]
+    first = w[min(batch, len(w)) - 1]
+    done = len(w) - min(batch, len(w))
+    if done <= 0 or end <= first:
+        raise RuntimeError("too few stage-1 samples to measure: raise the sample count")
+    return done / (end - first)
+
+
+def cache_bytes(cache_dir: Path) -> dict:
+    """Bytes on disk of a cache against the bytes of the tensors it holds (from the safetensors headers)."""
+    from safetensors import safe_open
+
+    total = sum(p.stat().st_size for p in Path(cache_dir).rglob("*") if p.is_file())
+    tensor_bytes = 0
+    for shard in Path(cache_dir).rglob("*.safetensors"):
+        with safe_open(str(shard), "pt") as f:
+            for key in f.keys():
+                t = f.get_slice(key)
+                numel = 1
+                for d in t.get_shape():
+                    numel *= d
+                tensor_bytes += numel * _itemsize(t.get_dtype())
+    samples = 0
+    for index in Path(cache_dir).rglob("shard-*.json"):
+        samples += len(json.loads(index.read_text()).get("samples", {}))
+    return {"disk_bytes": total, "tensor_bytes": tensor_bytes, "samples": samples}
+
+
+def _itemsize(dtype: str) -> int:
+    return {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+            "F8_E4M3": 1, "F8_E5M2": 1}[dtype]
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+# -- machine, doc ------------------------------------------------------------------------------------
+
+def machine(threads: int) -> dict:
+    import importlib.metadata as md
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for name in ("torch", "diffusers", "transformers", "peft", "accelerate", "difftune"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            versions[name] = md.version(name)
+    return {"date": datetime.date.today().isoformat(), "cpu": cpu, "cores": os.cpu_count(),
+            "python": platform.python_version(), "versions": versions, "load_start": os.getloadavg()[0],
+            "threads": threads}
+
+
+def machine_line(info: dict) -> str:
+    v = ", ".join(f"{k} {val}" for k, val in info["versions"].items())
+    info.setdefault("load_end", os.getloadavg()[0])  # rendered before the JSON line: both carry it
+    load = f"load average {info['load_start']:.1f} at start, {info['load_end']:.1f} at end"
+    return (f"_Measured {info['date']} on a {info['cores']}-core {info['cpu']} (no GPU), {info['threads']} "
+            f"intra-op thread(s) per run, {load}; {v}._")
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def verdict(value: float, target: float, at_most: bool = True) -> str:
+    met = value <= target if at_most else value >= target
+    return "met" if met else "**not met**"
+
+
+def update_doc(doc: Path | None, section: str, body: str) -> None:
+    """Replace the text between `<!-- bench:section -->` and `<!-- /bench:section -->` (appended if absent)."""
+    if doc is None:
+        return
+    doc = Path(doc)
+    start, end = f"<!-- bench:{section} -->", f"<!-- /bench:{section} -->"
+    text = doc.read_text() if doc.is_file() else "# Benchmarks\n"
+    block = f"{start}\n{body.strip()}\n{end}"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    tmp = doc.with_name(f".{doc.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, doc)
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="tiny model, few steps, in-process runs (a smoke test)")
+    p.add_argument("--workdir", default=None, help="where models, data and outputs go (default: a temp dir)")
+    p.add_argument("--doc", default=None, help=f"the doc to update (default {DOC.relative_to(ROOT)}; "
+                                               "none with --quick unless given)")
+    p.add_argument("--no-doc", action="store_true", help="do not update any doc")
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads per run (default 1: on a shared 2-core machine two OpenMP threads "
+                        "spin-wait whenever another process holds a core, and step times swing 3-10x)")
+    return p
+
+
+def resolve_doc(args) -> Path | None:
+    if args.no_doc:
+        return None
+    if args.doc:
+        return Path(args.doc)
+    return None if args.quick else DOC
+
+
+@contextlib.contextmanager
+def workdir_of(args):
+    import tempfile
+
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        yield Path(args.workdir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="difftune-bench-") as d:
+            yield Path(d)
+
+
+def emit(result: dict) -> None:
+    print(json.dumps(result, sort_keys=True), flush=True)
+
+
+def _child_main(payload: dict) -> None:
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if payload["kind"] == "difftune":
+        record = measure_difftune(payload["argv"])
+    elif payload["kind"] == "minimal":
+        from overhead import measure_minimal  # benchmarks/ is on sys.path (the folder of this file)
+
+        record = measure_minimal(**payload["kwargs"])
+    else:
+        raise SystemExit(f"unknown child kind {payload['kind']}")
+    print(RESULT_MARK + json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    cli = argparse.ArgumentParser()
+    cli.add_argument("--child", required=True)
+    _child_main(json.loads(cli.parse_args().child))
+
+__all__ = ["BenchConfig", "proportional", "quick", "prepare", "train_flags", "run_difftune", "step_time",
+           "data_wait_share", "stage1_rate", "cache_bytes", "update_doc", "machine", "table", "asdict"]

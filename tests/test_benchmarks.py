@@ -1,0 +1,70 @@
+"""The benchmarks' smoke modes: each script runs end to end on the tiny model and prints its ratios.
+
+Every script runs as a subprocess (`--quick --no-doc`, so docs/benchmarks.md is never touched), the way a
+user runs it; the last stdout line is the JSON result. The peers benchmark needs DiffSynth-Studio's own
+venv (see benchmarks/peers.py); without it the test checks that the script says how to make it and skips.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DS_PYTHON = Path(os.environ.get("DIFFTUNE_BENCH_DS_PYTHON", "/tmp/dsvenv/bin/python"))
+
+
+def run_quick(script: str, tmp_path: Path, *extra: str, timeout: int = 180) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--no-doc",
+                           "--workdir", str(tmp_path), *extra],
+                          capture_output=True, text=True, timeout=timeout, cwd=str(ROOT), env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, proc.stdout[-2000:]
+    return json.loads(lines[-1])
+
+
+def assert_ratios(result: dict, keys: list[str]) -> None:
+    for key in keys:
+        value = result[key]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+    for name, target in result.get("targets", {}).items():
+        assert set(target) == {"target", "value", "met"}, name
+
+
+def test_split_vs_unsplit_quick(tmp_path):
+    r = run_quick("split_vs_unsplit.py", tmp_path)
+    assert r["benchmark"] == "split_vs_unsplit" and r["steps"] > 0
+    assert_ratios(r, ["step_time_ratio", "peak_rss_ratio", "total_time_ratio", "projected_total_time_ratio_5x50",
+                      "cache_bytes_ratio", "data_wait_share_stage2"])
+    # the cached tensors are part of the cache files, so the ratio is at least 1
+    assert r["cache_bytes_ratio"] >= 1
+
+
+def test_overhead_quick(tmp_path):
+    r = run_quick("overhead.py", tmp_path)
+    assert r["benchmark"] == "overhead"
+    assert_ratios(r, ["overhead_ratio", "step_time_difftune_s", "step_time_minimal_s"])
+
+
+def test_batched_stage1_quick(tmp_path):
+    r = run_quick("batched_stage1.py", tmp_path)
+    assert r["benchmark"] == "batched_stage1" and r["batch_size"] > 1
+    assert_ratios(r, ["batched_speedup", "samples_per_s_one_at_a_time", "samples_per_s_batched"])
+
+
+def test_peers_quick(tmp_path):
+    if not DS_PYTHON.is_file():
+        r = run_quick("peers.py", tmp_path, "--ds-python", str(DS_PYTHON))
+        assert "skipped" in r and "pip install diffsynth" in r["skipped"]
+        pytest.skip(f"DiffSynth-Studio's venv ({DS_PYTHON}) is absent: the peers benchmark skipped itself")
+    r = run_quick("peers.py", tmp_path, "--images", "2", timeout=300)
+    assert_ratios(r, ["step_time_one_stage_ratio", "step_time_stage2_ratio", "peak_rss_one_stage_ratio",
+                      "peak_rss_stage2_ratio", "cache_bytes_ratio", "stage1_seconds_ratio"])
