@@ -111,7 +111,9 @@ def test_demo_short_run_writes_everything_and_learns_the_star(tmp_path, capsys):
         assert summary["stages"][stage]["seconds"] > 0
         assert 50 < summary["stages"][stage]["peak_rss_mib"] < 8192
     metric = summary["metric"]
-    assert metric["after"] > metric["before"] + 0.05  # the samples became more star-like
+    # the samples became more star-like (measured here: IoU 0.623 -> 0.686, stars 0 % -> 50 %)
+    assert metric["after"] > metric["before"] + 0.03
+    assert metric["star_fraction_after"] >= metric["star_fraction_before"] + 0.25
     assert metric["improvement"] == pytest.approx(metric["after"] - metric["before"], abs=1e-3)
     grid = Image.open(out / "samples.png")
     assert grid.size[0] > 5 * 64 and grid.size[1] > 3 * 64  # 5 prompts x (before, after, reference)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import resource
@@ -320,8 +321,10 @@ def run_demo(args) -> dict:
         _train(common + ["--task", "sft:data_process", "--model_paths", model_paths, "--output_path", str(cache),
                          "--rebuild_cache"])
     lora_dir = out / "lora"
-    per_epoch = max(1, args.images // args.batch_size)
-    repeat = -(-args.steps // per_epoch)  # one epoch of the repeated cache covers --steps
+    # One epoch of the repeated cache covers --steps, in whole batches (no partial batch left over).
+    whole = args.batch_size // math.gcd(args.images, args.batch_size)
+    repeat = -(-args.steps * args.batch_size // args.images)
+    repeat = -(-repeat // whole) * whole
     stage2 = common.copy()
     stage2[1], stage2[2:4] = str(cache), []  # the cache replaces the data set and its metadata
     say("stage 2 (sft:train): the DiT alone trains a LoRA from the cache")
