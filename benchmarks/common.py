@@ -43,6 +43,7 @@ class BenchConfig:
     spec: dict  # TinyQwenImageSpec fields
     resolution: int
     lora_rank: int = 32
+    word_tokenizer: bool = False  # real token counts (see word_tokenizer); the text encoder's vocabulary grows
 
     def tiny_spec(self):
         from difftune.testing import TinyQwenImageSpec
@@ -58,7 +59,7 @@ def proportional() -> BenchConfig:
     return BenchConfig("proportional", dict(
         num_layers=4, num_attention_heads=4, attention_head_dim=128, axes_dims_rope=(16, 56, 56),
         text_hidden=512, text_layers=3, text_heads=4, text_intermediate=2900, mrope_section=(16, 24, 24),
-        vae_base_dim=8, vae_dim_mult=(1, 1, 1, 1), vae_num_res_blocks=1), resolution=256)
+        vae_base_dim=8, vae_dim_mult=(1, 1, 1, 1), vae_num_res_blocks=1), resolution=256, word_tokenizer=True)
 
 
 def quick() -> BenchConfig:
@@ -67,6 +68,35 @@ def quick() -> BenchConfig:
 
 
 # -- workspace ----------------------------------------------------------------------------------------
+
+def word_tokenizer():
+    """The tests' byte-level Qwen2 tokenizer plus BPE merges that make each word of the chat template and of
+    PROMPTS one token. Token counts then match the real Qwen tokenizer's: the template's system part is 34
+    tokens (the drop count the reference hard-codes) and a prompt is ~48 in all, where one token per byte
+    gives ~200 and makes every text-encoder call 4x longer than on the real model."""
+    import re
+
+    from transformers import Qwen2Tokenizer
+
+    from difftune.pipelines.qwen_image import PROMPT_TEMPLATE
+    from difftune.testing import QWEN_SPECIAL_TOKENS, qwen_tokenizer
+
+    base = qwen_tokenizer()
+    vocab = {k: v for k, v in base.get_vocab().items() if k not in QWEN_SPECIAL_TOKENS[1:]}
+    merges, seen = [], set()
+    for text in [PROMPT_TEMPLATE.replace("{}", " ")] + PROMPTS:
+        for piece in re.split(r"<\|[a-z_]+\|>", text):
+            for word, _ in base._tokenizer.pre_tokenizer.pre_tokenize_str(piece):
+                for i in range(2, len(word) + 1):  # prefix merges: w + o -> wo, wo + r -> wor, ...
+                    if (word[:i - 1], word[i - 1]) not in seen:
+                        seen.add((word[:i - 1], word[i - 1]))
+                        merges.append((word[:i - 1], word[i - 1]))
+                    vocab.setdefault(word[:i], len(vocab))
+    tok = Qwen2Tokenizer(vocab=vocab, merges=merges)
+    tok.add_special_tokens({"additional_special_tokens": QWEN_SPECIAL_TOKENS[1:]})
+    tok.model_max_length = 2048
+    return tok
+
 
 @dataclass
 class Workspace:
@@ -82,16 +112,33 @@ class Workspace:
         return json.dumps([paths[c] if len(paths[c]) > 1 else paths[c][0] for c in components])
 
 
+def use_word_tokenizer(repo: Path) -> None:
+    """Swap in `word_tokenizer()` and grow the text encoder's vocabulary to match (seeded new rows)."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    tok = word_tokenizer()
+    tok.save_pretrained(str(repo / "tokenizer"))
+    encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(repo / "text_encoder"))
+    torch.manual_seed(0)
+    encoder.resize_token_embeddings(len(tok), mean_resizing=False)
+    encoder.save_pretrained(str(repo / "text_encoder"), max_shard_size="10GB")
+
+
 def prepare(workdir: Path, config: BenchConfig, n_images: int) -> Workspace:
     """The model repository (reused when the same spec is already there) and `n_images` images."""
     from difftune.testing import write_tiny_qwen_image
 
     workdir = Path(workdir)
     repo = workdir / f"model-{config.name}"
-    marker = repo / "difftune_tiny_spec.json"
-    wanted = json.dumps(config.tiny_spec().__dict__, indent=2, default=list)
+    marker = repo / "bench_config.json"
+    wanted = json.dumps({"spec": config.tiny_spec().__dict__, "word_tokenizer": config.word_tokenizer}, indent=2,
+                        default=list)
     if not (marker.is_file() and marker.read_text() == wanted):
         write_tiny_qwen_image(repo, config.tiny_spec(), shard=False)
+        if config.word_tokenizer:
+            use_word_tokenizer(repo)
+        marker.write_text(wanted)
     data = workdir / f"data-{config.resolution}-{n_images}"
     metadata = data / "metadata.csv"
     if not metadata.is_file():

@@ -191,8 +191,11 @@ class QwenImagePromptEmbedder(PipelineUnit):
         extra = {k: v.to(pipe.device) for k, v in extra.items()}
         if "pixel_values" in extra:
             extra["pixel_values"] = extra["pixel_values"].to(encoder.dtype)
-        hidden = encoder(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
-                         output_hidden_states=True, **extra).hidden_states[-1]
+        # The base model's last hidden state (after the final norm) is what the DiT reads; going round the
+        # LM head saves a (tokens x 152k-vocabulary) logits tensor per batch at the real size.
+        backbone = getattr(encoder, "model", encoder)
+        hidden = backbone(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
+                          **extra).last_hidden_state
         drop = pipe.template_drop(template)
         pieces = [h[m.bool()][drop:][:MAX_SEQUENCE_LENGTH] for h, m in zip(hidden, tokens["attention_mask"])]
         length = max(p.shape[0] for p in pieces)
