@@ -268,56 +268,13 @@ def measure_difftune(argv: list[str]) -> dict:
     args = training_parser().parse_args(argv)
     record = {"step_stamps": [], "loader_waits": [], "write_stamps": [], "close_stamp": None}
     rss_before = status_kb("VmRSS")
-    with _instrumented(record), RssSampler() as rss:
+    with _instrumented(record):
         start = time.perf_counter()
         summary = run(args)
         end = time.perf_counter()
     record.update(start=start, end=end, run_seconds=end - start, rss_before_kb=rss_before,
                   vmhwm_kb=status_kb("VmHWM"), steps=summary.get("steps") if isinstance(summary, dict) else None)
-    stamps = record["step_stamps"]
-    record["train_peak_rss_kb"] = rss.peak_between(stamps[0], stamps[-1]) if len(stamps) > 1 else None
-    record["rss_trace"] = rss.trace(start)
     return record
-
-
-class RssSampler:
-    """VmRSS sampled every `interval` seconds in a thread: when the peak happens (loading or training)."""
-
-    def __init__(self, interval: float = 0.02):
-        import threading
-
-        self.interval, self.samples = interval, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.samples.append((time.perf_counter(), status_kb("VmRSS")))
-            self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def peak_between(self, t0: float, t1: float) -> int | None:
-        inside = [kb for t, kb in self.samples if t0 <= t <= t1]
-        return max(inside) if inside else None
-
-    def trace(self, t0: float, points: int = 60) -> list[tuple[float, int]]:
-        """A downsampled (seconds since t0, KiB) trace that keeps each window's maximum."""
-        if not self.samples:
-            return []
-        size = max(1, len(self.samples) // points)
-        out = []
-        for i in range(0, len(self.samples), size):
-            window = self.samples[i:i + size]
-            t, kb = max(window, key=lambda s: s[1])
-            out.append((round(t - t0, 2), kb))
-        return out
 
 
 def child_command(python: str, script: Path, payload: dict) -> list[str]:
@@ -536,7 +493,7 @@ def emit(result: dict) -> None:
     print(json.dumps(result, sort_keys=True), flush=True)
 
 
-def _child_main(payload: dict) -> None:
+def _measure_child(payload: dict) -> dict:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -548,13 +505,18 @@ def _child_main(payload: dict) -> None:
         record = measure_minimal(**payload["kwargs"])
     else:
         raise SystemExit(f"unknown child kind {payload['kind']}")
-    print(RESULT_MARK + json.dumps(record), flush=True)
+    return record
+
+
+def child_main(measure) -> None:
+    """A child process's entry point: `--child '<json>'` -> `measure(payload)` -> one BENCH_RESULT line."""
+    cli = argparse.ArgumentParser()
+    cli.add_argument("--child", required=True)
+    print(RESULT_MARK + json.dumps(measure(json.loads(cli.parse_args().child))), flush=True)
 
 
 if __name__ == "__main__":
-    cli = argparse.ArgumentParser()
-    cli.add_argument("--child", required=True)
-    _child_main(json.loads(cli.parse_args().child))
+    child_main(_measure_child)
 
 __all__ = ["BenchConfig", "proportional", "quick", "prepare", "train_flags", "run_difftune", "step_time",
            "data_wait_share", "stage1_rate", "cache_bytes", "update_doc", "machine", "table", "asdict"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (LORA_TARGETS, RssSampler, base_parser, child_command, emit, machine, machine_line,  # noqa: E402
+from common import (LORA_TARGETS, base_parser, child_command, emit, machine, machine_line,  # noqa: E402
                     prepare, proportional, quick, ratio, reset_accelerate, resolve_doc, run_child,
                     run_difftune, status_kb, step_intervals, table, train_flags, update_doc, verdict,
                     workdir_of)
@@ -54,36 +54,34 @@ def measure_minimal(repo: str, cache: str, steps: int, rank: int, seed: int = 0)
     stamps: list[float] = []
     hook = register_optimizer_step_post_hook(lambda *a: stamps.append(time.perf_counter()))
     rss_before = status_kb("VmRSS")
-    with RssSampler() as rss:
-        start = time.perf_counter()
-        dit = QwenImageTransformer2DModel.from_pretrained(f"{repo}/transformer", torch_dtype=torch.float32)
-        dit.requires_grad_(False)
-        torch.manual_seed(seed)
-        dit.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=LORA_TARGETS.split(",")))
-        dit.train()
-        params = [p for p in dit.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
-        samples = load_cache_samples(cache)
-        gen = torch.Generator().manual_seed(seed)
-        order = torch.randperm(len(samples), generator=gen).tolist()
-        for step in range(steps):
-            x0, embeds, mask = samples[order[step % len(samples)]]
-            x0 = x0[None].float()
-            h, w = x0.shape[-2:]
-            sigma = torch.rand(1, generator=gen)
-            noise = torch.randn(x0.shape, generator=gen)
-            noisy = (1 - sigma) * x0 + sigma * noise
-            pred = dit(hidden_states=pack(noisy), timestep=sigma, encoder_hidden_states=embeds[None],
-                       encoder_hidden_states_mask=mask[None], img_shapes=[[(1, h // 2, w // 2)]], return_dict=False)[0]
-            loss = torch.nn.functional.mse_loss(pred.float(), pack(noise - x0).float())
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        end = time.perf_counter()
+    start = time.perf_counter()
+    dit = QwenImageTransformer2DModel.from_pretrained(f"{repo}/transformer", torch_dtype=torch.float32)
+    dit.requires_grad_(False)
+    torch.manual_seed(seed)
+    dit.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=LORA_TARGETS.split(",")))
+    dit.train()
+    params = [p for p in dit.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
+    samples = load_cache_samples(cache)
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(samples), generator=gen).tolist()
+    for step in range(steps):
+        x0, embeds, mask = samples[order[step % len(samples)]]
+        x0 = x0[None].float()
+        h, w = x0.shape[-2:]
+        sigma = torch.rand(1, generator=gen)
+        noise = torch.randn(x0.shape, generator=gen)
+        noisy = (1 - sigma) * x0 + sigma * noise
+        pred = dit(hidden_states=pack(noisy), timestep=sigma, encoder_hidden_states=embeds[None],
+                   encoder_hidden_states_mask=mask[None], img_shapes=[[(1, h // 2, w // 2)]], return_dict=False)[0]
+        loss = torch.nn.functional.mse_loss(pred.float(), pack(noise - x0).float())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    end = time.perf_counter()
     hook.remove()
     return {"step_stamps": stamps, "run_seconds": end - start, "rss_before_kb": rss_before,
-            "vmhwm_kb": status_kb("VmHWM"), "steps": steps, "loader_waits": [],
-            "train_peak_rss_kb": rss.peak_between(stamps[0], stamps[-1]) if len(stamps) > 1 else None}
+            "vmhwm_kb": status_kb("VmHWM"), "steps": steps, "loader_waits": []}
 
 
 def run_minimal(kwargs: dict, isolated: bool, threads: int) -> dict:

@@ -20,7 +20,6 @@ Usage: `<diffsynth-venv>/bin/python benchmarks/peer_diffsynth.py --child '<json>
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -29,7 +28,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULT_MARK, LORA_TARGETS, RssSampler, status_kb  # noqa: E402
+from common import LORA_TARGETS, child_main, status_kb  # noqa: E402
 
 
 def torchvision_shim() -> None:
@@ -170,41 +169,34 @@ def measure(p: dict) -> dict:
     prompt_drop_shim(p["drop"] - 34)
     torch.manual_seed(0)
     record["rss_before_kb"] = status_kb("VmRSS")
-    with RssSampler() as rss:
-        start = time.perf_counter()
-        pipe = build_pipeline(p)
-        task = p["task"]
-        module = make_module(pipe, task, p["rank"])
-        res = p["resolution"]
-        if task.endswith(":train"):
-            dataset = UnifiedDataset(base_path=p["cache"], metadata_path=None, repeat=p["repeat"])
-        else:
-            dataset = UnifiedDataset(
-                base_path=p["data"], metadata_path=p["metadata"], repeat=1 if task.endswith(":data_process")
-                else p["repeat"], data_file_keys=("image",),
-                main_data_operator=UnifiedDataset.default_image_operator(base_path=p["data"], height=res, width=res))
-        args = SimpleNamespace(learning_rate=1e-4, weight_decay=0.01, dataset_num_workers=0, save_steps=None,
-                               num_epochs=p["epochs"], enable_model_cpu_offload=False,
-                               enable_optimizer_cpu_offload=False, cpu_offload_split_threshold=None,
-                               customized_optimizer=None, output_path=p["output"])
-        logger = ModelLogger(p["output"], remove_prefix_in_ckpt="pipe.dit.")
-        accelerator = accelerate.Accelerator(cpu=True)
-        if task.endswith(":data_process"):
-            launch_data_process_task(accelerator, dataset, module, logger, args=args)
-        else:
-            launch_training_task(accelerator, dataset, module, logger, args=args)
-        end = time.perf_counter()
+    start = time.perf_counter()
+    pipe = build_pipeline(p)
+    task = p["task"]
+    module = make_module(pipe, task, p["rank"])
+    res = p["resolution"]
+    if task.endswith(":train"):
+        dataset = UnifiedDataset(base_path=p["cache"], metadata_path=None, repeat=p["repeat"])
+    else:
+        dataset = UnifiedDataset(
+            base_path=p["data"], metadata_path=p["metadata"], repeat=1 if task.endswith(":data_process")
+            else p["repeat"], data_file_keys=("image",),
+            main_data_operator=UnifiedDataset.default_image_operator(base_path=p["data"], height=res, width=res))
+    args = SimpleNamespace(learning_rate=1e-4, weight_decay=0.01, dataset_num_workers=0, save_steps=None,
+                           num_epochs=p["epochs"], enable_model_cpu_offload=False,
+                           enable_optimizer_cpu_offload=False, cpu_offload_split_threshold=None,
+                           customized_optimizer=None, output_path=p["output"])
+    logger = ModelLogger(p["output"], remove_prefix_in_ckpt="pipe.dit.")
+    accelerator = accelerate.Accelerator(cpu=True)
+    if task.endswith(":data_process"):
+        launch_data_process_task(accelerator, dataset, module, logger, args=args)
+    else:
+        launch_training_task(accelerator, dataset, module, logger, args=args)
+    end = time.perf_counter()
     stamps = record["step_stamps"]
     record.update(start=start, end=end, run_seconds=end - start, vmhwm_kb=status_kb("VmHWM"),
-                  steps=len(stamps), close_stamp=None,
-                  train_peak_rss_kb=rss.peak_between(stamps[0], stamps[-1]) if len(stamps) > 1 else None)
+                  steps=len(stamps), close_stamp=None)
     return record
 
 
 if __name__ == "__main__":
-    import argparse
-
-    cli = argparse.ArgumentParser()
-    cli.add_argument("--child", required=True)
-    result = measure(json.loads(cli.parse_args().child))
-    print(RESULT_MARK + json.dumps(result), flush=True)
+    child_main(measure)

@@ -19,7 +19,6 @@ Usage: `<diffsynth-venv>/bin/python benchmarks/peer_diffusers.py --child '<json>
 from __future__ import annotations
 
 import functools
-import json
 import os
 import runpy
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import LORA_TARGETS, RESULT_MARK, RssSampler, status_kb  # noqa: E402
+from common import LORA_TARGETS, child_main, status_kb  # noqa: E402
 from peer_diffsynth import torchvision_shim  # noqa: E402
 
 
@@ -73,20 +72,13 @@ def measure(p: dict) -> dict:
     register_optimizer_step_post_hook(lambda *a: record["step_stamps"].append(time.perf_counter()))
     record["rss_before_kb"] = status_kb("VmRSS")
     sys.argv = argv
-    with RssSampler() as rss:
-        start = time.perf_counter()
-        runpy.run_path(p["script"], run_name="__main__")
-        end = time.perf_counter()
+    start = time.perf_counter()
+    runpy.run_path(p["script"], run_name="__main__")
+    end = time.perf_counter()
     stamps = record["step_stamps"]
-    record.update(start=start, end=end, run_seconds=end - start, vmhwm_kb=status_kb("VmHWM"), steps=len(stamps),
-                  train_peak_rss_kb=rss.peak_between(stamps[0], stamps[-1]) if len(stamps) > 1 else None)
+    record.update(start=start, end=end, run_seconds=end - start, vmhwm_kb=status_kb("VmHWM"), steps=len(stamps))
     return record
 
 
 if __name__ == "__main__":
-    import argparse
-
-    cli = argparse.ArgumentParser()
-    cli.add_argument("--child", required=True)
-    result = measure(json.loads(cli.parse_args().child))
-    print(RESULT_MARK + json.dumps(result), flush=True)
+    child_main(measure)
