@@ -24,11 +24,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from difftune.io import atomic_write_text
+from difftune.pipelines.qwen_image import LORA_TARGET_MODULES as LORA_TARGETS
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
 RESULT_MARK = "BENCH_RESULT "
-LORA_TARGETS = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,img_mod.1,"
-                "txt_mlp.net.2,txt_mod.1")
 PROMPTS = ["a red fox sitting in fresh snow at dawn", "an old stone bridge over a quiet green river",
            "a bowl of ripe lemons on a wooden table", "a lighthouse on a cliff under a stormy sky",
            "a yellow taxi parked on a rainy city street", "a small cabin in a pine forest at dusk",
@@ -319,14 +320,9 @@ def run_difftune(argv: list[str], isolated: bool = True, threads: int = 1) -> di
 
 def reset_accelerate() -> None:
     """Accelerate's state is process-global; in-process runs start from a clean one."""
-    try:
-        from accelerate.state import AcceleratorState, GradientState, PartialState
+    from difftune.training.run import reset_accelerate_state
 
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-        PartialState._reset_state()
-    except Exception:
-        pass
+    reset_accelerate_state()
 
 
 # -- statistics ---------------------------------------------------------------------------------------
@@ -451,9 +447,7 @@ def update_doc(doc: Path | None, section: str, body: str) -> None:
         text = head + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    tmp = doc.with_name(f".{doc.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, doc)
+    atomic_write_text(doc, text)
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:

@@ -53,7 +53,7 @@ SAMPLE_PROMPTS = [
 
 
 def write_shapes_dataset(root: Path, n: int, seed: int, empty_fraction: float = 0.1) -> Path:
-    from difftune.demo import _save_png, _write_text
+    from difftune.io import atomic_save_image, atomic_write_text
     from difftune.shapes import random_spec, render
 
     root.mkdir(parents=True, exist_ok=True)
@@ -62,11 +62,11 @@ def write_shapes_dataset(root: Path, n: int, seed: int, empty_fraction: float = 
     for i in range(n):
         spec = random_spec(rng)
         name = f"shape_{i:05d}.png"
-        _save_png(render(spec), root / name)
+        atomic_save_image(render(spec), root / name)
         prompt = "" if rng.random() < empty_fraction else spec.prompt
         lines.append(f'{name},"{prompt}"')
     metadata = root / "metadata.csv"
-    _write_text(metadata, "\n".join(lines) + "\n")
+    atomic_write_text(metadata, "\n".join(lines) + "\n")
     return metadata
 
 

@@ -6,6 +6,8 @@ import os
 import pytest
 from PIL import Image
 
+from difftune.pipelines.qwen_image import LORA_TARGET_MODULES as LORA_TARGETS  # re-exported for the tests
+
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -58,17 +60,11 @@ def model_paths_json(repo, components=("transformer", "text_encoder", "vae")):
 def _fresh_accelerate_state():
     """Accelerator state is process-global; each in-process training run starts from a clean one."""
     yield
-    try:
-        from accelerate.state import AcceleratorState, GradientState, PartialState
+    from difftune.training.run import reset_accelerate_state
 
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-        PartialState._reset_state()
-    except Exception:
-        pass
+    reset_accelerate_state()
 
 
-LORA_TARGETS = "to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,img_mod.1,txt_mlp.net.2,txt_mod.1"
 
 
 def train_args(*argv):

@@ -18,16 +18,9 @@ from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_tra
 from difftune import (DiffusionTrainingModule, ModelConfig, ModelLogger, QwenImagePipeline, UnifiedDataset,
                       launch_training_task, load_component, sample_generator, sft_loss)
 from difftune.errors import UserError
+from difftune.training.run import reset_accelerate_state
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "qwen_image" / "simple_train.py"
-
-
-def reset_accelerate():
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
 
 
 def max_diff(a_path, b_path):
@@ -60,7 +53,7 @@ def test_simple_train_example_trains_a_lora_that_loads(tmp_path, tiny_repo):
     assert any(".attn.to_q." in k for k in changed)
 
     # The train command with the same settings trains the same LoRA (same units, loss, noise, loop).
-    reset_accelerate()
+    reset_accelerate_state()
     run_train("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--output_path", tmp_path / "cli",
               "--model_paths", model_paths_json(tiny_repo), "--torch_dtype", "float32", "--lora_base_model", "dit",
               "--lora_target_modules", LORA_TARGETS, "--use_gradient_checkpointing", "--no_progress",
@@ -116,7 +109,7 @@ def test_launcher_equals_train_command_with_batches_and_accumulation(tmp_path, t
     assert model.generator is None  # only set while a sample's forward runs
     assert list((tmp_path / "logs").rglob("events.out.tfevents.*"))  # the loss went to the tracker
 
-    reset_accelerate()
+    reset_accelerate_state()
     run_train("--family", "toy", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
               "--output_path", tmp_path / "cli", "--model_paths", json.dumps(list(paths.values())),
               "--torch_dtype", "float32", "--trainable_models", "prompt_encoder,denoiser", "--learning_rate", 1e-2,

@@ -34,6 +34,18 @@ def base_args(meta, out, repo):
             "--lora_target_modules", "to_q", "--lora_rank", 2, "--torch_dtype", "float32", "--no_progress"]
 
 
+def stage1_cache(meta, cache, repo, capsys):
+    assert cli(*base_args(meta, cache, repo), "--task", "sft:data_process") == 0
+    capsys.readouterr()
+    return cache
+
+
+def stage2_args(cache, out, repo):
+    return ["train", "--task", "sft:train", "--dataset_base_path", cache, "--model_paths", model_paths_json(repo),
+            "--output_path", out, "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--torch_dtype",
+            "float32", "--no_progress"]
+
+
 def one_line_error(capsys, code, *expected):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err
@@ -123,31 +135,19 @@ def test_unwritable_output_path(trained, tiny_repo, capsys, tmp_path):
 
 def test_cache_from_another_family(trained, tiny_repo, capsys, tmp_path):
     meta, out, before = trained
-    cache = tmp_path / "cache"
-    args = replace_arg(base_args(meta, cache, tiny_repo), "--output_path", cache)
-    assert cli(*args, "--task", "sft:data_process") == 0
-    capsys.readouterr()
+    cache = stage1_cache(meta, tmp_path / "cache", tiny_repo, capsys)
     manifest = json.loads((cache / "manifest.json").read_text())
     manifest["family"] = "flux"
     (cache / "manifest.json").write_text(json.dumps(manifest))
-    args = ["train", "--task", "sft:train", "--dataset_base_path", cache, "--model_paths", model_paths_json(tiny_repo),
-            "--output_path", out, "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--torch_dtype",
-            "float32", "--no_progress"]
-    one_line_error(capsys, cli(*args), "flux")
+    one_line_error(capsys, cli(*stage2_args(cache, out, tiny_repo)), "flux")
     still_there(out, before)
 
 
 def test_pickle_inside_a_cache_is_refused(trained, tiny_repo, capsys, tmp_path):
     meta, out, before = trained
-    cache = tmp_path / "cache"
-    args = replace_arg(base_args(meta, cache, tiny_repo), "--output_path", cache)
-    assert cli(*args, "--task", "sft:data_process") == 0
-    capsys.readouterr()
+    cache = stage1_cache(meta, tmp_path / "cache", tiny_repo, capsys)
     torch.save({"x": 1}, cache / "part-00000" / "evil.pth")
-    args = ["train", "--task", "sft:train", "--dataset_base_path", cache, "--model_paths", model_paths_json(tiny_repo),
-            "--output_path", out, "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--torch_dtype",
-            "float32", "--no_progress"]
-    one_line_error(capsys, cli(*args), "evil.pth")
+    one_line_error(capsys, cli(*stage2_args(cache, out, tiny_repo)), "evil.pth")
 
 
 def test_pickle_inside_a_training_state_is_refused(tmp_path, tiny_repo, capsys):

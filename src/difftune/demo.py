@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import resource
 import time
@@ -26,14 +25,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import UserError
+from .io import atomic_save_image, atomic_write_text
 
 BUNDLED_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-qwen-image"
 CONCEPT = "star"
 # (foreground, background) of the evaluation prompts; the fine-tuning set draws its own random pairs.
 EVAL_COLORS = (("red", "blue"), ("yellow", "black"), ("white", "green"), ("blue", "yellow"))
 CONTROL_PROMPT = "a green circle on a white background"  # a shape the base model knows, for the grid
-LORA_TARGETS = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,img_mod.1,"
-                "txt_mlp.net.2,txt_mod.1")
 
 
 def demo_parser() -> argparse.ArgumentParser:
@@ -111,10 +109,10 @@ def write_concept_dataset(root: Path, n: int, seed: int) -> Path:
         color, background = pairs[i % len(pairs)]
         spec = replace(random_spec(rng, shapes=(CONCEPT,)), color=color, background=background)
         name = f"{CONCEPT}_{i:03d}.png"
-        _save_png(render(spec), root / name)
+        atomic_save_image(render(spec), root / name)
         lines.append(f'{name},"{spec.prompt}"')
     metadata = root / "metadata.csv"
-    _write_text(metadata, "\n".join(lines) + "\n")
+    atomic_write_text(metadata, "\n".join(lines) + "\n")
     return metadata
 
 
@@ -215,7 +213,7 @@ def draw_loss_curve(losses: list[float], path: Path, title: str = "stage 2: LoRA
         d.text((w - right - 190, top), "light: per step, dark: moving average", fill=(90, 90, 90))
     d.rectangle((left, top, w - right, h - bottom), outline="black")
     d.text((w // 2 - 20, h - 16), "step", fill="black")
-    _save_png(img, path)
+    atomic_save_image(img, path)
 
 
 def draw_grid(rows: list[tuple[str, list]], columns: list[str], path: Path, scale: int = 2) -> None:
@@ -236,19 +234,7 @@ def draw_grid(rows: list[tuple[str, list]], columns: list[str], path: Path, scal
         d.text((4, y + cell // 2 - 6), label, fill="black")
         for j, image in enumerate(images):
             img.paste(image.resize((cell, cell), Image.NEAREST), (label_w + j * (cell + pad), y))
-    _save_png(img, path)
-
-
-def _save_png(image, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
-    image.save(tmp)
-    os.replace(tmp, path)
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_save_image(img, path)
 
 
 # -- the demo -------------------------------------------------------------------------------------------
@@ -256,25 +242,18 @@ def _write_text(path: Path, text: str) -> None:
 def _train(argv: list[str]) -> dict:
     """The `difftune train` command path: its parser, then `run`."""
     from .cli.args import training_parser
-    from .training.run import run
+    from .training.run import reset_accelerate_state, run
 
     try:
         return run(training_parser().parse_args(argv))
     finally:
-        _reset_accelerate()
-
-
-def _reset_accelerate() -> None:
-    # Accelerate's state is process-global; each stage builds its own Accelerator, as separate commands do.
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+        reset_accelerate_state()  # each stage builds its own Accelerator, as separate commands do
 
 
 def run_demo(args) -> dict:
     import torch
+
+    from .pipelines.qwen_image import LORA_TARGET_MODULES
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -311,7 +290,7 @@ def run_demo(args) -> dict:
 
     common = ["--dataset_base_path", str(data), "--dataset_metadata_path", str(metadata), "--height", "64",
               "--width", "64", "--torch_dtype", "float32", "--lora_base_model", "dit", "--lora_target_modules",
-              LORA_TARGETS, "--lora_rank", str(args.lora_rank), "--seed", str(args.seed)]
+              LORA_TARGET_MODULES, "--lora_rank", str(args.lora_rank), "--seed", str(args.seed)]
     if not progress:
         common.append("--no_progress")
     model_paths = json.dumps([files["transformer"], files["text_encoder"], files["vae"]])
@@ -390,7 +369,7 @@ def run_demo(args) -> dict:
         "files": {"lora": lora, "cache": str(cache), "loss_curve": str(out / "loss.png"),
                   "samples": str(out / "samples.png"), "data": str(metadata)},
     }
-    _write_text(out / "summary.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "summary.json", json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -8,10 +8,12 @@ file gets the usual permissions (0666 minus the umask) so others on a shared mac
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def normal_permissions(path: str | os.PathLike) -> None:
@@ -20,18 +22,36 @@ def normal_permissions(path: str | os.PathLike) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def atomic_save_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike,
-                            metadata: Mapping[str, str] | None = None) -> Path:
-    from safetensors.torch import save_file
-
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """`write(tmp)` into a temporary file beside `path`, then rename it over `path` (normal permissions)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp),
-                  metadata=dict(metadata) if metadata else None)
+        write(tmp)
         normal_permissions(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def atomic_save_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike,
+                            metadata: Mapping[str, str] | None = None) -> Path:
+    from safetensors.torch import save_file
+
+    return atomic_write(path, lambda tmp: save_file(
+        {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp),
+        metadata=dict(metadata) if metadata else None))
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def atomic_save_image(image, path: str | os.PathLike) -> Path:
+    """A PIL image, in the format its final name's extension says (PNG if none)."""
+    from PIL import Image
+
+    fmt = Image.registered_extensions().get(Path(path).suffix.lower(), "PNG")
+    return atomic_write(path, lambda tmp: image.save(tmp, format=fmt))

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from ..errors import UserError
+from ..io import atomic_save_image
 
 
 def sample_parser() -> argparse.ArgumentParser:
@@ -91,9 +92,6 @@ def main(argv: list[str]) -> int:
     root, ext = os.path.splitext(args.output)
     outputs = [args.output] if len(images) == 1 else [f"{root}-{i}{ext or '.png'}" for i in range(len(images))]
     for image, out in zip(images, outputs):
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        tmp = f"{out}.tmp.png"
-        image.save(tmp)
-        os.replace(tmp, out)
+        atomic_save_image(image, out)  # in the format the name's extension says
         print(out)
     return 0

@@ -30,6 +30,10 @@ EDIT_PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the key features of the in
 TOKENIZER_MAX_LENGTH = 1024
 MAX_SEQUENCE_LENGTH = 512
 DIVISION_FACTOR = 16  # VAE x8, then 2x2 patches
+# The reference's LoRA targets for the DiT (its example commands): every attention projection, the output
+# projections of both MLPs and the modulation layers.
+LORA_TARGET_MODULES = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,img_mod.1,"
+                       "txt_mlp.net.2,txt_mod.1")
 VAE_SCALE = 8
 EDIT_IMAGE_AREA = 1024 * 1024
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from ..io import atomic_write_text
 from ..pipelines import families, get_family, split_units
 from .losses import LOSSES
 
@@ -43,6 +44,16 @@ def trainable_set(args) -> list[str]:
     if args.lora_base_model:
         names.append(args.lora_base_model)
     return list(dict.fromkeys(names))
+
+
+def reset_accelerate_state() -> None:
+    """Forget accelerate's process-global state, so the next Accelerator in this process starts clean (as a
+    separate command would): for running several trainings in one process (the demo, tests, benchmarks)."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
 
 
 def make_accelerator(args, project_dir: str | None):
@@ -299,6 +310,4 @@ def load_full_weights(pipe, path: str, remove_prefix: str | None) -> None:
 
 
 def _write_json(path: Path, data) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=2, default=str))

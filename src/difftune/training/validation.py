@@ -9,11 +9,12 @@ TensorBoard. Rendering uses its own seeded generator and no_grad, so it does not
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from ..io import atomic_save_image, atomic_save_safetensors, atomic_write_text
 
 from ..pipelines.base import run_unit
 from ..pipelines.images import tensor_to_images
@@ -42,13 +43,8 @@ def encode_prompts(pipe, prompts: list[str]) -> dict[str, torch.Tensor]:
 def write_cached_prompts(cache_dir: str, pipe, prompts: list[str], vae_files: list[str]) -> None:
     """Stage 1: store the validation prompts' embeddings and the VAE's location next to the cache."""
     folder = Path(cache_dir) / VALIDATION_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / ".embeds.safetensors.tmp"
-    save_file(encode_prompts(pipe, prompts), str(tmp))
-    os.replace(tmp, folder / "embeds.safetensors")
-    tmp = folder / ".prompts.json.tmp"
-    tmp.write_text(json.dumps({"prompts": prompts, "vae_files": vae_files}, indent=1))
-    os.replace(tmp, folder / "prompts.json")
+    atomic_save_safetensors(encode_prompts(pipe, prompts), folder / "embeds.safetensors")
+    atomic_write_text(folder / "prompts.json", json.dumps({"prompts": prompts, "vae_files": vae_files}, indent=1))
 
 
 class Validator:
@@ -135,11 +131,7 @@ class Validator:
             if temporary:
                 del vae
         grid = make_grid(images)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        path = self.out_dir / f"step-{step:06d}.png"
-        tmp = self.out_dir / f".step-{step:06d}.png.tmp"
-        grid.save(tmp, format="PNG")
-        os.replace(tmp, path)
+        path = atomic_save_image(grid, self.out_dir / f"step-{step:06d}.png")
         if accelerator is not None:
             try:
                 import numpy as np
