@@ -1,6 +1,6 @@
 """Shared pieces of the benchmarks: model configurations, data, measured runs, the doc tables.
 
-Every measured run is the CLI path (`difftune.training.run.run`) in a fresh process (one per
+Every measured run is the CLI path (`difftune.training.recipe.run`) in a fresh process (one per
 configuration), so peak RSS (`VmHWM`) belongs to that configuration alone. Timing comes from hooks, not
 from the code under test: a global optimizer-step hook stamps every optimizer step, the training loop's
 DataLoader is wrapped to time each `next()`, and the cache writer's `write`/`close` are stamped in stage 1.
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from difftune.io import atomic_write_text
-from difftune.pipelines.qwen_image import LORA_TARGET_MODULES as LORA_TARGETS
+from difftune.families.qwen_image.components import LORA_TARGET_MODULES as LORA_TARGETS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -79,7 +79,7 @@ def word_tokenizer():
 
     from transformers import Qwen2Tokenizer
 
-    from difftune.pipelines.qwen_image import PROMPT_TEMPLATE
+    from difftune.families.qwen_image.units import PROMPT_TEMPLATE
     from difftune.testing import QWEN_SPECIAL_TOKENS, qwen_tokenizer
 
     base = qwen_tokenizer()
@@ -264,7 +264,7 @@ def measure_difftune(argv: list[str]) -> dict:
     import transformers  # noqa: F401
 
     from difftune.cli.args import training_parser
-    from difftune.training.run import run
+    from difftune.training.recipe import run
 
     args = training_parser().parse_args(argv)
     record = {"step_stamps": [], "loader_waits": [], "write_stamps": [], "close_stamp": None}
@@ -320,7 +320,7 @@ def run_difftune(argv: list[str], isolated: bool = True, threads: int = 1) -> di
 
 def reset_accelerate() -> None:
     """Accelerate's state is process-global; in-process runs start from a clean one."""
-    from difftune.training.run import reset_accelerate_state
+    from difftune.training.builders import reset_accelerate_state
 
     reset_accelerate_state()
 

@@ -57,7 +57,7 @@ def template_drop(repo: Path) -> int:
     """Template tokens difftune drops with the benchmark's tokenizer (DiffSynth hard-codes 34)."""
     from transformers import AutoTokenizer
 
-    from difftune.pipelines.qwen_image import PROMPT_TEMPLATE, template_drop_count
+    from difftune.families.qwen_image.units import PROMPT_TEMPLATE, template_drop_count
 
     return template_drop_count(AutoTokenizer.from_pretrained(str(repo / "tokenizer")), PROMPT_TEMPLATE)
 

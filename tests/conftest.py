@@ -6,7 +6,7 @@ import os
 import pytest
 from PIL import Image
 
-from difftune.pipelines.qwen_image import LORA_TARGET_MODULES as LORA_TARGETS  # re-exported for the tests
+from difftune.families.qwen_image.components import LORA_TARGET_MODULES as LORA_TARGETS  # re-exported for the tests
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -60,7 +60,7 @@ def model_paths_json(repo, components=("transformer", "text_encoder", "vae")):
 def _fresh_accelerate_state():
     """Accelerator state is process-global; each in-process training run starts from a clean one."""
     yield
-    from difftune.training.run import reset_accelerate_state
+    from difftune.training.builders import reset_accelerate_state
 
     reset_accelerate_state()
 
@@ -74,6 +74,6 @@ def train_args(*argv):
 
 
 def run_train(*argv):
-    from difftune.training.run import run
+    from difftune.training.recipe import run
 
     return run(train_args(*argv))

@@ -39,7 +39,7 @@ def test_bundled_model_is_small_and_in_the_official_layout():
 def hub_pipeline(tmp_path_factory):
     """The bundled model loaded by hub id + file patterns, exactly as `Qwen/Qwen-Image` is."""
     from difftune.models import ModelConfig
-    from difftune.pipelines.qwen_image import QwenImagePipeline
+    from difftune.families.qwen_image import QwenImagePipeline
 
     base = tmp_path_factory.mktemp("hub")
     shutil.copytree(BUNDLED_MODEL, base / "Qwen" / "Qwen-Image")
@@ -56,7 +56,7 @@ def hub_pipeline(tmp_path_factory):
 def test_bundled_model_loads_like_real_weights(hub_pipeline):
     """Hub-id loading and plain file paths give the same model (the path real weights take)."""
     from difftune.models import ModelConfig
-    from difftune.pipelines.qwen_image import QwenImagePipeline
+    from difftune.families.qwen_image import QwenImagePipeline
 
     files = _components(BUNDLED_MODEL)
     by_path = QwenImagePipeline.from_pretrained(

@@ -1,8 +1,8 @@
 """The stage-1/stage-2 split computed from unit declarations."""
 
-from difftune.pipelines.base import PipelineUnit
-from difftune.pipelines.graph import split_units
-from difftune.pipelines.qwen_image import QwenImagePipeline
+from difftune.core.units import PipelineUnit
+from difftune.core.graph import split_units
+from difftune.families.qwen_image import QwenImagePipeline
 
 SFT_LOSS_READS = ("input_latents", "prompt_embeds", "prompt_embeds_mask", "edit_latents")
 

@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 from difftune.errors import UserError
 from difftune.testing import (TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder, tiny_qwen_transformer,
                               tiny_qwen_vae)
-from difftune.training.lora import (fuse_lora, inject_lora, load_lora_file, load_lora_into, lora_state_dict,
-                                    save_lora, to_comfyui, to_kohya, write_safetensors)
+from difftune.lora import (fuse_lora, inject_lora, load_lora_file, load_lora_into, lora_state_dict, save_lora,
+                           to_comfyui, to_kohya, write_safetensors)
 
 TARGETS = ["to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_out.0", "to_add_out",
            "img_mlp.net.2", "img_mod.1", "txt_mlp.net.2", "txt_mod.1"]

@@ -11,10 +11,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from difftune.errors import UserError
-from difftune.models import (
-    ModelConfig, check_fp8_frozen, detect_component, enable_fp8_storage, load_component, load_processor,
-    load_tokenizer, match_header, parse_model_configs)
-from difftune.models import qwen_image as qi
+from difftune.families.qwen_image import components as qi
+from difftune.families.qwen_image import FAMILY as _QWEN_FAMILY
+from difftune.families.qwen_image.processor import load_processor
+from difftune import detect_component, load_component
+from difftune.models import (ModelConfig, check_fp8_frozen, enable_fp8_storage, load_tokenizer, match_header,
+                             parse_model_configs)
 from difftune.testing import populate_offline_hub, tiny_qwen_image_paths, write_tiny_qwen_image
 
 ENV = ["DIFFTUNE_MODEL_BASE_PATH", "DIFFSYNTH_MODEL_BASE_PATH", "DIFFTUNE_SKIP_DOWNLOAD", "DIFFSYNTH_SKIP_DOWNLOAD",
@@ -60,6 +62,9 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
     return calls
+
+
+QWEN = _QWEN_FAMILY.components  # recognition is scoped to a family
 
 
 def saved(files):
@@ -193,20 +198,20 @@ def test_official_qwen_image_headers_are_recognised():
                                out_hidden_size=3584, fullatt_block_indexes=[7, 15, 23, 31])))
     header = {k: {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]} for k, s in _meta_state_shapes(dit).items()}
     assert len(header) == 1933 and header["txt_in.weight"]["shape"] == [3072, 3584]
-    match = match_header(header)
+    match = match_header(header, QWEN)
     assert match.spec.name == "dit" and match.config["num_layers"] == 60
-    assert match_header({f"model.diffusion_model.{k}": v for k, v in header.items()}).spec.name == "dit"
+    assert match_header({f"model.diffusion_model.{k}": v for k, v in header.items()}, QWEN).spec.name == "dit"
     changed = dict(header, **{"img_in.weight": {"dtype": "BF16", "shape": [3072, 128], "data_offsets": [0, 0]}})
-    assert match_header(changed) is None
-    assert match_header({k: v for k, v in header.items() if not k.startswith("transformer_blocks.59.")}) is None
+    assert match_header(changed, QWEN) is None
+    assert match_header({k: v for k, v in header.items() if not k.startswith("transformer_blocks.59.")}, QWEN) is None
 
-    assert match_header(_meta_state_shapes(vae)).spec.name == "vae"
+    assert match_header(_meta_state_shapes(vae), QWEN).spec.name == "vae"
     te_shapes = _meta_state_shapes(te)
-    assert match_header(te_shapes).spec.name == "text_encoder"
+    assert match_header(te_shapes, QWEN).spec.name == "text_encoder"
     official = {k.replace("model.language_model.", "model.").replace("model.visual.", "visual."): s
                 for k, s in te_shapes.items()}  # the layout of the files in Qwen/Qwen-Image/text_encoder
     assert "model.layers.27.mlp.down_proj.weight" in official and "visual.merger.mlp.2.weight" in official
-    assert match_header(official).config["hidden_size"] == 3584
+    assert match_header(official, QWEN).config["hidden_size"] == 3584
 
 
 # -- hub ids ----------------------------------------------------------------------------------------------

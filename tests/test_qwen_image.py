@@ -7,9 +7,10 @@ import torch
 from PIL import Image
 
 from difftune.models import ModelConfig
-from difftune.pipelines.base import run_unit
-from difftune.pipelines.qwen_image import (
-    EDIT_PROMPT_TEMPLATE, PROMPT_TEMPLATE, QwenImagePipeline, model_fn_qwen_image, template_drop_count)
+from difftune.core.units import run_unit
+from difftune.families.qwen_image import QwenImagePipeline
+from difftune.families.qwen_image.model_fn import model_fn_qwen_image
+from difftune.families.qwen_image.units import EDIT_PROMPT_TEMPLATE, PROMPT_TEMPLATE, template_drop_count
 from difftune.testing import TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_image_paths, write_tiny_qwen_image
 
 

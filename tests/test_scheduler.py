@@ -13,11 +13,19 @@ from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift as 
 from diffusers.pipelines.qwenimage.pipeline_qwenimage_img2img import QwenImageImg2ImgPipeline
 
 from difftune.errors import UserError
-from difftune.schedulers import TRAINING_MU, FlowMatchScheduler, calculate_shift
+from difftune.families.qwen_image.components import TRAINING_MU
+from difftune.schedulers import FlowMatchScheduler, calculate_shift
 from difftune.testing import QWEN_IMAGE_SCHEDULER_CONFIG as QWEN
 
 SIZES = [(1024, 1024, 50), (1328, 1328, 30), (512, 768, 20), (928, 1664, 8), (2048, 2048, 4), (256, 256, 3),
          (1000, 600, 25)]
+
+
+def qwen_scheduler():
+    """Qwen-Image's scheduler (its official config and the reference's training shift)."""
+    from difftune.families.qwen_image import QwenImagePipeline
+
+    return QwenImagePipeline.default_scheduler()
 
 
 def diffusers_schedule(config, height, width, steps):
@@ -48,7 +56,7 @@ def test_inference_sigmas_match_diffusers_qwen_image(height, width, steps):
 def test_img2img_strength_drops_first_steps_like_diffusers(steps, strength):
     ref, seq = diffusers_schedule(QWEN, 1024, 768, steps)
     timesteps, n = QwenImageImg2ImgPipeline.get_timesteps(SimpleNamespace(scheduler=ref), steps, strength, "cpu")
-    ours = FlowMatchScheduler()
+    ours = qwen_scheduler()
     ours.set_timesteps(steps, image_seq_len=seq, denoising_strength=strength)
     assert len(ours.timesteps) == n
     assert (ours.timesteps - timesteps).abs().max().item() <= 1e-6
@@ -59,7 +67,7 @@ def test_img2img_strength_drops_first_steps_like_diffusers(steps, strength):
 
 def test_img2img_strength_diffsynth_mode_keeps_all_steps():
     """DiffSynth-Studio: N steps from a raw sigma of `strength`: linspace(strength, 0, N+1)[:-1], then shift."""
-    s = FlowMatchScheduler()
+    s = qwen_scheduler()
     s.set_timesteps(4, mu=0.8, denoising_strength=0.5, strength_mode="diffsynth")
     e = math.exp(0.8)
     shifted = [e / (e + 1 / r - 1) for r in (0.5, 0.375, 0.25, 0.125)]
@@ -81,7 +89,7 @@ def test_other_family_configs_match_diffusers(config):
 
 
 def test_one_step_is_finite():
-    s = FlowMatchScheduler()  # diffusers' stretch divides 0 by 0 here
+    s = qwen_scheduler()  # diffusers' stretch divides 0 by 0 here
     s.set_timesteps(1, image_seq_len=4096)
     assert s.sigmas.tolist() == [1.0, 0.0] and s.timesteps.tolist() == [1000.0]
 
@@ -89,7 +97,7 @@ def test_one_step_is_finite():
 def test_defaults_are_qwen_image_and_from_pretrained(tmp_path):
     (tmp_path / "scheduler").mkdir()
     (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps(QWEN))
-    a, b, c = FlowMatchScheduler(), FlowMatchScheduler.from_pretrained(tmp_path), FlowMatchScheduler.from_pretrained(
+    a, b, c = qwen_scheduler(), FlowMatchScheduler.from_pretrained(tmp_path), FlowMatchScheduler.from_pretrained(
         tmp_path / "scheduler")
     for s in (a, b, c):
         s.set_timesteps(20, image_seq_len=4096)
@@ -108,7 +116,7 @@ def test_defaults_are_qwen_image_and_from_pretrained(tmp_path):
 def test_step_integrates_a_linear_path_exactly():
     g = torch.Generator().manual_seed(0)
     x0, noise = torch.randn(2, 4, 8, 8, generator=g), torch.randn(2, 4, 8, 8, generator=g)
-    s = FlowMatchScheduler()
+    s = qwen_scheduler()
     s.set_timesteps(13, image_seq_len=1024, denoising_strength=0.8)
     x = s.add_noise(x0, noise, s.sigmas[0])
     for i in range(len(s.timesteps)):
@@ -122,7 +130,7 @@ def test_step_integrates_a_linear_path_exactly():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_step_equals_diffusers_step_bit_for_bit(dtype):
     ref, seq = diffusers_schedule(QWEN, 768, 1024, 12)
-    ours = FlowMatchScheduler()
+    ours = qwen_scheduler()
     ours.set_timesteps(12, image_seq_len=seq)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 48, 16, generator=g).to(dtype)
@@ -139,7 +147,7 @@ def test_img2img_noising_equals_diffusers_scale_noise():
     """img2img noises the image latents to the first kept sigma: diffusers' scale_noise, our add_noise."""
     ref, seq = diffusers_schedule(QWEN, 1024, 1024, 20)
     timesteps, _ = QwenImageImg2ImgPipeline.get_timesteps(SimpleNamespace(scheduler=ref), 20, 0.6, "cpu")
-    ours = FlowMatchScheduler()
+    ours = qwen_scheduler()
     ours.set_timesteps(20, image_seq_len=seq, denoising_strength=0.6)
     g = torch.Generator().manual_seed(2)
     x0, noise = torch.randn(1, 64, 16, generator=g), torch.randn(1, 64, 16, generator=g)
@@ -170,7 +178,7 @@ def test_add_noise_per_sample_sigma_and_target():
 
 
 def test_training_table_matches_hand_computed_values():
-    s = FlowMatchScheduler()
+    s = qwen_scheduler()
     s.set_training()
     assert s.training and (s.timestep_sampling, s.shift_mode, s.weighting) == ("uniform", "fixed", "bell")
     sigmas, timesteps, weights = s.training_table(TRAINING_MU)
@@ -206,7 +214,7 @@ def reference_training_table(mu=0.8, terminal=0.02):
 
 
 def test_training_table_and_weights_equal_the_reference_formula():
-    sigmas, timesteps, weights = FlowMatchScheduler().training_table(TRAINING_MU)
+    sigmas, timesteps, weights = qwen_scheduler().training_table(TRAINING_MU)
     ref_sigmas, ref_t, ref_w = reference_training_table()
     assert np.abs(sigmas.double().numpy() - ref_sigmas).max() <= 1e-6
     assert np.abs(timesteps.double().numpy() - ref_t).max() <= 1e-3  # 1000 * float32 rounding
@@ -222,7 +230,7 @@ def test_training_table_and_weights_equal_the_reference_formula():
 
 
 def test_training_draws_come_only_from_the_generator():
-    s = FlowMatchScheduler()
+    s = qwen_scheduler()
     s.set_training()
     torch.manual_seed(123)
     a = s.sample_training(64, torch.Generator().manual_seed(7))
@@ -241,7 +249,7 @@ def test_training_draws_come_only_from_the_generator():
 
 
 def test_uniform_draws_cover_the_table_with_mean_weight_one():
-    s = FlowMatchScheduler()
+    s = qwen_scheduler()
     s.set_training()
     sigma, _, weight = s.sample_training(40000, torch.Generator().manual_seed(0))
     assert weight.mean().item() == pytest.approx(1.0, abs=0.02)
@@ -254,7 +262,7 @@ def table_index(table, draws):
 
 
 def test_dynamic_shift_takes_mu_from_the_sequence_length():
-    fixed, dynamic = FlowMatchScheduler(), FlowMatchScheduler()
+    fixed, dynamic = qwen_scheduler(), qwen_scheduler()
     fixed.set_training()
     dynamic.set_training(shift="dynamic")
     for seq, mu in ((256, 0.5), (4096, 0.5 + 0.4 * 3840 / 7936), (8192, 0.9)):
@@ -272,7 +280,7 @@ def test_dynamic_shift_takes_mu_from_the_sequence_length():
 
 
 def test_logit_normal_concentrates_mid_range():
-    uniform, logit = FlowMatchScheduler(), FlowMatchScheduler()
+    uniform, logit = qwen_scheduler(), qwen_scheduler()
     uniform.set_training()
     logit.set_training(timestep_sampling="logit_normal")
     table = uniform.training_table(TRAINING_MU)[0]
@@ -294,7 +302,7 @@ def test_logit_normal_concentrates_mid_range():
 
 
 def test_logit_normal_dynamic_and_no_weighting():
-    s = FlowMatchScheduler()
+    s = qwen_scheduler()
     s.set_training(timestep_sampling="logit_normal", weighting="none", shift="dynamic")
     g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
     small, _, w = s.sample_training(20000, g(), image_seq_len=256)
@@ -312,7 +320,7 @@ def test_logit_normal_dynamic_and_no_weighting():
 
 
 def test_set_timesteps_keeps_training_mode():
-    s = FlowMatchScheduler()
+    s = qwen_scheduler()
     s.set_training(sampling="logit_normal")  # the trainer's spelling
     assert s.timestep_sampling == "logit_normal"
     s.set_timesteps(4, image_seq_len=256)  # e.g. a distillation loss unrolling a short schedule

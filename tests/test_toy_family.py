@@ -11,9 +11,10 @@ from safetensors.torch import load_file
 import difftune.models as models_pkg
 import toy_family
 from conftest import make_image_dataset, run_train, train_args
-from difftune import families, gradient_checkpoint_forward, load_component
+from difftune import gradient_checkpoint_forward, load_component
+from difftune.core.family import families
 from difftune.errors import UserError
-from difftune.training.run import TaskSpec, compute_split
+from difftune.training.builders import TaskSpec, compute_split
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_split_follows_the_declarations(case):
     flags, stage2, frontier, stage1_models, stage2_models, _ = CASES[case]
-    split = compute_split(toy_family.ToyPipeline, train_args("--dataset_base_path", ".", "--family", "toy", *flags),
+    split = compute_split(toy_family.FAMILY, train_args("--dataset_base_path", ".", "--family", "toy", *flags),
                           TaskSpec("sft", ""))
     assert tuple(u.name for u in split.stage2) == stage2
     assert split.frontier == frontier
@@ -160,14 +161,14 @@ def test_family_from_an_entry_point(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyplugin\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(textwrap.dedent("""
         [difftune.families]
-        toy_plugin = toy_family:ToyPipeline
+        toy_plugin = toy_family:FAMILY
         broken_plugin = no_such_module_here:Pipeline
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(UserError, match=r"family 'broken_plugin' \(entry point no_such_module_here:Pipeline\)"):
         families()
-    (dist / "entry_points.txt").write_text("[difftune.families]\ntoy_plugin = toy_family:ToyPipeline\n")
-    assert families()["toy_plugin"] is toy_family.ToyPipeline
+    (dist / "entry_points.txt").write_text("[difftune.families]\ntoy_plugin = toy_family:FAMILY\n")
+    assert families()["toy_plugin"] is toy_family.FAMILY
 
 
 def test_unknown_family_is_a_one_line_error(tmp_path, toy_data):

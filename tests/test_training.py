@@ -16,7 +16,7 @@ from difftune.testing import tiny_qwen_image_paths
 
 
 def load_pipe(repo):
-    from difftune.pipelines.qwen_image import QwenImagePipeline
+    from difftune.families.qwen_image import QwenImagePipeline
 
     paths = tiny_qwen_image_paths(repo)
     return QwenImagePipeline.from_pretrained(
@@ -29,7 +29,7 @@ def eval_loss(pipe, meta_dir, n_draws=8):
     """The sft loss on fixed noise and timesteps for both images."""
     from difftune.data import UnifiedDataset
     from difftune.training.losses import flow_match_sft_loss, sample_generator
-    from difftune.pipelines.base import collate_values, split_batch
+    from difftune.core.batch import collate_values, split_batch
 
     pipe.scheduler.set_training()
     ds = UnifiedDataset(str(meta_dir), str(meta_dir / "metadata.csv"), data_file_keys="image",
@@ -65,7 +65,7 @@ def test_training_lowers_the_loss(tmp_path, tiny_repo):
 def test_saved_lora_loads_in_diffusers_with_the_same_image(tmp_path, tiny_repo):
     from diffusers import QwenImagePipeline as DiffusersQwen
 
-    from difftune.pipelines.base import run_unit
+    from difftune.core.units import run_unit
 
     meta = make_image_dataset(tmp_path / "data", n=2)
     run_train("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--max_pixels", 4096,

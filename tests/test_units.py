@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from difftune.errors import UndeclaredIOError, UserError
-from difftune.pipelines.base import BasePipeline, PipelineUnit, collate_values, run_unit, split_batch
+from difftune.core import BasePipeline, PipelineUnit, collate_values, run_unit, split_batch
 
 
 class Pipe(BasePipeline):

@@ -16,8 +16,8 @@ from diffusers.configuration_utils import register_to_config
 from PIL import Image
 from torch import nn
 
-from difftune import (BasePipeline, ComponentSpec, FlowMatchScheduler, PipelineUnit, UserError,
-                      gradient_checkpoint_forward, images_to_tensor, register_family, register_spec)
+from difftune import (BasePipeline, ComponentSpec, FamilySpec, FlowMatchScheduler, PipelineUnit, UserError,
+                      gradient_checkpoint_forward, images_to_tensor, register_family)
 
 PATCH = 4  # the image encoder's stride: latents are 1/4 of the image
 PROMPT_LENGTH = 16  # prompts are byte-tokenised to a fixed length, so no padding mask is needed
@@ -153,7 +153,7 @@ class ToyPipeline(BasePipeline):
 
     def __init__(self, device="cpu", torch_dtype=torch.float32):
         super().__init__(device, torch_dtype)
-        self.scheduler = FlowMatchScheduler()
+        self.scheduler = FlowMatchScheduler(shift=3.0)  # a static time shift (diffusers' defaults otherwise)
         self.units = [ToyShapeChecker(), ToyNoiseInitializer(), ToyImageEncoderUnit(), ToyPromptEncoderUnit()]
 
     def model_fn(self, latents, timestep, prompt_emb, **settings):
@@ -180,10 +180,13 @@ class ToyPipeline(BasePipeline):
 
 # -- registration ---------------------------------------------------------------------------------------
 
-for _slot, _cls in (("denoiser", ToyDenoiser), ("image_encoder", ToyImageEncoder),
-                    ("prompt_encoder", ToyPromptEncoder)):
-    register_spec(ComponentSpec(name=_slot, library=__name__, class_name=_cls.__name__))
-register_family("toy", ToyPipeline)
+FAMILY = register_family(FamilySpec(
+    name="toy", pipeline=ToyPipeline,
+    components=tuple(ComponentSpec(name=slot, library=__name__, class_name=cls.__name__)
+                     for slot, cls in (("denoiser", ToyDenoiser), ("image_encoder", ToyImageEncoder),
+                                       ("prompt_encoder", ToyPromptEncoder))),
+    lora_prefixes={"denoiser": "denoiser", "prompt_encoder": "prompt_encoder"},
+    lora_target_modules="modulation,conv"))
 
 
 def write_toy_models(root, seed: int = 0) -> dict[str, str]:

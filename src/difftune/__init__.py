@@ -7,10 +7,10 @@ for the command line: `from difftune import DiffusionTrainingModule, launch_trai
 __version__ = "0.1.0"
 
 _API = (
-    "BasePipeline", "ComponentSpec", "DiffusionTrainingModule", "FlowMatchScheduler", "ModelConfig", "ModelLogger",
-    "PipelineUnit", "QwenImagePipeline", "Split", "UnifiedDataset", "UserError", "direct_distill_loss", "families",
-    "gradient_checkpoint_forward", "images_to_tensor", "launch_training_task", "load_component", "register_family",
-    "register_spec", "sample_generator", "sft_loss", "split_units",
+    "BasePipeline", "ComponentSpec", "DiffusionTrainingModule", "FamilySpec", "FlowMatchScheduler", "ModelConfig",
+    "ModelLogger", "PipelineUnit", "QwenImagePipeline", "Split", "TokenizerSpec", "UnifiedDataset", "UserError",
+    "detect_component", "direct_distill_loss", "gradient_checkpoint_forward", "images_to_tensor", "launch_training_task",
+    "load_component", "register_family", "sample_generator", "sft_loss", "split_units",
 )
 
 

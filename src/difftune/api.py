@@ -16,8 +16,8 @@ A training script (docs/api.md; `examples/qwen_image/simple_train.py` is a compl
     launch_training_task(accelerator, dataset, MyModule(accelerator.device), ModelLogger("out"), num_epochs=1)
 
 A model family (docs/adding_a_family.md): `PipelineUnit`s with declarations, a `BasePipeline` subclass with
-a `model_fn` (blocks wrapped in `gradient_checkpoint_forward`), `register_spec` for its models and
-`register_family` for the `--family` flag.
+a `model_fn` (blocks wrapped in `gradient_checkpoint_forward`), and a `FamilySpec` (its models as
+`ComponentSpec`s, tokenizers, LoRA naming) passed to `register_family`.
 """
 
 from __future__ import annotations
@@ -27,20 +27,21 @@ from typing import Any
 
 import torch
 
+from .core import BasePipeline, FamilySpec, PipelineUnit, Split, TokenizerSpec, register_family, split_units
+from .core.checkpointing import gradient_checkpoint_forward
 from .data import UnifiedDataset
 from .errors import UserError
-from .models import ComponentSpec, ModelConfig, load_component, register_spec
-from .pipelines import BasePipeline, PipelineUnit, Split, families, register_family, split_units
-from .pipelines.images import images_to_tensor
-from .pipelines.qwen_image import QwenImagePipeline, _checkpoint_function
+from .families.qwen_image import QwenImagePipeline
+from .media.image import images_to_tensor
+from .core.family import detect_component, load_component
+from .models import ComponentSpec, ModelConfig
 from .schedulers import FlowMatchScheduler
-from .training.checkpoint import CheckpointSaver
+from .training.checkpoint import ModelLogger, RunHooks
+from .training.losses import LOSS_SETTINGS as _SETTINGS
 from .training.losses import direct_distill_loss as _direct_distill_batch
 from .training.losses import flow_match_sft_loss as _sft_batch
 from .training.losses import sample_generator
 from .training.module import DiffusionTrainingModule
-
-_SETTINGS = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")
 
 
 # -- losses for a forward(data) -------------------------------------------------------------------------
@@ -74,47 +75,7 @@ def direct_distill_loss(pipe, values: dict[str, Any], **settings) -> torch.Tenso
     return _direct_distill_batch(pipe, values, [], _settings(values, settings))
 
 
-# -- gradient checkpointing inside a model_fn -----------------------------------------------------------
-
-def gradient_checkpoint_forward(module, use_gradient_checkpointing: bool, use_gradient_checkpointing_offload: bool,
-                                *args, **kwargs):
-    """`module(*args, **kwargs)`, recomputed in backward instead of keeping its activations when
-    `use_gradient_checkpointing` is on (and gradients are being taken); `..._offload` keeps the
-    saved inputs in CPU memory."""
-    if not (use_gradient_checkpointing and torch.is_grad_enabled()):
-        return module(*args, **kwargs)
-    names = list(kwargs)
-    n = len(args)
-
-    def call(*flat):  # keyword tensors go through the checkpoint positionally, so they are offloaded too
-        return module(*flat[:n], **dict(zip(names, flat[n:])))
-
-    return _checkpoint_function(bool(use_gradient_checkpointing_offload))(call, *args, *kwargs.values())
-
-
-# -- the checkpoint logger and the launcher -------------------------------------------------------------
-
-class ModelLogger(CheckpointSaver):
-    """Saves what is trained: `<output_path>/epoch-<i>.safetensors` after each epoch, or
-    `step-<n>.safetensors` every `save_steps` optimizer steps (and at the end).
-
-    A LoRA is written in diffusers' layout (loads with `pipe.load_lora`, diffusers, ComfyUI); fully trained
-    models with the keys `pipe.<model>.<key>` minus `remove_prefix_in_ckpt`.
-    """
-
-    def __init__(self, output_path: str, remove_prefix_in_ckpt: str | None = "pipe.dit.",
-                 save_steps: int | None = None):
-        super().__init__(output_path, remove_prefix_in_ckpt)
-        if save_steps is not None and int(save_steps) < 1:
-            raise UserError(f"save_steps must be a positive number of optimizer steps, got {save_steps}")
-        self.save_steps = int(save_steps) if save_steps else None
-
-    def save(self, accelerator, module, name: str):
-        inner = accelerator.unwrap_model(module)
-        pipe = getattr(inner, "pipe", None)
-        self.base_info = {"family": getattr(pipe, "family", None), "script": "difftune.api"}
-        return super().save(accelerator, module, name)
-
+# -- the launcher ---------------------------------------------------------------------------------------
 
 class _PerSample(torch.nn.Module):
     """The loop calls `module(samples, indices, epoch)`; a user's module takes one sample, `forward(data)`.
@@ -193,13 +154,12 @@ def launch_training_task(accelerator, dataset, model: DiffusionTrainingModule, m
                         gradient_accumulation_steps=accelerator.gradient_accumulation_steps,
                         max_grad_norm=max_grad_norm, lr_scheduler=lr_scheduler, lr_warmup_steps=lr_warmup_steps,
                         seed=seed, num_workers=num_workers, customized_optimizer=customized_optimizer,
-                        shuffle=shuffle, progress=progress,
-                        save_steps=model_logger.save_steps if model_logger is not None else None,
-                        output_path=str(model_logger.output_path) if model_logger is not None else ".")
+                        shuffle=shuffle, progress=progress)
     trackers = bool(accelerator.log_with) and not accelerator.trackers  # Accelerator(log_with="tensorboard", ...)
     if trackers:
         accelerator.init_trackers("train")
-    summary = train(accelerator, dataset, _PerSample(model, seed), config, saver=model_logger)
+    hooks = RunHooks(model_logger, save_steps=model_logger.save_steps if model_logger is not None else None)
+    summary = train(accelerator, dataset, _PerSample(model, seed), config, hooks)
     if trackers:
         accelerator.end_training()
     summary["saved"] = [str(p) for p in model_logger.saved] if model_logger is not None else []
@@ -211,6 +171,6 @@ __all__ = [
     "DiffusionTrainingModule", "FlowMatchScheduler", "ModelConfig", "ModelLogger", "QwenImagePipeline",
     "UnifiedDataset", "direct_distill_loss", "launch_training_task", "sample_generator", "sft_loss",
     # a model family
-    "BasePipeline", "ComponentSpec", "PipelineUnit", "Split", "UserError", "families", "gradient_checkpoint_forward",
-    "images_to_tensor", "load_component", "register_family", "register_spec", "split_units",
+    "BasePipeline", "ComponentSpec", "FamilySpec", "PipelineUnit", "Split", "TokenizerSpec", "UserError", "detect_component",
+    "gradient_checkpoint_forward", "images_to_tensor", "load_component", "register_family", "split_units",
 ]

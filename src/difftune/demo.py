@@ -134,7 +134,7 @@ def load_pipeline(model_dir: Path, lora: str | None = None):
     import torch
 
     from .models import ModelConfig
-    from .pipelines.qwen_image import QwenImagePipeline
+    from .families.qwen_image import QwenImagePipeline
 
     files = model_files(model_dir)
     configs = [ModelConfig(path=files[c]) for c in ("transformer", "text_encoder", "vae")]
@@ -242,7 +242,8 @@ def draw_grid(rows: list[tuple[str, list]], columns: list[str], path: Path, scal
 def _train(argv: list[str]) -> dict:
     """The `difftune train` command path: its parser, then `run`."""
     from .cli.args import training_parser
-    from .training.run import reset_accelerate_state, run
+    from .training.builders import reset_accelerate_state
+    from .training.recipe import run
 
     try:
         return run(training_parser().parse_args(argv))
@@ -253,7 +254,7 @@ def _train(argv: list[str]) -> dict:
 def run_demo(args) -> dict:
     import torch
 
-    from .pipelines.qwen_image import LORA_TARGET_MODULES
+    from .families.qwen_image.components import LORA_TARGET_MODULES
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -34,7 +34,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--height", type=int, default=None, help="Fixed height; leave height and width empty for dynamic resolution.")
     g.add_argument("--width", type=int, default=None, help="Fixed width.")
     g.add_argument("--max_pixels", type=int, default=1024 * 1024, help="Dynamic resolution: larger images are scaled down to this area.")
-    g.add_argument("--num_frames", type=int, default=81, help="Video frames (video families).")
+    g.add_argument("--num_frames", type=int, default=None, help="Video frames (video families; the reference's default is 81).")
 
     g = parser.add_argument_group("models")
     g.add_argument("--model_paths", default=None, help="JSON list of model files (an entry may be a list of shards).")
@@ -43,11 +43,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--processor_path", default=None, help="Image processor directory (Qwen-Image-Edit).")
     g.add_argument("--extra_inputs", default=None, help="Comma-separated extra pipeline inputs from the metadata, e.g. edit_image.")
     g.add_argument("--fp8_models", default=None, help="Frozen models to store in FP8 (entries of the model flags, or dit/text_encoder/vae).")
-    g.add_argument("--offload_models", default=None, help="Accepted for compatibility; split training never loads unneeded models.")
+    g.add_argument("--offload_models", default=None, help="Accepted for the reference's split scripts: each stage loads only the models it uses, so nothing needs offloading.")
     g.add_argument("--family", default=None, help="Model family (default: recognised from the weights).")
     g.add_argument("--torch_dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="Dtype of frozen weights.")
     g.add_argument("--initialize_model_on_cpu", action="store_true", help="Load models on the CPU first.")
-    g.add_argument("--zero_cond_t", action="store_true", help="Qwen-Image-Edit-2511: reference tokens at t=0.")
     g.add_argument("--edit_image_auto_resize", type=_bool, default=True, help="Qwen-Image-Edit: resize edit images to about 1 MP (default true, as the reference).")
 
     g = parser.add_argument_group("training")
@@ -98,13 +97,55 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
     g = parser.add_argument_group("logging and validation")
     g.add_argument("--enable_tensorboard_log", type=_bool, nargs="?", const=True, default=True, help="TensorBoard logs under <output_path>/logs (on by default).")
-    g.add_argument("--enable_csv_log", action="store_true", help="Also write <output_path>/loss.csv.")
+    g.add_argument("--enable_csv_log", action="store_true", help="Also write <output_path>/loss.csv (step, epoch, loss, lr per optimizer step).")
     g.add_argument("--validation_prompts", default=None, help="'|'-separated prompts rendered during training.")
     g.add_argument("--validation_steps", type=int, default=None, help="Render validation samples every N optimizer steps.")
     g.add_argument("--validation_size", type=int, default=None, help="Height and width of validation samples.")
     g.add_argument("--validation_inference_steps", type=int, default=20)
     g.add_argument("--no_progress", action="store_true", help="No progress bar.")
+    g = parser.add_argument_group("reference flags difftune refuses (not implemented yet: a run that names one stops)")
+    for name, (kind, why) in REFUSED.items():
+        if kind == "switch":
+            g.add_argument(f"--{name}", action="store_true", default=None, help=why)
+        else:
+            g.add_argument(f"--{name}", default=None, help=why)
     return parser
+
+
+# The reference's flags we do not implement: refused by name rather than ignored (name -> (kind, why)).
+REFUSED = {
+    "zero_cond_t": ("switch", "Qwen-Image-Edit-2511's reference tokens at t=0 are not implemented yet"),
+    "quant_options": ("value", "quantised (QLoRA / NF4) training is not implemented yet"),
+    "enable_wandb_log": ("switch", "Weights & Biases logging is not implemented (TensorBoard and --enable_csv_log are)"),
+    "wandb_project": ("value", "Weights & Biases logging is not implemented (TensorBoard and --enable_csv_log are)"),
+    "enable_swanlab_log": ("switch", "SwanLab logging is not implemented (TensorBoard and --enable_csv_log are)"),
+    "swanlab_project": ("value", "SwanLab logging is not implemented (TensorBoard and --enable_csv_log are)"),
+    "template_model_id_or_path": ("value", "Diffusion Templates are not implemented"),
+    "enable_lora_hot_loading": ("switch", "Diffusion Templates (LoRA hot loading) are not implemented"),
+    "enable_model_cpu_offload": ("switch", "model CPU offload is not implemented: use split training (stage 2 "
+                                           "loads only the denoiser), --fp8_models or DeepSpeed offload"),
+    "enable_optimizer_cpu_offload": ("switch", "optimizer CPU offload is not implemented: use a DeepSpeed config "
+                                               "with offload_optimizer (accelerate launch --config_file)"),
+    "cpu_offload_split_threshold": ("value", "model CPU offload is not implemented"),
+    "audio_processor_path": ("value", "audio-conditioned video families are not implemented"),
+    "max_timestep_boundary": ("value", "timestep boundaries (Wan2.2 A14B experts) are not implemented yet"),
+    "min_timestep_boundary": ("value", "timestep boundaries (Wan2.2 A14B experts) are not implemented yet"),
+    "framewise_decoding": ("switch", "video families are not implemented yet"),
+}
+
+
+def check_training_args(args) -> None:
+    """Refuse, in one line, a reference flag that difftune would otherwise accept and ignore."""
+    from ..errors import UserError
+
+    for name, (_, why) in REFUSED.items():
+        if getattr(args, name, None) is not None:
+            raise UserError(f"--{name}: not supported by difftune: {why}")
+    if args.num_frames is not None:
+        raise UserError("--num_frames: no video family is implemented yet (difftune trains image families)")
+    if args.offload_models:
+        print(f"note: --offload_models {args.offload_models} is not needed: each stage loads only the models it "
+              f"uses (the rest are never loaded)")
 
 
 def training_parser(prog: str = "difftune train") -> argparse.ArgumentParser:

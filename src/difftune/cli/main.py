@@ -27,10 +27,11 @@ def _quiet_libraries() -> None:
 
 
 def cmd_train(argv: list[str]) -> int:
-    from ..training.run import run
-    from .args import training_parser
+    from ..training.recipe import run
+    from .args import check_training_args, training_parser
 
     args = training_parser().parse_args(argv)
+    check_training_args(args)
     run(args)
     return 0
 

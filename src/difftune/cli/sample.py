@@ -22,10 +22,10 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="Default: cuda if available, else cpu.")
     p.add_argument("--prompt", required=True, action="append", help="Repeat for several images.")
     p.add_argument("--negative_prompt", default="")
-    p.add_argument("--cfg_scale", type=float, default=4.0)
-    p.add_argument("--height", type=int, default=1328)
-    p.add_argument("--width", type=int, default=1328)
-    p.add_argument("--num_inference_steps", type=int, default=30)
+    p.add_argument("--cfg_scale", type=float, default=None, help="Default: the family's (Qwen-Image: 4).")
+    p.add_argument("--height", type=int, default=None, help="Default: the family's (Qwen-Image: 1328).")
+    p.add_argument("--width", type=int, default=None, help="Default: the family's (Qwen-Image: 1328).")
+    p.add_argument("--num_inference_steps", type=int, default=None, help="Default: the family's (Qwen-Image: 30).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--input_image", default=None, help="Image-to-image: the starting image.")
     p.add_argument("--denoising_strength", type=float, default=1.0)
@@ -36,8 +36,9 @@ def sample_parser() -> argparse.ArgumentParser:
     return p
 
 
-def model_args_from_dir(model_dir: str) -> tuple[str, str]:
-    """--model_paths JSON and tokenizer path for a repository in the official layout."""
+def model_args_from_dir(model_dir: str) -> str:
+    """--model_paths JSON for a repository in the official layout: the weights of each component folder (the
+    family recognises them; tokenizers and processors are found beside them)."""
     import json
     from pathlib import Path
 
@@ -45,37 +46,41 @@ def model_args_from_dir(model_dir: str) -> tuple[str, str]:
     if not root.is_dir():
         raise UserError(f"--model_dir {model_dir}: not a directory")
     entries = []
-    for sub, pattern in (("transformer", "diffusion_pytorch_model*.safetensors"),
-                         ("text_encoder", "model*.safetensors"), ("vae", "diffusion_pytorch_model*.safetensors")):
-        files = sorted(str(f) for f in (root / sub).glob(pattern))
+    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        files = sorted(str(f) for f in sub.glob("*.safetensors"))
         if files:
             entries.append(files if len(files) > 1 else files[0])
     if not entries:
-        raise UserError(f"--model_dir {model_dir}: no transformer/, text_encoder/ or vae/ weights found")
-    return json.dumps(entries), str(root / "tokenizer")
+        raise UserError(f"--model_dir {model_dir}: no component folder with .safetensors weights found")
+    return json.dumps(entries)
 
 
 def main(argv: list[str]) -> int:
+    import inspect
+
     import torch
     from PIL import Image
 
-    from ..training.run import DTYPES, build_pipeline, resolve_components
+    from ..lora import load_lora_file
+    from ..training.builders import build_pipeline, resolve_models
 
     args = sample_parser().parse_args(argv)
     if args.model_dir:
-        args.model_paths, tok = model_args_from_dir(args.model_dir)
-        args.tokenizer_path = args.tokenizer_path or tok
-        proc = os.path.join(args.model_dir, "processor")
-        if args.processor_path is None and os.path.isdir(proc):
-            args.processor_path = proc
+        args.model_paths = model_args_from_dir(args.model_dir)
     if not (args.model_paths or args.model_id_with_origin_paths):
         raise UserError("no model given: use --model_dir, --model_paths or --model_id_with_origin_paths")
     args.initialize_model_on_cpu = False
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    pipe = build_pipeline(args, resolve_components(args), None, device)
+    family, models = resolve_models(args)
+    pipe = build_pipeline(family, args, models, None, device)
+    by_prefix = {family.lora_prefix(slot): slot for slot in family.slots}
     for i, path in enumerate(args.lora):
         alpha = args.lora_alpha[i] if i < len(args.lora_alpha) else 1.0
-        pipe.load_lora(pipe.dit, path, alpha=alpha)
+        for prefix in load_lora_file(path).components:  # every model the file has a LoRA for
+            slot = by_prefix.get(prefix) or family.pipeline.loss_models[0]
+            if pipe.models.get(slot) is None:
+                raise UserError(f"--lora {path}: it holds a LoRA for {slot}, which is not loaded")
+            pipe.load_lora(pipe.models[slot], path, alpha=alpha)
 
     def load(path):
         if path is None:
@@ -85,10 +90,19 @@ def main(argv: list[str]) -> int:
         except OSError as err:
             raise UserError(f"{path}: cannot read image ({err})") from None
 
-    images = pipe(args.prompt, negative_prompt=args.negative_prompt, cfg_scale=args.cfg_scale, height=args.height,
-                  width=args.width, num_inference_steps=args.num_inference_steps, seed=args.seed,
-                  input_image=load(args.input_image), denoising_strength=args.denoising_strength,
-                  edit_image=load(args.edit_image))
+    call = {"negative_prompt": args.negative_prompt, "seed": args.seed, **dict(family.sample_defaults)}
+    call.update({k: v for k, v in (("cfg_scale", args.cfg_scale), ("height", args.height), ("width", args.width),
+                                    ("num_inference_steps", args.num_inference_steps)) if v is not None})
+    extra = {"input_image": load(args.input_image), "edit_image": load(args.edit_image)}
+    accepted = inspect.signature(pipe.__call__).parameters
+    for name, value in extra.items():
+        if value is not None:
+            if name not in accepted:
+                raise UserError(f"--{name}: the {family.name} family does not take it")
+            call[name] = value
+    if args.input_image is not None:
+        call["denoising_strength"] = args.denoising_strength
+    images = pipe(args.prompt, **call)
     root, ext = os.path.splitext(args.output)
     outputs = [args.output] if len(images) == 1 else [f"{root}-{i}{ext or '.png'}" for i in range(len(images))]
     for image, out in zip(images, outputs):

@@ -1,15 +1,13 @@
-"""Model loading: where weights are (`ModelConfig`), which model they are, building it, FP8 storage."""
+"""Model loading, generic: where weights are (`ModelConfig`), which model they are among a family's components,
+building it on the meta device and loading it, FP8 storage."""
 
-from .config import ModelConfig, parse_model_configs
+from .config import ModelConfig, check_fp8_slots, parse_model_configs
+from .detect import ComponentSpec, DetectedComponent, HeaderMatch, detect_component, match_header, read_header
 from .fp8 import check_fp8_frozen, enable_fp8_storage
-from .loader import (
-    ComponentSpec, DetectedComponent, HeaderMatch, LoadedComponent, VLProcessor, component_names, detect_component,
-    load_component, load_processor, load_tokenizer, match_header, read_header, register_spec, specs)
-from . import qwen_image  # noqa: F401,E402  (registers the Qwen-Image components)
+from .load import LoadedComponent, load_component, load_tokenizer
 
 __all__ = [
-    "ComponentSpec", "DetectedComponent", "HeaderMatch", "LoadedComponent", "ModelConfig", "VLProcessor",
-    "check_fp8_frozen", "component_names", "detect_component", "enable_fp8_storage", "load_component",
-    "load_processor", "load_tokenizer", "match_header", "parse_model_configs", "read_header", "register_spec",
-    "specs",
+    "ComponentSpec", "DetectedComponent", "check_fp8_slots", "HeaderMatch", "LoadedComponent", "ModelConfig", "check_fp8_frozen",
+    "detect_component", "enable_fp8_storage", "load_component", "load_tokenizer", "match_header",
+    "parse_model_configs", "read_header",
 ]

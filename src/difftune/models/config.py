@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UserError
+from ..util import names as split_names
 from . import download
 
 
@@ -118,23 +120,15 @@ class ModelConfig:
 
 # -- CLI flags -------------------------------------------------------------------------------------------
 
-def _split(value: str | None) -> list[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]
-
-
-def _component_names() -> list[str]:
-    from .loader import component_names
-
-    return component_names()
-
-
 def parse_model_configs(model_paths_json: str | None = None, model_id_with_origin_paths: str | None = None,
-                        fp8_models: str | None = None) -> list[ModelConfig]:
+                        fp8_models: str | None = None, slots: Sequence[str] | None = None) -> list[ModelConfig]:
     """ModelConfigs from `--model_paths` (a JSON list of paths or lists of shard paths),
     `--model_id_with_origin_paths` (comma-separated `model_id:pattern`) and `--fp8_models`.
 
     A `--fp8_models` entry is the string of a model entry (a path, a shard of a list entry, the folder of a
-    list's shards, or `model_id:pattern`) or a component name such as `dit`; a JSON list matches a list entry.
+    list's shards, or `model_id:pattern`) or a slot name of the family (`slots`, e.g. `dit`; with `slots` None,
+    before the family is known, any other name is taken as a slot and `check_fp8_slots` checks it later); a JSON
+    list matches a list entry.
     """
     configs: list[ModelConfig] = []
     if model_paths_json is not None and model_paths_json.strip():
@@ -154,17 +148,17 @@ def parse_model_configs(model_paths_json: str | None = None, model_id_with_origi
                 raise UserError(f"--model_paths: entry {i} ({json.dumps(entry)[:80]}) is not a path or a non-empty "
                                 f"list of shard paths")
             configs.append(ModelConfig(path=entry))
-    for item in _split(model_id_with_origin_paths):
+    for item in split_names(model_id_with_origin_paths):
         model_id, sep, pattern = item.partition(":")
         if not sep or not model_id.strip() or not pattern.strip():
             raise UserError(f"--model_id_with_origin_paths: entry {item!r} is not model_id:file_pattern, e.g. "
                             f"Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors")
         configs.append(ModelConfig(model_id=model_id.strip(), origin_file_pattern=pattern.strip()))
-    _apply_fp8(configs, fp8_models)
+    apply_fp8(configs, fp8_models, slots)
     return configs
 
 
-def _apply_fp8(configs: list[ModelConfig], fp8_models: str | None) -> None:
+def apply_fp8(configs: list[ModelConfig], fp8_models: str | None, slots: Sequence[str] | None) -> None:
     if fp8_models is None or not fp8_models.strip():
         return
     text = fp8_models.strip()
@@ -175,18 +169,26 @@ def _apply_fp8(configs: list[ModelConfig], fp8_models: str | None) -> None:
             raise UserError(f"--fp8_models: invalid JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
         entries = entries if isinstance(entries, list) else [entries]
     else:
-        entries = _split(text)
-    names = None
+        entries = split_names(text)
+    names = None if slots is None else list(slots)
     for entry in entries:
         hits = [c for c in configs if c.matches(entry)]
         if hits:
             for c in hits:
                 c.fp8 = True
             continue
-        names = names or _component_names()
-        if isinstance(entry, str) and entry in names:
+        if isinstance(entry, str) and (entry.isidentifier() if names is None else entry in names):
             for c in configs:
                 c.fp8_components = tuple(dict.fromkeys(c.fp8_components + (entry,)))
             continue
         raise UserError(f"--fp8_models: {json.dumps(entry)} matches no entry of --model_paths or "
-                        f"--model_id_with_origin_paths and is not a component name ({', '.join(names)})")
+                        f"--model_id_with_origin_paths and is not a model slot ({', '.join(names or ())})")
+
+
+def check_fp8_slots(configs: list[ModelConfig], slots: Sequence[str]) -> None:
+    """`--fp8_models` names taken as slots before the family was known must be slots of the family."""
+    for config in configs:
+        for name in config.fp8_components:
+            if name not in slots:
+                raise UserError(f"--fp8_models: {name!r} matches no entry of --model_paths or "
+                                f"--model_id_with_origin_paths and is not a model slot ({', '.join(slots)})")

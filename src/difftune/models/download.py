@@ -20,11 +20,11 @@ import re
 from pathlib import Path
 
 from ..errors import UserError
+from ..util import PICKLE_SUFFIXES, first_line
 
 TRUE = {"1", "true", "yes", "on"}
 SOURCES = ("huggingface", "modelscope")
 WEIGHT_SUFFIXES = (".safetensors",)
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 _SHARD = re.compile(r"^(?P<prefix>.+)-(?P<index>\d+)-of-(?P<total>\d+)\.safetensors$")
 
 
@@ -185,8 +185,7 @@ def _download(source: str, model_id: str, allow_patterns: list[str], local_dir: 
     except UserError:
         raise
     except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"{what}: download from {source} into {local_dir} failed ({type(e).__name__}: {first})") from e
+        raise UserError(f"{what}: download from {source} into {local_dir} failed ({first_line(e)})") from e
 
 
 def resolve_hub(model_id: str, pattern: str, *, base: Path, skip: bool, source: str) -> list[str] | str:

@@ -1,6 +1,6 @@
-"""Flow-matching scheduler: inference sigmas identical to diffusers' Qwen-Image pipeline, and a training mode.
+"""Flow-matching scheduler: inference sigmas identical to diffusers' FlowMatchEulerDiscreteScheduler, and a training mode.
 
-Inference reproduces what `QwenImagePipeline` feeds diffusers' `FlowMatchEulerDiscreteScheduler`: sigmas
+Inference reproduces what diffusers' pipelines (Qwen-Image's first) feed `FlowMatchEulerDiscreteScheduler`: sigmas
 `linspace(1, 1/N, N)`, the time shift (exponential, mu from the image sequence length when
 `use_dynamic_shifting`), the `shift_terminal` stretch, timesteps = sigmas * 1000, and a final 0 sigma.
 The arithmetic follows diffusers' dtype path (float32 numpy) so the numbers are bit-identical.
@@ -20,12 +20,6 @@ import torch
 
 from ..errors import UserError
 
-# The official Qwen/Qwen-Image scheduler/scheduler_config.json (the values that matter here).
-QWEN_IMAGE_CONFIG = {
-    "base_image_seq_len": 256, "max_image_seq_len": 8192, "base_shift": 0.5, "max_shift": 0.9,
-    "num_train_timesteps": 1000, "shift": 1.0, "shift_terminal": 0.02, "time_shift_type": "exponential",
-    "use_dynamic_shifting": True,
-}
 # diffusers' FlowMatchEulerDiscreteScheduler defaults: what a config that leaves a key out means.
 DIFFUSERS_DEFAULTS = {
     "num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False, "base_shift": 0.5,
@@ -35,7 +29,6 @@ DIFFUSERS_DEFAULTS = {
 }
 _UNSUPPORTED = ("invert_sigmas", "use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
                 "stochastic_sampling")
-TRAINING_MU = 0.8  # DiffSynth-Studio's fixed training shift for Qwen-Image (and FLUX.2, Krea-2)
 TIMESTEP_SAMPLINGS = ("uniform", "logit_normal")
 SHIFTS = ("fixed", "dynamic")
 WEIGHTINGS = ("bell", "none")
@@ -51,12 +44,16 @@ def calculate_shift(image_seq_len: float, base_seq_len: int = 256, max_seq_len: 
 
 
 class FlowMatchScheduler:
-    """Flow-matching Euler scheduler. `FlowMatchScheduler()` is Qwen-Image's; other families pass their
-    scheduler_config.json through `from_config` / `from_pretrained`."""
+    """Flow-matching Euler scheduler from a scheduler_config.json's values (diffusers' defaults for what it
+    leaves out); each family passes its own (e.g. `QwenImagePipeline.default_scheduler()`).
 
-    def __init__(self, **config):
+    `training_mu` is the fixed time shift of the training table for configs with dynamic shifting (the
+    reference trains Qwen-Image at 0.8); configs with a static `shift` train at that shift."""
+
+    def __init__(self, training_mu: float | None = None, **config):
         given = {k: v for k, v in config.items() if not k.startswith("_")}
-        self.config = {**DIFFUSERS_DEFAULTS, **(given if given else QWEN_IMAGE_CONFIG)}
+        self.config = {**DIFFUSERS_DEFAULTS, **given}
+        self.fixed_training_mu = training_mu
         on = [k for k in _UNSUPPORTED if self.config.get(k)]
         if on:
             raise ValueError(f"FlowMatchScheduler does not implement scheduler options {on}")
@@ -72,11 +69,11 @@ class FlowMatchScheduler:
         self._tables: dict[float, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
-    def from_config(cls, config: dict) -> FlowMatchScheduler:
-        return cls(**config)
+    def from_config(cls, config: dict, training_mu: float | None = None) -> FlowMatchScheduler:
+        return cls(training_mu=training_mu, **config)
 
     @classmethod
-    def from_pretrained(cls, path: str) -> FlowMatchScheduler:
+    def from_pretrained(cls, path: str, training_mu: float | None = None) -> FlowMatchScheduler:
         """From a scheduler_config.json, a folder holding one, or a model repository (its scheduler/)."""
         p = Path(path)
         for candidate in (p, p / "scheduler_config.json", p / "scheduler" / "scheduler_config.json"):
@@ -87,7 +84,7 @@ class FlowMatchScheduler:
                     raise UserError(f"{candidate}: not a valid scheduler config ({type(err).__name__})") from None
                 if not isinstance(config, dict):
                     raise UserError(f"{candidate}: a scheduler config must be a JSON object")
-                return cls(**config)
+                return cls(training_mu=training_mu, **config)
         raise UserError(f"{path}: no scheduler_config.json there (nor in its scheduler/ folder)")
 
     # -- shared maths ---------------------------------------------------------------------------------
@@ -173,8 +170,8 @@ class FlowMatchScheduler:
     def set_training(self, image_seq_len: float | None = None, *, timestep_sampling: str | None = None,
                      shift: str | None = None, weighting: str | None = None, sampling: str | None = None,
                      logit_mean: float = 0.0, logit_std: float = 1.0) -> None:
-        """Switch to training. Defaults reproduce DiffSynth-Studio (uniform over its 1000-entry table,
-        mu fixed at 0.8, bell weighting). `sampling` is an alias of `timestep_sampling`;
+        """Switch to training. Defaults reproduce DiffSynth-Studio (uniform over its 1000-entry table at the
+        family's fixed shift, bell weighting). `sampling` is an alias of `timestep_sampling`;
         `image_seq_len` is the default for `shift="dynamic"` when a draw does not give one."""
         options = {"--timestep_sampling": (timestep_sampling or sampling or "uniform", TIMESTEP_SAMPLINGS),
                    "--timestep_shift": (shift or "fixed", SHIFTS),
@@ -191,10 +188,10 @@ class FlowMatchScheduler:
         self.train_image_seq_len = image_seq_len
         self.training = True
 
-    def training_table(self, mu: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def training_table(self, mu: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(sigmas, timesteps, bell weights) over `num_train_timesteps` entries for shift `mu`:
         sigma = stretch(shift(linspace(1, 0, n + 1)[:-1])), decreasing; the weights have mean 1."""
-        key = float(mu)
+        key = None if mu is None else float(mu)
         if key not in self._tables:
             n = self.num_train_timesteps
             raw = np.linspace(1.0, 0.0, n + 1)[:-1]
@@ -205,7 +202,12 @@ class FlowMatchScheduler:
 
     def training_mu(self, image_seq_len: float | None = None) -> float:
         if self.shift_mode == "fixed":
-            return TRAINING_MU
+            if self.config["use_dynamic_shifting"]:
+                if self.fixed_training_mu is None:
+                    raise ValueError("this scheduler shifts by image size: give it a training_mu for fixed-shift "
+                                     "training (the family's), or train with --timestep_shift dynamic")
+                return self.fixed_training_mu
+            return None  # a static `shift`: shift_sigmas applies it
         seq = image_seq_len if image_seq_len is not None else self.train_image_seq_len
         if seq is None:
             raise ValueError("--timestep_shift dynamic needs the image sequence length of the sample")

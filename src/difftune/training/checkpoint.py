@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..io import atomic_save_safetensors
+from ..errors import UserError
+from ..io import atomic_save_safetensors, atomic_write_text
+from .loop import Hooks, LoopState
 
 def _split_by_model(state: dict[str, torch.Tensor], names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
     """Trainable entries of the module's state dict, grouped by pipeline model, keyed inside the model."""
@@ -32,10 +34,12 @@ def _split_by_model(state: dict[str, torch.Tensor], names: list[str]) -> dict[st
 class CheckpointSaver:
     """Writes `<output_path>/<name>.safetensors` (and `<name>-<model>.safetensors` for extra full models)."""
 
-    def __init__(self, output_path: str, remove_prefix: str | None = "pipe.dit.", base_info: dict | None = None):
+    def __init__(self, output_path: str, remove_prefix: str | None = "pipe.dit.", base_info: dict | None = None,
+                 lora_prefixes: dict[str, str] | None = None):
         self.output_path = Path(output_path)
         self.remove_prefix = remove_prefix or ""
         self.base_info = base_info or {}
+        self.lora_prefixes = dict(lora_prefixes or {})  # slot -> key prefix in the LoRA file (the family's)
         self.saved: list[Path] = []
 
     def save(self, accelerator, module, name: str) -> list[Path]:
@@ -49,7 +53,7 @@ class CheckpointSaver:
         return written
 
     def write(self, inner, state: dict[str, torch.Tensor], name: str) -> list[Path]:
-        from .lora import canonical_lora_keys, save_lora
+        from ..lora import canonical_lora_keys, save_lora
 
         per_model = _split_by_model(state, inner.trainable_param_names())
         lora = {m: sd for m, sd in per_model.items() if m in inner.lora_configs}
@@ -58,7 +62,7 @@ class CheckpointSaver:
         if lora:
             path = self.output_path / f"{name}.safetensors"
             save_lora(path, {m: canonical_lora_keys(sd) for m, sd in lora.items()},
-                      {m: inner.lora_configs[m] for m in lora}, base_info=self.base_info)
+                      {m: inner.lora_configs[m] for m in lora}, base_info=self.base_info, prefixes=self.lora_prefixes)
             written.append(path)
         for model, sd in full.items():
             prefixed = {f"pipe.{model}.{k}": v for k, v in sd.items()}
@@ -72,3 +76,104 @@ class CheckpointSaver:
             written.append(path)
         self.saved.extend(written)
         return written
+
+
+class ModelLogger(CheckpointSaver):
+    """The reference's name, for training scripts: saves what is trained, `<output_path>/epoch-<i>.safetensors`
+    after each epoch, or `step-<n>.safetensors` every `save_steps` optimizer steps (and at the end).
+
+    A LoRA is written in diffusers' layout (loads with `pipe.load_lora`, diffusers, ComfyUI); fully trained
+    models with the keys `pipe.<model>.<key>` minus `remove_prefix_in_ckpt`.
+    """
+
+    def __init__(self, output_path: str, remove_prefix_in_ckpt: str | None = "pipe.dit.",
+                 save_steps: int | None = None):
+        super().__init__(output_path, remove_prefix_in_ckpt)
+        if save_steps is not None and int(save_steps) < 1:
+            raise UserError(f"save_steps must be a positive number of optimizer steps, got {save_steps}")
+        self.save_steps = int(save_steps) if save_steps else None
+
+    def save(self, accelerator, module, name: str):
+        from ..core.family import families
+
+        pipe = getattr(accelerator.unwrap_model(module), "pipe", None)
+        family = families().get(getattr(pipe, "family", None))
+        self.base_info = {"family": getattr(pipe, "family", None), "script": "difftune.api"}
+        if family is not None:
+            self.lora_prefixes = dict(family.lora_prefixes)
+        return super().save(accelerator, module, name)
+
+
+class CsvLog:
+    """`<output_path>/loss.csv`: step, epoch, loss, lr per optimizer step (main process). A resumed run keeps
+    the rows up to the step it resumes from and appends."""
+
+    HEADER = "step,epoch,loss,lr\n"
+
+    def __init__(self, path: str | os.PathLike, resume_step: int = 0):
+        self.path = Path(path)
+        kept = []
+        if resume_step and self.path.is_file():
+            for line in self.path.read_text().splitlines()[1:]:
+                step = line.split(",", 1)[0]
+                if step.isdigit() and int(step) <= resume_step:
+                    kept.append(line + "\n")
+        atomic_write_text(self.path, self.HEADER + "".join(kept))
+
+    def write(self, step: int, epoch: int, loss: float, lr: float) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"{step},{epoch},{loss:.8g},{lr:.8g}\n")
+
+
+class RunHooks(Hooks):
+    """When to save checkpoints and training states, render validation samples and log rows: one place.
+
+    Checkpoints: every `save_steps` optimizer steps (and at the end), else after every epoch. States:
+    every `save_state_steps`, and with every checkpoint when `save_state`. Validation: every
+    `validation_steps` and at the end.
+    """
+
+    def __init__(self, saver: CheckpointSaver | None = None, save_steps: int | None = None,
+                 state_dir: str | None = None, save_state_steps: int | None = None, save_state: bool = False,
+                 keep_states: int = 2, validate=None, validation_steps: int | None = None, csv: CsvLog | None = None):
+        self.saver, self.save_steps = saver, save_steps
+        self.state_dir, self.save_state_steps, self.save_state, self.keep_states = \
+            state_dir, save_state_steps, save_state, keep_states
+        self.validate, self.validation_steps, self.csv = validate, validation_steps, csv
+
+    def _checkpoint(self, state: LoopState, name: str) -> None:
+        if self.saver is not None:
+            self.saver.save(state.accelerator, state.module, name)
+            if self.save_state:
+                self._state(state)
+
+    def _state(self, state: LoopState) -> None:
+        from .state import save_training_state
+
+        save_training_state(state.accelerator, state.module, state.optimizer, state.schedule,
+                            {"global_step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch},
+                            state.exactness, self.state_dir, keep=self.keep_states)
+
+    def after_step(self, state: LoopState, loss: float, lr: float) -> None:
+        if self.csv is not None and state.accelerator.is_main_process:
+            self.csv.write(state.step, state.epoch, loss, lr)
+        checkpoint = bool(self.save_steps) and state.step % self.save_steps == 0
+        if checkpoint:
+            self._checkpoint(state, f"step-{state.step}")
+        if self.save_state_steps and state.step % self.save_state_steps == 0 and not (checkpoint and self.save_state):
+            self._state(state)
+        if self.validate is not None and self.validation_steps and state.step % self.validation_steps == 0:
+            self.validate(state.accelerator, state.inner, state.step)
+
+    def after_epoch(self, state: LoopState) -> None:
+        if not self.save_steps:
+            self._checkpoint(state, f"epoch-{state.epoch}")
+
+    def at_end(self, state: LoopState) -> None:
+        if self.save_steps and state.step % self.save_steps != 0:
+            self._checkpoint(state, f"step-{state.step}")
+        if self.validate is not None and (not self.validation_steps or state.step % self.validation_steps != 0):
+            self.validate(state.accelerator, state.inner, state.step)
+
+    def last_checkpoint(self):
+        return self.saver.saved[-1] if (self.saver is not None and self.saver.saved) else None

@@ -35,19 +35,46 @@ class LoopConfig:
     lr_warmup_steps: int = 0
     seed: int = 0
     num_workers: int = 0
-    save_steps: int | None = None
     customized_optimizer: str | None = None
     progress: bool = True
     shuffle: bool = True
-    output_path: str = "."
-    save_state_steps: int | None = None
-    save_state: bool = False
-    keep_states: int = 2
     resume_from: object = None  # a state directory (Path) to continue from exactly
     force_resume: bool = False
-    validate: Callable | None = None  # validate(accelerator, module, step)
-    validation_steps: int | None = None
-    extra: dict = field(default_factory=dict)
+    exactness: dict = field(default_factory=dict)  # more settings an exact resume must find unchanged
+
+
+@dataclass
+class LoopState:
+    """What the loop hands its hooks: the prepared objects and where it is."""
+
+    accelerator: object
+    module: object  # as prepared by accelerate (DDP-wrapped under several processes)
+    optimizer: object
+    schedule: object
+    exactness: dict
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    step_in_epoch: int = 0  # optimizer steps done in this epoch
+
+    @property
+    def inner(self):
+        return self.accelerator.unwrap_model(self.module)
+
+
+class Hooks:
+    """Called by the loop; subclass (e.g. `checkpoint.RunHooks`) to save, validate and log."""
+
+    def after_step(self, state: LoopState, loss: float, lr: float) -> None:
+        pass
+
+    def after_epoch(self, state: LoopState) -> None:
+        pass
+
+    def at_end(self, state: LoopState) -> None:
+        pass
+
+    def last_checkpoint(self):
+        return None
 
 
 def _list_collate(items):
@@ -107,15 +134,17 @@ def make_lr_schedule(optimizer, name: str, warmup: int, total: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def train(accelerator, dataset, module, config: LoopConfig, saver=None,
+def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None = None,
           on_step: Callable[[int, float], None] | None = None) -> dict:
     """Train `module` (forward(samples, indices, epoch) -> loss) on `dataset`; returns a summary dict."""
+    from ..errors import UserError
+    from .state import exactness_settings, load_training_state
+
+    hooks = hooks or Hooks()
     world, rank = accelerator.num_processes, accelerator.process_index
     plan = EpochPlan(len(dataset), config.seed, world, rank, config.batch_size, config.gradient_accumulation_steps,
                      shuffle=config.shuffle)
     if plan.steps_per_epoch() == 0:
-        from ..errors import UserError
-
         raise UserError(f"the dataset has {len(dataset)} samples, fewer than one optimizer step needs "
                         f"({plan.group} = processes x --batch_size x --gradient_accumulation_steps)")
     total_steps = plan.steps_per_epoch() * config.num_epochs
@@ -127,8 +156,6 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
 
     params = module.trainable_modules()
     if not params:
-        from ..errors import UserError
-
         raise UserError("nothing to train: set --trainable_models or --lora_base_model")
     optimizer = make_optimizer(params, config)
     schedule = make_lr_schedule(optimizer, config.lr_scheduler, config.lr_warmup_steps, total_steps)
@@ -137,44 +164,32 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
         # No DataLoader goes through prepare(), so DeepSpeed cannot read the micro-batch size from one.
         plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size
     module, optimizer = accelerator.prepare(module, optimizer)
-    inner = accelerator.unwrap_model(module)
-    exactness = {"world_size": world, "batch_size": config.batch_size,
-                 "gradient_accumulation_steps": config.gradient_accumulation_steps, "dataset_len": len(dataset),
-                 "seed": config.seed, "learning_rate": config.learning_rate, "lr_scheduler": config.lr_scheduler,
-                 "lr_warmup_steps": config.lr_warmup_steps, **config.extra.get("exactness", {})}
+    state = LoopState(accelerator, module, optimizer, schedule, exactness_settings(config, world, len(dataset)))
+    inner = state.inner
 
-    step, start_epoch, start_step = 0, 0, 0
+    start_epoch, start_step = 0, 0
     if config.resume_from is not None:
-        from .state import load_training_state
-
-        position = load_training_state(config.resume_from, accelerator, module, optimizer, schedule, exactness,
-                                       force=config.force_resume)
-        step, start_epoch, start_step = position["global_step"], position["epoch"], position["step_in_epoch"]
+        position = load_training_state(config.resume_from, accelerator, module, optimizer, schedule,
+                                       state.exactness, force=config.force_resume)
+        state.step, start_epoch, start_step = position["global_step"], position["epoch"], position["step_in_epoch"]
         if start_step >= plan.steps_per_epoch():
             start_epoch, start_step = start_epoch + 1, 0
         if accelerator.is_main_process:
-            print(f"resumed from {config.resume_from}: step {step}, epoch {start_epoch}, "
+            print(f"resumed from {config.resume_from}: step {state.step}, epoch {start_epoch}, "
                   f"{start_step} step(s) into the epoch")
-
-    def save_state(epoch: int, step_in_epoch: int) -> None:
-        from .state import save_training_state
-
-        save_training_state(accelerator, module, optimizer, schedule,
-                            {"global_step": step, "epoch": epoch, "step_in_epoch": step_in_epoch}, exactness,
-                            config.output_path, keep=config.keep_states)
 
     # One loader for the whole run (workers start once); the batches of each epoch are swapped in.
     batches = _EpochBatches()
     workers = min(config.num_workers, os.cpu_count() or 1)  # more workers than cores only slows loading
     loader = DataLoader(_Indexed(dataset), batch_sampler=batches, collate_fn=_list_collate,
                         num_workers=workers, persistent_workers=workers > 0)
-    bar = tqdm(total=total_steps, initial=step, disable=not (config.progress and accelerator.is_main_process),
+    bar = tqdm(total=total_steps, initial=state.step, disable=not (config.progress and accelerator.is_main_process),
                desc="training", dynamic_ncols=True)
     losses, started, ema = [], time.perf_counter(), None
     for epoch in range(start_epoch, config.num_epochs):
-        if step >= total_steps:
+        if state.step >= total_steps:
             break
-        inner.epoch = epoch
+        inner.epoch = state.epoch = epoch
         first = start_step if epoch == start_epoch else 0
         plan_batches = list(plan.micro_batches(epoch, start_step=first))
         batches.batches = [idx for _, _, idx in plan_batches]
@@ -184,7 +199,7 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
             samples = [s for _, s in items]
             with accelerator.accumulate(module):
                 loss = module(samples, indices, epoch)
-                check_finite(accelerator, loss, step + 1, epoch, samples, indices, saver)
+                check_finite(accelerator, loss, state.step + 1, epoch, samples, indices, hooks.last_checkpoint())
                 accelerator.backward(loss)
                 micro_losses.append(loss.detach().float())
                 if accelerator.sync_gradients and config.max_grad_norm:
@@ -195,40 +210,27 @@ def train(accelerator, dataset, module, config: LoopConfig, saver=None,
                 continue
             lr = schedule.get_last_lr()[0]  # the rate this step used
             schedule.step()
-            step += 1
+            state.step, state.step_in_epoch = state.step + 1, step_in_epoch + 1
             step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
             micro_losses = []
             losses.append(step_loss)
             ema = step_loss if ema is None else 0.9 * ema + 0.1 * step_loss
-            accelerator.log({"train/loss": step_loss, "train/lr": lr}, step=step)
+            accelerator.log({"train/loss": step_loss, "train/lr": lr}, step=state.step)
             bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr:.2e}", epoch=epoch)
             bar.update(1)
             if on_step is not None:
-                on_step(step, step_loss)
-            saved = False
-            if saver is not None and config.save_steps and step % config.save_steps == 0:
-                saver.save(accelerator, module, f"step-{step}")
-                saved = True
-            if (config.save_state_steps and step % config.save_state_steps == 0) or (saved and config.save_state):
-                save_state(epoch, step_in_epoch + 1)
-            if config.validate is not None and config.validation_steps and step % config.validation_steps == 0:
-                config.validate(accelerator, inner, step)
-            if step >= total_steps:
+                on_step(state.step, step_loss)
+            hooks.after_step(state, step_loss, lr)
+            if state.step >= total_steps:
                 break
-        if saver is not None and not config.save_steps:
-            saver.save(accelerator, module, f"epoch-{epoch}")
-            if config.save_state:
-                save_state(epoch + 1, 0)
-    if saver is not None and config.save_steps and step % config.save_steps != 0:
-        saver.save(accelerator, module, f"step-{step}")
-    if config.validate is not None and (not config.validation_steps or step % config.validation_steps != 0):
-        config.validate(accelerator, inner, step)
+        hooks.after_epoch(state)  # also when --max_steps ended the epoch early (its checkpoint is the last)
+    hooks.at_end(state)
     bar.close()
     accelerator.wait_for_everyone()
-    return {"steps": step, "losses": losses, "seconds": time.perf_counter() - started}
+    return {"steps": state.step, "losses": losses, "seconds": time.perf_counter() - started}
 
 
-def check_finite(accelerator, loss, step: int, epoch: int, samples, indices, saver) -> None:
+def check_finite(accelerator, loss, step: int, epoch: int, samples, indices, last_checkpoint=None) -> None:
     """Stop on a NaN/Inf loss before it reaches the weights, on every process at once, naming the samples."""
     bad = torch.tensor([0.0 if torch.isfinite(loss).all() else 1.0], device=loss.device)
     if accelerator.num_processes > 1:
@@ -238,7 +240,7 @@ def check_finite(accelerator, loss, step: int, epoch: int, samples, indices, sav
     from ..errors import UserError
 
     ids = [str(s.get("_id", i)) if isinstance(s, dict) else str(i) for s, i in zip(samples, indices)]
-    last = saver.saved[-1] if (saver is not None and saver.saved) else None
-    where = f"the last good checkpoint is {last}" if last else "no checkpoint was saved before it"
+    where = f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else \
+        "no checkpoint was saved before it"
     raise UserError(f"non-finite loss at step {step} (epoch {epoch}, sample(s) {', '.join(ids)}); training stopped "
                     f"before updating the weights; {where}")

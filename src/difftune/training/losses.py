@@ -23,6 +23,8 @@ def _per_sample_noise(shape_like: torch.Tensor, generators: Sequence[torch.Gener
     return torch.stack([torch.randn(shape_like.shape[1:], generator=g, dtype=torch.float32) for g in generators])
 
 
+# Run-time settings a loss passes on to model_fn.
+LOSS_SETTINGS = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")
 # Names each loss reads from the values besides what model_fn reads (the split analysis needs them).
 SFT_READS = ("input_latents",)
 DIRECT_DISTILL_READS = ("input_latents", "latents", "num_inference_steps", "height", "width")
@@ -35,8 +37,7 @@ def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch
     if x0 is None:
         raise ValueError("the sft loss needs input_latents: the data must have an image")
     scheduler = pipe.scheduler
-    image_seq_len = (x0.shape[-2] // 2) * (x0.shape[-1] // 2)
-    draws = [scheduler.sample_training(1, g, image_seq_len=image_seq_len) for g in generators]
+    draws = [scheduler.sample_training(1, g, image_seq_len=pipe.seq_len(x0)) for g in generators]
     noise = _per_sample_noise(x0, generators).to(device=x0.device, dtype=x0.dtype)
     sigma = torch.cat([d[0] for d in draws]).to(x0.device)
     timestep = torch.cat([d[1] for d in draws]).to(x0.device)
@@ -44,7 +45,13 @@ def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch
     noisy = scheduler.add_noise(x0, noise, sigma)
     target = scheduler.training_target(x0, noise)
     pred = pipe.model_fn(latents=noisy, timestep=timestep, **pipe.model_fn_kwargs(values), **settings)
-    per_sample = (pred.float() - target.float()).pow(2).flatten(1).mean(1)
+    error = (pred.float() - target.float()).pow(2)
+    mask = pipe.loss_mask(values)
+    if mask is None:
+        per_sample = error.flatten(1).mean(1)
+    else:  # only the elements the family says count (e.g. not a clean first frame), per sample
+        mask = mask.to(error.device, error.dtype).expand_as(error)
+        per_sample = (error * mask).flatten(1).sum(1) / mask.flatten(1).sum(1).clamp(min=1)
     return (per_sample * weight.float()).mean()
 
 
@@ -57,8 +64,7 @@ def direct_distill_loss(pipe, values: dict[str, Any], generators: Sequence[torch
     steps = values.get("num_inference_steps")
     steps = int(steps[0] if isinstance(steps, (list, tuple)) else steps if steps is not None else 4)
     scheduler = pipe.scheduler
-    h, w = latents.shape[-2:]
-    scheduler.set_timesteps(steps, image_seq_len=(h // 2) * (w // 2))
+    scheduler.set_timesteps(steps, image_seq_len=pipe.seq_len(latents))
     kwargs = pipe.model_fn_kwargs(values)
     for i in range(steps):
         t = scheduler.timesteps[i].expand(latents.shape[0]).to(latents.device)

@@ -13,17 +13,19 @@ from typing import Any
 
 import torch
 
+from ..core.batch import collate_values, split_batch
 from ..errors import UserError
-from ..pipelines.base import collate_values, split_batch
-from .losses import LOSSES, sample_generator
+from ..util import names as _names
+from .losses import LOSS_SETTINGS, LOSSES, sample_generator
 
 
-def _names(value) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return [v for v in value if v]
+def lora_prefix(pipe, slot: str) -> str:
+    """The key prefix of `slot`'s LoRA in files: the family's, or the reference's default naming."""
+    from ..core.family import families
+    from ..lora import component_prefix
+
+    family = families().get(getattr(pipe, "family", None))
+    return family.lora_prefix(slot) if family is not None else component_prefix(slot)
 
 
 class DiffusionTrainingModule(torch.nn.Module):
@@ -52,7 +54,7 @@ class DiffusionTrainingModule(torch.nn.Module):
 
         Trainable weights are fp32 (frozen ones keep the pipeline dtype); mixed precision comes from accelerate.
         """
-        from .lora import fuse_lora, inject_lora as inject, load_lora_file, load_lora_into
+        from ..lora import fuse_lora, inject_lora as inject, load_lora_file, load_lora_into
 
         pipe.scheduler.set_training(sampling=timestep_sampling, shift=timestep_shift, weighting=loss_weighting)
         trainable = _names(trainable_models)
@@ -63,7 +65,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         if preset_lora_path:
             if not preset_lora_model or pipe.models.get(preset_lora_model) is None:
                 raise UserError(f"--preset_lora_model must name a loaded model (got {preset_lora_model!r})")
-            fuse_lora(pipe.models[preset_lora_model], load_lora_file(preset_lora_path), component=preset_lora_model)
+            fuse_lora(pipe.models[preset_lora_model], load_lora_file(preset_lora_path),
+                      component=lora_prefix(pipe, preset_lora_model))
         if lora_base_model and inject_lora:
             model = pipe.models.get(lora_base_model)
             if model is None:
@@ -73,7 +76,7 @@ class DiffusionTrainingModule(torch.nn.Module):
             if not targets:
                 raise UserError("--lora_target_modules is empty: name the modules to put LoRA on, e.g. to_q,to_k,to_v")
             if lora_checkpoint:
-                config = load_lora_into(model, load_lora_file(lora_checkpoint), component=lora_base_model,
+                config = load_lora_into(model, load_lora_file(lora_checkpoint), component=lora_prefix(pipe, lora_base_model),
                                         target_modules=targets, rank=lora_rank, alpha=lora_alpha)
             else:
                 config = inject(model, targets, lora_rank, lora_alpha)
@@ -141,6 +144,5 @@ class PipelineTrainingModule(DiffusionTrainingModule):
             if isinstance(value, torch.Tensor):
                 batch[key] = value.to(pipe.device)
         generators = [sample_generator(self.seed, epoch, int(i)) for i in indices]
-        settings = {k: v for k, v in self.settings.items()
-                    if k in ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")}
+        settings = {k: v for k, v in self.settings.items() if k in LOSS_SETTINGS}
         return self.loss_fn(pipe, batch, generators, settings)

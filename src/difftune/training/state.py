@@ -19,13 +19,19 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import UserError
 from ..io import normal_permissions
+from ..util import PICKLE_SUFFIXES
 
 STATE_DIR = "state"
 FORMAT = 1
-# Settings that change which samples, noise or updates a step sees: resuming with other values is not exact.
-EXACTNESS_KEYS = ("world_size", "batch_size", "gradient_accumulation_steps", "dataset_len", "seed",
-                  "trainable", "task", "lora_rank", "lora_target_modules", "learning_rate", "lr_scheduler",
-                  "lr_warmup_steps", "num_epochs_ignored")
+
+
+def exactness_settings(config, world_size: int, dataset_len: int) -> dict:
+    """The settings that change which samples, noise or updates a step sees: resuming with other values is not
+    exact. `config` is the LoopConfig; its `exactness` adds what only the caller knows (task, LoRA shape)."""
+    return {"world_size": world_size, "batch_size": config.batch_size,
+            "gradient_accumulation_steps": config.gradient_accumulation_steps, "dataset_len": dataset_len,
+            "seed": config.seed, "learning_rate": config.learning_rate, "lr_scheduler": config.lr_scheduler,
+            "lr_warmup_steps": config.lr_warmup_steps, **config.exactness}
 
 
 def _optimizer_to_files(optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -120,14 +126,14 @@ def load_training_state(path: Path, accelerator, module, optimizer, schedule, se
                         force: bool = False) -> dict:
     """Restore everything saved by `save_training_state`; returns the data position."""
     for name in os.listdir(path):
-        if name.endswith((".pt", ".pth", ".bin", ".pkl", ".ckpt")):
+        if name.endswith(PICKLE_SUFFIXES):
             raise UserError(f"{path}: contains {name}; difftune never loads pickled files")
     meta = json.loads((path / "state.json").read_text())
     if meta.get("format") != FORMAT:
         raise UserError(f"{path}: training state format {meta.get('format')} is not supported (expected {FORMAT})")
     saved = meta["settings"]
-    changed = [f"{k} ({saved.get(k)!r} -> {settings.get(k)!r})" for k in EXACTNESS_KEYS
-               if k in saved and saved.get(k) != settings.get(k)]
+    changed = [f"{k} ({saved.get(k)!r} -> {settings.get(k)!r})" for k in sorted(set(saved) | set(settings))
+               if saved.get(k) != settings.get(k)]
     if changed and not force:
         raise UserError(f"--resume_from_checkpoint {path}: these settings changed and the resume would not be exact: "
                         f"{'; '.join(changed)} (add --force_resume to continue anyway)")

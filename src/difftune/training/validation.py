@@ -1,9 +1,11 @@
-"""Sample images during training (`--validation_prompts`, `--validation_steps`).
+"""Sample images during training (`--validation_prompts`, `--validation_steps`), for any family.
 
-Split training keeps the text encoder out of stage 2, so stage 1 encodes the validation prompts once and
-stores them beside the cache (`<cache>/validation/`), together with where the VAE's weights are; stage 2
-loads the VAE only when it renders and frees it afterwards. Images go to `<output_path>/validation/` and to
-TensorBoard. Rendering uses its own seeded generator and no_grad, so it does not change training.
+The family's prompt units (those that read `prompt`) encode the prompts; its `noise_shape`, `model_fn` and
+`decode` do the rest, with the models `decode_models` names. Split training keeps the prompt encoders out of
+stage 2, so stage 1 runs the prompt units on the validation prompts once and stores their outputs beside the
+cache (`<cache>/validation/`), together with where the decoder's weights are; stage 2 loads the decoder only
+when it renders and frees it afterwards. Images go to `<output_path>/validation/` and to TensorBoard.
+Rendering uses its own seeded generator and no_grad, so it does not change training.
 """
 
 from __future__ import annotations
@@ -14,41 +16,63 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from ..core.batch import collate_values, split_batch
+from ..core.units import run_unit
 from ..io import atomic_save_image, atomic_save_safetensors, atomic_write_text
-
-from ..pipelines.base import run_unit
-from ..pipelines.images import tensor_to_images
+from ..media.image import tensor_to_images
 
 VALIDATION_DIR = "validation"
+NEGATIVE = "negative"
 
 
 def parse_prompts(text: str | None) -> list[str]:
     return [p.strip() for p in (text or "").split("|") if p.strip()]
 
 
+def prompt_units(pipe) -> list:
+    return [u for u in pipe.units if "prompt" in u.cfg_inputs]
+
+
+def can_encode(pipe) -> bool:
+    units = prompt_units(pipe)
+    return bool(units) and all(pipe.models.get(m) is not None for u in units for m in u.models)
+
+
 def encode_prompts(pipe, prompts: list[str]) -> dict[str, torch.Tensor]:
-    """Prompt embeddings (trimmed to true length) for each prompt and for the empty negative prompt."""
-    unit = next(u for u in pipe.units if "text_encoder" in u.models and "prompt" in u.cfg_inputs)
+    """`<p{i}|negative>.<name>` -> the prompt units' outputs (no batch dimension, padding trimmed) for each
+    prompt and for the empty negative prompt."""
+    units = prompt_units(pipe)
+    outputs = [pair[0] for u in units for pair in u.cfg_outputs.values()]
     out = {}
     for i, prompt in enumerate(prompts + [""]):
-        values = {"prompt": [prompt], "edit_image": None}
+        values = {"prompt": [prompt]}
         with torch.no_grad():
-            run_unit(pipe, unit, values)
-        n = int(values["prompt_embeds_mask"][0].sum())
-        key = "negative" if i == len(prompts) else f"p{i}"
-        out[f"{key}.prompt_embeds"] = values["prompt_embeds"][0, :n].float().cpu().contiguous()
+            for unit in units:
+                run_unit(pipe, unit, values)
+        key = NEGATIVE if i == len(prompts) else f"p{i}"
+        for name, value in split_batch(values, 1, pipe.padded_values, outputs)[0].items():
+            if isinstance(value, torch.Tensor):
+                out[f"{key}.{name}"] = value.float().cpu().contiguous() if value.is_floating_point() else value.cpu()
     return out
 
 
-def write_cached_prompts(cache_dir: str, pipe, prompts: list[str], vae_files: list[str]) -> None:
-    """Stage 1: store the validation prompts' embeddings and the VAE's location next to the cache."""
+def write_cached_prompts(cache_dir: str, pipe, prompts_text: str, models) -> None:
+    """Stage 1: store the validation prompts' encodings and where the decoder's weights are, beside the cache."""
+    if not can_encode(pipe):
+        return
+    prompts = parse_prompts(prompts_text)
+    decoders = {}
+    for slot, config in models:
+        if slot in pipe.decode_models:
+            files = config.resolve()
+            decoders[slot] = files if isinstance(files, list) else [files]
     folder = Path(cache_dir) / VALIDATION_DIR
     atomic_save_safetensors(encode_prompts(pipe, prompts), folder / "embeds.safetensors")
-    atomic_write_text(folder / "prompts.json", json.dumps({"prompts": prompts, "vae_files": vae_files}, indent=1))
+    atomic_write_text(folder / "prompts.json", json.dumps({"prompts": prompts, "decoders": decoders}, indent=1))
 
 
 class Validator:
-    def __init__(self, args, pipe, components, cache_dir: str | None = None):
+    def __init__(self, args, models, family, cache_dir: str | None = None):
         self.prompts = parse_prompts(args.validation_prompts)
         size = args.validation_size or args.height or 1024
         self.height = self.width = size
@@ -56,37 +80,43 @@ class Validator:
             self.height, self.width = args.height, args.width
         self.steps = args.validation_inference_steps
         self.out_dir = Path(args.output_path) / VALIDATION_DIR
-        self.components = components
+        self.models = models
+        self.family = family
         self.cache_dir = cache_dir
         self.embeds = None
         self.seed = args.seed
         self.warned = False
 
+    def _cached(self, name: str):
+        path = Path(self.cache_dir) / VALIDATION_DIR / name if self.cache_dir else None
+        return path if path is not None and path.exists() else None
+
     def _embeddings(self, pipe):
-        if pipe.models.get("text_encoder") is not None and pipe.tokenizer is not None:
+        if can_encode(pipe):
             return encode_prompts(pipe, self.prompts)
-        if self.embeds is None and self.cache_dir:
-            path = Path(self.cache_dir) / VALIDATION_DIR / "embeds.safetensors"
-            meta_path = Path(self.cache_dir) / VALIDATION_DIR / "prompts.json"
-            if path.exists() and json.loads(meta_path.read_text())["prompts"] == self.prompts:
-                self.embeds = load_file(str(path))
+        meta, path = self._cached("prompts.json"), self._cached("embeds.safetensors")
+        if self.embeds is None and meta and path and json.loads(meta.read_text())["prompts"] == self.prompts:
+            self.embeds = load_file(str(path))
         return self.embeds
 
-    def _vae(self, pipe):
-        if pipe.models.get("vae") is not None:
-            return pipe.vae, False
+    def _decoders(self, pipe) -> dict | None:
+        """The decode models that are not loaded, loaded for this render (None if one cannot be found)."""
         from ..models import ModelConfig, load_component
 
-        files = [c for name, c in self.components if name == "vae"]
-        config = files[0] if files else None
-        if config is None and self.cache_dir:
-            meta_path = Path(self.cache_dir) / VALIDATION_DIR / "prompts.json"
-            if meta_path.exists():
-                vae_files = json.loads(meta_path.read_text()).get("vae_files") or []
-                config = ModelConfig(vae_files if len(vae_files) > 1 else vae_files[0]) if vae_files else None
-        if config is None:
-            return None, False
-        return load_component(config, torch_dtype=pipe.torch_dtype, device=pipe.device).module, True
+        missing = [s for s in pipe.decode_models if pipe.models.get(s) is None]
+        meta = self._cached("prompts.json")
+        recorded = json.loads(meta.read_text()).get("decoders", {}) if meta else {}
+        loaded = {}
+        for slot in missing:
+            config = next((c for s, c in self.models if s == slot), None)
+            if config is None and recorded.get(slot):
+                files = recorded[slot]
+                config = ModelConfig(files if len(files) > 1 else files[0])
+            if config is None:
+                return None
+            loaded[slot] = load_component(config, self.family.components, torch_dtype=pipe.torch_dtype,
+                                          device=pipe.device).module
+        return loaded
 
     @torch.no_grad()
     def __call__(self, accelerator, module, step: int) -> None:
@@ -94,42 +124,47 @@ class Validator:
             self.render(module.pipe, step, accelerator)
         accelerator.wait_for_everyone()
 
-    def render(self, pipe, step: int, accelerator=None):
-        from ..pipelines.qwen_image import vae_decode
+    def _values(self, pipe, embeds, key: str) -> dict:
+        """The prompt values of one prompt (and the negative prompt) with their batch dimension back."""
+        values = {}
+        for unit in prompt_units(pipe):
+            for posi, nega in unit.cfg_outputs.values():
+                for side, name, prefix in ((0, posi, key), (1, nega, NEGATIVE)):
+                    stored = embeds.get(f"{prefix}.{posi}")
+                    if stored is not None:
+                        values[name] = stored
+        values = collate_values([values], pipe.padded_values)
+        return {k: v.to(pipe.device, pipe.torch_dtype if v.is_floating_point() else v.dtype) for k, v in values.items()}
 
+    def render(self, pipe, step: int, accelerator=None):
         embeds = self._embeddings(pipe)
-        vae, temporary = self._vae(pipe)
-        if embeds is None or vae is None:
+        temporary = self._decoders(pipe) if embeds is not None else None
+        if embeds is None or temporary is None:
             if not self.warned:
-                print("note: validation images need the prompt embeddings (from the text encoder or the stage-1 "
-                      "cache) and the VAE; skipping them")
+                print("note: validation images need the prompt encodings (from the prompt encoder or the stage-1 "
+                      f"cache) and the decoder ({', '.join(pipe.decode_models)}); skipping them")
                 self.warned = True
             return None
-        dit = pipe.dit
-        was_training = dit.training
-        dit.eval()
+        denoiser = pipe.models[pipe.loss_models[0]]
+        was_training = denoiser.training
+        denoiser.eval()
         images = []
-        h, w = self.height // 8, self.width // 8
         saved_sched = (pipe.scheduler.sigmas, pipe.scheduler.timesteps)
+        pipe.models.update(temporary)
         try:
-            pipe.scheduler.set_timesteps(self.steps, image_seq_len=(h // 2) * (w // 2))
             for i, _ in enumerate(self.prompts):
                 g = torch.Generator("cpu").manual_seed(self.seed + i)
-                latents = torch.randn(1, 16, h, w, generator=g).to(pipe.device, pipe.torch_dtype)
-                emb = embeds[f"p{i}.prompt_embeds"][None].to(pipe.device, pipe.torch_dtype)
-                neg = embeds["negative.prompt_embeds"][None].to(pipe.device, pipe.torch_dtype)
-                values = {"latents": latents, "prompt_embeds": emb,
-                          "prompt_embeds_mask": torch.ones(emb.shape[:2], dtype=torch.long, device=pipe.device),
-                          "negative_prompt_embeds": neg,
-                          "negative_prompt_embeds_mask": torch.ones(neg.shape[:2], dtype=torch.long, device=pipe.device)}
+                latents = torch.randn(1, *pipe.noise_shape(self.height, self.width), generator=g)
+                latents = latents.to(pipe.device, pipe.torch_dtype)
+                pipe.scheduler.set_timesteps(self.steps, image_seq_len=pipe.seq_len(latents))
+                values = {"latents": latents, **self._values(pipe, embeds, f"p{i}")}
                 latents = pipe.denoise(values, cfg_scale=4.0, progress=False)
-                decoded = vae_decode(_VaeHolder(pipe, vae), latents)
-                images.extend(tensor_to_images(decoded))
+                images.extend(tensor_to_images(pipe.decode(latents)))
         finally:
             pipe.scheduler.sigmas, pipe.scheduler.timesteps = saved_sched
-            dit.train(was_training)
-            if temporary:
-                del vae
+            denoiser.train(was_training)
+            for slot in temporary:
+                pipe.models[slot] = None
         grid = make_grid(images)
         path = atomic_save_image(grid, self.out_dir / f"step-{step:06d}.png")
         if accelerator is not None:
@@ -141,13 +176,6 @@ class Validator:
             except Exception:  # no TensorBoard tracker configured
                 pass
         return path
-
-
-class _VaeHolder:
-    """Lets vae_decode use a VAE that is not (or not permanently) part of the pipeline."""
-
-    def __init__(self, pipe, vae):
-        self.vae, self.device, self.torch_dtype = vae, pipe.device, pipe.torch_dtype
 
 
 def make_grid(images, columns: int | None = None):

@@ -1,8 +1,8 @@
-"""Split training: stage 1 (`*:data_process`) writes the frontier of every sample to a cache; stage 2
-(`*:train`) trains from it; `*:split` runs both in one command.
+"""Split training's data side: stage 1 (`*:data_process`) runs the stage-1 units over every row once and writes
+the frontier of each sample to a cache; stage 2 (`*:train`) reads it back (`open_cache`).
 
-Which units run where and what is cached is computed by `pipelines/graph.py`; this module runs stage 1
-over the data set and opens the cache for stage 2.
+Which units run where and what is cached is computed by `core/graph.py`; the recipe (`recipe.py`) decides
+which stages a task runs.
 """
 
 from __future__ import annotations
@@ -16,17 +16,18 @@ from typing import Any
 import torch
 
 from .. import __version__
+from ..core.batch import split_batch
 from ..errors import UserError
-from ..pipelines import get_family, split_batch
-from ..pipelines.images import IMAGE_MARK, images_to_cache
+from ..media.image import IMAGE_MARK, images_to_cache
+from .builders import (bad_samples_of_all_processes, build_pipeline, ensure_writable, main_process_log,
+                       make_dataset, stage_settings, write_json)
 
 CACHE_SUBDIR = "cache"
 
 
-def stage1_fingerprint(args, pipe_cls, split, components) -> dict:
+def stage1_fingerprint(args, family, split, components) -> dict:
     """What produced the cache: the weights of the stage-1 models, pre-processing settings, the unit set."""
     from ..cache import file_identity as _file_identity
-    from .run import stage_settings
 
     weights = {}
     for name, config in components:
@@ -38,7 +39,7 @@ def stage1_fingerprint(args, pipe_cls, split, components) -> dict:
     if args.dataset_metadata_path and os.path.isfile(args.dataset_metadata_path):
         data_files.append(_file_identity(args.dataset_metadata_path))
     return {
-        "family": pipe_cls.family,
+        "family": family.name,
         "weights": weights,
         "torch_dtype": args.torch_dtype,
         "metadata": data_files,
@@ -76,34 +77,24 @@ def _from_cache(sample: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_data_process(args, task, accelerator=None, output_path: str | None = None) -> dict:
-    """Stage 1: run the stage-1 units over every row once and write the frontier per sample."""
+def run_stage1(args, family, models, split, accelerator, output_path: str) -> dict:
+    """Stage 1: run the stage-1 units over every row once and write the frontier per sample to `output_path`."""
     from ..cache import CacheManifest, CacheWriter
-    from .run import build_pipeline, compute_split, make_accelerator, make_dataset, resolve_components, stage_settings
 
-    from .run import ensure_writable
-
-    output_path = output_path or args.output_path
     ensure_writable(output_path)
-    accelerator = accelerator or make_accelerator(args, None)
-    log = print if accelerator.is_main_process else (lambda *a, **k: None)
-    pipe_cls = get_family(args.family)
-    split = compute_split(pipe_cls, args, task)
+    log = main_process_log(accelerator)
     log(f"split: {split.describe()}")
-    components = resolve_components(args)
-    dataset = make_dataset(args, pipe_cls)
-    rows = dataset.num_rows if hasattr(dataset, "num_rows") else len(dataset) // max(1, args.dataset_repeat)
+    dataset = make_dataset(args, family)
+    rows = dataset.num_rows
     if args.dataset_repeat != 1:
         log(f"note: stage 1 encodes each of the {rows} rows once; --dataset_repeat applies in stage 2")
-    fingerprint = stage1_fingerprint(args, pipe_cls, split, components)
-    manifest = CacheManifest.new(family=pipe_cls.family, frontier={}, fingerprint=fingerprint,
-                                 expected_count=rows)
+    fingerprint = stage1_fingerprint(args, family, split, models)
+    manifest = CacheManifest.new(family=family.name, frontier={}, fingerprint=fingerprint, expected_count=rows)
     writer = CacheWriter(output_path, manifest=manifest, rank=accelerator.process_index,
                          world_size=accelerator.num_processes, rebuild=args.rebuild_cache,
-                         barrier=accelerator.wait_for_everyone,
-                         shard_max_samples=max(1, int(getattr(args, "cache_commit_every", 64) or 64)))
+                         barrier=accelerator.wait_for_everyone, shard_max_samples=max(1, int(args.cache_commit_every)))
     done = set(writer.done_ids())
-    pipe = build_pipeline(args, components, set(split.stage1_models), accelerator.device, log=log)
+    pipe = build_pipeline(family, args, models, set(split.stage1_models), accelerator.device, log=log)
     pipe.scheduler.set_training()
     settings = stage_settings(args)
     mine = [i for i in range(rows) if i % accelerator.num_processes == accelerator.process_index]
@@ -113,7 +104,7 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
     from tqdm.auto import tqdm
 
     written = 0
-    batch_size = max(1, int(getattr(args, "data_process_batch_size", 1) or 1))
+    batch_size = max(1, int(args.data_process_batch_size or 1))
 
     def encode(samples: list[dict]) -> None:
         nonlocal written
@@ -146,21 +137,15 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
             if bucket:
                 encode(bucket)
     writer.close()
-    if args.validation_prompts and accelerator.is_main_process and pipe.models.get("text_encoder") is not None:
-        from .validation import parse_prompts, write_cached_prompts
+    if args.validation_prompts and accelerator.is_main_process:
+        from .validation import write_cached_prompts
 
-        vae_files = [f for name, c in components if name == "vae"
-                     for f in (c.resolve() if isinstance(c.resolve(), list) else [c.resolve()])]
-        write_cached_prompts(output_path, pipe, parse_prompts(args.validation_prompts), vae_files)
+        write_cached_prompts(output_path, pipe, args.validation_prompts, models)
     accelerator.wait_for_everyone()
-    from .run import bad_samples_of_all_processes
-
-    bad = bad_samples_of_all_processes(accelerator, getattr(dataset, "bad_samples", None) or [])
+    bad = bad_samples_of_all_processes(accelerator, dataset.bad_samples)
     if bad and accelerator.is_main_process:
-        from .run import _write_json
-
         report = Path(output_path) / "bad_samples.json"
-        _write_json(report, bad)
+        write_json(report, bad)
         log(f"skipped {len(bad)} bad sample(s), listed in {report}")
     del pipe
     gc.collect()
@@ -192,32 +177,13 @@ class RepeatedCache(torch.utils.data.Dataset):
         return _from_cache(self.reader[i % len(self.reader)])
 
 
-def open_cache(args, pipe_cls, split):
+def open_cache(args, family, split):
     from ..cache import CacheReader
 
     if args.dataset_metadata_path:
         raise UserError("--task *:train reads the stage-1 cache in --dataset_base_path; remove --dataset_metadata_path")
-    reader = CacheReader(args.dataset_base_path, family=pipe_cls.family, required=split.frontier)
+    reader = CacheReader(args.dataset_base_path, family=family.name, required=split.frontier)
     return RepeatedCache(reader, args.dataset_repeat)
 
 
-def run_split(args, task) -> dict:
-    """Both stages in one command: stage 1 into <output_path>/cache, models freed, then stage 2."""
-    import copy
-
-    from .run import TaskSpec, make_accelerator, run_train
-
-    accelerator = make_accelerator(args, args.output_path)
-    cache_dir = os.path.join(args.output_path, CACHE_SUBDIR)
-    stage1 = run_data_process(args, TaskSpec(task.loss, "data_process"), accelerator=accelerator,
-                              output_path=cache_dir)
-    gc.collect()
-    stage2_args = copy.copy(args)
-    stage2_args.dataset_base_path = cache_dir
-    stage2_args.dataset_metadata_path = None
-    summary = run_train(stage2_args, TaskSpec(task.loss, "train"), accelerator=accelerator)
-    summary["stage1"] = stage1
-    return summary
-
-
-__all__ = ["run_data_process", "open_cache", "run_split", "CACHE_SUBDIR", "__version__"]
+__all__ = ["CACHE_SUBDIR", "open_cache", "run_stage1", "stage1_fingerprint"]

@@ -1,4 +1,4 @@
-"""Qwen-Image components: the official configs and how their checkpoints are recognised.
+"""Qwen-Image components: the official configs, how their checkpoints are recognised, the scheduler config.
 
 The configs are the public `config.json` files of the Qwen/Qwen-Image repository (transformer/, vae/,
 text_encoder/ = Qwen2.5-VL-7B-Instruct). Weights without a config.json beside them are recognised when
@@ -9,7 +9,19 @@ setting that changes no weight, comes from the pipeline, not from here).
 
 from __future__ import annotations
 
-from .loader import ComponentSpec, register_spec
+from ...models.detect import ComponentSpec
+
+# The official Qwen/Qwen-Image scheduler/scheduler_config.json (the values that matter here).
+SCHEDULER_CONFIG = {
+    "base_image_seq_len": 256, "max_image_seq_len": 8192, "base_shift": 0.5, "max_shift": 0.9,
+    "num_train_timesteps": 1000, "shift": 1.0, "shift_terminal": 0.02, "time_shift_type": "exponential",
+    "use_dynamic_shifting": True,
+}
+TRAINING_MU = 0.8  # the reference's fixed training shift for Qwen-Image (its training table)
+# The reference's LoRA targets for the DiT (its example commands): every attention projection, the output
+# projections of both MLPs and the modulation layers.
+LORA_TARGET_MODULES = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,img_mod.1,"
+                       "txt_mlp.net.2,txt_mod.1")
 
 QWEN_IMAGE_TRANSFORMER_CONFIG = {
     "_class_name": "QwenImageTransformer2DModel",
@@ -111,21 +123,21 @@ def text_encoder_key(key: str) -> str:
     return key
 
 
-DIT = register_spec(ComponentSpec(
+DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="QwenImageTransformer2DModel",
     known_configs={"Qwen/Qwen-Image transformer": QWEN_IMAGE_TRANSFORMER_CONFIG},
     marker_keys=("img_in.weight", "txt_in.weight", "txt_norm.weight"), normalize_key=transformer_key,
-    description="Qwen-Image MMDiT (20B)"))
+    description="Qwen-Image MMDiT (20B)")
 
-TEXT_ENCODER = register_spec(ComponentSpec(
+TEXT_ENCODER = ComponentSpec(
     name="text_encoder", library="transformers", class_name="Qwen2_5_VLForConditionalGeneration",
     config_class_name="Qwen2_5_VLConfig",
     known_configs={"Qwen2.5-VL-7B-Instruct": QWEN25_VL_7B_CONFIG},
     marker_keys=("model.language_model.embed_tokens.weight", "model.visual.patch_embed.proj.weight"),
-    normalize_key=text_encoder_key, description="Qwen2.5-VL-7B text encoder"))
+    normalize_key=text_encoder_key, description="Qwen2.5-VL-7B text encoder")
 
-VAE = register_spec(ComponentSpec(
+VAE = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKLQwenImage",
     known_configs={"Qwen/Qwen-Image VAE": QWEN_IMAGE_VAE_CONFIG},
     marker_keys=("encoder.conv_in.weight", "decoder.conv_in.weight", "quant_conv.weight", "post_quant_conv.weight"),
-    description="Qwen-Image VAE"))
+    description="Qwen-Image VAE")

@@ -7,7 +7,8 @@ Recognition, for the files of one component:
       official config of a registered `ComponentSpec` (the reference does the same with an MD5 of names
       and shapes); key-layout variants (ComfyUI prefixes, older/newer transformers) are normalised first;
   (c) else a one-line `UserError` naming the files and what was expected.
-A model family adds its components by calling `register_spec` (see `qwen_image.py`).
+The candidates are one family's components (`FamilySpec.components`); recognition never looks across families
+(`core/family.py` infers the family first).
 
 Loading builds the model with empty (meta) parameters, so a 20B model is never initialised in memory, then
 assigns each tensor, cast to the target dtype and moved to the device, shard by shard. Only safetensors are
@@ -20,7 +21,7 @@ import importlib
 import inspect
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,7 @@ def _identity(key: str) -> str:
 class ComponentSpec:
     """One model class a pipeline slot can hold, with the official configs recognisable from bare weights."""
 
-    name: str  # the pipeline slot: dit, text_encoder, vae
+    name: str  # the pipeline slot it fills: dit, text_encoder, vae
     library: str  # "diffusers" or "transformers"
     class_name: str
     config_class_name: str | None = None  # transformers config class
@@ -118,6 +119,7 @@ class ComponentSpec:
     marker_keys: tuple[str, ...] = ()  # normalised keys every checkpoint of this class has (a cheap pre-filter)
     normalize_key: Callable[[str], str] = _identity  # file key -> model key (idempotent)
     description: str = ""
+    extra_slots: tuple[str, ...] = ()  # further slots a second model of this class fills (e.g. dit2)
 
     def model_class(self):
         return getattr(importlib.import_module(self.library), self.class_name)
@@ -141,24 +143,7 @@ class ComponentSpec:
         return _SIGNATURES[key]
 
 
-_SPECS: list[ComponentSpec] = []
 _SIGNATURES: dict[tuple, dict[str, tuple[int, ...]]] = {}
-
-
-def register_spec(spec: ComponentSpec) -> ComponentSpec:
-    if not any(s is spec for s in _SPECS):
-        _SPECS.append(spec)
-    return spec
-
-
-def specs() -> list[ComponentSpec]:
-    from . import qwen_image  # noqa: F401  (registers the built-in specs)
-
-    return list(_SPECS)
-
-
-def component_names() -> list[str]:
-    return list(dict.fromkeys(s.name for s in specs()))
 
 
 @dataclass
@@ -168,13 +153,13 @@ class HeaderMatch:
     config: dict
 
 
-def match_header(header: dict[str, Any]) -> HeaderMatch | None:
+def match_header(header: dict[str, Any], specs: Sequence[ComponentSpec]) -> HeaderMatch | None:
     """The registered spec and known config whose tensor names and shapes equal `header`'s, if any.
 
     `header` is a safetensors header, or a {name: shape} dict (several shards merged).
     """
     shapes = header_shapes(header)
-    for spec in specs():
+    for spec in specs:
         mapped = {spec.normalize_key(k): s for k, s in shapes.items()}
         if not all(m in mapped for m in spec.marker_keys):
             continue
@@ -184,11 +169,11 @@ def match_header(header: dict[str, Any]) -> HeaderMatch | None:
     return None
 
 
-def _near_miss(header: dict[str, Any]) -> str:
+def _near_miss(header: dict[str, Any], specs: Sequence[ComponentSpec]) -> str:
     """Why the closest registered spec did not match, for the error message ('' if nothing is close)."""
     shapes = header_shapes(header)
     best = None
-    for spec in specs():
+    for spec in specs:
         mapped = {spec.normalize_key(k): s for k, s in shapes.items()}
         if not spec.marker_keys or not all(m in mapped for m in spec.marker_keys):
             continue
@@ -230,7 +215,7 @@ def _weight_files(config: ModelConfig) -> list[str]:
     return [str(f) for f in resolved]
 
 
-def _config_beside(files: list[str]) -> tuple[ComponentSpec, dict, str] | None:
+def _config_beside(files: list[str], specs: Sequence[ComponentSpec]) -> tuple[ComponentSpec, dict, str] | None:
     path = Path(files[0]).parent / "config.json"
     if not path.is_file():
         return None
@@ -244,197 +229,36 @@ def _config_beside(files: list[str]) -> tuple[ComponentSpec, dict, str] | None:
     classes += [a for a in config.get("architectures") or [] if isinstance(a, str)]
     if not classes:
         return None  # not a diffusers/transformers model config: recognise the weights instead
-    for spec in specs():
+    for spec in specs:
         if spec.class_name in classes:
             return spec, config, str(path)
-    known = ", ".join(sorted({s.class_name for s in specs()}))
+    known = ", ".join(sorted({s.class_name for s in specs}))
     raise UserError(f"{path}: {classes[0]} is not a model difftune can load here (known: {known})")
 
 
-def detect_component(config: ModelConfig | str | list[str]) -> DetectedComponent:
-    """Which registered component the weights of `config` are, and the config to build it from."""
+def detect_component(config: ModelConfig | str | list[str], specs: Sequence[ComponentSpec]) -> DetectedComponent:
+    """Which of `specs` (one family's components) the weights of `config` are, and the config to build it from."""
     config = as_model_config(config)
     files = _weight_files(config)
     per_file = check_files(files)
     shapes = {k: s for f in per_file.values() for k, s in f.items()}
     key_file = {k: f for f, keys in per_file.items() for k in keys}
-    beside = _config_beside(files)
+    beside = _config_beside(files, specs)
     if beside is not None:
         spec, model_config, path = beside
         return DetectedComponent(spec.name, spec, model_config, files, path, shapes, key_file)
-    match = match_header(shapes)
+    match = match_header(shapes, specs)
     if match is not None:
         return DetectedComponent(match.spec.name, match.spec, dict(match.config), files,
                                  f"weights match {match.label}", shapes, key_file)
-    expected = "; ".join(f"{s.name}: {s.class_name} ({', '.join(s.known_configs)})" for s in specs())
-    hint = _near_miss(shapes)
+    expected = "; ".join(f"{s.name}: {s.class_name} ({', '.join(s.known_configs)})" for s in specs)
+    hint = _near_miss(shapes, specs)
     raise UserError(f"{_files_desc(files)}: unknown architecture ({len(shapes)} tensors, no config.json beside them"
                     f"{'; ' + hint if hint else ''}); expected one of {expected}, or put the model's config.json "
                     f"beside the weights")
 
 
-# -- loading --------------------------------------------------------------------------------------------
-
-@dataclass
-class LoadedComponent:
-    name: str
-    module: torch.nn.Module
-    files: list[str]
-    source: str = ""
 
 
 def as_model_config(config: ModelConfig | str | os.PathLike | list) -> ModelConfig:
     return config if isinstance(config, ModelConfig) else ModelConfig(path=config)
-
-
-def _dtype(value) -> torch.dtype:
-    if isinstance(value, torch.dtype):
-        return value
-    dtype = getattr(torch, str(value).replace("torch.", ""), None)
-    if not isinstance(dtype, torch.dtype):
-        raise UserError(f"torch_dtype {value!r}: not a torch dtype (e.g. bfloat16, float16, float32)")
-    return dtype
-
-
-def _fit_errors(det: DetectedComponent, expected: dict[str, tuple[int, ...]], required: set[str]) -> str | None:
-    """Missing / unexpected / mis-shaped tensors, from the headers alone (before any tensor is read)."""
-    norm = det.spec.normalize_key
-    mapped = {norm(k): k for k in det.shapes}
-    unexpected = [k for n, k in mapped.items() if n not in expected]
-    wrong = [k for n, k in mapped.items() if n in expected and tuple(det.shapes[k]) != expected[n]]
-    missing = [n for n in expected if n in required and n not in mapped]
-    if not (unexpected or wrong or missing):
-        return None
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
-    if wrong:
-        k = wrong[0]
-        parts.append(f"{len(wrong)} of the wrong shape (e.g. {k} in {det.key_file[k]} is {list(det.shapes[k])}, "
-                     f"expected {list(expected[norm(k)])})")
-    return f"{_files_desc(det.files)}: the weights do not fit {det.spec.class_name} (from {det.source}): " \
-           + "; ".join(parts)
-
-
-def _required(module: torch.nn.Module) -> set[str]:
-    """Tensors a checkpoint must provide: the state dict minus tied duplicates (e.g. lm_head = embeddings)."""
-    return {n for n, _ in module.named_parameters()} | {n for n, _ in module.named_buffers()}
-
-
-def load_component(config: ModelConfig | str | list[str], torch_dtype=torch.bfloat16,
-                   device: str | torch.device = "cpu") -> LoadedComponent:
-    """Recognise, build and load one model: frozen (`requires_grad=False`), `eval()`, on `device`.
-
-    Floating tensors are cast to `torch_dtype`; with `config.fp8` (or `--fp8_models <name>`) the Linear
-    weights are stored in float8_e4m3fn as they are read (see `fp8.py`).
-    """
-    from safetensors import safe_open
-
-    from .fp8 import enable_fp8_storage, fp8_weight_names
-
-    config = as_model_config(config)
-    dtype = _dtype(torch_dtype)
-    det = detect_component(config)
-    try:
-        module = det.spec.build(det.config)
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"{det.source}: cannot build {det.spec.class_name} from this config "
-                        f"({type(e).__name__}: {first})") from e
-    expected = {k: tuple(v.shape) for k, v in module.state_dict(keep_vars=True).items()}
-    problem = _fit_errors(det, expected, _required(module))
-    if problem:
-        raise UserError(problem)
-    fp8 = config.wants_fp8(det.name)
-    fp8_names = set(fp8_weight_names(module)) if fp8 else set()
-    keep_fp32 = tuple(getattr(module, "_keep_in_fp32_modules", None) or ())
-    for f in det.files:
-        batch = {}
-        with safe_open(f, framework="pt", device="cpu") as sf:
-            for key in sf.keys():
-                name = det.spec.normalize_key(key)
-                tensor = sf.get_tensor(key)
-                if tensor.is_floating_point():
-                    target = torch.float8_e4m3fn if name in fp8_names else \
-                        torch.float32 if any(m in name.split(".") for m in keep_fp32) else dtype
-                    tensor = tensor.to(target)
-                batch[name] = tensor.to(device)
-        module.load_state_dict(batch, strict=False, assign=True)
-        del batch
-    if hasattr(module, "tie_weights"):
-        module.tie_weights()
-    left = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
-    if left:
-        raise UserError(f"{_files_desc(det.files)}: no weights for {len(left)} tensors of {det.spec.class_name} "
-                        f"(e.g. {', '.join(left[:3])})")
-    module.to(device)  # computed buffers
-    if fp8:
-        enable_fp8_storage(module, compute_dtype=dtype)
-    module.requires_grad_(False)
-    module.eval()
-    return LoadedComponent(det.name, module, det.files, det.source)
-
-
-# -- tokenizer and processor ----------------------------------------------------------------------------
-
-def _directory(value: ModelConfig | str | os.PathLike, what: str) -> Path:
-    resolved = value.resolve() if isinstance(value, ModelConfig) else os.fspath(value)
-    if isinstance(resolved, list):
-        resolved = os.path.dirname(resolved[0])
-    path = Path(os.path.expanduser(resolved))
-    if path.is_file():
-        path = path.parent
-    if not path.is_dir():
-        raise UserError(f"{path}: no such directory (expected a {what} folder)")
-    return path
-
-
-def load_tokenizer(path_or_config: ModelConfig | str | os.PathLike):
-    """A transformers tokenizer from a folder (e.g. Qwen-Image's `tokenizer/`)."""
-    path = _directory(path_or_config, "tokenizer")
-    if not any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        raise UserError(f"{path}: no tokenizer here (expected tokenizer.json, tokenizer_config.json or vocab.json)")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {first})") from e
-
-
-class VLProcessor:
-    """The image processor and tokenizer of a Qwen2-VL `processor/` folder.
-
-    transformers' own Qwen2VLProcessor also builds a video processor, which needs torchvision; the
-    pipeline only needs images. Calls and attributes (merge_size, patch_size, ...) go to the image processor.
-    """
-
-    def __init__(self, image_processor, tokenizer):
-        self.image_processor = image_processor
-        self.tokenizer = tokenizer
-
-    def __call__(self, images=None, **kwargs):
-        return self.image_processor(images=images, **kwargs)
-
-    def __getattr__(self, name):
-        if name.startswith("__") or name in ("image_processor", "tokenizer"):
-            raise AttributeError(name)
-        return getattr(self.image_processor, name)
-
-
-def load_processor(path_or_config: ModelConfig | str | os.PathLike) -> VLProcessor:
-    """The edit model's `processor/` folder: Qwen2-VL image processor (PIL backend) + tokenizer."""
-    path = _directory(path_or_config, "processor")
-    if not (path / "preprocessor_config.json").is_file():
-        raise UserError(f"{path}: no preprocessor_config.json (expected the model's processor/ folder)")
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    try:
-        image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(path))
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"{path}: cannot load the image processor ({type(e).__name__}: {first})") from e
-    return VLProcessor(image_processor, load_tokenizer(path))

@@ -1,15 +1,8 @@
-"""LoRA through peft: inject, export (diffusers / ComfyUI / kohya), import every common layout, fuse.
+"""LoRA files: export in diffusers' layout (and ComfyUI / kohya), import every common layout.
 
-The canonical form inside difftune is one state dict per component with keys `<module path>.lora_A.weight`
-and `<module path>.lora_B.weight` (peft's naming minus the adapter name), fp32, plus an alpha per module.
-A component is named by its file prefix: `transformer` (our `dit` slot, as diffusers names it) or
+A component is named by its file prefix: `transformer` (the `dit` slot, as diffusers names it) or
 `text_encoder`; `""` holds LoRAs whose keys carry no prefix (raw peft keys, the reference's files), which
-fit whichever model they are loaded into.
-
-Injection uses `peft.inject_adapter_in_model` rather than `add_adapter`: diffusers' `ModelMixin.add_adapter`
-is that same call plus bookkeeping, transformers' `PreTrainedModel.add_adapter` has its own signature and
-checks, and a plain `nn.Module` has neither. We do the shared bookkeeping (`peft_config`,
-`_hf_peft_config_loaded`) ourselves so diffusers' and transformers' adapter helpers still see the adapter.
+fit whichever model they are loaded into. A family may map more slots to prefixes (`FamilySpec.lora_prefixes`).
 
 Alpha read from per-module `.alpha` tensors (ComfyUI, kohya) is kept per module, not folded into `lora_B`:
 folding would round B and, when training continues from the file, change the effective learning rate of B.
@@ -19,7 +12,6 @@ Per-module values that differ from the common one go into peft's `rank_pattern` 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import re
@@ -33,16 +25,13 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..util import PICKLE_SUFFIXES, first_line
+from ..util import names as _names
+from .inject import _WEIGHT_KEY, _is_peft_internal, _linear_of, _module_paths, canonical_lora_keys
 
-logger = logging.getLogger(__name__)
-
-# Pipeline slot -> prefix of that component's keys in a LoRA file (diffusers' names).
 COMPONENT_PREFIX = {"dit": "transformer", "transformer": "transformer", "text_encoder": "text_encoder"}
 ADAPTER_METADATA_KEY = "lora_adapter_metadata"  # what diffusers' save_lora_weights writes
 DIFFTUNE_METADATA_KEY = "difftune_lora"
-_PEFT_PARTS = {"base_layer", "lora_A", "lora_B", "lora_dropout", "lora_embedding_A", "lora_embedding_B",
-               "lora_magnitude_vector"}
-_WEIGHT_KEY = re.compile(r"^(?P<path>.+?)\.(?P<kind>lora_A|lora_B|lora_down|lora_up)(?:\.(?P<adapter>[^.]+))?\.weight$")
 _ALPHA_KEY = re.compile(r"^(?P<path>.+)\.alpha$")
 # (key prefix, component, layout, flattened kohya names)
 _PREFIXES = (
@@ -60,149 +49,6 @@ _PREFIXES = (
 def component_prefix(name: str | None) -> str | None:
     """The key prefix of a pipeline slot in LoRA files (`dit` -> `transformer`); other names pass through."""
     return None if name is None else COMPONENT_PREFIX.get(name, name)
-
-
-def _names(value) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return [str(v) for v in value if v]
-
-
-def _suffix_match(name: str, target: str) -> bool:
-    # peft's rule for a list of target_modules / exclude_modules
-    return name == target or name.endswith("." + target)
-
-
-def _is_peft_internal(name: str) -> bool:
-    return any(part in _PEFT_PARTS for part in name.split("."))
-
-
-def _linear_of(m: nn.Module | None) -> nn.Linear | None:
-    """The nn.Linear itself, or the one a peft layer wraps."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    if isinstance(m, BaseTunerLayer):
-        m = m.get_base_layer()
-    return m if isinstance(m, nn.Linear) else None
-
-
-def _short_name(name: str) -> str:
-    # `transformer_blocks.0.attn.to_q` -> `attn.to_q`: the part users put in --lora_target_modules
-    parts = name.split(".")
-    for i, p in enumerate(parts[:-1]):
-        if p.isdigit():
-            return ".".join(parts[i + 1:])
-    return name
-
-
-def _linear_examples(module: nn.Module, limit: int = 12) -> str:
-    seen: list[str] = []
-    for name, m in module.named_modules():
-        if name and not _is_peft_internal(name) and _linear_of(m) is not None:
-            short = _short_name(name)
-            if short not in seen:
-                seen.append(short)
-    more = f", ... ({len(seen)} in all)" if len(seen) > limit else ""
-    return ", ".join(seen[:limit]) + more if seen else "none"
-
-
-def _check_targets(module: nn.Module, targets: list[str], exclude: list[str]) -> list[str]:
-    """The module names the targets select (peft's suffix rule); UserError for targets matching nothing."""
-    names = [n for n, _ in module.named_modules() if n and not _is_peft_internal(n)]
-    unmatched = [t for t in targets if not any(_suffix_match(n, t) for n in names)]
-    if unmatched:
-        raise UserError(f"--lora_target_modules: {', '.join(unmatched)} match no module of {type(module).__name__} "
-                        f"(its Linear layers include: {_linear_examples(module)})")
-    selected = [n for n in names if any(_suffix_match(n, t) for t in targets)
-                and not any(_suffix_match(n, e) for e in exclude)]
-    if not selected:
-        raise UserError(f"--lora_target_modules: every module matched by {', '.join(targets)} is excluded")
-    for n in selected:
-        m = module.get_submodule(n)
-        if _linear_of(m) is None:
-            raise UserError(f"--lora_target_modules: '{n}' is a {type(m).__name__}, not a Linear layer "
-                            f"(Linear layers include: {_linear_examples(module)})")
-    return selected
-
-
-def _lora_layers(module: nn.Module, adapter_name: str):
-    from peft.tuners.lora import LoraLayer
-
-    for name, m in module.named_modules():
-        if isinstance(m, LoraLayer) and adapter_name in m.lora_A:
-            yield name, m
-
-
-def inject_lora(module: nn.Module, target_modules: Iterable[str] | str, rank: int, alpha: float | None = None,
-                init: Any = "default", exclude_modules: Iterable[str] | str | None = None,
-                adapter_name: str = "default", rank_pattern: Mapping[str, int] | None = None,
-                alpha_pattern: Mapping[str, float] | None = None):
-    """Add a LoRA adapter to `module` in place; returns its `peft.LoraConfig`.
-
-    Targets are matched like peft (a module whose name equals or ends with `.<target>`). `alpha` defaults
-    to `rank`. `init`: "default" (B = 0, so the output is unchanged), "gaussian", False (random A and B,
-    for tests) or any other `init_lora_weights` value peft knows. LoRA parameters are fp32 whatever the
-    base dtype (mixed precision comes from autocast); afterwards only this adapter's parameters require grad.
-    """
-    from peft import LoraConfig, inject_adapter_in_model
-
-    targets, exclude = _names(target_modules), _names(exclude_modules)
-    if not targets:
-        raise UserError("--lora_target_modules is empty: name the modules to put LoRA on, e.g. to_q,to_k,to_v")
-    if int(rank) < 1:
-        raise UserError(f"--lora_rank must be at least 1 (got {rank})")
-    previous = dict(getattr(module, "peft_config", None) or {})
-    if adapter_name in previous:
-        raise ValueError(f"{type(module).__name__} already has a LoRA adapter named {adapter_name!r}")
-    _check_targets(module, targets, exclude)
-    config = LoraConfig(
-        r=int(rank), lora_alpha=float(rank if alpha is None else alpha), target_modules=targets,
-        exclude_modules=exclude or None, init_lora_weights=True if init in ("default", True) else init,
-        rank_pattern=dict(rank_pattern or {}), alpha_pattern=dict(alpha_pattern or {}))
-    inject_adapter_in_model(config, module, adapter_name=adapter_name)
-    # peft replaces module.peft_config with a dict holding only the new adapter; keep earlier ones.
-    module.peft_config = {**previous, **module.peft_config}
-    if hasattr(module, "_hf_peft_config_loaded"):
-        module._hf_peft_config_loaded = True
-    lora_params = set()
-    for _, layer in _lora_layers(module, adapter_name):
-        for part in (layer.lora_A[adapter_name], layer.lora_B[adapter_name]):
-            part.to(torch.float32)  # peft copies the base dtype (bf16, even fp8); keep the adapter in fp32
-            lora_params.update(id(p) for p in part.parameters())
-    for p in module.parameters():
-        p.requires_grad_(id(p) in lora_params)
-    return config
-
-
-def lora_state_dict(module: nn.Module, adapter_name: str = "default") -> dict[str, torch.Tensor]:
-    """The adapter's weights in canonical form: `<module path>.lora_A.weight` / `.lora_B.weight`, fp32."""
-    out: dict[str, torch.Tensor] = {}
-    for name, layer in _lora_layers(module, adapter_name):
-        for kind in ("lora_A", "lora_B"):
-            out[f"{name}.{kind}.weight"] = getattr(layer, kind)[adapter_name].weight.detach().float().contiguous()
-    if not out:
-        raise ValueError(f"{type(module).__name__} has no LoRA adapter named {adapter_name!r}")
-    return out
-
-
-def canonical_lora_keys(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`x.lora_A.<adapter>.weight` (a module's own parameter names) -> `x.lora_A.weight`, fp32, contiguous."""
-    out: dict[str, torch.Tensor] = {}
-    for key, value in state_dict.items():
-        m = _WEIGHT_KEY.match(key)
-        if m is None or m["kind"] not in ("lora_A", "lora_B"):
-            raise ValueError(f"not a peft LoRA weight: {key!r}")
-        canonical = f"{m['path']}.{m['kind']}.weight"
-        if canonical in out:
-            raise ValueError(f"two adapters for {canonical!r}; export one adapter at a time")
-        out[canonical] = value.detach().float().contiguous()
-    return out
-
-
-def _module_paths(sd: Mapping[str, torch.Tensor]) -> list[str]:
-    return sorted(k[: -len(".lora_A.weight")] for k in sd if k.endswith(".lora_A.weight"))
 
 
 # -- export ---------------------------------------------------------------------------------------------
@@ -252,10 +98,12 @@ def _config_spec(config, sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, torch.Tensor]],
-              configs: Mapping[str, Any], base_info: Mapping[str, Any] | None = None) -> Path:
+              configs: Mapping[str, Any], base_info: Mapping[str, Any] | None = None,
+              prefixes: Mapping[str, str] | None = None) -> Path:
     """Write one LoRA file that diffusers' `load_lora_weights` loads with its alpha.
 
-    `state_dicts` / `configs` are keyed by component or pipeline slot (`dit` is written as `transformer`).
+    `state_dicts` / `configs` are keyed by component or pipeline slot; `prefixes` maps a slot to its key prefix
+    (the family's `lora_prefixes`; by default `dit` is written as `transformer`).
     A config is a `LoraConfig`, a `(rank, alpha, target_modules)` tuple or a dict of LoraConfig fields.
     Keys: `<prefix>.<module path>.lora_A.weight`; metadata: `format=pt`, `lora_adapter_metadata` (the
     prefixed LoraConfig fields, as diffusers writes them) and `difftune_lora` (per-component rank, alpha,
@@ -267,7 +115,7 @@ def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, to
     adapter_meta: dict[str, Any] = {}
     ours: dict[str, Any] = {}
     for name, sd in state_dicts.items():
-        prefix = component_prefix(name)
+        prefix = (prefixes or {}).get(name) or component_prefix(name)
         sd = canonical_lora_keys(sd)
         spec = _config_spec(configs[name], sd)
         tensors.update({f"{prefix}.{k}": v for k, v in sd.items()})
@@ -580,69 +428,3 @@ def _fit(imported: ImportedLora, module: nn.Module, component: str | None):
     return key, fitted
 
 
-# -- apply ----------------------------------------------------------------------------------------------
-
-def load_lora_into(module: nn.Module, imported: ImportedLora, adapter_name: str = "default", trainable: bool = True,
-                   component: str | None = None, target_modules: Iterable[str] | str | None = None,
-                   rank: int | None = None, alpha: float | None = None,
-                   exclude_modules: Iterable[str] | str | None = None):
-    """Inject a LoRA adapter holding the file's weights (e.g. to continue training); returns its LoraConfig.
-
-    The file's rank and alpha win over `rank` / `alpha` (a warning says so when they differ). With
-    `target_modules`, modules they select that the file lacks start fresh (B = 0); a module of the file
-    that they do not select is a UserError. Without them, exactly the file's modules get the adapter.
-    """
-    from peft.tuners.lora import LoraLayer
-
-    _, fitted = _fit(imported, module, component)
-    ranks = {real: a.shape[0] for real, a, _, _ in fitted.values()}
-    alphas = {real: al for real, _, _, al in fitted.values()}
-    r = Counter(ranks.values()).most_common(1)[0][0]
-    a = Counter(alphas.values()).most_common(1)[0][0]
-    if rank is not None and int(rank) != r:
-        logger.warning("%s: the LoRA has rank %d; --lora_rank %s is ignored", imported.source, r, rank)
-    if alpha is not None and float(alpha) != a:
-        logger.warning("%s: the LoRA has alpha %g; --lora_alpha %s is ignored", imported.source, a, alpha)
-    targets, exclude = _names(target_modules), _names(exclude_modules)
-    if targets:
-        uncovered = [p for p in ranks if not any(_suffix_match(p, t) for t in targets)
-                     or any(_suffix_match(p, e) for e in exclude)]
-        if uncovered:
-            raise UserError(f"--lora_target_modules does not cover {len(uncovered)} modules of {imported.source} "
-                            f"(e.g. '{uncovered[0]}'); add them or leave the flag out to use the file's modules")
-    else:
-        targets, exclude = sorted(ranks), []
-    config = inject_lora(module, targets, r, a, exclude_modules=exclude, adapter_name=adapter_name,
-                         rank_pattern={re.escape(p): v for p, v in ranks.items() if v != r},
-                         alpha_pattern={re.escape(p): v for p, v in alphas.items() if v != a})
-    with torch.no_grad():
-        for path, wa, wb, _ in fitted.values():
-            layer = module.get_submodule(path)
-            assert isinstance(layer, LoraLayer) and adapter_name in layer.lora_A, path
-            layer.lora_A[adapter_name].weight.copy_(wa)
-            layer.lora_B[adapter_name].weight.copy_(wb)
-    if not trainable:
-        for _, layer in _lora_layers(module, adapter_name):
-            for p in (*layer.lora_A[adapter_name].parameters(), *layer.lora_B[adapter_name].parameters()):
-                p.requires_grad_(False)
-    return config
-
-
-@torch.no_grad()
-def fuse_lora(module: nn.Module, imported: ImportedLora, scale: float = 1.0,
-              component: str | None = None) -> list[str]:
-    """Merge W += scale * (alpha / r) * B @ A into the base Linear weights; no peft layer is left behind.
-
-    Computed in fp32 and cast back once, so bf16 and float8 weights take the sum rounded a single time
-    (a delta below the float8 step is lost, as with any float8 weight). Returns the fused module paths.
-    """
-    _, fitted = _fit(imported, module, component)
-    for path, a, b, alpha in fitted.values():
-        weight = _linear_of(module.get_submodule(path)).weight
-        if type(weight.data) is not torch.Tensor or not weight.dtype.is_floating_point:
-            raise UserError(f"{imported.source}: cannot fuse into '{path}': its weight is stored as "
-                            f"{type(weight.data).__name__}/{weight.dtype} (quantized); load the model unquantized")
-        delta = b.to(weight.device, torch.float32) @ a.to(weight.device, torch.float32)
-        merged = weight.to(torch.float32) + delta * (float(scale) * alpha / a.shape[0])
-        weight.copy_(merged.to(weight.dtype))
-    return [real for real, *_ in fitted.values()]

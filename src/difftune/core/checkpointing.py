@@ -1,0 +1,51 @@
+"""Gradient checkpointing for model_fn code: diffusers' own block checkpointing (with an optional CPU offload of
+the saved inputs) and `gradient_checkpoint_forward` for any module a family's model_fn calls."""
+
+from __future__ import annotations
+
+import torch
+
+
+def checkpoint_function(offload: bool):
+    """A gradient-checkpointing function for diffusers' blocks; `offload` keeps the saved inputs on CPU."""
+
+    def checkpointed(module, *args):
+        if not offload:
+            return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False)
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+
+        def run(*cpu_args):
+            return module(*[a.to(device, non_blocking=True) if isinstance(a, torch.Tensor) else a for a in cpu_args])
+
+        # The checkpoint holds only what it is given: CPU copies. Their `.to(device)` is recomputed in backward.
+        cpu_args = [a.to("cpu") if isinstance(a, torch.Tensor) else a for a in args]
+        return torch.utils.checkpoint.checkpoint(run, *cpu_args, use_reentrant=False)
+
+    return checkpointed
+
+
+def set_gradient_checkpointing(model, enabled: bool, offload: bool = False) -> None:
+    state = (bool(enabled), bool(offload))
+    if getattr(model, "_difftune_ckpt", None) == state:
+        return
+    if enabled:
+        model.enable_gradient_checkpointing(gradient_checkpointing_func=checkpoint_function(offload))
+    elif getattr(model, "is_gradient_checkpointing", False):
+        model.disable_gradient_checkpointing()
+    model._difftune_ckpt = state
+
+
+def gradient_checkpoint_forward(module, use_gradient_checkpointing: bool, use_gradient_checkpointing_offload: bool,
+                                *args, **kwargs):
+    """`module(*args, **kwargs)`, recomputed in backward instead of keeping its activations when
+    `use_gradient_checkpointing` is on (and gradients are being taken); `..._offload` keeps the
+    saved inputs in CPU memory."""
+    if not (use_gradient_checkpointing and torch.is_grad_enabled()):
+        return module(*args, **kwargs)
+    names = list(kwargs)
+    n = len(args)
+
+    def call(*flat):  # keyword tensors go through the checkpoint positionally, so they are offloaded too
+        return module(*flat[:n], **dict(zip(names, flat[n:])))
+
+    return checkpoint_function(bool(use_gradient_checkpointing_offload))(call, *args, *kwargs.values())

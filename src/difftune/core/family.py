@@ -1,0 +1,207 @@
+"""The family seam: a `FamilySpec` says everything that is particular to one model family, and the registry
+finds families by name or from the weights a user hands us.
+
+Shared code reads a family only through its spec (and the pipeline class the spec names); it never imports
+a family package. Built-in families are listed by module path and imported on first use; other packages add
+theirs through the `difftune.families` entry point group or `register_family`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UserError
+from ..util import first_line
+
+if TYPE_CHECKING:
+    from ..models.detect import ComponentSpec, DetectedComponent
+
+ENTRY_POINT_GROUP = "difftune.families"
+# Built-in families: module path of the package whose `FAMILY` is the spec (imported only when needed).
+BUILTIN = {"qwen_image": "difftune.families.qwen_image"}
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """A tokenizer or processor a family's model needs, loaded into `pipe.<attr>` with that model.
+
+    Where it is found, first hit wins: the flag `flag` (e.g. --tokenizer_path); the folder `folder` beside the
+    model's weights (official layout) or, for a hub id, that folder of the same repository; `default` (a
+    `model_id:folder/` the reference uses when its command names none).
+    """
+
+    attr: str  # pipeline attribute: tokenizer, processor, ...
+    slot: str  # the model it serves: loaded only when that model is
+    folder: str  # folder beside the model's own folder in the official layout
+    load: Callable[[Any], Any]  # a folder or ModelConfig -> the object
+    flag: str | None = None  # the CLI flag that names it (argument name, e.g. "tokenizer_path")
+    default: str | None = None  # model_id:folder/ fallback
+    required: bool = True
+    # Whether this run needs it at all (e.g. the edit processor only for edit data): args -> bool.
+    needed: Callable[[Any], bool] | None = None
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One model family. `pipeline` is its `BasePipeline` subclass (units, model_fn, sampling); the rest says
+    how the family's files are recognised and loaded and what the `train` and `sample` commands assume."""
+
+    name: str
+    pipeline: type
+    components: tuple[ComponentSpec, ...]  # recognisable models; each fills `spec.name` (and `spec.extra_slots`)
+    tokenizers: tuple[TokenizerSpec, ...] = ()
+    # Slot -> key prefix of that model's weights in LoRA files (diffusers' names).
+    lora_prefixes: Mapping[str, str] = field(default_factory=lambda: {"dit": "transformer"})
+    lora_target_modules: str = ""  # the reference's LoRA targets on the denoiser
+    data: str = "image"  # what the data operator loads: image | video
+    sample_defaults: Mapping[str, Any] = field(default_factory=dict)  # height, width, steps, cfg_scale, ...
+    description: str = ""
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        return tuple(self.pipeline.model_names)
+
+    def lora_prefix(self, slot: str) -> str:
+        return self.lora_prefixes.get(slot, slot)
+
+    def assign_slots(self, detected: Sequence[tuple[DetectedComponent, Any]]) -> list[tuple[str, Any]]:
+        """(slot, item) for recognised models in order: a second model of one kind takes the spec's next slot
+        (e.g. a second DiT becomes dit2 where the family has one), else it is an error, never a silent swap."""
+        taken: dict[str, Any] = {}
+        out = []
+        for det, item in detected:
+            slots = (det.spec.name, *getattr(det.spec, "extra_slots", ()))
+            free = [s for s in slots if s not in taken]
+            if not free:
+                first = taken[det.spec.name]
+                raise UserError(f"{_describe(item)} and {_describe(first)} are both a {det.spec.class_name} "
+                                f"({' / '.join(slots)}); {self.name} has no slot for another: name one of them only")
+            taken[free[0]] = item
+            out.append((free[0], item))
+        return out
+
+
+def _describe(item) -> str:
+    return item.describe() if hasattr(item, "describe") else str(item)
+
+
+_REGISTERED: dict[str, FamilySpec] = {}
+
+
+def register_family(spec: FamilySpec) -> FamilySpec:
+    """Make a family available as `--family <name>` and to recognition (call it when its module is imported)."""
+    if not isinstance(spec, FamilySpec):
+        raise TypeError(f"register_family takes a FamilySpec, got {type(spec).__name__}")
+    _REGISTERED[spec.name] = spec
+    return spec
+
+
+def _load(name: str, target: str, what: str) -> FamilySpec:
+    """`target` is `module` (its FAMILY) or `module:attribute` (a FamilySpec)."""
+    module, _, attr = target.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        obj = getattr(obj, attr) if attr else obj
+    except Exception as err:  # a broken plugin must not hide behind a traceback of ours
+        raise UserError(f"family '{name}' ({what} {target}): cannot be imported ({first_line(err)})") from err
+    spec = getattr(obj, "FAMILY", obj)
+    if not isinstance(spec, FamilySpec):
+        raise UserError(f"family '{name}' ({what} {target}): not a FamilySpec (got {type(spec).__name__})")
+    return spec
+
+
+def families() -> dict[str, FamilySpec]:
+    """Built-in families, then packages' `difftune.families` entry points, then `register_family` calls."""
+    from importlib.metadata import entry_points
+
+    found = {name: _load(name, target, "module") for name, target in BUILTIN.items()}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found[ep.name] = _load(ep.name, ep.value, "entry point")
+    found.update(_REGISTERED)
+    return found
+
+
+def get_family(name: str) -> FamilySpec:
+    """The family called `name`; a UserError naming the known ones if there is none."""
+    known = families()
+    if name not in known:
+        raise UserError(f"--family {name}: unknown family (known: {', '.join(sorted(known))})")
+    return known[name]
+
+
+def recognise(configs: Sequence, family: str | None = None, log=print) -> tuple[FamilySpec, list]:
+    """The family (named, or inferred from the weights) and (slot, ModelConfig, DetectedComponent) per config.
+
+    Recognition is scoped: each family's components are tried on their own, and the family is the one that
+    recognises every model given. None or several: a one-line error.
+    """
+    from ..models.detect import detect_component
+
+    if family is not None:
+        spec = get_family(family)
+        detected = [(detect_component(c, spec.components), c) for c in configs]
+        return spec, _slots(spec, detected)
+    known = families()
+    if not configs:
+        raise UserError("no model given: name the weights with --model_paths or --model_id_with_origin_paths "
+                        "(or name the family with --family)")
+    fits, errors = [], {}
+    for spec in known.values():
+        try:
+            fits.append((spec, [(detect_component(c, spec.components), c) for c in configs]))
+        except UserError as err:
+            errors[spec.name] = str(err)
+    if len(fits) > 1:
+        raise UserError(f"the weights fit several families ({', '.join(s.name for s, _ in fits)}): "
+                        f"choose one with --family")
+    if not fits:
+        # the error of the family that recognised the most models says best what is wrong
+        best = max(known.values(), key=lambda s: _count_recognised(s, configs))
+        raise UserError(f"{errors[best.name]} (tried the families {', '.join(sorted(known))}; "
+                        f"--family names one)")
+    spec, detected = fits[0]
+    log(f"family: {spec.name} (recognised from the weights)")
+    return spec, _slots(spec, detected)
+
+
+def detect_component(config, family: str | None = None):
+    """Which model of which family `config`'s weights are (`family` names it; else every family is tried)."""
+    from ..models.detect import as_model_config
+
+    _, found = recognise([as_model_config(config)], family, log=lambda *a, **k: None)
+    return found[0][2]
+
+
+def load_component(config, torch_dtype=None, device="cpu", family: str | None = None):
+    """Recognise (as `detect_component`) and load one model, frozen, on `device` (see models.load)."""
+    from ..models.detect import as_model_config
+    from ..models.load import load_component as load
+
+    config = as_model_config(config)
+    kwargs = {} if torch_dtype is None else {"torch_dtype": torch_dtype}
+    return load(config, device=device, detected=detect_component(config, family), **kwargs)
+
+
+def _count_recognised(spec: FamilySpec, configs) -> int:
+    from ..models.detect import detect_component
+
+    n = 0
+    for c in configs:
+        try:
+            detect_component(c, spec.components)
+            n += 1
+        except UserError:
+            pass
+    return n
+
+
+def _slots(spec: FamilySpec, detected) -> list:
+    by_id = {id(c): det for det, c in detected}
+    return [(slot, c, by_id[id(c)]) for slot, c in spec.assign_slots(detected)]
+
+
+__all__ = ["ENTRY_POINT_GROUP", "FamilySpec", "TokenizerSpec", "detect_component", "families", "get_family",
+           "load_component", "recognise", "register_family"]

@@ -1,0 +1,49 @@
+"""Qwen-Image's model_fn: one call of diffusers' `QwenImageTransformer2DModel` on packed 2x2 latent patches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...core.checkpointing import set_gradient_checkpointing
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) latents -> (B, H/2*W/2, C*4) tokens of 2x2 patches."""
+    b, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The inverse of `pack_latents` for latent size (height, width)."""
+    b, _, d = tokens.shape
+    c = d // 4
+    x = tokens.view(b, height // 2, width // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, c, height, width)
+
+
+def model_fn_qwen_image(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
+                        prompt_embeds_mask: torch.Tensor | None = None, edit_latents: torch.Tensor | None = None,
+                        use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
+                        **_: Any) -> torch.Tensor:
+    """One denoiser call: latents (B, 16, h, w), timestep (B,) in [0, 1000] -> velocity (B, 16, h, w).
+
+    The prompt mask is passed to the transformer so padded prompt tokens are never attended to: a batch
+    of prompts of different lengths gives the same result as one prompt at a time.
+    """
+    b, _, h, w = latents.shape
+    tokens = pack_latents(latents)
+    image_len = tokens.shape[1]
+    shapes = [(1, h // 2, w // 2)]
+    if edit_latents is not None:
+        edits = edit_latents if isinstance(edit_latents, (list, tuple)) else [edit_latents]
+        for e in edits:
+            tokens = torch.cat([tokens, pack_latents(e.to(tokens.dtype))], dim=1)
+            shapes.append((1, e.shape[-2] // 2, e.shape[-1] // 2))
+    set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
+    timestep = timestep.to(device=latents.device, dtype=latents.dtype).expand(b)
+    out = dit(hidden_states=tokens, timestep=timestep / 1000, encoder_hidden_states=prompt_embeds,
+              encoder_hidden_states_mask=prompt_embeds_mask, img_shapes=[shapes] * b, return_dict=False)[0]
+    return unpack_latents(out[:, :image_len], h, w)

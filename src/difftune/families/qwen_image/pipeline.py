@@ -1,0 +1,165 @@
+"""`QwenImagePipeline`: the reference-named pipeline of Qwen-Image and Qwen-Image-Edit (inference and the
+training hooks the shared trainer calls).
+
+Architectures come from diffusers (`QwenImageTransformer2DModel`, `AutoencoderKLQwenImage`) and
+transformers (`Qwen2_5_VLForConditionalGeneration`), so official checkpoints load with their own key names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ...core.pipeline import BasePipeline
+from ...errors import UserError
+from ...media.image import as_image_list, tensor_to_images
+from .model_fn import model_fn_qwen_image, pack_latents, unpack_latents
+from .components import SCHEDULER_CONFIG, TRAINING_MU
+from .units import (DIVISION_FACTOR, QwenImageEditImageEmbedder, QwenImageInputImageEmbedder,
+                    QwenImageNoiseInitializer, QwenImagePromptEmbedder, QwenImageShapeChecker, template_drop_count,
+                    vae_decode)
+
+
+class QwenImagePipeline(BasePipeline):
+    family = "qwen_image"
+    model_names = ("dit", "text_encoder", "vae")
+    settings = frozenset({"rand_device", "batch_size", "edit_image_auto_resize", "use_gradient_checkpointing",
+                          "use_gradient_checkpointing_offload"})
+    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "edit_latents")
+    padded_values = {"prompt_embeds": "prompt_embeds_mask", "negative_prompt_embeds": "negative_prompt_embeds_mask"}
+    loss_models = ("dit",)
+    decode_models = ("vae",)
+    division_factor = DIVISION_FACTOR
+
+    patch_size = 2
+    vae_scale = 8
+    latent_channels = 16
+
+    def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
+        super().__init__(device, torch_dtype)
+        self.scheduler = scheduler or self.default_scheduler()
+        self.tokenizer = None
+        self.processor = None
+        self._drops: dict[str, int] = {}
+        self.units = [QwenImageShapeChecker(), QwenImageNoiseInitializer(), QwenImageInputImageEmbedder(),
+                      QwenImageEditImageEmbedder(), QwenImagePromptEmbedder()]
+
+    @staticmethod
+    def default_scheduler():
+        """The official scheduler config; training draws from the reference's table at mu = 0.8."""
+        from ...schedulers import FlowMatchScheduler
+
+        return FlowMatchScheduler(training_mu=TRAINING_MU, **SCHEDULER_CONFIG)
+
+    def template_drop(self, template: str) -> int:
+        if template not in self._drops:
+            if self.tokenizer is None:
+                raise UserError("no tokenizer: pass --tokenizer_path (or tokenizer_config) to encode prompts")
+            self._drops[template] = template_drop_count(self.tokenizer, template)
+        return self._drops[template]
+
+    def vl_inputs(self, texts: list[str], images: list[Image.Image]):
+        """Tokens and pixel inputs for Qwen2.5-VL with one image per text (what Qwen2VLProcessor does)."""
+        if self.processor is None:
+            raise UserError("editing needs the image processor: pass --processor_path (the model's processor/ folder)")
+        image_processor = self.processor
+        vis = image_processor(images=images, return_tensors="pt")
+        merge = getattr(image_processor, "merge_size", 2) ** 2
+        counts = (vis["image_grid_thw"].prod(-1) // merge).tolist()
+        if len(images) == 1 and len(texts) > 1:
+            counts = counts * len(texts)
+            vis = {"pixel_values": vis["pixel_values"].repeat(len(texts), 1),
+                   "image_grid_thw": vis["image_grid_thw"].repeat(len(texts), 1)}
+        expanded = [t.replace("<|image_pad|>", "<|image_pad|>" * int(n), 1) for t, n in zip(texts, counts)]
+        tokens = self.tokenizer(expanded, padding=True, return_tensors="pt")
+        return {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}, dict(vis)
+
+    # -- model_fn -------------------------------------------------------------------------------------
+    def model_fn(self, latents, timestep, prompt_embeds, prompt_embeds_mask=None, edit_latents=None, **settings):
+        return model_fn_qwen_image(self.dit, latents, timestep, prompt_embeds, prompt_embeds_mask, edit_latents,
+                                   **settings)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return vae_decode(self, latents)
+
+    def combine_cfg(self, posi, nega, cfg_scale):
+        # Qwen-Image's true CFG keeps the norm of the conditional prediction per 2x2 patch token.
+        comb = nega + cfg_scale * (posi - nega)
+        h, w = posi.shape[-2:]
+        p, c = pack_latents(posi), pack_latents(comb)
+        scale = p.norm(dim=-1, keepdim=True) / c.norm(dim=-1, keepdim=True)
+        return unpack_latents(c * scale, h, w)
+
+    # -- training -------------------------------------------------------------------------------------
+    def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Pipeline inputs for one data sample, as inference would be called (batch of one)."""
+        image = data.get("image")
+        if image is not None and not isinstance(image, Image.Image):
+            raise UserError(f"row {data.get('_row', '?')}: 'image' must be an image file listed in --data_file_keys")
+        values = {
+            "prompt": data.get("prompt", ""), "negative_prompt": "", "input_image": image,
+            "height": image.size[1] if image is not None else data.get("height"),
+            "width": image.size[0] if image is not None else data.get("width"),
+            "seed": data.get("seed"), "rand_device": data.get("rand_device", "cpu"), "batch_size": 1,
+            "edit_image": data.get("edit_image"), "num_inference_steps": data.get("num_inference_steps"),
+        }
+        if values["prompt"] is None or (isinstance(values["prompt"], float) and math.isnan(values["prompt"])):
+            values["prompt"] = ""
+        return values
+
+    def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        """Pipeline inputs for several samples of the same size, encoded as one batch (stage 1)."""
+        per = [self.training_inputs(s) for s in samples]
+        if len(per) == 1:
+            return per[0]
+        values = {}
+        for key in per[0]:
+            vals = [p[key] for p in per]
+            if key in ("height", "width", "rand_device"):
+                values[key] = vals[0]
+            elif all(v is None for v in vals):
+                values[key] = None
+            else:
+                values[key] = vals
+        values["batch_size"] = len(per)
+        return values
+
+    @staticmethod
+    def batch_signature(sample: dict[str, Any]) -> tuple:
+        """Samples with equal signatures can be encoded in one batch."""
+        def size(v):
+            return v.size if isinstance(v, Image.Image) else tuple(i.size for i in v) if isinstance(v, list) else v
+
+        return (size(sample.get("image")), size(sample.get("edit_image")), sample.get("rand_device", "cpu"))
+
+    # -- inference ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "", cfg_scale: float = 4.0,
+                 height: int | None = 1328, width: int | None = 1328, num_inference_steps: int = 30,
+                 seed: int | None = None, input_image=None, denoising_strength: float = 1.0, edit_image=None,
+                 edit_image_auto_resize: bool = True, rand_device: str = "cpu", progress: bool = True,
+                 output_type: str = "pil"):
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
+        if input_image is not None and (height is None or width is None):
+            width, height = as_image_list(input_image)[0].size
+        values: dict[str, Any] = {
+            "prompt": prompts, "negative_prompt": negatives, "height": height, "width": width, "seed": seed,
+            "rand_device": rand_device, "batch_size": len(prompts), "input_image": input_image,
+            "edit_image": edit_image, "edit_image_auto_resize": edit_image_auto_resize,
+        }
+        self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength,
+                                     image_seq_len=(-(-height // DIVISION_FACTOR)) * (-(-width // DIVISION_FACTOR)))
+        self.run_units(values, cfg=cfg_scale != 1.0)
+        latents = self.denoise(values, cfg_scale=cfg_scale, progress=progress)
+        images = vae_decode(self, latents)
+        if output_type == "pt":
+            return (images.float() / 2 + 0.5).clamp(0, 1)
+        if output_type == "latent":
+            return latents
+        pil = tensor_to_images(images)
+        return pil[0] if isinstance(prompt, str) else pil

@@ -1,0 +1,185 @@
+"""Qwen-Image's units: size check, noise, input image, edit image, prompt (with the chat template).
+
+Values keep a leading batch dimension; prompt embeddings of a batch are padded and masked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from PIL import Image
+
+from ...core.units import PipelineUnit
+from ...errors import UserError
+from ...media.image import as_image_list, images_to_tensor
+
+PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
+                   "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}"
+                   "<|im_end|>\n<|im_start|>assistant\n")
+EDIT_PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, "
+                        "texture, objects, background), then explain how the user's text instruction should alter or "
+                        "modify the image. Generate a new image that meets the user's requirements while maintaining "
+                        "consistency with the original input where appropriate.<|im_end|>\n<|im_start|>user\n"
+                        "<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n")
+TOKENIZER_MAX_LENGTH = 1024
+MAX_SEQUENCE_LENGTH = 512
+DIVISION_FACTOR = 16  # VAE x8, then 2x2 patches
+VAE_SCALE = 8
+EDIT_IMAGE_AREA = 1024 * 1024
+
+
+
+def template_drop_count(tokenizer, template: str) -> int:
+    """How many leading template tokens to drop from the text encoder's output.
+
+    The official pipelines hard-code 34 (text-to-image) and 64 (edit), which is right only for the
+    official tokenizer. This counts the tokens of the template's system part (everything before the
+    first placeholder: the prompt `{}` or the image `<|vision_start|>`) with the tokenizer at hand.
+    """
+    cut = min(i for i in (template.find("{}"), template.find("<|vision_start|>")) if i >= 0)
+    return len(tokenizer(template[:cut], add_special_tokens=False)["input_ids"])
+
+
+def edit_image_size(width: int, height: int, area: int = EDIT_IMAGE_AREA) -> tuple[int, int]:
+    """Qwen-Image-Edit's automatic resize: keep the aspect ratio, about `area` pixels, sides multiples of 32."""
+    ratio = width / height
+    w = math.sqrt(area * ratio)
+    h = w / ratio
+    return max(32, round(w / 32) * 32), max(32, round(h / 32) * 32)
+
+
+def _latent_stats(vae, dtype, device):
+    mean = torch.tensor(vae.config.latents_mean, dtype=dtype, device=device).view(1, -1, 1, 1)
+    std = torch.tensor(vae.config.latents_std, dtype=dtype, device=device).view(1, -1, 1, 1)
+    return mean, std
+
+
+def vae_encode(pipe, images: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) in [-1, 1] -> normalised latents (B, 16, H/8, W/8), the posterior mode (deterministic)."""
+    vae = pipe.vae
+    x = images.to(device=pipe.device, dtype=vae.dtype).unsqueeze(2)  # the VAE is a video VAE: one frame
+    z = vae.encode(x).latent_dist.mode()[:, :, 0]
+    mean, std = _latent_stats(vae, z.dtype, z.device)
+    return ((z - mean) / std).to(pipe.torch_dtype)
+
+
+def vae_decode(pipe, latents: torch.Tensor) -> torch.Tensor:
+    vae = pipe.vae
+    latents = latents.to(vae.dtype)
+    mean, std = _latent_stats(vae, latents.dtype, latents.device)
+    return vae.decode((latents * std + mean).unsqueeze(2)).sample[:, :, 0]
+
+
+# -- units --------------------------------------------------------------------------------------------
+
+
+class QwenImageShapeChecker(PipelineUnit):
+    """Round height and width up to multiples of 16 (VAE x8 and 2x2 patches)."""
+
+    inputs = ("height", "width")
+    outputs = ("height", "width")
+
+    def process(self, pipe, height, width):
+        if height is None or width is None:
+            raise UserError("height and width are required (or an input image to take them from)")
+        f = DIVISION_FACTOR
+        return {"height": -(-int(height) // f) * f, "width": -(-int(width) // f) * f}
+
+
+class QwenImageNoiseInitializer(PipelineUnit):
+    """Initial noise from `seed`, drawn on `rand_device` so a seed gives the same noise on any accelerator."""
+
+    inputs = ("height", "width", "seed", "rand_device", "batch_size")
+    outputs = ("noise",)
+
+    def process(self, pipe, height, width, seed, rand_device, batch_size):
+        rand_device = rand_device or "cpu"
+        if isinstance(rand_device, (list, tuple)):
+            rand_device = rand_device[0]
+        shape = (16, height // VAE_SCALE, width // VAE_SCALE)
+
+        def draw(n, s):
+            generator = torch.Generator(rand_device)
+            generator.manual_seed(int(s)) if s is not None else generator.seed()
+            return torch.randn((n, *shape), generator=generator, device=rand_device, dtype=torch.float32)
+
+        if isinstance(seed, (list, tuple)):  # a batch of training samples: each sample's noise from its own seed
+            noise = torch.cat([draw(1, s) for s in seed])
+        else:  # one seed for the whole batch, as diffusers draws it
+            noise = draw(batch_size or 1, seed)
+        return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
+
+
+class QwenImageInputImageEmbedder(PipelineUnit):
+    """Encode the input image: clean latents in training; noised to the first timestep for image-to-image."""
+
+    inputs = ("input_image", "noise", "height", "width")
+    outputs = ("latents", "input_latents")
+    models = ("vae",)
+
+    def process(self, pipe, input_image, noise, height, width):
+        if input_image is None:
+            return {"latents": noise}
+        input_latents = vae_encode(pipe, images_to_tensor(input_image, height, width))
+        if pipe.scheduler.training:
+            return {"latents": noise, "input_latents": input_latents}
+        latents = pipe.scheduler.add_noise(input_latents, noise, pipe.scheduler.sigmas[0])
+        return {"latents": latents, "input_latents": input_latents}
+
+
+class QwenImageEditImageEmbedder(PipelineUnit):
+    """Qwen-Image-Edit: resize the edit image to about 1 MP (unless told not to) and encode it."""
+
+    inputs = ("edit_image", "edit_image_auto_resize")
+    outputs = ("edit_image", "edit_latents")
+    models = ("vae",)
+
+    def process(self, pipe, edit_image, edit_image_auto_resize):
+        if edit_image is None:
+            return {}
+        images = as_image_list(edit_image)
+        if edit_image_auto_resize is not False:
+            w, h = edit_image_size(*images[0].size)
+            images = [img.convert("RGB").resize((w, h), Image.LANCZOS) for img in images]
+        latents = vae_encode(pipe, images_to_tensor(images))
+        return {"edit_image": images, "edit_latents": latents}
+
+
+class QwenImagePromptEmbedder(PipelineUnit):
+    """Encode the prompt with the Qwen-Image chat template (with the edit image for Qwen-Image-Edit)."""
+
+    inputs = ("edit_image",)
+    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
+    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds"),
+                   "prompt_embeds_mask": ("prompt_embeds_mask", "negative_prompt_embeds_mask")}
+    models = ("text_encoder",)
+
+    def process(self, pipe, prompt, edit_image):
+        if prompt is None:
+            return {}
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        encoder = pipe.text_encoder
+        if edit_image is None:
+            template = PROMPT_TEMPLATE
+            tokens = pipe.tokenizer([template.format(p) for p in prompts], max_length=TOKENIZER_MAX_LENGTH +
+                                    pipe.template_drop(template), padding=True, truncation=True, return_tensors="pt")
+            extra = {}
+        else:
+            template = EDIT_PROMPT_TEMPLATE
+            tokens, extra = pipe.vl_inputs([template.format(p) for p in prompts], as_image_list(edit_image))
+        tokens = {k: v.to(pipe.device) for k, v in tokens.items()}
+        extra = {k: v.to(pipe.device) for k, v in extra.items()}
+        if "pixel_values" in extra:
+            extra["pixel_values"] = extra["pixel_values"].to(encoder.dtype)
+        # The base model's last hidden state (after the final norm) is what the DiT reads; going round the
+        # LM head saves a (tokens x 152k-vocabulary) logits tensor per batch at the real size.
+        backbone = getattr(encoder, "model", encoder)
+        hidden = backbone(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
+                          **extra).last_hidden_state
+        drop = pipe.template_drop(template)
+        pieces = [h[m.bool()][drop:][:MAX_SEQUENCE_LENGTH] for h, m in zip(hidden, tokens["attention_mask"])]
+        length = max(p.shape[0] for p in pieces)
+        embeds = torch.stack([torch.nn.functional.pad(p, (0, 0, 0, length - p.shape[0])) for p in pieces])
+        mask = torch.stack([torch.arange(length, device=embeds.device) < p.shape[0] for p in pieces]).long()
+        return {"prompt_embeds": embeds.to(pipe.torch_dtype), "prompt_embeds_mask": mask}

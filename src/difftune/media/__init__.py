@@ -1,0 +1,1 @@
+"""Pictures (and, later, clips) as the pipelines and the cache take them."""

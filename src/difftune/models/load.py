@@ -1,0 +1,146 @@
+"""Building and loading one recognised model, and tokenizers.
+
+Loading builds the model with empty (meta) parameters, so a 20B model is never initialised in memory, then
+assigns each tensor, cast to the target dtype and moved to the device, shard by shard. Only safetensors are
+read; pickle checkpoints are refused because unpickling runs code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from ..util import first_line
+from ..util import torch_dtype as to_dtype
+from .config import ModelConfig
+from .detect import ComponentSpec, DetectedComponent, _files_desc, as_model_config, detect_component
+
+
+@dataclass
+class LoadedComponent:
+    name: str
+    module: torch.nn.Module
+    files: list[str]
+    source: str = ""
+
+
+def _dtype(value) -> torch.dtype:
+    try:
+        return to_dtype(value)
+    except ValueError as e:
+        raise UserError(f"torch_dtype: {e}") from None
+
+
+def _fit_errors(det: DetectedComponent, expected: dict[str, tuple[int, ...]], required: set[str]) -> str | None:
+    """Missing / unexpected / mis-shaped tensors, from the headers alone (before any tensor is read)."""
+    norm = det.spec.normalize_key
+    mapped = {norm(k): k for k in det.shapes}
+    unexpected = [k for n, k in mapped.items() if n not in expected]
+    wrong = [k for n, k in mapped.items() if n in expected and tuple(det.shapes[k]) != expected[n]]
+    missing = [n for n in expected if n in required and n not in mapped]
+    if not (unexpected or wrong or missing):
+        return None
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
+    if wrong:
+        k = wrong[0]
+        parts.append(f"{len(wrong)} of the wrong shape (e.g. {k} in {det.key_file[k]} is {list(det.shapes[k])}, "
+                     f"expected {list(expected[norm(k)])})")
+    return f"{_files_desc(det.files)}: the weights do not fit {det.spec.class_name} (from {det.source}): " \
+           + "; ".join(parts)
+
+
+def _required(module: torch.nn.Module) -> set[str]:
+    """Tensors a checkpoint must provide: the state dict minus tied duplicates (e.g. lm_head = embeddings)."""
+    return {n for n, _ in module.named_parameters()} | {n for n, _ in module.named_buffers()}
+
+
+def load_component(config: ModelConfig | str | list[str], specs: Sequence[ComponentSpec] | None = None,
+                   torch_dtype=torch.bfloat16, device: str | torch.device = "cpu",
+                   detected: DetectedComponent | None = None) -> LoadedComponent:
+    """Recognise (among `specs`, unless already `detected`), build and load one model: frozen (`requires_grad=False`), `eval()`, on `device`.
+
+    Floating tensors are cast to `torch_dtype`; with `config.fp8` (or `--fp8_models <name>`) the Linear
+    weights are stored in float8_e4m3fn as they are read (see `fp8.py`).
+    """
+    from safetensors import safe_open
+
+    from .fp8 import enable_fp8_storage, fp8_weight_names
+
+    config = as_model_config(config)
+    dtype = _dtype(torch_dtype)
+    if detected is None and specs is None:
+        raise TypeError("load_component needs the candidate specs (a family's components) or a detected component")
+    det = detected or detect_component(config, specs)
+    try:
+        module = det.spec.build(det.config)
+    except Exception as e:
+        raise UserError(f"{det.source}: cannot build {det.spec.class_name} from this config "
+                        f"({first_line(e)})") from e
+    expected = {k: tuple(v.shape) for k, v in module.state_dict(keep_vars=True).items()}
+    problem = _fit_errors(det, expected, _required(module))
+    if problem:
+        raise UserError(problem)
+    fp8 = config.wants_fp8(det.name)
+    fp8_names = set(fp8_weight_names(module)) if fp8 else set()
+    keep_fp32 = tuple(getattr(module, "_keep_in_fp32_modules", None) or ())
+    for f in det.files:
+        batch = {}
+        with safe_open(f, framework="pt", device="cpu") as sf:
+            for key in sf.keys():
+                name = det.spec.normalize_key(key)
+                tensor = sf.get_tensor(key)
+                if tensor.is_floating_point():
+                    target = torch.float8_e4m3fn if name in fp8_names else \
+                        torch.float32 if any(m in name.split(".") for m in keep_fp32) else dtype
+                    tensor = tensor.to(target)
+                batch[name] = tensor.to(device)
+        module.load_state_dict(batch, strict=False, assign=True)
+        del batch
+    if hasattr(module, "tie_weights"):
+        module.tie_weights()
+    left = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
+    if left:
+        raise UserError(f"{_files_desc(det.files)}: no weights for {len(left)} tensors of {det.spec.class_name} "
+                        f"(e.g. {', '.join(left[:3])})")
+    module.to(device)  # computed buffers
+    if fp8:
+        enable_fp8_storage(module, compute_dtype=dtype)
+    module.requires_grad_(False)
+    module.eval()
+    return LoadedComponent(det.name, module, det.files, det.source)
+
+
+# -- tokenizer and processor ----------------------------------------------------------------------------
+
+def _directory(value: ModelConfig | str | os.PathLike, what: str) -> Path:
+    resolved = value.resolve() if isinstance(value, ModelConfig) else os.fspath(value)
+    if isinstance(resolved, list):
+        resolved = os.path.dirname(resolved[0])
+    path = Path(os.path.expanduser(resolved))
+    if path.is_file():
+        path = path.parent
+    if not path.is_dir():
+        raise UserError(f"{path}: no such directory (expected a {what} folder)")
+    return path
+
+
+def load_tokenizer(path_or_config: ModelConfig | str | os.PathLike):
+    """A transformers tokenizer from a folder (e.g. Qwen-Image's `tokenizer/`)."""
+    path = _directory(path_or_config, "tokenizer")
+    if not any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        raise UserError(f"{path}: no tokenizer here (expected tokenizer.json, tokenizer_config.json or vocab.json)")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+        raise UserError(f"{path}: cannot load the tokenizer ({first_line(e)})") from e

@@ -1,0 +1,118 @@
+"""The `train` command as a recipe: build the family, the accelerator and the split; [stage 1 into the cache];
+the pipeline with only the models the stage uses; the training module; LoRA or full; resume; train with
+hooks (checkpoints, states, validation, logs); save.
+
+Tasks: `sft` / `direct_distill` train in one stage; `<task>:data_process` runs stage 1 and writes the cache;
+`<task>:train` trains from a cache; `<task>:split` does both in one command, freeing the stage-1 models
+before stage 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+from pathlib import Path
+
+import torch
+
+from .builders import (TaskSpec, bad_samples_of_all_processes, build_pipeline, compute_split, ensure_writable,
+                       find_resume, loop_config, main_process_log, make_accelerator, make_dataset, resolve_models,
+                       stage_settings, training_mode_kwargs, write_json)
+
+
+def run(args) -> dict:
+    task = TaskSpec.parse(args.task)
+    ensure_writable(args.output_path)
+    accelerator = make_accelerator(args, None if task.stage == "data_process" else args.output_path)
+    log = main_process_log(accelerator)
+    family, models = resolve_models(args, log=log)
+    split = compute_split(family, args, task)
+    stage1 = None
+    if task.stage in ("data_process", "split"):
+        from .stage1 import CACHE_SUBDIR, run_stage1
+
+        cache = args.output_path if task.stage == "data_process" else os.path.join(args.output_path, CACHE_SUBDIR)
+        stage1 = run_stage1(args, family, models, split, accelerator, cache)
+        if task.stage == "data_process":
+            return stage1
+        gc.collect()
+        args = copy.copy(args)  # stage 2 of the same command reads what stage 1 wrote
+        args.dataset_base_path, args.dataset_metadata_path = cache, None
+    summary = train_stage(args, task, family, models, split, accelerator, from_cache=task.stage in ("train", "split"))
+    if stage1 is not None:
+        summary["stage1"] = stage1
+    return summary
+
+
+def train_stage(args, task, family, models, split, accelerator, from_cache: bool) -> dict:
+    from .checkpoint import CheckpointSaver, CsvLog, RunHooks
+    from .loop import train
+    from .module import PipelineTrainingModule
+
+    log = main_process_log(accelerator)
+    if from_cache:
+        from .stage1 import open_cache
+
+        dataset, wanted = open_cache(args, family, split), set(split.stage2_models)
+        log(f"training from the cache at {args.dataset_base_path} ({len(dataset)} samples): {split.describe()}")
+    else:
+        dataset, wanted = make_dataset(args, family), None
+    from ..models import check_fp8_frozen
+
+    check_fp8_frozen([slot for slot, c in models if c.wants_fp8(slot)], args.trainable_models)
+    pipe = build_pipeline(family, args, models, wanted, accelerator.device, log=log)
+    stage_units = {type(u) for u in split.stage2}
+    units = [u for u in pipe.units if type(u) in stage_units] if from_cache else pipe.units
+    module = PipelineTrainingModule(pipe, task.loss, units, seed=args.seed, settings=stage_settings(args),
+                                    from_cache=from_cache)
+    resume_state = find_resume(args, pipe)
+    # LoRA initialisation draws from the global RNG: seed it here so the initial weights depend only on
+    # --seed (and not on which models this stage happened to load before).
+    torch.manual_seed(args.seed)
+    module.switch_pipe_to_training_mode(pipe, **training_mode_kwargs(args))
+    if accelerator.is_main_process:
+        write_json(Path(args.output_path) / "training_args.json", vars(args))
+    if accelerator.log_with:
+        accelerator.init_trackers("train")
+    validate = None
+    if args.validation_prompts:
+        from .validation import Validator
+
+        validate = Validator(args, models, family, cache_dir=args.dataset_base_path if from_cache else None)
+    saver = CheckpointSaver(args.output_path, args.remove_prefix_in_ckpt, lora_prefixes=dict(family.lora_prefixes),
+                            base_info={"family": family.name, "task": args.task})
+    csv = None
+    if args.enable_csv_log and accelerator.is_main_process:
+        csv = CsvLog(Path(args.output_path) / "loss.csv", resume_step=_resume_step(resume_state))
+    hooks = RunHooks(saver, save_steps=args.save_steps, state_dir=args.output_path,
+                     save_state_steps=args.save_state_steps, save_state=args.save_state,
+                     keep_states=args.keep_last_states, validate=validate, validation_steps=args.validation_steps,
+                     csv=csv)
+    summary = train(accelerator, dataset, module, loop_config(args, resume_state), hooks)
+    report_bad_samples(args, accelerator, dataset, module, summary)
+    accelerator.end_training()
+    summary["saved"] = [str(p) for p in saver.saved]
+    return summary
+
+
+def _resume_step(state_dir) -> int:
+    if state_dir is None:
+        return 0
+    import json
+
+    return int(json.loads((Path(state_dir) / "state.json").read_text())["position"]["global_step"])
+
+
+def report_bad_samples(args, accelerator, dataset, module, summary: dict) -> None:
+    """Rows left out (--on_bad_sample skip), from every process, in <output_path>/bad_samples.json."""
+    bad = list(getattr(dataset, "bad_samples", []) or [])
+    known = {b.get("id") for b in bad}
+    bad += [{"id": dataset.sample_id(i), "reason": "failed to load"} for i in sorted(module.skipped)
+            if hasattr(dataset, "sample_id") and dataset.sample_id(i) not in known]
+    bad = bad_samples_of_all_processes(accelerator, bad)
+    if bad and accelerator.is_main_process:
+        report = Path(args.output_path) / "bad_samples.json"
+        write_json(report, {"skipped": bad, "note": "rows left out of training (--on_bad_sample skip)"})
+        print(f"skipped {len(bad)} bad sample(s); listed in {report}")
+    summary["skipped"] = [b.get("id") for b in bad]

@@ -1,0 +1,41 @@
+"""Small pieces several layers share: comma-separated name lists, dtype names, pickle file suffixes, and the
+one-line form of an exception (for the one-line errors users see)."""
+
+from __future__ import annotations
+
+# Files that are (or may be) pickles: difftune never unpickles what a user hands it.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+# --torch_dtype names -> torch dtype names
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
+
+def names(value) -> list[str]:
+    """A comma-separated string or a list of names -> list (stripped, no empties, no repeats, in order)."""
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value if v is not None]
+    out: list[str] = []
+    for item in (i.strip() for i in items):
+        if item and item not in out:
+            out.append(item)
+    return out
+
+
+def first_line(err: BaseException | str) -> str:
+    """`TypeName: first line of the message` (just the type where there is no message)."""
+    if isinstance(err, str):
+        return (err.strip().splitlines() or [""])[0]
+    text = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def torch_dtype(value):
+    """A torch dtype from a dtype or its name ("bfloat16", "torch.float16", ...); ValueError if it is none."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return value
+    dtype = getattr(torch, str(value).replace("torch.", ""), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{value!r} is not a torch dtype (e.g. bfloat16, float16, float32)")
+    return dtype
