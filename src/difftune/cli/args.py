@@ -142,7 +142,7 @@ def check_training_args(args) -> None:
         if getattr(args, name, None) is not None:
             raise UserError(f"--{name}: not supported by difftune: {why}")
     if args.num_frames is not None:
-        raise UserError("--num_frames: no video family is implemented yet (difftune trains image families)")
+        raise UserError("--num_frames: not used: no video family is implemented yet (difftune trains image families)")
     if args.offload_models:
         print(f"note: --offload_models {args.offload_models} is not needed: each stage loads only the models it "
               f"uses (the rest are never loaded)")

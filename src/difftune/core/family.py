@@ -57,6 +57,8 @@ class FamilySpec:
     lora_prefixes: Mapping[str, str] = field(default_factory=lambda: {"dit": "transformer"})
     lora_target_modules: str = ""  # the reference's LoRA targets on the denoiser
     data: str = "image"  # what the data operator loads: image | video
+    # Run-time settings this family's units read, from the flags (args -> {name: value}); never cached.
+    flag_settings: Callable[[Any], dict] | None = None
     sample_defaults: Mapping[str, Any] = field(default_factory=dict)  # height, width, steps, cfg_scale, ...
     description: str = ""
 

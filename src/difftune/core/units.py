@@ -19,12 +19,9 @@ mapping one argument name to a (positive, negative) pair of namespace names, e.g
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import UndeclaredIOError, UserError
-
-if TYPE_CHECKING:
-    from .pipeline import BasePipeline
 
 
 class PipelineUnit:
@@ -59,7 +56,7 @@ class PipelineUnit:
 class _ModelView:
     """What a unit sees of the pipeline: everything except the models it did not declare."""
 
-    def __init__(self, pipe: "BasePipeline", unit: PipelineUnit):
+    def __init__(self, pipe, unit: PipelineUnit):
         object.__setattr__(self, "_pipe", pipe)
         object.__setattr__(self, "_unit", unit)
 
@@ -81,7 +78,7 @@ class _ModelView:
         raise UndeclaredIOError(f"unit {self._unit.name} tried to set pipeline attribute '{name}'")
 
 
-def run_unit(pipe: "BasePipeline", unit: PipelineUnit, values: dict[str, Any], cfg: bool = False) -> dict[str, Any]:
+def run_unit(pipe, unit: PipelineUnit, values: dict[str, Any], cfg: bool = False) -> dict[str, Any]:
     """Run one unit on `values` in place: give it exactly its declared inputs, check and merge its outputs."""
     sides = (0, 1) if (cfg and (unit.cfg_inputs or unit.cfg_outputs)) else (0,)
     view = _ModelView(pipe, unit)

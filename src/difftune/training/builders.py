@@ -148,11 +148,13 @@ def _beside(models, tok, download: bool):
     return None
 
 
-def stage_settings(args) -> dict:
+def stage_settings(args, family: FamilySpec) -> dict:
     """Run-time settings every stage passes to its units and the loss (never cached)."""
-    return {"use_gradient_checkpointing": bool(args.use_gradient_checkpointing),
-            "use_gradient_checkpointing_offload": bool(args.use_gradient_checkpointing_offload),
-            "edit_image_auto_resize": bool(getattr(args, "edit_image_auto_resize", True)), "batch_size": 1}
+    settings = {"use_gradient_checkpointing": bool(args.use_gradient_checkpointing),
+                "use_gradient_checkpointing_offload": bool(args.use_gradient_checkpointing_offload), "batch_size": 1}
+    if family.flag_settings is not None:
+        settings.update(family.flag_settings(args))
+    return settings
 
 
 def compute_split(family: FamilySpec, args, task: TaskSpec):

@@ -64,7 +64,7 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
     pipe = build_pipeline(family, args, models, wanted, accelerator.device, log=log)
     stage_units = {type(u) for u in split.stage2}
     units = [u for u in pipe.units if type(u) in stage_units] if from_cache else pipe.units
-    module = PipelineTrainingModule(pipe, task.loss, units, seed=args.seed, settings=stage_settings(args),
+    module = PipelineTrainingModule(pipe, task.loss, units, seed=args.seed, settings=stage_settings(args, family),
                                     from_cache=from_cache)
     resume_state = find_resume(args, pipe)
     # LoRA initialisation draws from the global RNG: seed it here so the initial weights depend only on

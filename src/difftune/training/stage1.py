@@ -19,6 +19,7 @@ from .. import __version__
 from ..core.batch import split_batch
 from ..errors import UserError
 from ..media.image import IMAGE_MARK, images_to_cache
+from .losses import LOSS_SETTINGS
 from .builders import (bad_samples_of_all_processes, build_pipeline, ensure_writable, main_process_log,
                        make_dataset, stage_settings, write_json)
 
@@ -45,7 +46,8 @@ def stage1_fingerprint(args, family, split, components) -> dict:
         "metadata": data_files,
         "preprocessing": {"height": args.height, "width": args.width, "max_pixels": args.max_pixels,
                           "data_file_keys": args.data_file_keys, "extra_inputs": args.extra_inputs,
-                          "edit_image_auto_resize": stage_settings(args)["edit_image_auto_resize"]},
+                          **{k: v for k, v in stage_settings(args, family).items() if k not in LOSS_SETTINGS
+                             and k != "batch_size"}},
         "units": [f"{u.name}@{getattr(u, 'version', 1)}" for u in split.stage1],
         "frontier": list(split.frontier),
         "task": args.task.split(":")[0],
@@ -96,7 +98,7 @@ def run_stage1(args, family, models, split, accelerator, output_path: str) -> di
     done = set(writer.done_ids())
     pipe = build_pipeline(family, args, models, set(split.stage1_models), accelerator.device, log=log)
     pipe.scheduler.set_training()
-    settings = stage_settings(args)
+    settings = stage_settings(args, family)
     mine = [i for i in range(rows) if i % accelerator.num_processes == accelerator.process_index]
     todo = [i for i in mine if dataset.sample_id(i) not in done]
     if len(todo) < len(mine):
