@@ -14,16 +14,19 @@ or `CHECKED` once nothing more can be checked without decoding.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import re
 from collections.abc import Callable, Iterable
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import UserError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 CHECKED = object()  # returned by `check` when the rest can only be checked by loading
+URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)  # http(s)://, s3://, gs://, ...
 
 
 def one_line(text) -> str:
@@ -120,6 +123,9 @@ class ToAbsolutePath(DataOperator):
         if not isinstance(value, str) or not value.strip():
             raise DataError(f"{_where(context)}: not a file name: {value!r}")
         path = value.strip()
+        if URL.match(path):  # else reported as a missing file under the base path, which misleads
+            raise DataError(f"{_where(context)}: {path} is a URL; URLs are not downloaded: download the files and "
+                            "list local paths")
         path = path if os.path.isabs(path) else os.path.join(self.base_path, path)
         if context is not None:
             context["file"] = path
@@ -138,8 +144,70 @@ def _file_problem(path: str) -> str | None:
     return None
 
 
+ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
+INT16_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+BACKGROUND = (255, 255, 255)  # transparent pixels become white, as an image viewer on a white page shows them
+
+
+def _as_uint8(values, path: str, context) -> Image.Image:
+    """An 8-bit grey image from the pixel values of a 16-bit, 32-bit integer or float image.
+
+    - 16-bit integer (I;16*): 0..65535 -> 0..255 (x / 257).
+    - 32-bit integer (I): 0..65535 is taken as 16-bit (PIL opens 16-bit PNG/TIFF/PGM files as I in some
+      versions); any other range (negative values, or above 65535) is stretched from its min..max.
+    - float (F): 0..1 -> x 255; else 0..255 as is; else stretched from its min..max. NaN/Inf is refused.
+    """
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size and not np.isfinite(arr).all():
+        raise DataError(f"{_where(context)}: image has NaN or infinite pixel values (mode {values.mode}): {path}")
+    lo, hi = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
+    if values.mode in INT16_MODES or (values.mode == "I" and lo >= 0 and hi <= 65535):
+        arr = arr / 257.0
+    elif values.mode == "F" and lo >= 0 and hi <= 1:
+        arr = arr * 255.0
+    elif not (values.mode == "F" and lo >= 0 and hi <= 255):
+        arr = (arr - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(arr)
+    return Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), mode="L")
+
+
+def _convert(img: Image.Image, path: str, context, mode: str) -> Image.Image:
+    if img.mode in INT16_MODES or img.mode in ("I", "F"):
+        img = _as_uint8(img, path, context)
+    if img.mode == "La":  # premultiplied: PIL converts it to RGBA only through LA
+        img = img.convert("LA")
+    if mode in ("RGB", "L") and (img.mode in ALPHA_MODES or "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        img = Image.alpha_composite(Image.new("RGBA", rgba.size, BACKGROUND + (255,)), rgba)
+    return img if img.mode == mode else img.convert(mode)
+
+
+def to_rgb(img: Image.Image, path: str = "", context: dict | None = None, mode: str = "RGB") -> Image.Image:
+    """The picture an image viewer shows, as 8-bit `mode` (RGB by default): 16/32-bit and float pixels
+    scaled to 0..255 (see `_as_uint8`), transparency (alpha, or a palette/colour key) composited on white
+    unless `mode` keeps alpha, CMYK/YCbCr/LAB/HSV/1-bit/palette converted. A mode PIL cannot convert is
+    refused in one line naming the file and the mode. EXIF orientation is applied by the caller."""
+    try:
+        return _convert(img, path, context, mode)
+    except ValueError as err:
+        raise DataError(f"{_where(context)}: cannot convert image mode {img.mode!r} to {mode} "
+                        f"({one_line(err)}): {path}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _unconvertible(mode: str, target: str) -> str | None:
+    """None if images of `mode` convert to `target`, else PIL's reason (tried on a 1x1 image)."""
+    try:
+        _convert(Image.new(mode, (1, 1)), "", None, target)
+    except ValueError as err:
+        return one_line(err)
+    return None
+
+
 class LoadImage(DataOperator):
-    """Open an image file and convert it (RGB by default); every failure names the row and the file."""
+    """Open an image file as the picture a viewer shows (EXIF orientation applied, every PIL mode decoded
+    to 8-bit `mode`, RGB by default: see `to_rgb`); every failure names the row and the file."""
 
     def __init__(self, mode: str = "RGB"):
         self.mode = mode
@@ -151,10 +219,15 @@ class LoadImage(DataOperator):
         try:
             with Image.open(path) as img:
                 if not decode:
+                    why = _unconvertible(img.mode, self.mode)  # the mode is in the header: refuse it here already
+                    if why:
+                        raise DataError(f"{_where(context)}: cannot convert image mode {img.mode!r} to "
+                                        f"{self.mode} ({why}): {path}")
                     img.verify()  # structure and checksums only (PNG); no pixel decoding
                     return CHECKED
                 img.load()  # decode now, so a truncated file fails here with its row and file named
-                return img.convert(self.mode)
+                img = ImageOps.exif_transpose(img)  # a camera's portrait photo stands up
+                return to_rgb(img, path, context, self.mode)
         except UnidentifiedImageError:
             raise DataError(f"{_where(context)}: not an image (PIL cannot read its format): {path}") from None
         except Image.DecompressionBombError:
