@@ -181,3 +181,134 @@ def test_check_is_header_only_and_accepts_every_mode(tmp_path):
         path = tmp_path / f"x{mode.replace(';', '_')}.{'tif' if mode in ('F', 'CMYK') else 'png'}"
         img.save(path)
         assert LoadImage().check(str(path)) is not None
+
+
+# -- 2. metadata read as the user means it --------------------------------------------------------------------
+def picture(folder, name="a.png", color=(200, 30, 30)):
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (32, 32), color).save(folder / name)
+    return name
+
+
+def test_metadata_without_prompt_column_is_refused(tmp_path):
+    picture(tmp_path)
+    meta = tmp_path / "m.csv"
+    meta.write_text("image,caption\na.png,a red square\n")
+    with pytest.raises(DataError) as err:
+        UnifiedDataset(tmp_path, meta)
+    text = str(err.value)
+    assert "\n" not in text and str(meta) in text and "no 'prompt' column" in text
+    assert "its columns are image, caption" in text and "--allow_empty_prompts" in text
+    ds = UnifiedDataset(tmp_path, meta, allow_empty_prompts=True)  # empty prompts meant: as before
+    assert "prompt" not in ds[0] and ds[0]["caption"] == "a red square"
+
+
+def test_cli_refuses_metadata_without_prompts(tmp_path, tiny_repo, capsys):
+    from test_bad_input import base_args, cli, one_line_error
+
+    picture(tmp_path / "data")
+    meta = tmp_path / "data" / "metadata.csv"
+    meta.write_text("image,caption\na.png,a red square\n")
+    one_line_error(capsys, cli(*base_args(meta, tmp_path / "out", tiny_repo)), "metadata.csv", "no 'prompt' column",
+                   "image, caption")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "json"])
+def test_prompts_that_look_like_numbers_stay_text(tmp_path, fmt):
+    picture(tmp_path)
+    rows = [{"image": "a.png", "prompt": 1984, "negative_prompt": False, "seed": 7, "scale": 1.5, "flag": True},
+            {"image": "a.png", "prompt": 2001, "negative_prompt": True, "seed": 8, "scale": 2.5, "flag": False}]
+    meta = tmp_path / f"m.{fmt}"
+    if fmt == "csv":
+        meta.write_text("image,prompt,negative_prompt,seed,scale,flag\n"
+                        "a.png,1984,False,7,1.5,True\na.png,2001,True,8,2.5,false\n")
+        texts = [("1984", "False"), ("2001", "True")]
+    else:
+        body = json.dumps(rows) if fmt == "json" else "\n".join(json.dumps(r) for r in rows)
+        meta.write_text(body + "\n")
+        texts = [("1984", "false"), ("2001", "true")]  # as typed in the file
+    ds = UnifiedDataset(tmp_path, meta)
+    for i, (prompt, negative) in enumerate(texts):
+        item = ds[i]
+        assert item["prompt"] == prompt and item["negative_prompt"] == negative
+        assert type(item["seed"]) is int and item["seed"] == 7 + i  # numbers where numbers are meant
+        assert item["scale"] == 1.5 + i and item["flag"] is (i == 0)
+
+
+def test_training_on_numeric_prompts_runs(tmp_path, tiny_repo, capsys):
+    from test_bad_input import base_args, cli
+
+    data = tmp_path / "data"
+    picture(data, "a.png")
+    picture(data, "b.png", (30, 30, 200))
+    meta = data / "metadata.csv"
+    meta.write_text("image,prompt\na.png,1984\nb.png,2001\n")  # was: TypeError: 'int' object is not iterable
+    assert cli(*base_args(meta, tmp_path / "out", tiny_repo), "--max_steps", 1) == 0
+    assert list((tmp_path / "out").glob("*.safetensors"))
+
+
+# -- 3. URLs in metadata --------------------------------------------------------------------------------------
+def test_urls_are_refused_by_name(tmp_path):
+    picture(tmp_path)
+    url = "https://example.com/pictures/b.png"
+    meta = tmp_path / "m.jsonl"
+    meta.write_text(json.dumps({"image": "a.png", "prompt": "p"}) + "\n" + json.dumps({"image": url, "prompt": "q"}))
+    with pytest.raises(DataError) as err:
+        UnifiedDataset(tmp_path, meta)
+    text = str(err.value)
+    assert "\n" not in text and "m.jsonl row 2 'image'" in text and url in text
+    assert "URLs are not downloaded" in text and "file not found" not in text
+    with pytest.raises(DataError, match="URLs are not downloaded"):
+        ToAbsolutePath(tmp_path)("HTTP://example.com/x.png")
+    assert ToAbsolutePath(tmp_path)("sub/x.png") == str(tmp_path / "sub" / "x.png")
+
+
+# -- 7. bad data found in seconds -----------------------------------------------------------------------------
+def many_rows(folder, n, last=None):
+    """n rows over two pictures; the last row's image replaced by `last` ('missing' or 'truncated')."""
+    picture(folder, "a.png")
+    picture(folder, "b.png", (30, 30, 200))
+    names = ["a.png" if i % 2 else "b.png" for i in range(n)]
+    if last == "missing":
+        names[-1] = "gone.png"
+    elif last == "truncated":
+        Image.effect_noise((64, 64), 40).convert("RGB").save(folder / "full.png")
+        (folder / "cut.png").write_bytes((folder / "full.png").read_bytes()[:3000])
+        names[-1] = "cut.png"
+    meta = folder / "metadata.csv"
+    meta.write_text("image,prompt\n" + "".join(f"{name},picture {i}\n" for i, name in enumerate(names)))
+    return meta
+
+
+@pytest.mark.parametrize("last", ["missing", "truncated"])
+def test_bad_last_row_stops_before_the_first_step(tmp_path, tiny_repo, capsys, last):
+    from test_bad_input import base_args, cli, one_line_error
+
+    meta = many_rows(tmp_path / "data", 40, last)
+    out = tmp_path / "out"
+    name = "gone.png" if last == "missing" else "cut.png"
+    one_line_error(capsys, cli(*base_args(meta, out, tiny_repo), "--save_steps", 1), "metadata.csv row 40 'image'",
+                   name, "file not found" if last == "missing" else "corrupt")
+    assert not out.exists() or not list(out.rglob("*.safetensors"))  # no step was trained
+    cache = tmp_path / "cache"  # stage 1 too: before any sample is encoded
+    one_line_error(capsys, cli(*base_args(meta, cache, tiny_repo), "--task", "sft:data_process"), "row 40", name)
+    assert not cache.exists() or not list(cache.rglob("*.safetensors"))
+
+
+def test_precheck_counts_every_bad_row_and_shows_progress(tmp_path, capsys, monkeypatch):
+    import difftune.data.dataset as dataset
+
+    meta = many_rows(tmp_path, 30)
+    text = meta.read_text().replace("a.png,picture 3", "x.png,picture 3").replace("b.png,picture 8", "y.png,picture 8")
+    meta.write_text(text)
+    with pytest.raises(DataError) as err:
+        UnifiedDataset(tmp_path, meta, progress=False)
+    assert str(err.value) == f"{meta} row 4 'image': file not found: {tmp_path / 'x.png'} (and 1 more bad row)"
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(dataset, "PROGRESS_ROWS", 10)
+    ds = UnifiedDataset(tmp_path, meta, on_bad_sample="skip")
+    assert ds.num_rows == 28 and [b["row"] for b in ds.bad_samples] == [4, 9]
+    assert "checking metadata.csv" in capsys.readouterr().err
+    UnifiedDataset(tmp_path, meta, on_bad_sample="skip", progress=False)
+    assert capsys.readouterr().err == ""
