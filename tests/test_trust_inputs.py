@@ -312,3 +312,97 @@ def test_precheck_counts_every_bad_row_and_shows_progress(tmp_path, capsys, monk
     assert "checking metadata.csv" in capsys.readouterr().err
     UnifiedDataset(tmp_path, meta, on_bad_sample="skip", progress=False)
     assert capsys.readouterr().err == ""
+
+
+# -- 6. disk full / file-size limit while saving --------------------------------------------------------------
+FSIZE_SCRIPT = textwrap.dedent("""
+    import json, resource, signal, sys
+    from pathlib import Path
+    import torch
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process at the limit
+    folder = Path(sys.argv[1])
+    for name in ("a.txt", "b.safetensors", "c.json"):
+        (folder / name).write_text("old content")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+    from difftune.cache.manifest import atomic_write_bytes
+    from difftune.errors import UserError
+    from difftune.io import atomic_save_safetensors, atomic_write_text
+    from difftune.cache import CacheManifest, CacheWriter
+    writes = {"a.txt": lambda p: atomic_write_text(p, "x" * 10000),
+              "b.safetensors": lambda p: atomic_save_safetensors({"w": torch.zeros(5000)}, p),
+              "c.json": lambda p: atomic_write_bytes(p, b"y" * 9000)}
+    out = {}
+    for name, write in writes.items():
+        try:
+            write(folder / name)
+            out[name] = "no error"
+        except UserError as err:
+            out[name] = str(err)
+    manifest = CacheManifest.new(family="toy", fingerprint={"x": 1})
+    writer = CacheWriter(folder / "cache", manifest=manifest)
+    writer.write("s1", {"latents": torch.zeros(4000)})
+    try:
+        writer.flush()
+        out["shard"] = "no error"
+    except UserError as err:
+        out["shard"] = str(err)
+    print(json.dumps(out))
+""")
+
+
+def test_file_size_limit_is_one_line_and_keeps_the_old_file(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    run = subprocess.run([sys.executable, "-c", FSIZE_SCRIPT, str(tmp_path)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    sizes = {"a.txt": "10000 bytes", "b.safetensors": "20000 bytes", "c.json": "9000 bytes"}
+    for name, size in sizes.items():
+        assert out[name].startswith(f"cannot write {tmp_path / name}: file too large"), out[name]
+        assert size in out[name] and "\n" not in out[name]
+        assert (tmp_path / name).read_text() == "old content"  # the earlier file, untouched
+    assert "shard-000000.safetensors" in out["shard"] and "file too large" in out["shard"]
+    assert "16000 bytes" in out["shard"]
+    leftovers = [p.name for p in tmp_path.rglob("*") if ".tmp" in p.name]
+    assert leftovers == []
+
+
+def test_disk_full_while_saving_a_checkpoint(tmp_path, tiny_repo, capsys, monkeypatch):
+    import safetensors.torch
+
+    from conftest import make_image_dataset
+    from test_bad_input import base_args, cli, one_line_error
+
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    out = tmp_path / "out"
+    assert cli(*base_args(meta, out, tiny_repo)) == 0
+    capsys.readouterr()
+    before = (out / "epoch-0.safetensors").read_bytes()
+    real = safetensors.torch.save_file
+
+    def full_disk(tensors, filename, metadata=None):
+        real(tensors, filename, metadata)  # the bytes go out, then the device is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    line = one_line_error(capsys, cli(*base_args(meta, out, tiny_repo)), str(out / "epoch-0.safetensors"),
+                          "no space left on the device", "bytes")
+    assert "previous file" in line
+    assert (out / "epoch-0.safetensors").read_bytes() == before
+    assert [p.name for p in out.iterdir() if ".tmp" in p.name] == []
+
+
+def test_disk_full_while_writing_the_cache(tmp_path, tiny_repo, capsys, monkeypatch):
+    import difftune.cache.store as store
+    from conftest import make_image_dataset
+    from test_bad_input import base_args, cli, one_line_error
+
+    def full_disk(tensors, filename, metadata=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "save_file", full_disk)
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    cache = tmp_path / "cache"
+    one_line_error(capsys, cli(*base_args(meta, cache, tiny_repo), "--task", "sft:data_process"),
+                   "shard-000000.safetensors", "no space left on the device")
+    assert [p.name for p in cache.rglob("*") if ".tmp" in p.name] == []

@@ -65,14 +65,29 @@ def commit_file(tmp: str, final: str | os.PathLike) -> None:
 
 
 def atomic_write_bytes(final: str | os.PathLike, data: bytes) -> None:
-    tmp = temp_path(final)
+    """`data` to `final` through a temp file; an OS error (disk full, ...) is one UserError line naming
+    `final` and the size, with the earlier file as it was and no temp file left."""
+    tmp = None
     try:
+        tmp = temp_path(final)
         with open(tmp, "wb") as f:
             f.write(data)
         commit_file(tmp, final)
-    except BaseException:
-        _unlink_quiet(tmp)
-        raise
+    except BaseException as exc:
+        if tmp is not None:
+            _unlink_quiet(tmp)
+        failure = as_write_error(exc, final, len(data))
+        if failure is exc:
+            raise
+        raise failure from None
+
+
+def as_write_error(exc: BaseException, final: str | os.PathLike, nbytes: int | None) -> BaseException:
+    """The UserError line for a write of `final` that failed with an OS error; `exc` itself otherwise."""
+    from ..io import os_error_of, write_error
+
+    err = os_error_of(exc) if isinstance(exc, Exception) else None
+    return exc if err is None else write_error(final, err, nbytes)
 
 
 def atomic_write_json(final: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:

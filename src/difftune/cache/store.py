@@ -30,8 +30,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import UserError
-from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest, atomic_write_json,
-                       commit_file, fingerprint_diff, read_manifest_json, temp_path)
+from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest, as_write_error,
+                       atomic_write_json, commit_file, fingerprint_diff, read_manifest_json, temp_path)
 
 PART_RE = re.compile(r"^part-(\d{5,})$")
 SHARD_RE = re.compile(r"^shard-(\d{6,})\.(safetensors|json)$")
@@ -478,13 +478,18 @@ class CacheWriter:
         if self._tensors:
             tensor_file = f"{stem}.safetensors"
             final = self.part / tensor_file
-            tmp = temp_path(final)
+            tmp = None
             try:
+                tmp = temp_path(final)
                 save_file(self._tensors, tmp, metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)})
                 commit_file(tmp, final)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            except BaseException as exc:
+                if tmp is not None:
+                    Path(tmp).unlink(missing_ok=True)
+                failure = as_write_error(exc, final, self._bytes)  # disk full: one line, not a traceback
+                if failure is exc:
+                    raise
+                raise failure from None
         index = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "tensor_file": tensor_file,
                  "samples": self._entries, "skipped": self._skipped}
         atomic_write_json(self.part / f"{stem}.json", index, indent=None)  # the commit point
