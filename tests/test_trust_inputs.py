@@ -406,3 +406,52 @@ def test_disk_full_while_writing_the_cache(tmp_path, tiny_repo, capsys, monkeypa
     one_line_error(capsys, cli(*base_args(meta, cache, tiny_repo), "--task", "sft:data_process"),
                    "shard-000000.safetensors", "no space left on the device")
     assert [p.name for p in cache.rglob("*") if ".tmp" in p.name] == []
+
+
+# -- 5. a corrupt cache shard ---------------------------------------------------------------------------------
+def flip_tensor_bytes(shard):
+    """Flip 8 bytes in the middle of the largest tensor's data (the header stays valid)."""
+    data = bytearray(shard.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    start, end = max((v["data_offsets"] for k, v in header.items() if k != "__metadata__"), key=lambda o: o[1] - o[0])
+    at = 8 + n + (start + end) // 2
+    data[at:at + 8] = bytes(b ^ 0x5A for b in data[at:at + 8])
+    shard.write_bytes(bytes(data))
+
+
+def test_corrupt_shard_stops_stage_2_in_one_line(tmp_path, tiny_repo, capsys):
+    from conftest import make_image_dataset
+    from test_bad_input import cli, one_line_error, stage1_cache, stage2_args
+
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    cache = stage1_cache(meta, tmp_path / "cache", tiny_repo, capsys)
+    shard = cache / "part-00000" / "shard-000000.safetensors"
+    flip_tensor_bytes(shard)
+    out = tmp_path / "out"
+    one_line_error(capsys, cli(*stage2_args(cache, out, tiny_repo)), str(shard), "corrupt",
+                   f"difftune cache verify {cache}")
+    assert not list(out.glob("*.safetensors"))
+
+
+def test_cache_reader_checks_each_tensor_once(tmp_path, monkeypatch):
+    import torch
+
+    import difftune.cache.store as store
+    from difftune.cache import CacheManifest, CacheReader, CacheWriter
+
+    with CacheWriter(tmp_path / "c", manifest=CacheManifest.new(family="toy", fingerprint={})) as writer:
+        writer.write("a", {"x": torch.arange(1000.0), "y": [torch.ones(3), 2]})
+        writer.write("b", {"x": torch.zeros(1000), "y": [torch.ones(3), 3]})
+    reader = CacheReader(tmp_path / "c")
+    calls = []
+    real = store.tensor_sha256
+    monkeypatch.setattr(store, "tensor_sha256", lambda t: calls.append(t.numel()) or real(t))
+    assert reader[0]["x"].sum() == 499500 and reader[0]["y"][1] == 2
+    reader[0], reader[1]
+    assert sorted(calls) == [3, 3, 1000, 1000]  # each tensor hashed on its first read only
+    flip_tensor_bytes(tmp_path / "c" / "part-00000" / "shard-000000.safetensors")
+    fresh = CacheReader(tmp_path / "c")
+    with pytest.raises(DataError) as err:
+        [fresh[i] for i in range(2)]
+    assert "shard-000000.safetensors is corrupt" in str(err.value) and "\n" not in str(err.value)

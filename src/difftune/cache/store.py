@@ -29,6 +29,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..data.operators import DataError  # one line, also when raised in a DataLoader worker
 from ..errors import UserError
 from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest, as_write_error,
                        atomic_write_json, commit_file, fingerprint_diff, read_manifest_json, temp_path)
@@ -195,6 +196,18 @@ def decode(enc: dict, get_tensor: Callable[[str], torch.Tensor]) -> Any:
     if "dict" in enc:
         return {k: decode(e, get_tensor) for k, e in enc["dict"].items()}
     raise ValueError(f"unknown value encoding {sorted(enc)}")
+
+
+def tensor_refs(enc: dict, path: str):
+    """(path, tensor ref) for every tensor inside an encoded value."""
+    if "tensor" in enc:
+        yield path, enc["tensor"]
+    elif "list" in enc:
+        for i, e in enumerate(enc["list"]):
+            yield from tensor_refs(e, f"{path}[{i}]")
+    elif "dict" in enc:
+        for k, e in enc["dict"].items():
+            yield from tensor_refs(e, f"{path}.{k}")
 
 
 def content_of(enc: Any) -> Any:
@@ -640,6 +653,7 @@ class CacheReader(torch.utils.data.Dataset):
         self._files = files
         self._samples = [(where[i][0], where[i][1]) for i in self.ids]
         self._handles: OrderedDict[int, Any] = OrderedDict()
+        self._verified: set[tuple[int, str]] = set()  # tensors whose hash this process has checked
         self._pid = os.getpid()
 
     def __len__(self) -> int:
@@ -654,7 +668,7 @@ class CacheReader(torch.utils.data.Dataset):
             try:
                 handle = safe_open(path, framework="pt", device="cpu")
             except Exception as e:  # safetensors raises its own error types
-                raise UserError(f"cannot read {path} ({type(e).__name__}: {e}); run "
+                raise DataError(f"cannot read {path} ({type(e).__name__}: {e}); run "
                                 f"`difftune cache verify {self.root}`") from None
             self._handles[file_no] = handle
             while len(self._handles) > self.max_open_files:
@@ -667,9 +681,25 @@ class CacheReader(torch.utils.data.Dataset):
         if not -len(self) <= i < len(self):
             raise IndexError(f"cache index {i} out of range ({len(self)} samples)")
         file_no, values = self._samples[i]
+        hashes = {ref["key"]: ref.get("sha256") for name, enc in values.items() for _, ref in tensor_refs(enc, name)}
 
         def get_tensor(key: str) -> torch.Tensor:
-            return self._handle(file_no).get_tensor(key)
+            try:
+                t = self._handle(file_no).get_tensor(key)
+            except UserError:
+                raise
+            except Exception as e:  # safetensors raises its own error types
+                raise DataError(f"cannot read tensor {key!r} of the cache shard {self._files[file_no]} "
+                                f"({type(e).__name__}: {e}); run `difftune cache verify {self.root}`") from None
+            # Checked once per tensor and process (a hash costs about what reading the tensor does):
+            # a flipped byte stops here, not as a traceback from deep inside the model.
+            if (file_no, key) not in self._verified:
+                if hashes.get(key) is not None and tensor_sha256(t) != hashes[key]:
+                    raise DataError(f"the cache shard {self._files[file_no]} is corrupt: tensor {key!r} does not "
+                                    f"match the hash recorded when it was written; run `difftune cache verify "
+                                    f"{self.root}`, then rebuild the cache (stage 1 with --rebuild_cache)")
+                self._verified.add((file_no, key))
+            return t
 
         out = {name: decode(enc, get_tensor) for name, enc in values.items()}
         out["_id"] = self.ids[i]

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from ..errors import UserError
 from .manifest import CacheManifest
 from .store import (COMPLETE_NAME, Shard, content_of, find_pickles, is_complete, list_parts, merge_spec,
-                    read_shard, committed_indexes, spec_of, tensor_sha256, uncommitted_files)
+                    read_shard, committed_indexes, spec_of, tensor_refs, tensor_sha256, uncommitted_files)
 
 MAX_PROBLEMS = 200  # a broken cache can have one problem per sample; the first ones tell the story
 
@@ -80,18 +80,6 @@ def _check_tensor(report: VerifyReport, where: str, ref: dict, handle, spec: dic
             nans = int(torch.isnan(t.float()).sum())
             report.add(f"{where}: {nans} NaN and {bad - nans} Inf value(s)")
     return t
-
-
-def _walk(enc: dict, path: str):
-    """(path, tensor ref) for every tensor inside an encoded value."""
-    if "tensor" in enc:
-        yield path, enc["tensor"]
-    elif "list" in enc:
-        for i, e in enumerate(enc["list"]):
-            yield from _walk(e, f"{path}[{i}]")
-    elif "dict" in enc:
-        for k, e in enc["dict"].items():
-            yield from _walk(e, f"{path}.{k}")
 
 
 def _open(path: Path):
@@ -216,7 +204,7 @@ def _verify_shard(report: VerifyReport, shard: Shard, frontier: dict, infer: boo
             elif name in frontier and spec is not None and frontier[name] is not None \
                     and spec["kind"] != frontier[name]["kind"]:
                 report.add(f"{where}: kind {spec['kind']}, manifest says {frontier[name]['kind']}")
-            for path, ref in _walk(enc, name):
+            for path, ref in tensor_refs(enc, name):
                 if handle is None:
                     if shard.tensor_path is None:
                         report.add(f"{where}: refers to a tensor but the shard has no tensor file")
