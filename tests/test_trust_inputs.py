@@ -455,3 +455,96 @@ def test_cache_reader_checks_each_tensor_once(tmp_path, monkeypatch):
     with pytest.raises(DataError) as err:
         [fresh[i] for i in range(2)]
     assert "shard-000000.safetensors is corrupt" in str(err.value) and "\n" not in str(err.value)
+
+
+# -- 4. a stale cache -----------------------------------------------------------------------------------------
+def recolour(path, color):
+    Image.new("RGB", (64, 48), color).save(path)
+
+
+def latents(cache):
+    from difftune.cache import CacheReader
+
+    reader = CacheReader(cache, log=None)
+    return {reader.ids[i]: {k: v for k, v in reader[i].items() if hasattr(v, "shape")} for i in range(len(reader))}
+
+
+def test_stage1_rerun_encodes_replaced_images_again(tmp_path, tiny_repo, capsys):
+    import torch
+
+    from conftest import make_image_dataset
+    from difftune.cache import verify_cache
+    from test_bad_input import base_args, cli, stage2_args
+
+    meta = make_image_dataset(tmp_path / "data", n=4)
+    cache = tmp_path / "cache"
+    assert cli(*base_args(meta, cache, tiny_repo), "--task", "sft:data_process") == 0
+    before = latents(cache)
+    recolour(meta.parent / "image_2.png", (10, 240, 10))  # replaced after stage 1, metadata unchanged
+    recolour(meta.parent / "image_4.png", (240, 240, 240))
+    capsys.readouterr()
+    assert cli(*base_args(meta, cache, tiny_repo), "--task", "sft:data_process") == 0
+    said = capsys.readouterr().out
+    assert "2 sample(s) already cached" in said and "4 sample(s) already cached" not in said
+    assert "encoding 2 cached sample(s) again" in said and "image_2.png" in said
+    after = latents(cache)
+    fresh_cache = tmp_path / "fresh"
+    assert cli(*base_args(meta, fresh_cache, tiny_repo), "--task", "sft:data_process") == 0
+    fresh = latents(fresh_cache)
+    ids = sorted(before)
+    assert sorted(after) == ids == sorted(fresh)
+    for n, sample_id in enumerate(ids):
+        for name in fresh[sample_id]:
+            assert torch.equal(after[sample_id][name], fresh[sample_id][name]), (sample_id, name)
+        changed = any(not torch.equal(before[sample_id][k], after[sample_id][k]) for k in before[sample_id])
+        assert changed == (n in (1, 3)), sample_id
+    report = verify_cache(cache)
+    assert report.ok, str(report)
+    assert report.samples == 4
+    capsys.readouterr()
+    assert cli(*base_args(meta, cache, tiny_repo), "--task", "sft:data_process") == 0  # nothing left to do
+    assert "4 sample(s) already cached" in capsys.readouterr().out
+    assert cli(*stage2_args(cache, tmp_path / "out", tiny_repo)) == 0
+
+
+def test_cache_of_another_data_folder_is_refused(tmp_path, tiny_repo, capsys):
+    import shutil
+
+    from conftest import make_image_dataset
+    from test_bad_input import base_args, cli, one_line_error
+
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    cache = tmp_path / "cache"
+    assert cli(*base_args(meta, cache, tiny_repo), "--task", "sft:data_process") == 0
+    shutil.copytree(meta.parent, tmp_path / "other")
+    recolour(tmp_path / "other" / "image_1.png", (1, 2, 3))  # same metadata, other pictures
+    capsys.readouterr()
+    one_line_error(capsys, cli(*base_args(tmp_path / "other" / "metadata.csv", cache, tiny_repo), "--task",
+                               "sft:data_process"), "data_root", "--rebuild_cache")
+
+
+def test_stage2_refuses_changed_sources_and_notes_absent_ones(tmp_path, tiny_repo, capsys):
+    from conftest import make_image_dataset
+    from test_bad_input import base_args, cli, one_line_error, stage2_args
+
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    cache = tmp_path / "cache"
+    assert cli(*base_args(meta, cache, tiny_repo), "--task", "sft:data_process") == 0
+    image = meta.parent / "image_2.png"
+    original = image.read_bytes()
+    os.utime(image, ns=(1, 1))  # touched (or copied): same content, so still fine
+    capsys.readouterr()
+    assert cli(*stage2_args(cache, tmp_path / "out1", tiny_repo)) == 0
+    assert "note:" not in capsys.readouterr().out
+    recolour(image, (0, 0, 0))
+    one_line_error(capsys, cli(*stage2_args(cache, tmp_path / "out2", tiny_repo)), str(cache), str(image),
+                   "changed after stage 1")
+    assert not list((tmp_path / "out2").glob("*.safetensors"))
+    image.write_bytes(original)  # put back: size and sampled content as recorded
+    assert cli(*stage2_args(cache, tmp_path / "out3", tiny_repo)) == 0
+    capsys.readouterr()
+    meta.parent.rename(tmp_path / "elsewhere")  # the cache carried to a machine without the data set
+    assert cli(*stage2_args(cache, tmp_path / "out4", tiny_repo)) == 0
+    said = capsys.readouterr().out
+    assert "note: 2 of the 2 source files" in said and "not on this machine" in said and "image_1.png" in said
+    assert list((tmp_path / "out4").glob("*.safetensors"))

@@ -137,6 +137,35 @@ def file_identity(path: str | os.PathLike, *, blocks: int = 8, block_size: int =
     return {"file": path.name, "size": size, "sampled_sha256": digest.hexdigest()}
 
 
+SOURCE_BLOCKS = 4  # 64 KiB blocks sampled per source file: the first, the last and two between
+
+
+def source_identity(path: str | os.PathLike) -> dict:
+    """What a cached sample was made from: the file's absolute path, size, mtime and a sha256 of sampled
+    blocks (`file_identity`). Cheap: one stat and at most 256 KiB read."""
+    path = os.path.abspath(path)
+    stat = os.stat(path)
+    return {"path": path, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "sha256": file_identity(path, blocks=SOURCE_BLOCKS)["sampled_sha256"]}
+
+
+def source_change(recorded: dict) -> str | None:
+    """How a source file differs from its recorded identity: None (unchanged), "absent" (not here, e.g.
+    the cache was carried to another machine), or what changed. Same size and mtime: unchanged without
+    reading it; a new mtime with the same size and sampled content (a copy, a touch) counts as unchanged."""
+    try:
+        stat = os.stat(recorded["path"])
+        if stat.st_size == recorded.get("size") and stat.st_mtime_ns == recorded.get("mtime_ns"):
+            return None
+        if stat.st_size != recorded.get("size"):
+            return f"{recorded.get('size')} -> {stat.st_size} bytes"
+        if file_identity(recorded["path"], blocks=SOURCE_BLOCKS)["sampled_sha256"] != recorded.get("sha256"):
+            return "same size, different content"
+        return None
+    except OSError:
+        return "absent"
+
+
 def _short(value: Any, limit: int = 60) -> str:
     text = canonical_json(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -256,5 +285,6 @@ def read_manifest_json(root: str | os.PathLike) -> dict:
     return data
 
 
-__all__ = ["CacheManifest", "fingerprint_hash", "file_identity", "fingerprint_diff", "canonical_json", "FORMAT_NAME",
-           "FORMAT_VERSION", "MANIFEST_NAME", "atomic_write_json", "atomic_write_bytes", "read_manifest_json"]
+__all__ = ["CacheManifest", "fingerprint_hash", "file_identity", "source_identity", "source_change",
+           "fingerprint_diff", "canonical_json", "FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME", "atomic_write_json",
+           "atomic_write_bytes", "read_manifest_json"]

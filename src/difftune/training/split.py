@@ -37,11 +37,14 @@ def stage1_fingerprint(args, pipe_cls, split, components) -> dict:
     data_files = []
     if args.dataset_metadata_path and os.path.isfile(args.dataset_metadata_path):
         data_files.append(_file_identity(args.dataset_metadata_path))
+    # The metadata's identity holds only its name: the same metadata in another folder names other images.
+    root = args.dataset_base_path or os.path.dirname(args.dataset_metadata_path or "")
     return {
         "family": pipe_cls.family,
         "weights": weights,
         "torch_dtype": args.torch_dtype,
         "metadata": data_files,
+        "data_root": os.path.abspath(root),
         "preprocessing": {"height": args.height, "width": args.width, "max_pixels": args.max_pixels,
                           "data_file_keys": args.data_file_keys, "extra_inputs": args.extra_inputs,
                           "edit_image_auto_resize": stage_settings(args)["edit_image_auto_resize"]},
@@ -102,11 +105,19 @@ def run_data_process(args, task, accelerator=None, output_path: str | None = Non
                          world_size=accelerator.num_processes, rebuild=args.rebuild_cache,
                          barrier=accelerator.wait_for_everyone,
                          shard_max_samples=max(1, int(getattr(args, "cache_commit_every", 64) or 64)))
-    done = set(writer.done_ids())
     pipe = build_pipeline(args, components, set(split.stage1_models), accelerator.device, log=log)
     pipe.scheduler.set_training()
     settings = stage_settings(args)
     mine = [i for i in range(rows) if i % accelerator.num_processes == accelerator.process_index]
+    # Each sample records its source files' identities; a cached one whose files changed since (replaced
+    # images, same metadata) is encoded again, not kept.
+    if hasattr(dataset, "source_files"):
+        changed = writer.track_sources({dataset.sample_id(i): dataset.source_files(dataset.row_index(i))
+                                        for i in mine})
+        if changed:
+            log(f"encoding {len(changed)} cached sample(s) again: their source files changed since, e.g. "
+                f"{next(iter(changed.values()))}")
+    done = set(writer.done_ids())
     todo = [i for i in mine if dataset.sample_id(i) not in done]
     if len(todo) < len(mine):
         log(f"resuming stage 1: {len(mine) - len(todo)} sample(s) already cached")
