@@ -150,6 +150,25 @@ def test_exif_orientation_is_applied(tmp_path):
     assert got.getpixel((15, 5)) == (255, 0, 0) and got.getpixel((5, 5)) == (0, 0, 255)  # red now top-right
 
 
+def test_unparsable_exif_is_refused_in_one_line(tmp_path, monkeypatch):
+    import struct
+
+    from PIL import ImageOps
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "e.jpg")
+
+    def broken(*a, **k):
+        raise struct.error("unpack requires a buffer of 4 bytes")
+
+    monkeypatch.setattr(ImageOps, "exif_transpose", broken)
+    monkeypatch.setattr(Image.Image, "getexif", broken)
+    for step in (LoadImage(), LoadImage().check):  # found by the cheap check too: EXIF is in the header
+        with pytest.raises(DataError) as err:
+            step(str(tmp_path / "e.jpg"), {"where": "m.csv row 2", "key": "image"})
+        text = str(err.value)
+        assert "\n" not in text and "m.csv row 2 'image'" in text and "EXIF" in text and "e.jpg" in text
+
+
 def test_unconvertible_mode_is_refused_in_one_line(tmp_path, monkeypatch):
     Image.new("CMYK", (8, 8)).save(tmp_path / "odd.tif")
     real = Image.Image.convert

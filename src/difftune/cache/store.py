@@ -5,7 +5,10 @@ Layout (docs/cache_format.md):
     <root>/manifest.json                      what the cache is and what produced it
     <root>/part-<rank>/shard-<k>.safetensors  tensors of a batch of samples, key "<sample_id>/<name>"
     <root>/part-<rank>/shard-<k>.json         the shard's index: every sample's values (JSON ones inline,
-                                              tensors as references); renaming it in commits the shard
+                                              tensors as references); renaming it in commits the shard.
+                                              Also "sources" (id -> identities of the files the sample was
+                                              made from) and "replaces" (id -> earlier shards whose entry
+                                              of that sample it supersedes: its files had changed)
     <root>/part-<rank>/complete.json          written by that rank's writer on close()
 
 Nothing here is ever unpickled; a directory holding pickle files is refused outright.

@@ -33,8 +33,8 @@ FILE_EXTENSIONS = IMAGE_EXTENSIONS  # what makes an --extra_inputs column a file
 PROMPT_KEY = "prompt"
 # Always text, whatever they look like: a prompt "1984" or "False" is words, not a number or a flag.
 TEXT_COLUMNS = (PROMPT_KEY, "negative_prompt")
-_INT = re.compile(r"[+-]?\d+")
 PROGRESS_ROWS = 1000  # the pre-check shows a progress bar from this many rows on
+_INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 
 

@@ -146,6 +146,7 @@ def _file_problem(path: str) -> str | None:
 
 ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
 INT16_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+EXIF_IN_HEADER = ("JPEG", "MPO", "TIFF", "WEBP")
 BACKGROUND = (255, 255, 255)  # transparent pixels become white, as an image viewer on a white page shows them
 
 
@@ -205,6 +206,19 @@ def _unconvertible(mode: str, target: str) -> str | None:
     return None
 
 
+def _orient(img: Image.Image, path: str, context, apply: bool = True) -> Image.Image:
+    """The image turned as its EXIF orientation says (a camera's portrait photo stands up). EXIF that PIL
+    cannot parse is refused: the picture might be sideways."""
+    try:
+        if not apply:
+            img.getexif()
+            return img
+        return ImageOps.exif_transpose(img)
+    except Exception as err:  # PIL's EXIF parser raises struct, key, value and type errors alike
+        raise DataError(f"{_where(context)}: unreadable EXIF data ({type(err).__name__}: {one_line(err)}), so its "
+                        f"orientation is unknown; remove the EXIF data (e.g. re-save the image): {path}") from None
+
+
 class LoadImage(DataOperator):
     """Open an image file as the picture a viewer shows (EXIF orientation applied, every PIL mode decoded
     to 8-bit `mode`, RGB by default: see `to_rgb`); every failure names the row and the file."""
@@ -224,10 +238,11 @@ class LoadImage(DataOperator):
                     if why:
                         raise DataError(f"{_where(context)}: cannot convert image mode {img.mode!r} to "
                                         f"{self.mode} ({why}): {path}")
+                    if img.format in EXIF_IN_HEADER:  # (a PNG's may follow its pixels: found when loaded)
+                        _orient(img, path, context, apply=False)
                     return img.format
                 img.load()  # decode now, so a truncated file fails here with its row and file named
-                img = ImageOps.exif_transpose(img)  # a camera's portrait photo stands up
-                return to_rgb(img, path, context, self.mode)
+                return to_rgb(_orient(img, path, context), path, context, self.mode)
         except UnidentifiedImageError:
             raise DataError(f"{_where(context)}: not an image (PIL cannot read its format): {path}") from None
         except Image.DecompressionBombError:
