@@ -472,3 +472,50 @@ def test_verify_ok_and_detects_corruption_and_missing_values(tmp_path):
                for p in problems)
     with pytest.raises(UserError, match="inconsistent: sample 'img-2'"):
         CacheReader(root)
+
+
+# -- source files: a changed source re-encodes its sample, a stale cache is refused ------------------------------
+def write_tracked(root, files: dict, value: float, crash_before_close=False):
+    """One writer run over samples "s<i>" made from files[i]; returns what track_sources reported."""
+    writer = CacheWriter(root, manifest=make_manifest())
+    changed = writer.track_sources({sid: [str(f)] for sid, f in files.items()})
+    for sid in sorted(set(files) - writer.done_ids()):
+        writer.write(sid, {"x": torch.full((3,), value)})
+    if crash_before_close:
+        return changed  # nothing committed: the old entries stay the live ones
+    writer.close()
+    return changed
+
+
+def test_changed_sources_are_encoded_again_and_replace_the_old_entries(tmp_path):
+    files = {f"s{i}": tmp_path / f"{i}.bin" for i in range(3)}
+    for i, f in enumerate(files.values()):
+        f.write_bytes(bytes([i]) * 1000)
+    root = tmp_path / "c"
+    assert write_tracked(root, files, 1.0) == {}
+    index = json.loads((root / "part-00000" / "shard-000000.json").read_text())
+    assert index["sources"]["s1"] == [{"path": str(files["s1"]), "size": 1000,
+                                       "mtime_ns": os.stat(files["s1"]).st_mtime_ns,
+                                       "sha256": file_identity(files["s1"], blocks=4)["sampled_sha256"]}]
+    assert write_tracked(root, files, 2.0) == {}  # nothing changed: nothing written
+    files["s1"].write_bytes(b"\x07" * 1000)  # same size, other content
+    assert set(write_tracked(root, files, 3.0, crash_before_close=True)) == {"s1"}
+    with pytest.raises(UserError, match=f"is stale: {files['s1']} changed after stage 1"):
+        CacheReader(root, allow_incomplete=True)  # the interrupted run left the old entry live
+    changed = write_tracked(root, files, 4.0)
+    assert list(changed) == ["s1"] and "same size, different content" in changed["s1"]
+    reader = CacheReader(root)
+    assert [reader[i]["x"][0].item() for i in range(3)] == [1.0, 4.0, 1.0]
+    report = verify_cache(root)
+    assert report.ok and report.samples == 3, str(report)
+    files["s2"].write_bytes(b"longer" * 1000)
+    assert "1000 -> 6000 bytes" in write_tracked(root, files, 5.0)["s2"]
+    assert [CacheReader(root)[i]["x"][0].item() for i in range(3)] == [1.0, 4.0, 5.0]
+    os.utime(files["s0"], ns=(5, 5))  # touched: same size and content
+    assert write_tracked(root, files, 6.0) == {}
+    files["s0"].unlink()  # carried elsewhere: a note, not a refusal
+    notes = []
+    reader = CacheReader(root, log=notes.append)
+    assert len(reader) == 3 and notes == [f"note: 1 of the 3 source files of the cache at {root} are not on this "
+                                          f"machine (e.g. {files['s0']}), so they cannot be checked for changes "
+                                          "since stage 1"]

@@ -198,7 +198,7 @@ def test_operators_compose_and_route_by_extension(tmp_path):
     routed = [ToAbsolutePath(tmp_path), RouteByExtension({".png": LoadImage(), (".frames",): frames}),
               ImageCropAndResize(height=32, width=32)]
     (tmp_path / "clip.frames").write_bytes((tmp_path / "h.png").read_bytes())
-    write_metadata(tmp_path / "m.jsonl", [{"image": "h.png"}, {"image": "clip.frames"}])
+    write_metadata(tmp_path / "m.jsonl", [{"image": "h.png", "prompt": "p"}, {"image": "clip.frames", "prompt": "q"}])
     ds = UnifiedDataset(tmp_path, tmp_path / "m.jsonl", main_data_operator=routed)
     assert ds[0]["image"].size == (32, 32)
     assert [f.size for f in ds[1]["image"]] == [(32, 32)] * 2
@@ -225,6 +225,12 @@ def bad_file(tmp_path, kind):
         data = (tmp_path / "full.jpg").read_bytes()
         (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])
         return "cut.jpg", "corrupt"
+    if kind == "scrambled":  # the right length and end marker, bytes inside flipped: only decoding tells
+        good.save(tmp_path / "full.png")
+        data = bytearray((tmp_path / "full.png").read_bytes())
+        data[len(data) // 2: len(data) // 2 + 16] = bytes(b ^ 0xFF for b in data[len(data) // 2: len(data) // 2 + 16])
+        (tmp_path / "scrambled.png").write_bytes(bytes(data))
+        return "scrambled.png", "corrupt"
     if kind == "extension":
         (tmp_path / "doc.txt").write_text("hello")
         return "doc.txt", "unsupported file type '.txt'"
@@ -234,18 +240,25 @@ def bad_file(tmp_path, kind):
     raise AssertionError(kind)
 
 
-KINDS = ["missing", "empty", "text", "corrupt", "truncated_jpeg", "extension", "tiny"]
+KINDS = ["missing", "empty", "text", "corrupt", "truncated_jpeg", "scrambled", "extension", "tiny"]
+FOUND_ONLY_WHEN_LOADED = ("scrambled", "tiny")  # the rest the cheap pre-check finds
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_bad_file_errors_name_row_and_file(data, kind):
     name, reason = bad_file(data, kind)
     meta = write_metadata(data / "m.csv", [ROWS[0], ROWS[1], {**ROWS[2], "image": name}])
-    ds = UnifiedDataset(data, meta)
+    ds = UnifiedDataset(data, meta, precheck=False)
     ds[0]
     with pytest.raises(DataError) as err:
         ds[2]
     one_line_error(err, "m.csv row 3", name, reason)
+    if kind in FOUND_ONLY_WHEN_LOADED:
+        assert UnifiedDataset(data, meta).num_rows == 3
+    else:  # found when the data set is built, before any row is loaded
+        with pytest.raises(DataError) as err:
+            UnifiedDataset(data, meta)
+        one_line_error(err, "m.csv row 3", name, reason)
 
 
 def test_metadata_errors(tmp_path, data):
@@ -291,7 +304,7 @@ def test_errors_pickle_and_surface_from_workers(data):
     assert type(plain) is UserError and str(plain) == "--dataset_repeat must be at least 1, got 0"
     name, _ = bad_file(data, "empty")
     meta = write_metadata(data / "m.csv", [ROWS[0], {**ROWS[1], "image": name}])
-    loader = DataLoader(UnifiedDataset(data, meta), batch_size=None, num_workers=2)
+    loader = DataLoader(UnifiedDataset(data, meta, precheck=False), batch_size=None, num_workers=2)
     message = None
     try:
         list(loader)
@@ -334,7 +347,7 @@ def test_skip_prevalidates_and_reports(data):
 
 
 def test_skip_a_file_that_fails_only_when_decoded(data):
-    name, _ = bad_file(data, "truncated_jpeg")
+    name, _ = bad_file(data, "scrambled")
     meta = write_metadata(data / "m.csv", [ROWS[0], {**ROWS[1], "image": name}, ROWS[2]])
     ds = UnifiedDataset(data, meta, on_bad_sample="skip", repeat=2)
     assert ds.num_rows == 3 and ds.bad_samples == []  # the header is fine

@@ -65,14 +65,29 @@ def commit_file(tmp: str, final: str | os.PathLike) -> None:
 
 
 def atomic_write_bytes(final: str | os.PathLike, data: bytes) -> None:
-    tmp = temp_path(final)
+    """`data` to `final` through a temp file; an OS error (disk full, ...) is one UserError line naming
+    `final` and the size, with the earlier file as it was and no temp file left."""
+    tmp = None
     try:
+        tmp = temp_path(final)
         with open(tmp, "wb") as f:
             f.write(data)
         commit_file(tmp, final)
-    except BaseException:
-        _unlink_quiet(tmp)
-        raise
+    except BaseException as exc:
+        if tmp is not None:
+            _unlink_quiet(tmp)
+        failure = as_write_error(exc, final, len(data))
+        if failure is exc:
+            raise
+        raise failure from None
+
+
+def as_write_error(exc: BaseException, final: str | os.PathLike, nbytes: int | None) -> BaseException:
+    """The UserError line for a write of `final` that failed with an OS error; `exc` itself otherwise."""
+    from ..io import os_error_of, write_error
+
+    err = os_error_of(exc) if isinstance(exc, Exception) else None
+    return exc if err is None else write_error(final, err, nbytes)
 
 
 def atomic_write_json(final: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
@@ -120,6 +135,35 @@ def file_identity(path: str | os.PathLike, *, blocks: int = 8, block_size: int =
             f.seek(start + (span * i // max(1, blocks - 1)))
             digest.update(f.read(block_size))
     return {"file": path.name, "size": size, "sampled_sha256": digest.hexdigest()}
+
+
+SOURCE_BLOCKS = 4  # 64 KiB blocks sampled per source file: the first, the last and two between
+
+
+def source_identity(path: str | os.PathLike) -> dict:
+    """What a cached sample was made from: the file's absolute path, size, mtime and a sha256 of sampled
+    blocks (`file_identity`). Cheap: one stat and at most 256 KiB read."""
+    path = os.path.abspath(path)
+    stat = os.stat(path)
+    return {"path": path, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "sha256": file_identity(path, blocks=SOURCE_BLOCKS)["sampled_sha256"]}
+
+
+def source_change(recorded: dict) -> str | None:
+    """How a source file differs from its recorded identity: None (unchanged), "absent" (not here, e.g.
+    the cache was carried to another machine), or what changed. Same size and mtime: unchanged without
+    reading it; a new mtime with the same size and sampled content (a copy, a touch) counts as unchanged."""
+    try:
+        stat = os.stat(recorded["path"])
+        if stat.st_size == recorded.get("size") and stat.st_mtime_ns == recorded.get("mtime_ns"):
+            return None
+        if stat.st_size != recorded.get("size"):
+            return f"{recorded.get('size')} -> {stat.st_size} bytes"
+        if file_identity(recorded["path"], blocks=SOURCE_BLOCKS)["sampled_sha256"] != recorded.get("sha256"):
+            return "same size, different content"
+        return None
+    except OSError:
+        return "absent"
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -241,5 +285,6 @@ def read_manifest_json(root: str | os.PathLike) -> dict:
     return data
 
 
-__all__ = ["CacheManifest", "fingerprint_hash", "file_identity", "fingerprint_diff", "canonical_json", "FORMAT_NAME",
-           "FORMAT_VERSION", "MANIFEST_NAME", "atomic_write_json", "atomic_write_bytes", "read_manifest_json"]
+__all__ = ["CacheManifest", "fingerprint_hash", "file_identity", "source_identity", "source_change",
+           "fingerprint_diff", "canonical_json", "FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME", "atomic_write_json",
+           "atomic_write_bytes", "read_manifest_json"]

@@ -5,7 +5,10 @@ Layout (docs/cache_format.md):
     <root>/manifest.json                      what the cache is and what produced it
     <root>/part-<rank>/shard-<k>.safetensors  tensors of a batch of samples, key "<sample_id>/<name>"
     <root>/part-<rank>/shard-<k>.json         the shard's index: every sample's values (JSON ones inline,
-                                              tensors as references); renaming it in commits the shard
+                                              tensors as references); renaming it in commits the shard.
+                                              Also "sources" (id -> identities of the files the sample was
+                                              made from) and "replaces" (id -> earlier shards whose entry
+                                              of that sample it supersedes: its files had changed)
     <root>/part-<rank>/complete.json          written by that rank's writer on close()
 
 Nothing here is ever unpickled; a directory holding pickle files is refused outright.
@@ -29,9 +32,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..data.operators import DataError  # one line, also when raised in a DataLoader worker
 from ..errors import UserError
-from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest, atomic_write_json,
-                       commit_file, fingerprint_diff, read_manifest_json, temp_path)
+from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest, as_write_error,
+                       atomic_write_json, commit_file, fingerprint_diff, read_manifest_json, source_change,
+                       source_identity, temp_path)
 
 PART_RE = re.compile(r"^part-(\d{5,})$")
 SHARD_RE = re.compile(r"^shard-(\d{6,})\.(safetensors|json)$")
@@ -197,6 +202,18 @@ def decode(enc: dict, get_tensor: Callable[[str], torch.Tensor]) -> Any:
     raise ValueError(f"unknown value encoding {sorted(enc)}")
 
 
+def tensor_refs(enc: dict, path: str):
+    """(path, tensor ref) for every tensor inside an encoded value."""
+    if "tensor" in enc:
+        yield path, enc["tensor"]
+    elif "list" in enc:
+        for i, e in enumerate(enc["list"]):
+            yield from tensor_refs(e, f"{path}[{i}]")
+    elif "dict" in enc:
+        for k, e in enc["dict"].items():
+            yield from tensor_refs(e, f"{path}.{k}")
+
+
 def content_of(enc: Any) -> Any:
     """An encoded value without its storage keys: equal content <=> equal result of this."""
     if isinstance(enc, dict):
@@ -270,6 +287,17 @@ def scan_shards(root: Path) -> tuple[list[Shard], list[str]]:
             except ValueError as e:
                 problems.append(str(e))
     return shards, problems
+
+
+def superseded(shards: list[Shard]) -> set[tuple[str, str]]:
+    """(shard name, sample id) of entries that a later stage-1 run replaced because the sample's source
+    files had changed: each shard index lists, under "replaces", the earlier shards of the samples it
+    re-encoded (or skipped). Appending instead of rewriting keeps every committed file as it was."""
+    gone = set()
+    for shard in shards:
+        for sample_id, names in (shard.index.get("replaces") or {}).items():
+            gone.update((name, sample_id) for name in names)
+    return gone
 
 
 def is_complete(root: Path, manifest: CacheManifest) -> tuple[bool, list[str]]:
@@ -351,11 +379,22 @@ class CacheWriter:
             raise UserError(f"the cache at {self.root} has a damaged shard index ({problems[0]}); run "
                             f"`difftune cache verify {self.root}` or rebuild with --rebuild_cache")
         self._done: set[str] = set()
+        self._where: dict[str, list[str]] = {}  # committed id -> shards holding its live entry
+        self._recorded: dict[str, list[dict]] = {}  # committed id -> identities of its source files
+        self._stale: dict[str, list[str]] = {}  # id to re-encode -> shards of the entry it replaces
+        self._pending_sources: dict[str, list[dict]] = {}  # id -> identities taken before encoding it
         self._frontier: dict[str, dict | None] = dict(manifest.frontier)
         self._frontier_fixed = bool(manifest.frontier)
+        gone = superseded(shards)
         for shard in shards:
+            recorded = shard.index.get("sources") or {}
             for sample_id, values in shard.index["samples"].items():
+                if (shard.name, sample_id) in gone:
+                    continue
                 self._done.add(sample_id)
+                self._where.setdefault(sample_id, []).append(shard.name)
+                if sample_id in recorded:
+                    self._recorded[sample_id] = recorded[sample_id]
                 if not self._frontier_fixed:
                     for name, enc in values.items():
                         self._frontier.setdefault(name, None)
@@ -414,12 +453,39 @@ class CacheWriter:
         self._entries: dict[str, dict] = {}
         self._tensors: dict[str, torch.Tensor] = {}
         self._skipped: dict[str, str] = {}
+        self._sources: dict[str, list[dict]] = {}
+        self._replaces: dict[str, list[str]] = {}
         self._bytes = 0
         self._started: float | None = None
 
     def done_ids(self) -> set[str]:
-        """Ids committed in any part (from earlier runs, any world size, and this writer)."""
+        """Ids committed in any part (from earlier runs, any world size, and this writer), less those whose
+        source files changed since (see `track_sources`)."""
         return set(self._done)
+
+    def track_sources(self, sources: dict[str, list[str]]) -> dict[str, str]:
+        """Before encoding: the source files of each sample id this writer may write. Their identities
+        (`source_identity`) are taken now, before encoding reads them, and recorded with each sample. A
+        committed sample whose recorded files changed since is taken out of `done_ids()` (so it is encoded
+        again and its new entry replaces the old one); returns those ids -> "<file> (<what changed>)".
+        Cost: a stat per file of a committed sample, a stat and a sampled hash per file of the rest."""
+        changed: dict[str, str] = {}
+        for sample_id, files in sources.items():
+            if sample_id in self._done:
+                for recorded in self._recorded.get(sample_id, ()):
+                    what = source_change(recorded)
+                    if what is not None and what != "absent":  # absent: the data set check reports it
+                        changed[sample_id] = f"{recorded['path']} ({what})"
+                        break
+                if sample_id not in changed:
+                    continue
+                self._done.discard(sample_id)
+                self._stale[sample_id] = self._where.get(sample_id, [])
+            try:
+                self._pending_sources[sample_id] = [source_identity(f) for f in files]
+            except OSError:
+                pass  # a missing file: the sample fails to load and is reported there
+        return changed
 
     def write(self, sample_id: str, values: dict[str, Any]) -> None:
         """Add one sample. Buffered; committed with its shard (on size, count, time, `flush` or `close`)."""
@@ -441,6 +507,7 @@ class CacheWriter:
         entry = {name: encoder.encode(value, name) for name, value in values.items()}
         self._check_frontier(sample_id, entry)
         self._entries[sample_id] = entry
+        self._note_sources(sample_id)
         self._tensors.update(tensors)
         self._bytes += encoder.nbytes
         self._started = self._started or time.monotonic()
@@ -467,7 +534,14 @@ class CacheWriter:
     def skip(self, sample_id: str, reason: str) -> None:
         """Record that a sample could not be processed (verify counts it; a resumed run retries it)."""
         self._skipped[str(sample_id)] = str(reason)
+        self._note_sources(str(sample_id))
         self._started = self._started or time.monotonic()
+
+    def _note_sources(self, sample_id: str) -> None:
+        if sample_id in self._pending_sources:
+            self._sources[sample_id] = self._pending_sources.pop(sample_id)
+        if sample_id in self._stale:  # its old entry (made from the old files) is replaced by this one
+            self._replaces[sample_id] = self._stale.pop(sample_id)
 
     def flush(self) -> None:
         """Commit the buffered samples as one shard: tensors first, then the index (the commit point)."""
@@ -478,17 +552,30 @@ class CacheWriter:
         if self._tensors:
             tensor_file = f"{stem}.safetensors"
             final = self.part / tensor_file
-            tmp = temp_path(final)
+            tmp = None
             try:
+                tmp = temp_path(final)
                 save_file(self._tensors, tmp, metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)})
                 commit_file(tmp, final)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            except BaseException as exc:
+                if tmp is not None:
+                    Path(tmp).unlink(missing_ok=True)
+                failure = as_write_error(exc, final, self._bytes)  # disk full: one line, not a traceback
+                if failure is exc:
+                    raise
+                raise failure from None
         index = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "tensor_file": tensor_file,
                  "samples": self._entries, "skipped": self._skipped}
+        if self._sources:
+            index["sources"] = self._sources
+        if self._replaces:
+            index["replaces"] = self._replaces
         atomic_write_json(self.part / f"{stem}.json", index, indent=None)  # the commit point
         self._done.update(self._entries)
+        for sample_id in self._entries:
+            self._where[sample_id] = [f"{self.part.name}/{stem}"]
+            if sample_id in self._sources:
+                self._recorded[sample_id] = self._sources[sample_id]
         self._next_shard += 1
         self._reset_buffer()
 
@@ -507,8 +594,12 @@ class CacheWriter:
         self._barrier()
         if self.rank == 0 and not self.manifest.frontier:
             frontier: dict[str, dict | None] = {}
-            for shard in scan_shards(self.root)[0]:
-                for values in shard.index["samples"].values():
+            shards = scan_shards(self.root)[0]
+            gone = superseded(shards)
+            for shard in shards:
+                for sample_id, values in shard.index["samples"].items():
+                    if (shard.name, sample_id) in gone:
+                        continue
                     for name, enc in values.items():
                         frontier.setdefault(name, None)
                         merge_spec(frontier, name, spec_of(enc))
@@ -581,13 +672,18 @@ class CacheReader(torch.utils.data.Dataset):
     """Every committed sample of a cache, each id once, sorted by id (naturally: "2" before "10").
 
     `reader[i]` is the sample's dict with `_id` added. Tensors are read through memory-mapped safetensors
-    opened lazily in the process that reads (safe in DataLoader workers: no handle is ever pickled).
+    opened lazily in the process that reads (safe in DataLoader workers: no handle is ever pickled); each
+    tensor's recorded sha256 is checked on its first read in a process.
+
+    `check_sources`: refuse a cache whose samples' source files (recorded by stage 1) are present but
+    changed since, naming one; absent ones (the cache was carried elsewhere) only give a note, in `notes`
+    and through `log`.
     """
 
     max_open_files = 64
 
     def __init__(self, root: str | os.PathLike, *, family: str | None = None, required: Iterable[str] | None = None,
-                 allow_incomplete: bool = False):
+                 allow_incomplete: bool = False, check_sources: bool = True, log: Callable[[str], Any] | None = print):
         self.root = root = Path(root)
         check_cache_dir(root)
         self.manifest = manifest = CacheManifest.load(root)
@@ -600,10 +696,15 @@ class CacheReader(torch.utils.data.Dataset):
 
         files: list[str | None] = []
         where: dict[str, tuple[int, dict, str]] = {}  # id -> (file number, values, shard name)
+        sources: dict[str, list[dict]] = {}
         frontier: dict[str, dict | None] = dict(manifest.frontier)
+        gone = superseded(shards)
         for shard in shards:
             files.append(str(shard.tensor_path) if shard.tensor_path else None)
             for sample_id, values in shard.index["samples"].items():
+                if (shard.name, sample_id) in gone:
+                    continue
+                sources.setdefault(sample_id, (shard.index.get("sources") or {}).get(sample_id) or [])
                 if sample_id in where:
                     if content_of(where[sample_id][1]) != content_of(values):
                         raise UserError(f"the cache at {root} holds sample {sample_id!r} twice with different "
@@ -632,13 +733,39 @@ class CacheReader(torch.utils.data.Dataset):
                 raise UserError(f"the cache at {root} is inconsistent: sample {sample_id!r} in {shard_name} has "
                                 f"{sorted(values)}, expected {sorted(names)}; run `difftune cache verify {root}`")
         self.ids = sorted(where, key=natural_key)
+        self.notes: list[str] = []
+        if check_sources:
+            self._check_sources(sources)
+            for note in self.notes:
+                if log is not None and os.environ.get("RANK", "0") == "0":
+                    log(f"note: {note}")
         self._files = files
         self._samples = [(where[i][0], where[i][1]) for i in self.ids]
         self._handles: OrderedDict[int, Any] = OrderedDict()
+        self._verified: set[tuple[int, str]] = set()  # tensors whose hash this process has checked
         self._pid = os.getpid()
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def _check_sources(self, sources: dict[str, list[dict]]) -> None:
+        """Stat every recorded source file once (hash only those whose size or mtime moved)."""
+        seen: set[str] = set()
+        absent: list[str] = []
+        for recorded in (r for sample in sources.values() for r in sample):
+            path = recorded.get("path")
+            if not path or path in seen:
+                continue
+            seen.add(path)
+            what = source_change(recorded)
+            if what == "absent":
+                absent.append(path)
+            elif what is not None:
+                raise UserError(f"the cache at {self.root} is stale: {path} changed after stage 1 encoded it ({what}); "
+                                "re-run stage 1 (the same command encodes the changed samples again)")
+        if absent:
+            self.notes.append(f"{len(absent)} of the {len(seen)} source files of the cache at {self.root} are not on "
+                              f"this machine (e.g. {absent[0]}), so they cannot be checked for changes since stage 1")
 
     def _handle(self, file_no: int):
         if self._pid != os.getpid():  # forked: the parent's mmaps are not ours to use
@@ -649,7 +776,7 @@ class CacheReader(torch.utils.data.Dataset):
             try:
                 handle = safe_open(path, framework="pt", device="cpu")
             except Exception as e:  # safetensors raises its own error types
-                raise UserError(f"cannot read {path} ({type(e).__name__}: {e}); run "
+                raise DataError(f"cannot read {path} ({type(e).__name__}: {e}); run "
                                 f"`difftune cache verify {self.root}`") from None
             self._handles[file_no] = handle
             while len(self._handles) > self.max_open_files:
@@ -662,9 +789,25 @@ class CacheReader(torch.utils.data.Dataset):
         if not -len(self) <= i < len(self):
             raise IndexError(f"cache index {i} out of range ({len(self)} samples)")
         file_no, values = self._samples[i]
+        hashes = {ref["key"]: ref.get("sha256") for name, enc in values.items() for _, ref in tensor_refs(enc, name)}
 
         def get_tensor(key: str) -> torch.Tensor:
-            return self._handle(file_no).get_tensor(key)
+            try:
+                t = self._handle(file_no).get_tensor(key)
+            except UserError:
+                raise
+            except Exception as e:  # safetensors raises its own error types
+                raise DataError(f"cannot read tensor {key!r} of the cache shard {self._files[file_no]} "
+                                f"({type(e).__name__}: {e}); run `difftune cache verify {self.root}`") from None
+            # Checked once per tensor and process (a hash costs about what reading the tensor does):
+            # a flipped byte stops here, not as a traceback from deep inside the model.
+            if (file_no, key) not in self._verified:
+                if hashes.get(key) is not None and tensor_sha256(t) != hashes[key]:
+                    raise DataError(f"the cache shard {self._files[file_no]} is corrupt: tensor {key!r} does not "
+                                    f"match the hash recorded when it was written; run `difftune cache verify "
+                                    f"{self.root}`, then rebuild the cache (stage 1 with --rebuild_cache)")
+                self._verified.add((file_no, key))
+            return t
 
         out = {name: decode(enc, get_tensor) for name, enc in values.items()}
         out["_id"] = self.ids[i]

@@ -17,7 +17,8 @@ from safetensors import safe_open
 from ..errors import UserError
 from .manifest import CacheManifest
 from .store import (COMPLETE_NAME, Shard, content_of, find_pickles, is_complete, list_parts, merge_spec,
-                    read_shard, committed_indexes, spec_of, tensor_sha256, uncommitted_files)
+                    read_shard, committed_indexes, spec_of, superseded, tensor_refs, tensor_sha256,
+                    uncommitted_files)
 
 MAX_PROBLEMS = 200  # a broken cache can have one problem per sample; the first ones tell the story
 
@@ -82,18 +83,6 @@ def _check_tensor(report: VerifyReport, where: str, ref: dict, handle, spec: dic
     return t
 
 
-def _walk(enc: dict, path: str):
-    """(path, tensor ref) for every tensor inside an encoded value."""
-    if "tensor" in enc:
-        yield path, enc["tensor"]
-    elif "list" in enc:
-        for i, e in enumerate(enc["list"]):
-            yield from _walk(e, f"{path}[{i}]")
-    elif "dict" in enc:
-        for k, e in enc["dict"].items():
-            yield from _walk(e, f"{path}.{k}")
-
-
 def _open(path: Path):
     # Our own check first: it names the problem better than the library's message.
     size = path.stat().st_size
@@ -137,6 +126,14 @@ def verify_cache(root) -> VerifyReport:
     skipped: dict[str, str] = {}
     ndims: dict[str, tuple[int, str]] = {}
     parts = list_parts(root)
+    shards = []
+    for part in parts:
+        for index_path in committed_indexes(part):
+            try:
+                shards.append(read_shard(index_path))
+            except ValueError:
+                pass  # reported below
+    gone = superseded(shards)  # entries a later stage-1 run re-encoded (their source files had changed)
     report.parts = len(parts)
     for part in parts:
         in_part = 0
@@ -149,7 +146,7 @@ def verify_cache(root) -> VerifyReport:
             report.shards += 1
             in_part += len(shard.index["samples"])
             skipped.update(shard.index.get("skipped") or {})
-            _verify_shard(report, shard, frontier, infer, seen, ndims)
+            _verify_shard(report, shard, frontier, infer, seen, ndims, gone)
         marker = part / COMPLETE_NAME
         if marker.exists():
             try:
@@ -186,7 +183,8 @@ def verify_cache(root) -> VerifyReport:
     return report
 
 
-def _verify_shard(report: VerifyReport, shard: Shard, frontier: dict, infer: bool, seen: dict, ndims: dict) -> None:
+def _verify_shard(report: VerifyReport, shard: Shard, frontier: dict, infer: bool, seen: dict, ndims: dict,
+                  gone: set) -> None:
     handle = None
     if shard.tensor_path is not None:
         try:
@@ -196,6 +194,8 @@ def _verify_shard(report: VerifyReport, shard: Shard, frontier: dict, infer: boo
         except Exception as e:
             report.add(f"{shard.name}: tensor file {shard.tensor_path.name} is unreadable ({e})")
     for sample_id, values in shard.index["samples"].items():
+        if (shard.name, sample_id) in gone:
+            continue
         if sample_id in seen:
             first, where = seen[sample_id]
             if content_of(first) != content_of(values):
@@ -216,7 +216,7 @@ def _verify_shard(report: VerifyReport, shard: Shard, frontier: dict, infer: boo
             elif name in frontier and spec is not None and frontier[name] is not None \
                     and spec["kind"] != frontier[name]["kind"]:
                 report.add(f"{where}: kind {spec['kind']}, manifest says {frontier[name]['kind']}")
-            for path, ref in _walk(enc, name):
+            for path, ref in tensor_refs(enc, name):
                 if handle is None:
                     if shard.tensor_path is None:
                         report.add(f"{where}: refers to a tensor but the shard has no tensor file")

@@ -29,6 +29,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--dataset_num_workers", type=int, default=0, help="DataLoader worker processes.")
     g.add_argument("--data_file_keys", default="image,video", help="Comma-separated metadata fields that are files to load.")
     g.add_argument("--on_bad_sample", choices=("error", "skip"), default="error", help="Stop on a bad sample, or skip it and list it in bad_samples.json.")
+    g.add_argument("--allow_empty_prompts", action="store_true", help="Train on metadata without a prompt column (every prompt empty); refused otherwise.")
 
     g = parser.add_argument_group("size")
     g.add_argument("--height", type=int, default=None, help="Fixed height; leave height and width empty for dynamic resolution.")

@@ -5,13 +5,14 @@ named in `data_file_keys` (and file-valued `extra_inputs`) loaded by the operato
 0-based row index) and `_id` (a stable sample id for the stage-1 cache: zero-padded row index and a
 short hash of the row). Messages and `bad_samples` number rows from 1, the first data row being row 1.
 
-`on_bad_sample="skip"` pre-validates every row cheaply when the dataset is built (files exist, are not
-empty, and their image header and structure read), leaves the bad rows out and lists them in
-`bad_samples`, so every process and DataLoader worker sees the same rows. A file that passes that
-check but fails to decode is found only when loaded: the item is then None (the trainer and stage 1
-both leave it out, so split and one-stage training skip the same rows; a DataLoader worker's
-`bad_samples` never reach the main process, a None does) and the row is added to that process's
-`bad_samples` with a warning.
+Every row is pre-checked cheaply when the dataset is built (files exist, are not empty, their image
+header and mode read, and they are not cut short: `precheck`), so a bad row stops a run before its
+first step, not hours in. `on_bad_sample="error"` raises the first bad row's one-line error there;
+`"skip"` leaves the bad rows out and lists them in `bad_samples`, so every process and DataLoader worker
+sees the same rows. A file that passes that check but fails to decode is found only when loaded: in skip
+mode the item is then None (the trainer and stage 1 both leave it out, so split and one-stage training
+skip the same rows; a DataLoader worker's `bad_samples` never reach the main process, a None does) and
+the row is added to that process's `bad_samples` with a warning.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from .operators import (IMAGE_EXTENSIONS, DataError, DataOperator, ImageCropAndR
                         ToAbsolutePath, compose, one_line)
 
 FILE_EXTENSIONS = IMAGE_EXTENSIONS  # what makes an --extra_inputs column a file column (video later)
+PROMPT_KEY = "prompt"
+# Always text, whatever they look like: a prompt "1984" or "False" is words, not a number or a flag.
+TEXT_COLUMNS = (PROMPT_KEY, "negative_prompt")
+PROGRESS_ROWS = 1000  # the pre-check shows a progress bar from this many rows on
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 
@@ -75,8 +80,18 @@ def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
     return [{c: columns[c][i] for c in frame.columns} for i in range(len(frame))]
 
 
+def _as_text(value):
+    """A JSON number or true/false in a text column, as the text the user typed (1984 -> "1984")."""
+    if isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    return value
+
+
 def read_metadata(path, text_columns=()) -> list[dict[str, Any]]:
-    """Rows of a .csv, .json (a list of objects) or .jsonl metadata file. `text_columns` stay strings."""
+    """Rows of a .csv, .json (a list of objects) or .jsonl metadata file. `text_columns` (and the prompt
+    columns, TEXT_COLUMNS) stay strings; in a csv file, other columns whose every value is a number or
+    true/false become numbers or booleans (see `_convert_csv_column`)."""
+    text_columns = set(text_columns) | set(TEXT_COLUMNS)
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"--dataset_metadata_path {path}: file not found")
@@ -88,7 +103,7 @@ def read_metadata(path, text_columns=()) -> list[dict[str, Any]]:
                         f"(use .csv, .json or .jsonl)")
     try:
         if ext == ".csv":
-            rows = _read_csv(path, set(text_columns))
+            rows = _read_csv(path, text_columns)
         elif ext == ".json":
             with open(path, encoding="utf-8-sig") as f:
                 text = f.read()
@@ -116,6 +131,10 @@ def read_metadata(path, text_columns=()) -> list[dict[str, Any]]:
             raise DataError(f"{path} row {n}: a row must be an object with named fields, got {type(row).__name__}")
     if not rows:
         raise DataError(f"{path}: the metadata file has no rows")
+    if ext != ".csv":
+        for row in rows:
+            for key in text_columns & row.keys():
+                row[key] = _as_text(row[key])
     return rows
 
 
@@ -129,9 +148,13 @@ def _looks_like_files(rows: list[dict], key: str) -> bool:
 class UnifiedDataset(torch.utils.data.Dataset):
     def __init__(self, base_path, metadata_path, repeat: int = 1, data_file_keys=("image",),
                  main_data_operator=None, special_operator_map: dict | None = None, extra_inputs=(),
-                 on_bad_sample: str = "error", present_keys_only: bool = False):
+                 on_bad_sample: str = "error", present_keys_only: bool = False, allow_empty_prompts: bool = False,
+                 precheck: bool = True, progress: bool = True):
         """`base_path` None means the metadata file's folder. `present_keys_only` drops listed file keys
-        the metadata lacks (for the CLI default "image,video"), as long as one is left."""
+        the metadata lacks (for the CLI default "image,video"), as long as one is left. Metadata without a
+        `prompt` column is refused unless `allow_empty_prompts` (every sample would train on "").
+        `precheck`: check every row's files now (see `precheck`); `progress`: its progress bar (shown from
+        PROGRESS_ROWS rows on)."""
         if metadata_path is None:
             raise DataError("--dataset_metadata_path is required")
         if on_bad_sample not in ("error", "skip"):
@@ -152,6 +175,10 @@ class UnifiedDataset(torch.utils.data.Dataset):
                 if key not in self.columns:
                     raise DataError(f"{self.metadata_path}: no column '{key}' (named by {flag}); "
                                     f"its columns are {', '.join(self.columns)}")
+        if PROMPT_KEY not in self.columns and not allow_empty_prompts:
+            raise DataError(f"{self.metadata_path}: no '{PROMPT_KEY}' column (its columns are "
+                            f"{', '.join(self.columns)}), so every sample would train on an empty prompt; name the "
+                            f"caption column '{PROMPT_KEY}', or pass --allow_empty_prompts if empty prompts are meant")
         self.data_file_keys = keys + [k for k in extra if k not in keys and _looks_like_files(self.rows, k)]
         self.extra_inputs = extra
         self.main_data_operator = (compose(main_data_operator) if main_data_operator is not None
@@ -162,11 +189,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
         self.bad_samples: list[dict[str, Any]] = []
         self._good = list(range(len(self.rows)))
         self._failed: set[int] = set()  # rows that passed pre-validation but failed to load here
-        if on_bad_sample == "skip":
-            self._good = [i for i in self._good if self._prevalidate(i)]
-            if not self._good:
-                raise DataError(f"{self.metadata_path}: none of its {len(self.rows)} rows is usable "
-                                f"(first problem: {self.bad_samples[0]['reason']})")
+        if precheck:
+            self.precheck(progress)
 
     @staticmethod
     def default_image_operator(base_path, height: int | None = None, width: int | None = None,
@@ -228,6 +252,43 @@ class UnifiedDataset(torch.utils.data.Dataset):
 
     def _record(self, row: int, key: str | None, file: str | None, reason: str) -> None:
         self.bad_samples.append({"row": row + 1, "id": self._ids[row], "key": key, "file": file, "reason": reason})
+
+    def precheck(self, progress: bool = True) -> None:
+        """Check every row's files cheaply (exist, not empty, header, image mode, not cut short) before the
+        first step, so a bad row near the end stops a run in seconds instead of hours in. Error mode: raise
+        the first bad row's one-line error (and how many more rows are bad); skip mode: leave the bad rows
+        out and list them in `bad_samples`, so every process and worker sees the same rows."""
+        from tqdm.auto import tqdm
+
+        rows = tqdm(self._good, desc=f"checking {os.path.basename(self.metadata_path)}", unit="row", leave=False,
+                    disable=not progress or len(self._good) < PROGRESS_ROWS or os.environ.get("RANK", "0") != "0")
+        found = len(self.bad_samples)
+        self._good = [i for i in rows if self._prevalidate(i)]
+        bad = self.bad_samples[found:]
+        if bad and self.on_bad_sample == "error":
+            more = f" (and {len(bad) - 1} more bad row{'s' if len(bad) > 2 else ''})" if len(bad) > 1 else ""
+            del self.bad_samples[found:]  # nothing is skipped in error mode
+            raise DataError(bad[0]["reason"] + more)
+        if not self._good:
+            raise DataError(f"{self.metadata_path}: none of its {len(self.rows)} rows is usable "
+                            f"(first problem: {self.bad_samples[0]['reason']})")
+
+    def source_files(self, row: int) -> list[str]:
+        """The files row `row` (0-based) is loaded from, as its operators resolve them (no file access).
+        Values whose operator does not start by resolving a path (a custom operator) are left out."""
+        files = []
+        for key in self.data_file_keys:
+            op = self._operator(key)
+            step = op if isinstance(op, ToAbsolutePath) else next(
+                (o for o in getattr(op, "operators", ()) if isinstance(o, ToAbsolutePath)), None)
+            value = self.rows[row].get(key)
+            for v in (value if isinstance(value, list) else [value]):
+                try:
+                    if step is not None and v not in (None, ""):
+                        files.append(step(v))
+                except DataError:
+                    pass  # not a file name: the pre-check reports it
+        return list(dict.fromkeys(files))
 
     def _prevalidate(self, row: int) -> bool:
         for key in self.data_file_keys:

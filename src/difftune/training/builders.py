@@ -178,7 +178,8 @@ def make_dataset(args, family: FamilySpec):
     return UnifiedDataset(base_path=args.dataset_base_path, metadata_path=args.dataset_metadata_path,
                           repeat=args.dataset_repeat, data_file_keys=names(args.data_file_keys),
                           main_data_operator=operator, extra_inputs=names(args.extra_inputs),
-                          on_bad_sample=args.on_bad_sample, present_keys_only=True)
+                          on_bad_sample=args.on_bad_sample, present_keys_only=True,
+                          allow_empty_prompts=args.allow_empty_prompts, progress=not args.no_progress)
 
 
 def ensure_writable(path: str, flag: str = "--output_path") -> None:

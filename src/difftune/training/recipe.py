@@ -54,7 +54,7 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
     if from_cache:
         from .stage1 import open_cache
 
-        dataset, wanted = open_cache(args, family, split), set(split.stage2_models)
+        dataset, wanted = open_cache(args, family, split, log=log), set(split.stage2_models)
         log(f"training from the cache at {args.dataset_base_path} ({len(dataset)} samples): {split.describe()}")
     else:
         dataset, wanted = make_dataset(args, family), None

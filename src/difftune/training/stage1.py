@@ -39,11 +39,14 @@ def stage1_fingerprint(args, family, split, components) -> dict:
     data_files = []
     if args.dataset_metadata_path and os.path.isfile(args.dataset_metadata_path):
         data_files.append(_file_identity(args.dataset_metadata_path))
+    # The metadata's identity holds only its name: the same metadata in another folder names other images.
+    root = args.dataset_base_path or os.path.dirname(args.dataset_metadata_path or "")
     return {
         "family": family.name,
         "weights": weights,
         "torch_dtype": args.torch_dtype,
         "metadata": data_files,
+        "data_root": os.path.abspath(root),
         "preprocessing": {"height": args.height, "width": args.width, "max_pixels": args.max_pixels,
                           "data_file_keys": args.data_file_keys, "extra_inputs": args.extra_inputs,
                           **{k: v for k, v in stage_settings(args, family).items() if k not in LOSS_SETTINGS
@@ -95,11 +98,19 @@ def run_stage1(args, family, models, split, accelerator, output_path: str) -> di
     writer = CacheWriter(output_path, manifest=manifest, rank=accelerator.process_index,
                          world_size=accelerator.num_processes, rebuild=args.rebuild_cache,
                          barrier=accelerator.wait_for_everyone, shard_max_samples=max(1, int(args.cache_commit_every)))
-    done = set(writer.done_ids())
     pipe = build_pipeline(family, args, models, set(split.stage1_models), accelerator.device, log=log)
     pipe.scheduler.set_training()
     settings = stage_settings(args, family)
     mine = [i for i in range(rows) if i % accelerator.num_processes == accelerator.process_index]
+    # Each sample records its source files' identities; a cached one whose files changed since (replaced
+    # images, same metadata) is encoded again, not kept.
+    if hasattr(dataset, "source_files"):
+        changed = writer.track_sources({dataset.sample_id(i): dataset.source_files(dataset.row_index(i))
+                                        for i in mine})
+        if changed:
+            log(f"encoding {len(changed)} cached sample(s) again: their source files changed since, e.g. "
+                f"{next(iter(changed.values()))}")
+    done = set(writer.done_ids())
     todo = [i for i in mine if dataset.sample_id(i) not in done]
     if len(todo) < len(mine):
         log(f"resuming stage 1: {len(mine) - len(todo)} sample(s) already cached")
@@ -179,12 +190,12 @@ class RepeatedCache(torch.utils.data.Dataset):
         return _from_cache(self.reader[i % len(self.reader)])
 
 
-def open_cache(args, family, split):
+def open_cache(args, family, split, log=print):
     from ..cache import CacheReader
 
     if args.dataset_metadata_path:
         raise UserError("--task *:train reads the stage-1 cache in --dataset_base_path; remove --dataset_metadata_path")
-    reader = CacheReader(args.dataset_base_path, family=family.name, required=split.frontier)
+    reader = CacheReader(args.dataset_base_path, family=family.name, required=split.frontier, log=log)
     return RepeatedCache(reader, args.dataset_repeat)
 
 
