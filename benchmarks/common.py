@@ -493,10 +493,6 @@ def _measure_child(payload: dict) -> dict:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if payload["kind"] == "difftune":
         record = measure_difftune(payload["argv"])
-    elif payload["kind"] == "minimal":
-        from overhead import measure_minimal  # benchmarks/ is on sys.path (the folder of this file)
-
-        record = measure_minimal(**payload["kwargs"])
     else:
         raise SystemExit(f"unknown child kind {payload['kind']}")
     return record

@@ -11,6 +11,7 @@ fresh processes with the same thread count, alternating, and step times are medi
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (LORA_TARGETS, base_parser, child_command, emit, machine, machine_line,  # noqa: E402
+from common import (LORA_TARGETS, base_parser, child_command, child_main, emit, machine, machine_line,  # noqa: E402
                     prepare, proportional, quick, ratio, reset_accelerate, resolve_doc, run_child,
                     run_difftune, status_kb, step_intervals, table, train_flags, update_doc, verdict,
                     workdir_of)
@@ -86,8 +87,7 @@ def measure_minimal(repo: str, cache: str, steps: int, rank: int, seed: int = 0)
 
 def run_minimal(kwargs: dict, isolated: bool, threads: int) -> dict:
     if isolated:
-        return run_child(child_command(sys.executable, Path(__file__).with_name("common.py"),
-                                       {"kind": "minimal", "kwargs": kwargs}), threads)
+        return run_child(child_command(sys.executable, Path(__file__), {"kind": "minimal", "kwargs": kwargs}), threads)
     import torch
 
     torch.set_num_threads(threads)
@@ -153,5 +153,15 @@ def render(r: dict) -> str:
                                      "verdict"], rows), machine_line(r["machine"])])
 
 
+def _minimal_child(payload: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    return measure_minimal(**payload["kwargs"])
+
+
 if __name__ == "__main__":
-    main()
+    if "--child" in sys.argv:  # a measured child process (see run_minimal)
+        child_main(_minimal_child)
+    else:
+        main()

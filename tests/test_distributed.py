@@ -39,12 +39,14 @@ DIST_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTE
 def workspace(tmp_path_factory, tiny_repo):
     root = tmp_path_factory.mktemp("distributed")
     meta = make_image_dataset(root / "data", n=4, size=(32, 32))
-    # For stage 1: the same 4 images plus, in row 2, a JPEG cut in half. Its header passes the check made
-    # when the dataset is built, so only the process that decodes it (rank 1: row index 1) finds it bad.
+    # For stage 1: the same 4 images plus, in row 2, a picture whose compressed data is scrambled in the middle
+    # (a PNG, under a .jpg name: PIL reads by content; its length and end marker are whole). It passes the check
+    # made when the dataset is built, so only the process that decodes it (rank 1: row index 1) finds it bad.
     noise = Image.effect_noise((32, 32), 40).convert("RGB")
-    noise.save(root / "data" / "whole.jpg", quality=95)
-    whole = (root / "data" / "whole.jpg").read_bytes()
-    (root / "data" / "cut.jpg").write_bytes(whole[: len(whole) // 2])
+    noise.save(root / "data" / "whole.png")
+    data = bytearray((root / "data" / "whole.png").read_bytes())
+    data[len(data) // 2: len(data) // 2 + 16] = bytes(b ^ 0xFF for b in data[len(data) // 2: len(data) // 2 + 16])
+    (root / "data" / "cut.jpg").write_bytes(bytes(data))
     lines = meta.read_text().splitlines()
     (root / "data" / "with_bad_row.csv").write_text("\n".join([*lines[:2], 'cut.jpg,"broken"', *lines[2:]]) + "\n")
     (root / "hf_home").mkdir()  # no user accelerate config can leak into the launches

@@ -16,6 +16,7 @@ from diffusers.configuration_utils import register_to_config
 from PIL import Image
 from torch import nn
 
+from difftune.testing import register_tiny
 from difftune import (BasePipeline, ComponentSpec, FamilySpec, FlowMatchScheduler, PipelineUnit, UserError,
                       gradient_checkpoint_forward, images_to_tensor, register_family)
 
@@ -199,3 +200,18 @@ def write_toy_models(root, seed: int = 0) -> dict[str, str]:
         cls().save_pretrained(root / slot)
         paths[slot] = str(root / slot / "diffusion_pytorch_model.safetensors")
     return paths
+
+
+def _tiny(folder):
+    from difftune.testing import TinyFamily, write_example_dataset
+
+    paths = write_toy_models(folder)
+    return TinyFamily(model_paths=list(paths.values()), lora_base_model="denoiser",
+                      lora_target_modules="modulation", write_dataset=lambda root: write_example_dataset(
+                          root, n=2, size=(32, 24)),
+                      trainable_cases={"prompt_encoder_lora": ("--lora_base_model", "prompt_encoder",
+                                                               "--lora_target_modules", "proj"),
+                                       "full_denoiser": ("--trainable_models", "denoiser")})
+
+
+register_tiny("toy", _tiny)

@@ -225,3 +225,51 @@ def write_example_workspace(root: str | os.PathLike) -> Path:
     write_tiny_qwen_image(root / "models" / "Qwen" / "Qwen-Image")
     write_example_dataset(root / "data" / "example_image_dataset")
     return root
+
+
+# -- tiny families for the family contract suite (tests/families/) -------------------------------------
+
+@dataclass
+class TinyFamily:
+    """A tiny, randomly initialised set of one family's models plus what training them needs: the family
+    contract suite runs every registered family from this (a new family registers one with `register_tiny`)."""
+
+    model_paths: list  # --model_paths entries (a path, or a list of shard paths), one per model
+    lora_base_model: str  # the denoiser's slot
+    lora_target_modules: str
+    # A small image data set in the reference's layout: folder -> metadata file.
+    write_dataset: object = None
+    flags: tuple = ()  # more flags every run needs (sizes, ...)
+    # Other trainable sets to check split == one-stage on: name -> flags.
+    trainable_cases: dict = field(default_factory=dict)
+
+
+_TINY: dict = {}
+
+
+def register_tiny(family: str, make) -> None:
+    """`make(folder) -> TinyFamily` writes the family's tiny models under `folder`."""
+    _TINY[family] = make
+
+
+def tiny_family(family: str, folder: str | os.PathLike) -> TinyFamily:
+    if family not in _TINY:
+        raise KeyError(f"family {family!r} registers no tiny models for the contract suite "
+                       f"(difftune.testing.register_tiny)")
+    return _TINY[family](Path(folder))
+
+
+def _tiny_qwen_image(folder: Path) -> TinyFamily:
+    from .families.qwen_image.components import LORA_TARGET_MODULES
+
+    repo = write_tiny_qwen_image(folder / "repo")
+    paths = tiny_qwen_image_paths(repo)
+    entries = [p if len(p) > 1 else p[0] for p in (paths["transformer"], paths["text_encoder"], paths["vae"])]
+    return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
+                      write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
+                      flags=("--max_pixels", "4096"),
+                      trainable_cases={"text_encoder_lora": (
+                          "--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj")})
+
+
+register_tiny("qwen_image", _tiny_qwen_image)

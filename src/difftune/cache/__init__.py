@@ -6,9 +6,9 @@ guarantees: docs/cache_format.md.
 
 from .manifest import (FORMAT_VERSION, CacheManifest, file_identity, fingerprint_diff, fingerprint_hash, source_change,
                        source_identity)
-from .store import CacheDataset, CacheReader, CacheWriter, remove_cache
+from .store import CacheReader, CacheWriter, remove_cache
 from .verify import VerifyReport, verify_cache
 
-__all__ = ["CacheManifest", "CacheWriter", "CacheReader", "CacheDataset", "VerifyReport", "verify_cache",
+__all__ = ["CacheManifest", "CacheWriter", "CacheReader", "VerifyReport", "verify_cache",
            "fingerprint_hash", "fingerprint_diff", "file_identity", "source_identity", "source_change", "remove_cache",
            "FORMAT_VERSION"]

@@ -34,6 +34,7 @@ from safetensors.torch import save_file
 
 from ..data.operators import DataError  # one line, also when raised in a DataLoader worker
 from ..errors import UserError
+from ..util import PICKLE_SUFFIXES
 from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest, as_write_error,
                        atomic_write_json, commit_file, fingerprint_diff, read_manifest_json, source_change,
                        source_identity, temp_path)
@@ -41,7 +42,6 @@ from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, Cac
 PART_RE = re.compile(r"^part-(\d{5,})$")
 SHARD_RE = re.compile(r"^shard-(\d{6,})\.(safetensors|json)$")
 COMPLETE_NAME = "complete.json"
-PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"}
 RAW_DATA_HINTS = ("metadata.csv", "metadata.json", "metadata.jsonl")
 STAGE1_HINT = "stage 2 needs the output of --task sft:data_process"
 DTYPES = {str(d).removeprefix("torch."): d for d in (
@@ -819,8 +819,5 @@ class CacheReader(torch.utils.data.Dataset):
         return state
 
 
-CacheDataset = CacheReader  # the name the training code uses for it as a torch Dataset
-
-
-__all__ = ["CacheWriter", "CacheReader", "CacheDataset", "remove_cache", "check_removable", "check_cache_dir",
+__all__ = ["CacheWriter", "CacheReader", "remove_cache", "check_removable", "check_cache_dir",
            "natural_key"]

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..util import names
 from .operators import (IMAGE_EXTENSIONS, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension,
                         ToAbsolutePath, compose, one_line)
 
@@ -36,18 +37,6 @@ TEXT_COLUMNS = (PROMPT_KEY, "negative_prompt")
 PROGRESS_ROWS = 1000  # the pre-check shows a progress bar from this many rows on
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
-
-
-def names(value) -> list[str]:
-    """Comma-separated string or list of names -> list (stripped, no empties, no repeats)."""
-    if value is None:
-        return []
-    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
-    out: list[str] = []
-    for item in (i.strip() for i in items):
-        if item and item not in out:
-            out.append(item)
-    return out
 
 
 def _convert_csv_column(values: list[str], keep_text: bool) -> list:

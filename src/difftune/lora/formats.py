@@ -242,14 +242,14 @@ def _find_file(path: Path) -> Path:
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     from safetensors import SafetensorError, safe_open
 
-    if path.suffix.lower() in (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle"):
+    if path.suffix.lower() in PICKLE_SUFFIXES:
         raise UserError(f"{path}: pickled checkpoints are refused (they can run code); convert it to .safetensors")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = dict(f.metadata() or {})
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as e:
-        raise UserError(f"{path}: not a safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__});"
+        raise UserError(f"{path}: not a safetensors file ({first_line(e)});"
                         " LoRAs are read from .safetensors only") from None
     return tensors, metadata
 
@@ -265,9 +265,11 @@ def _json_meta(path: Path, metadata: Mapping[str, str], key: str) -> dict[str, A
     return value if isinstance(value, dict) else {}
 
 
-def _split_prefix(path: str) -> tuple[str, str, str, bool]:
+def _split_prefix(path: str, family_prefixes: Iterable[str] = ()) -> tuple[str, str, str, bool]:
     path = path.removeprefix("base_model.model.")  # PeftModel.save_pretrained
-    for prefix, component, layout, flat in _PREFIXES:
+    known = tuple((f"{p}.", p, "diffusers", False) for p in family_prefixes
+                  if p and not any(q == f"{p}." for q, *_ in _PREFIXES))
+    for prefix, component, layout, flat in known + _PREFIXES:
         if path.startswith(prefix):
             return component, path[len(prefix):], layout, flat
     return "", path, "peft", False
@@ -284,7 +286,7 @@ def _adapter_config(path: Path, comp_meta: dict[str, dict], components: Iterable
 
 
 def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = None,
-                   component: str | None = None) -> ImportedLora:
+                   component: str | None = None, prefixes: Iterable[str] = ()) -> ImportedLora:
     """Read a LoRA in any supported layout into canonical form.
 
     Layouts: difftune's and diffusers' (`transformer.` / `text_encoder.` prefixes, alpha from
@@ -292,10 +294,14 @@ def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = 
     ComfyUI (`diffusion_model.` + `.alpha`), kohya (`lora_unet_..._to_q.lora_down/lora_up` + `.alpha`) and
     the reference's (`...to_q.lora_A.default.weight`, no alpha: alpha = rank). With `resolve_against`, kohya
     names are resolved against that module's names and the LoRA is checked to fit it (`component`
-    picks which part of the file, if it has several).
+    picks which part of the file, if it has several). Component prefixes beyond diffusers' are taken from
+    `prefixes` (a family's `lora_prefixes` values) and from the file's own metadata.
     """
     path = _find_file(Path(path))
     tensors, metadata = _read(path)
+    adapter_meta = _json_meta(path, metadata, ADAPTER_METADATA_KEY)
+    info = _json_meta(path, metadata, DIFFTUNE_METADATA_KEY)
+    prefixes = {*prefixes, *(info.get("components") or {}), *(k.rpartition(".")[0] for k in adapter_meta)}
     src = str(path)
     parts: dict[str, dict[str, dict[str, Any]]] = {}
     layouts: set[str] = set()
@@ -309,7 +315,7 @@ def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = 
         if m is None:
             raise UserError(f"{src}: unsupported key '{key}' (only lora_A/lora_B, lora_down/lora_up and .alpha "
                             "weights of Linear layers are supported)")
-        comp, mpath, layout, flat = _split_prefix(m["path"])
+        comp, mpath, layout, flat = _split_prefix(m["path"], prefixes)
         kind = m.groupdict().get("kind") or "alpha"
         if m.groupdict().get("adapter") and layout == "peft":
             layout = "reference"  # peft parameter names with the adapter name left in
@@ -324,8 +330,6 @@ def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = 
         if slot == "A":
             entry["key"] = key
 
-    adapter_meta = _json_meta(path, metadata, ADAPTER_METADATA_KEY)
-    info = _json_meta(path, metadata, DIFFTUNE_METADATA_KEY)
     comp_meta: dict[str, dict] = {}
     for k, v in adapter_meta.items():
         comp, _, field_name = k.rpartition(".")

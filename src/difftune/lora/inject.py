@@ -131,14 +131,14 @@ def inject_lora(module: nn.Module, target_modules: Iterable[str] | str, rank: in
 
 
 def lora_state_dict(module: nn.Module, adapter_name: str = "default") -> dict[str, torch.Tensor]:
-    """The adapter's weights in canonical form: `<module path>.lora_A.weight` / `.lora_B.weight`, fp32."""
-    out: dict[str, torch.Tensor] = {}
-    for name, layer in _lora_layers(module, adapter_name):
-        for kind in ("lora_A", "lora_B"):
-            out[f"{name}.{kind}.weight"] = getattr(layer, kind)[adapter_name].weight.detach().float().contiguous()
-    if not out:
+    """The adapter's weights in canonical form: `<module path>.lora_A.weight` / `.lora_B.weight`, fp32
+    (peft's `get_peft_model_state_dict`, which drops the adapter name from the keys)."""
+    from peft import get_peft_model_state_dict
+
+    if adapter_name not in (getattr(module, "peft_config", None) or {}):
         raise ValueError(f"{type(module).__name__} has no LoRA adapter named {adapter_name!r}")
-    return out
+    state = get_peft_model_state_dict(module, adapter_name=adapter_name, save_embedding_layers=False)
+    return {k: v.detach().float().contiguous() for k, v in state.items()}
 
 
 def canonical_lora_keys(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -30,9 +30,9 @@ import torch
 
 from ..errors import UserError
 from .config import ModelConfig
-from .download import PICKLE_SUFFIXES, missing_shards
+from ..util import PICKLE_SUFFIXES
+from .download import missing_shards
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
 # -- files and headers ----------------------------------------------------------------------------------
@@ -41,43 +41,28 @@ def _files_desc(files: list[str]) -> str:
     return files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} more)"
 
 
-def read_header(path: str | os.PathLike) -> dict[str, Any]:
-    """The JSON header of a safetensors file, checked against the file's size (catches truncation)."""
+def read_header(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of a safetensors file, from its header alone (safetensors checks that the header is
+    valid and that the file covers every tensor it describes, which catches truncation)."""
+    from safetensors import SafetensorError, safe_open
+
     path = str(path)
     if path.lower().endswith(PICKLE_SUFFIXES):
         raise UserError(f"{path}: refusing to load a pickle checkpoint (loading one can run arbitrary code); "
                         f"use the model's .safetensors files or convert this one")
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory, expected a .safetensors file")
+    if not os.path.exists(path):
+        raise UserError(f"{path}: no such file")
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if n <= 1 or n > min(size - 8, MAX_HEADER_BYTES):
-                raise UserError(f"{path}: not a safetensors file (no valid header; {size} bytes)")
-            raw = f.read(n)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a .safetensors file") from None
-    try:
-        header = json.loads(raw)
-        if not isinstance(header, dict):
-            raise ValueError("not an object")
-        end = 0
-        for key, info in header.items():
-            if key == "__metadata__":
-                continue
-            begin, stop = info["data_offsets"]
-            if not isinstance(info["dtype"], str) or not all(isinstance(d, int) and d >= 0 for d in info["shape"]) \
-                    or not 0 <= begin <= stop:
-                raise ValueError(f"bad entry {key}")
-            end = max(end, stop)
-    except (ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise UserError(f"{path}: not a safetensors file (its header is not valid: {type(e).__name__})") from None
-    if 8 + n + end > size:
-        raise UserError(f"{path}: truncated safetensors file ({size} bytes, its header describes {8 + n + end}); "
-                        f"download it again")
-    return header
+        with safe_open(path, framework="pt", device="cpu") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except SafetensorError as e:
+        reason = str(e).removeprefix("Error while deserializing header: ")
+        if "not fully covered" in reason:
+            raise UserError(f"{path}: truncated safetensors file ({os.path.getsize(path)} bytes, fewer than its "
+                            f"header describes); download it again") from None
+        raise UserError(f"{path}: not a safetensors file (its header is not valid: {reason})") from None
 
 
 def header_shapes(header: dict[str, Any]) -> dict[str, tuple[int, ...]]:

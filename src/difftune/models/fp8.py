@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from ..util import names as split_names
 
 FP8 = torch.float8_e4m3fn
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -101,9 +102,7 @@ def enable_fp8_storage(module: nn.Module, compute_dtype: torch.dtype = torch.bfl
 
 def check_fp8_frozen(names: Iterable[str], trainable: str | Iterable[str] | None) -> None:
     """Refuse FP8 storage for a model that is trained in full (`--trainable_models`); LoRA on it is fine."""
-    if isinstance(trainable, str):
-        trainable = trainable.split(",")
-    both = sorted({n.strip() for n in names} & {t.strip() for t in (trainable or ()) if t.strip()})
+    both = sorted(set(split_names(list(names))) & set(split_names(trainable)))
     if both:
         raise UserError(f"--fp8_models: {', '.join(both)} is also in --trainable_models; FP8 storage is only for "
                         f"frozen models (train a LoRA on it with --lora_base_model instead)")

@@ -15,10 +15,9 @@ from ..core.family import FamilySpec, recognise
 from ..core.graph import split_units
 from ..errors import UserError
 from ..io import atomic_write_text
-from ..util import names
+from ..util import names, torch_dtype
 from .losses import LOSSES
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
@@ -95,7 +94,7 @@ def build_pipeline(family: FamilySpec, args, models, wanted: set[str] | None, de
     tokenizers/processors those models need."""
     from ..models import load_component
 
-    dtype = DTYPES[args.torch_dtype]
+    dtype = torch_dtype(args.torch_dtype)
     pipe = family.pipeline(device=device, torch_dtype=dtype)
     for slot, config in models:
         if wanted is not None and slot not in wanted:

@@ -1,0 +1,176 @@
+"""The family contract: every registered family (Qwen-Image, the toy family of docs/adding_a_family.md, and any
+that registers later) passes the same checks, from its tiny models (`difftune.testing.register_tiny`):
+
+- it is recognised from its weights alone, and no other family claims them;
+- its units keep to their declarations under the enforcing runner, in training and inference;
+- split training equals one-stage training (<= 1e-5, fp32) for a LoRA on the denoiser and each other
+  trainable set the family names;
+- stage 2 builds only the models the split says it uses (no stage-1-only model);
+- a saved LoRA loads back exactly (as an adapter and fused).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import difftune.models as models_pkg
+import toy_family  # noqa: F401  (registers the toy family and its tiny models)
+from conftest import run_train
+from difftune.core.family import families, get_family, recognise
+from difftune.errors import UserError
+from difftune.models import ModelConfig
+from difftune.testing import tiny_family
+from difftune.training.builders import TaskSpec, compute_split
+
+FAMILIES = sorted(families())
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"tiny_{request.param}")
+    t = tiny_family(request.param, folder)
+    t.metadata = t.write_dataset(folder / "data")
+    t.name = request.param
+    return t
+
+
+def flags(t, *more):
+    return ["--family", t.name, "--model_paths", json.dumps(t.model_paths), "--torch_dtype", "float32",
+            "--learning_rate", 1e-3, "--dataset_repeat", 2, "--num_epochs", 1, "--seed", 5, "--no_progress",
+            "--enable_tensorboard_log", "false", *t.flags, *more]
+
+
+def lora_flags(t):
+    return ["--lora_base_model", t.lora_base_model, "--lora_target_modules", t.lora_target_modules, "--lora_rank", 4]
+
+
+def cases(t):
+    return {"denoiser_lora": lora_flags(t), **{k: list(v) for k, v in t.trainable_cases.items()}}
+
+
+def one_stage_and_split(t, root, case_flags):
+    data = t.metadata.parent
+    run_train("--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", t.metadata,
+              "--output_path", root / "one", *flags(t, *case_flags))
+    run_train("--task", "sft:data_process", "--dataset_base_path", data, "--dataset_metadata_path", t.metadata,
+              "--output_path", root / "cache", *flags(t, *case_flags))
+    run_train("--task", "sft:train", "--dataset_base_path", root / "cache", "--output_path", root / "two",
+              *flags(t, *case_flags))
+    return root / "one", root / "two"
+
+
+def test_recognised_from_its_weights_alone(tiny):
+    configs = [ModelConfig(p) for p in tiny.model_paths]
+    spec, found = recognise(configs, None, log=lambda *a: None)
+    assert spec.name == tiny.name
+    assert sorted(slot for slot, _, _ in found) == sorted(spec.slots)
+    for other in FAMILIES:
+        if other != tiny.name:  # another family's components never claim these weights
+            with pytest.raises(UserError):
+                recognise([ModelConfig(tiny.model_paths[0])], other)
+
+
+def test_units_keep_to_their_declarations(tiny):
+    """Every unit reaches only its declared models and writes only declared names (the runner raises
+    otherwise), in training and inference; declarations name real slots and never write settings."""
+    from difftune.data import UnifiedDataset
+    from difftune.training.builders import build_pipeline
+
+    spec = get_family(tiny.name)
+    for unit in spec.pipeline().units:
+        assert set(unit.models) <= set(spec.slots), unit
+        assert not set(unit.writes()) & set(spec.pipeline.settings), unit
+    args = _args(tiny)
+    pipe = build_pipeline(spec, args, [(s, c) for s, c, _ in recognise([ModelConfig(p) for p in tiny.model_paths],
+                                                                        tiny.name)[1]], None, "cpu")
+    dataset = UnifiedDataset(base_path=tiny.metadata.parent, metadata_path=tiny.metadata,
+                             main_data_operator=UnifiedDataset.default_image_operator(
+                                 tiny.metadata.parent, max_pixels=4096, height_division_factor=pipe.division_factor,
+                                 width_division_factor=pipe.division_factor))
+    written = {n for u in pipe.units for n in u.writes()}
+    for name in spec.pipeline.model_fn_inputs:
+        assert name in written, f"model_fn reads {name}, which no unit declares"
+    pipe.scheduler.set_training()
+    values = pipe.training_inputs(dataset[0])
+    pipe.run_units(values)  # training
+    assert values.get("input_latents") is not None
+    pipe.scheduler.training = False
+    out = pipe("a prompt", height=32, width=32, num_inference_steps=2, seed=0, cfg_scale=2.0)  # inference, with cfg
+    assert out is not None
+
+
+def _args(t, *more):
+    from conftest import train_args
+
+    return train_args("--dataset_base_path", t.metadata.parent, *flags(t, *more))
+
+
+def test_split_equals_one_stage(tiny, tmp_path):
+    for name, case_flags in cases(tiny).items():
+        one, two = one_stage_and_split(tiny, tmp_path / name, case_flags)
+        files = sorted(p.name for p in one.glob("*.safetensors"))
+        assert files and files == sorted(p.name for p in two.glob("*.safetensors")), name
+        for f in files:
+            a, b = load_file(str(one / f)), load_file(str(two / f))
+            assert a.keys() == b.keys() and a, (name, f)
+            diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+            assert diff <= 1e-5, (name, f, diff)
+
+
+def test_stage2_builds_only_the_models_it_uses(tiny, tmp_path, monkeypatch):
+    case_flags = lora_flags(tiny)
+    data = tiny.metadata.parent
+    run_train("--task", "sft:data_process", "--dataset_base_path", data, "--dataset_metadata_path", tiny.metadata,
+              "--output_path", tmp_path / "cache", *flags(tiny, *case_flags))
+    built = []
+    real = models_pkg.load_component
+    monkeypatch.setattr(models_pkg, "load_component",
+                        lambda config, *a, **k: built.append(real(config, *a, **k)) or built[-1])
+    run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
+              *flags(tiny, *case_flags))
+    split = compute_split(get_family(tiny.name), _args(tiny, *case_flags), TaskSpec("sft", "train"))
+    assert sorted(c.name for c in built) == sorted(split.stage2_models)
+    assert set(split.stage1_models) - set(split.stage2_models)  # there was something to leave out
+
+
+def test_saved_lora_loads_back_exactly(tiny, tmp_path):
+    from difftune.lora import fuse_lora, load_lora_file, load_lora_into, lora_state_dict
+
+    data = tiny.metadata.parent
+    run_train("--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", tiny.metadata,
+              "--output_path", tmp_path / "out", *flags(tiny, *lora_flags(tiny)))
+    path = tmp_path / "out" / "epoch-0.safetensors"
+    spec = get_family(tiny.name)
+    prefix = spec.lora_prefix(tiny.lora_base_model)
+    saved = load_file(str(path))
+    assert saved and all(k.startswith(prefix + ".") for k in saved)
+    assert any(v.abs().max() > 0 for k, v in saved.items() if ".lora_B." in k)  # it trained
+
+    slot_config = next(ModelConfig(p) for p in tiny.model_paths
+                       if recognise([ModelConfig(p)], tiny.name)[1][0][0] == tiny.lora_base_model)
+
+    def fresh():
+        return models_pkg.load_component(slot_config, spec.components, torch_dtype=torch.float32).module
+
+    imported = load_lora_file(path)
+    # as an adapter (continuing training): the same weights
+    model = fresh()
+    load_lora_into(model, imported, component=prefix)
+    back = lora_state_dict(model)
+    canonical = {k[len(prefix) + 1:]: v for k, v in saved.items()}
+    assert back.keys() == canonical.keys()
+    assert all(torch.equal(back[k], canonical[k].float()) for k in back)
+    # fused: W + (alpha / r) B A for every module
+    base, fused = fresh(), fresh()
+    fuse_lora(fused, imported, component=prefix)
+    base_sd, fused_sd = base.state_dict(), fused.state_dict()
+    alphas = imported.alphas[imported.select(prefix)]
+    for k in [k for k in canonical if k.endswith(".lora_A.weight")]:
+        module = k[: -len(".lora_A.weight")]
+        a, b = canonical[k].float(), canonical[f"{module}.lora_B.weight"].float()
+        want = base_sd[f"{module}.weight"] + (alphas[module] / a.shape[0]) * (b @ a)
+        assert torch.allclose(fused_sd[f"{module}.weight"], want, atol=1e-6), module
