@@ -174,3 +174,22 @@ def test_stage2_on_two_processes_trains_what_one_process_with_accumulation_train
               "--gradient_accumulation_steps", 2, *flags(workspace))
     assert_two_processes_trained(tmp_path / "two", steps=8)
     assert compare_lora(tmp_path / "one" / "epoch-1.safetensors", tmp_path / "two" / "epoch-1.safetensors") <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_two_processes_with_batch_2_train_what_one_process_with_batch_4_trains(workspace, tmp_path):
+    """Mixed aspect ratios and prompt lengths: buckets, padded prompts and partial final batches under DDP."""
+    root = tmp_path / "mixed"
+    root.mkdir()
+    rows = ["image,prompt"]
+    for i, (w, h) in enumerate([(32, 32), (32, 16), (16, 32)] * 3):
+        Image.effect_noise((w, h), 20 + 7 * i).convert("RGB").save(root / f"m{i}.png")
+        rows.append(f'm{i}.png,"{"a long prompt about a thing " * (i % 3 + 1)}"')
+    (root / "metadata.csv").write_text("\n".join(rows) + "\n")
+    data = ["--dataset_base_path", root, "--dataset_metadata_path", root / "metadata.csv"]
+    proc = launch(workspace, "--task", "sft", *data, "--output_path", tmp_path / "two", "--batch_size", 2,
+                  *flags(workspace, repeat=1))
+    # 9 samples in three buckets of 3: one step of 3 samples each (fewer than 4: partial)
+    assert "batches: 9 samples in 3 bucket(s) -> 3 optimizer step(s) of up to 4 per epoch (3 partial)" in proc.stdout
+    run_train("--task", "sft", *data, "--output_path", tmp_path / "one", "--batch_size", 4, *flags(workspace, repeat=1))
+    assert compare_lora(tmp_path / "one" / "epoch-1.safetensors", tmp_path / "two" / "epoch-1.safetensors") <= 1e-5

@@ -6,7 +6,8 @@ that registers later) passes the same checks, from its tiny models (`difftune.te
 - split training equals one-stage training (<= 1e-5, fp32) for a LoRA on the denoiser and each other
   trainable set the family names;
 - stage 2 builds only the models the split says it uses (no stage-1-only model);
-- a saved LoRA loads back exactly (as an adapter and fused).
+- a saved LoRA loads back exactly (as an adapter and fused);
+- `--batch_size 2` trains what `--batch_size 1 --gradient_accumulation_steps 2` trains.
 """
 
 from __future__ import annotations
@@ -174,3 +175,14 @@ def test_saved_lora_loads_back_exactly(tiny, tmp_path):
         a, b = canonical[k].float(), canonical[f"{module}.lora_B.weight"].float()
         want = base_sd[f"{module}.weight"] + (alphas[module] / a.shape[0]) * (b @ a)
         assert torch.allclose(fused_sd[f"{module}.weight"], want, atol=1e-6), module
+
+
+def test_batch_2_equals_batch_1_with_accumulation_2(tiny, tmp_path):
+    data = tiny.metadata.parent
+    common = ["--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", tiny.metadata]
+    run_train(*common, "--output_path", tmp_path / "b2", *flags(tiny, *lora_flags(tiny), "--batch_size", 2))
+    run_train(*common, "--output_path", tmp_path / "a2",
+              *flags(tiny, *lora_flags(tiny), "--gradient_accumulation_steps", 2))
+    a, b = load_file(str(tmp_path / "b2" / "epoch-0.safetensors")), load_file(str(tmp_path / "a2" / "epoch-0.safetensors"))
+    assert a.keys() == b.keys() and a
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5

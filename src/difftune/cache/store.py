@@ -36,7 +36,7 @@ from ..data.operators import DataError  # one line, also when raised in a DataLo
 from ..errors import UserError
 from ..util import PICKLE_SUFFIXES
 from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest, as_write_error,
-                       atomic_write_json, commit_file, fingerprint_diff, read_manifest_json, source_change,
+                       atomic_write_json, canonical_json, commit_file, fingerprint_diff, read_manifest_json, source_change,
                        source_identity, temp_path)
 
 PART_RE = re.compile(r"^part-(\d{5,})$")
@@ -455,6 +455,7 @@ class CacheWriter:
         self._skipped: dict[str, str] = {}
         self._sources: dict[str, list[dict]] = {}
         self._replaces: dict[str, list[str]] = {}
+        self._info: dict[str, dict] = {}
         self._bytes = 0
         self._started: float | None = None
 
@@ -487,8 +488,9 @@ class CacheWriter:
                 pass  # a missing file: the sample fails to load and is reported there
         return changed
 
-    def write(self, sample_id: str, values: dict[str, Any]) -> None:
-        """Add one sample. Buffered; committed with its shard (on size, count, time, `flush` or `close`)."""
+    def write(self, sample_id: str, values: dict[str, Any], info: dict | None = None) -> None:
+        """Add one sample. Buffered; committed with its shard (on size, count, time, `flush` or `close`).
+        `info`: JSON about the sample that is not one of its values (e.g. its bucket), read back by `info`."""
         if self._closed:
             raise RuntimeError("CacheWriter.write after close()")
         if not isinstance(sample_id, str) or not sample_id:
@@ -507,6 +509,8 @@ class CacheWriter:
         entry = {name: encoder.encode(value, name) for name, value in values.items()}
         self._check_frontier(sample_id, entry)
         self._entries[sample_id] = entry
+        if info:
+            self._info[sample_id] = json.loads(canonical_json(info))
         self._note_sources(sample_id)
         self._tensors.update(tensors)
         self._bytes += encoder.nbytes
@@ -570,6 +574,8 @@ class CacheWriter:
             index["sources"] = self._sources
         if self._replaces:
             index["replaces"] = self._replaces
+        if self._info:
+            index["info"] = self._info
         atomic_write_json(self.part / f"{stem}.json", index, indent=None)  # the commit point
         self._done.update(self._entries)
         for sample_id in self._entries:
@@ -697,6 +703,7 @@ class CacheReader(torch.utils.data.Dataset):
         files: list[str | None] = []
         where: dict[str, tuple[int, dict, str]] = {}  # id -> (file number, values, shard name)
         sources: dict[str, list[dict]] = {}
+        info: dict[str, dict] = {}
         frontier: dict[str, dict | None] = dict(manifest.frontier)
         gone = superseded(shards)
         for shard in shards:
@@ -711,6 +718,7 @@ class CacheReader(torch.utils.data.Dataset):
                                         f"content ({where[sample_id][2]} and {shard.name}); rebuild it")
                     continue
                 where[sample_id] = (len(files) - 1, values, shard.name)
+                info[sample_id] = (shard.index.get("info") or {}).get(sample_id) or {}
                 if not manifest.frontier:
                     for name, enc in values.items():
                         frontier.setdefault(name, None)
@@ -741,6 +749,7 @@ class CacheReader(torch.utils.data.Dataset):
                     log(f"note: {note}")
         self._files = files
         self._samples = [(where[i][0], where[i][1]) for i in self.ids]
+        self._info = [info[i] for i in self.ids]
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._verified: set[tuple[int, str]] = set()  # tensors whose hash this process has checked
         self._pid = os.getpid()
@@ -784,6 +793,20 @@ class CacheReader(torch.utils.data.Dataset):
         else:
             self._handles.move_to_end(file_no)
         return handle
+
+    def info(self, i: int) -> dict:
+        """What stage 1 recorded about sample `i` besides its values (see `CacheWriter.write`)."""
+        return self._info[i]
+
+    def json_value(self, i: int, name: str, default=None):
+        """A JSON value of sample `i` from its shard index (no tensor is read); `default` if it has none."""
+        enc = self._samples[i][1].get(name)
+        return default if enc is None or "json" not in enc else decode(enc, lambda key: None)
+
+    def tensor_shapes(self, i: int) -> tuple:
+        """(name, shape) of every tensor of sample `i`, from its shard index (no tensor is read)."""
+        return tuple(sorted((path, tuple(ref["shape"])) for name, enc in self._samples[i][1].items()
+                            for path, ref in tensor_refs(enc, name)))
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         if not -len(self) <= i < len(self):

@@ -24,8 +24,8 @@ class BasePipeline:
     settings: frozenset[str] = frozenset()
     # Names `model_fn` reads from the values besides `latents` and `timestep`.
     model_fn_inputs: tuple[str, ...] = ()
-    # Variable-length values and their masks: padded to a common length when samples are batched.
-    padded_values: Mapping[str, str] = {}
+    # How values that come with the data batch (units declare theirs in `PipelineUnit.batching`).
+    input_batching: Mapping[str, Any] = {}
     # Models `model_fn` uses (the denoiser): stage 2 always loads them.
     loss_models: tuple[str, ...] = ()
     # Models `decode` uses (the VAE): validation loads them for a render when the stage has not.
@@ -45,6 +45,29 @@ class BasePipeline:
         self.models: dict[str, torch.nn.Module | None] = {name: None for name in self.model_names}
         self.units: list[PipelineUnit] = []
         self.scheduler = None
+
+    @property
+    def batching(self) -> dict[str, Any]:
+        """Every value's batching rule: the pipeline's inputs and each unit's outputs (cfg pairs on both sides)."""
+        from .batch import Pad, normalize
+
+        rules = dict(normalize(self.input_batching))
+        for unit in self.units:
+            for name, rule in normalize(unit.batching).items():
+                sides = unit.cfg_outputs.get(name, (name,))
+                for side, out in enumerate(sides):
+                    if isinstance(rule, Pad) and rule.mask in unit.cfg_outputs:
+                        rules[out] = Pad(unit.cfg_outputs[rule.mask][side])
+                    else:
+                        rules[out] = rule
+        return rules
+
+    @property
+    def padded_values(self) -> dict[str, str]:
+        """{variable-length value: its mask}, from the batching rules."""
+        from .batch import masks_of
+
+        return masks_of(self.batching)
 
     # -- construction ---------------------------------------------------------------------------------
     @classmethod

@@ -32,6 +32,9 @@ class PipelineUnit:
     cfg_inputs: Mapping[str, tuple[str, str]] = {}
     cfg_outputs: Mapping[str, tuple[str, str]] = {}
     models: tuple[str, ...] = ()
+    # How the values this unit writes batch (core/batch.py: STACK, Pad(mask), SCALAR, LIST, SAME); a cfg output
+    # is named by its argument name and the rule applies to both sides. Undeclared tensors stack.
+    batching: Mapping[str, Any] = {}
 
     @property
     def name(self) -> str:

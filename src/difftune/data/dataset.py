@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..util import names
-from .operators import (IMAGE_EXTENSIONS, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension,
+from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension,
                         ToAbsolutePath, compose, one_line)
 
 FILE_EXTENSIONS = IMAGE_EXTENSIONS  # what makes an --extra_inputs column a file column (video later)
@@ -261,6 +261,46 @@ class UnifiedDataset(torch.utils.data.Dataset):
         if not self._good:
             raise DataError(f"{self.metadata_path}: none of its {len(self.rows)} rows is usable "
                             f"(first problem: {self.bad_samples[0]['reason']})")
+
+    def row_shape(self, row: int) -> tuple:
+        """The sizes row `row` (0-based) will have once loaded, per file column, from the headers where the
+        operators can tell (else by loading the row)."""
+        parts = []
+        for key in self.data_file_keys:
+            op, context = self._operator(key), self._context(row, key)
+            try:
+                sizes = tuple(op.shape(v, context) for v in self._values(row, key))
+            except DataError:
+                return ("unreadable", row)  # found bad when loaded (skipped, or the error stops the run)
+            if any(s is UNKNOWN for s in sizes):
+                return self._loaded_shape(row)
+            parts.append((key, sizes))
+        return tuple(parts)
+
+    def _loaded_shape(self, row: int) -> tuple:
+        try:
+            item = self.load_row(row)
+        except DataError:
+            return ("unreadable", row)
+
+        def size(v):
+            return tuple(v.size) if hasattr(v, "size") and not callable(v.size) else \
+                tuple(v.shape) if hasattr(v, "shape") else repr(type(v))
+
+        return tuple((key, tuple(size(v) for v in (item[key] if isinstance(item[key], list) else [item[key]])))
+                     for key in self.data_file_keys)
+
+    def bucket_keys(self, columns=()) -> list:
+        """Per sample index: its shapes and the values of `columns` (what must agree for samples to share a
+        batch). Read from the files' headers once per row."""
+        per_row: dict[int, tuple] = {}
+        keys = []
+        for i in range(len(self)):
+            row = self.row_index(i)
+            if row not in per_row:
+                per_row[row] = (self.row_shape(row), tuple(self.rows[row].get(c) for c in columns))
+            keys.append(per_row[row])
+        return keys
 
     def source_files(self, row: int) -> list[str]:
         """The files row `row` (0-based) is loaded from, as its operators resolve them (no file access).

@@ -26,6 +26,7 @@ from ..errors import UserError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 CHECKED = object()  # returned by `check` when the rest can only be checked by loading
+UNKNOWN = object()  # returned by `shape` when the size can only be known by loading
 URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)  # http(s)://, s3://, gs://, ...
 
 
@@ -66,6 +67,11 @@ class DataOperator:
     def check(self, value, context: dict | None = None):
         return CHECKED
 
+    def shape(self, value, context: dict | None = None):
+        """What `__call__` would give, as a size, without decoding: (width, height) for a picture; UNKNOWN
+        where it cannot tell (the data set then loads the sample to see)."""
+        return UNKNOWN
+
     def __rshift__(self, other) -> Sequence:
         return Sequence([self, compose(other)])
 
@@ -90,6 +96,13 @@ class Sequence(DataOperator):
             if value is CHECKED:
                 break
         return CHECKED
+
+    def shape(self, value, context=None):
+        for op in self.operators:
+            value = op.shape(value, context)
+            if value is UNKNOWN:
+                break
+        return value
 
 
 class Lambda(DataOperator):
@@ -131,7 +144,7 @@ class ToAbsolutePath(DataOperator):
             context["file"] = path
         return path
 
-    check = __call__
+    check = shape = __call__
 
 
 def _file_problem(path: str) -> str | None:
@@ -253,6 +266,17 @@ class LoadImage(DataOperator):
     def __call__(self, path, context=None):
         return self._open(os.fspath(path), context, decode=True)
 
+    def shape(self, path, context=None):
+        """(width, height) as loaded, from the header: EXIF orientations 5-8 stand the picture on its side."""
+        path = os.fspath(path)
+        try:
+            with Image.open(path) as img:
+                size = img.size
+                orientation = img.getexif().get(0x0112)  # (a PNG's EXIF after its pixels is not seen here)
+        except Exception:  # the pre-check and the load report what is wrong with the file
+            return UNKNOWN
+        return (size[1], size[0]) if orientation in (5, 6, 7, 8) else size
+
     def check(self, path, context=None):
         """Header, mode and the format's end marker: a few hundred bytes per file. A file whose end marker
         is missing (truncated, or trailing bytes after it) is decoded to tell, so the check rejects only
@@ -317,6 +341,9 @@ class RouteByExtension(DataOperator):
     def check(self, path, context=None):
         return self.route(path, context).check(path, context)
 
+    def shape(self, path, context=None):
+        return self.route(path, context).shape(path, context)
+
 
 def target_size(width: int, height: int, fixed_height: int | None, fixed_width: int | None, max_pixels: int,
                 height_factor: int = 16, width_factor: int = 16) -> tuple[int, int]:
@@ -362,6 +389,12 @@ class ImageCropAndResize(DataOperator):
             raise DataError(f"{_where(context)}: image is {img.width}x{img.height}, smaller than the division "
                             f"factor ({self.width_division_factor}x{self.height_division_factor}): {file}")
         return w, h
+
+    def shape(self, value, context=None):
+        if isinstance(value, tuple) and len(value) == 2:
+            return target_size(value[0], value[1], self.height, self.width, self.max_pixels,
+                               self.height_division_factor, self.width_division_factor)
+        return UNKNOWN
 
     def __call__(self, value, context=None):
         if isinstance(value, list):  # video frames

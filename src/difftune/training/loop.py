@@ -143,16 +143,14 @@ def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None 
     hooks = hooks or Hooks()
     world, rank = accelerator.num_processes, accelerator.process_index
     plan = EpochPlan(len(dataset), config.seed, world, rank, config.batch_size, config.gradient_accumulation_steps,
-                     shuffle=config.shuffle)
+                     shuffle=config.shuffle, keys=bucket_keys(dataset, module))
     if plan.steps_per_epoch() == 0:
-        raise UserError(f"the dataset has {len(dataset)} samples, fewer than one optimizer step needs "
-                        f"({plan.group} = processes x --batch_size x --gradient_accumulation_steps)")
+        raise UserError("the dataset is empty: nothing to train on")
     total_steps = plan.steps_per_epoch() * config.num_epochs
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
-    if plan.dropped_per_epoch() and accelerator.is_main_process:
-        print(f"note: {plan.dropped_per_epoch()} sample(s) per epoch do not fill a whole optimizer step and are "
-              f"left out of that epoch (a different few each epoch)")
+    if accelerator.is_main_process:
+        print(f"batches: {plan.describe()}")
 
     params = module.trainable_modules()
     if not params:
@@ -192,16 +190,20 @@ def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None 
         inner.epoch = state.epoch = epoch
         first = start_step if epoch == start_epoch else 0
         plan_batches = list(plan.micro_batches(epoch, start_step=first))
-        batches.batches = [idx for _, _, idx in plan_batches]
+        batches.batches = [idx for _, _, idx, _ in plan_batches]
         micro_losses = []
-        for (step_in_epoch, _, _), items in zip(plan_batches, loader):
+        for (step_in_epoch, _, _, in_step), items in zip(plan_batches, loader):
             indices = [i for i, _ in items]
             samples = [s for _, s in items]
             with accelerator.accumulate(module):
                 loss = module(samples, indices, epoch)
+                # the step's gradient is the mean over its samples whatever the layout: weigh micro-batches
+                # by their share of the step (1 for the equal micro-batches of a full step)
+                share = world * config.gradient_accumulation_steps * len(items) / in_step
+                weighted = loss if share == 1 else loss * share
                 check_finite(accelerator, loss, state.step + 1, epoch, samples, indices, hooks.last_checkpoint())
-                accelerator.backward(loss)
-                micro_losses.append(loss.detach().float())
+                accelerator.backward(weighted)
+                micro_losses.append(loss.detach().float() * len(items))
                 if accelerator.sync_gradients and config.max_grad_norm:
                     accelerator.clip_grad_norm_(params, config.max_grad_norm)
                 optimizer.step()
@@ -211,7 +213,7 @@ def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None 
             lr = schedule.get_last_lr()[0]  # the rate this step used
             schedule.step()
             state.step, state.step_in_epoch = state.step + 1, step_in_epoch + 1
-            step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
+            step_loss = (accelerator.reduce(torch.stack(micro_losses).sum(), reduction="sum") / in_step).item()
             micro_losses = []
             losses.append(step_loss)
             ema = step_loss if ema is None else 0.9 * ema + 0.1 * step_loss
@@ -228,6 +230,18 @@ def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None 
     bar.close()
     accelerator.wait_for_everyone()
     return {"steps": state.step, "losses": losses, "seconds": time.perf_counter() - started}
+
+
+def bucket_keys(dataset, module) -> list | None:
+    """Each sample's bucket (what must agree for samples to share a batch), if the data set can tell; the
+    module's pipeline says which data values must agree besides the shapes (e.g. a step count)."""
+    if not hasattr(dataset, "bucket_keys"):
+        return None
+    from ..core.batch import SAME
+
+    pipe = getattr(module, "pipe", None)
+    same = [k for k, r in (getattr(pipe, "input_batching", None) or {}).items() if r == SAME]
+    return dataset.bucket_keys(same)
 
 
 def check_finite(accelerator, loss, step: int, epoch: int, samples, indices, last_checkpoint=None) -> None:

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ..errors import UserError
+
 
 def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     """A CPU generator for one sample visit, independent of process, batch layout and stage."""
@@ -62,7 +64,12 @@ def direct_distill_loss(pipe, values: dict[str, Any], generators: Sequence[torch
     target = values["input_latents"]
     latents = values["latents"]
     steps = values.get("num_inference_steps")
-    steps = int(steps[0] if isinstance(steps, (list, tuple)) else steps if steps is not None else 4)
+    if isinstance(steps, (list, tuple)):  # one per sample: the batch samples in lockstep, so they must agree
+        if len(set(steps)) > 1:
+            raise UserError(f"direct_distill: the samples of one batch ask for different num_inference_steps "
+                            f"{sorted(set(steps))}; batch them apart (the pipeline's input_batching) or use batch 1")
+        steps = steps[0]
+    steps = int(steps if steps is not None else 4)
     scheduler = pipe.scheduler
     scheduler.set_timesteps(steps, image_seq_len=pipe.seq_len(latents))
     kwargs = pipe.model_fn_kwargs(values)

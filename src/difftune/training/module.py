@@ -121,14 +121,14 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         pipe = self.pipe
         if self.from_cache:
             cached = pipe.from_cache_values(sample)
-            values = collate_values([cached], pipe.padded_values)  # tensors get their batch dimension back
+            values = collate_values([cached], pipe.batching)  # tensors get their batch dimension back
             # Everything else stays as `training_inputs` gives it (height 32, not [32]), as in one-stage training.
             values.update({k: v for k, v in cached.items() if not isinstance(v, torch.Tensor)})
         else:
             values = pipe.training_inputs(sample)
         values.update(self.settings)
         pipe.run_units(values, self.units)
-        return split_batch(values, 1, pipe.padded_values, self.needed)[0]
+        return split_batch(values, 1, pipe.batching, self.needed)[0]
 
     def forward(self, samples: list[dict[str, Any]], indices: Iterable[int], epoch: int | None = None):
         pipe = self.pipe
@@ -139,7 +139,7 @@ class PipelineTrainingModule(DiffusionTrainingModule):
             return sum(p.sum() * 0.0 for p in self.trainable_modules())
         samples, indices = [s for s, _ in kept], [i for _, i in kept]
         prepared = [self.prepare_sample(s) for s in samples]
-        batch = collate_values(prepared, pipe.padded_values)
+        batch = collate_values(prepared, pipe.batching, ids=[s.get("_id", i) for s, i in zip(samples, indices)])
         for key, value in batch.items():
             if isinstance(value, torch.Tensor):
                 batch[key] = value.to(pipe.device)

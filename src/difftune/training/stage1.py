@@ -125,8 +125,9 @@ def run_stage1(args, family, models, split, accelerator, output_path: str) -> di
         values.update({k: v for k, v in settings.items() if k != "batch_size"})
         values["batch_size"] = len(samples)
         pipe.run_units(values, split.stage1)
-        for sample, per_sample in zip(samples, split_batch(values, len(samples), pipe.padded_values, split.frontier)):
-            writer.write(sample["_id"], _cacheable(per_sample))
+        for sample, per_sample in zip(samples, split_batch(values, len(samples), pipe.batching, split.frontier)):
+            # the sample's bucket as one-stage training sees it, so stage 2 forms the same batches
+            writer.write(sample["_id"], _cacheable(per_sample), info={"bucket": sample["_bucket"]})
             written += 1
 
     # Rows are loaded by DataLoader workers; samples of equal size are encoded together in batches.
@@ -140,8 +141,10 @@ def run_stage1(args, family, models, split, accelerator, output_path: str) -> di
             if sample is None or sample.get("_id") != dataset.sample_id(row):  # a bad row the user asked to skip
                 writer.skip(dataset.sample_id(row), "bad sample (see bad_samples.json)")
                 continue
+            # the training buckets (shapes from the headers), refined by what else the family must share
             signature = pipe.batch_signature(sample)
-            bucket = buckets.setdefault(signature, [])
+            sample["_bucket"] = dataset.row_shape(sample["_row"])
+            bucket = buckets.setdefault((sample["_bucket"], signature), [])
             bucket.append(sample)
             if len(bucket) >= batch_size or signature is None:  # None: the family encodes one at a time
                 encode(bucket)
@@ -188,6 +191,18 @@ class RepeatedCache(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return _from_cache(self.reader[i % len(self.reader)])
+
+    def bucket_keys(self, columns=()) -> list:
+        """Per sample index: the bucket stage 1 recorded (else the shapes of its cached tensors, which may split
+        buckets finer) and the values of `columns`, read from the shard indexes without opening a tensor."""
+        per = [(_hashable(self.reader.info(i).get("bucket")) or self.reader.tensor_shapes(i),
+                tuple(_hashable(self.reader.json_value(i, c, default=None)) for c in columns))
+               for i in range(len(self.reader))]
+        return [per[i % len(per)] for i in range(len(self))]
+
+
+def _hashable(value):
+    return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def open_cache(args, family, split, log=print):

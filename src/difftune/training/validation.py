@@ -50,7 +50,7 @@ def encode_prompts(pipe, prompts: list[str]) -> dict[str, torch.Tensor]:
             for unit in units:
                 run_unit(pipe, unit, values)
         key = NEGATIVE if i == len(prompts) else f"p{i}"
-        for name, value in split_batch(values, 1, pipe.padded_values, outputs)[0].items():
+        for name, value in split_batch(values, 1, pipe.batching, outputs)[0].items():
             if isinstance(value, torch.Tensor):
                 out[f"{key}.{name}"] = value.float().cpu().contiguous() if value.is_floating_point() else value.cpu()
     return out
@@ -133,7 +133,7 @@ class Validator:
                     stored = embeds.get(f"{prefix}.{posi}")
                     if stored is not None:
                         values[name] = stored
-        values = collate_values([values], pipe.padded_values)
+        values = collate_values([values], pipe.batching)
         return {k: v.to(pipe.device, pipe.torch_dtype if v.is_floating_point() else v.dtype) for k, v in values.items()}
 
     def render(self, pipe, step: int, accelerator=None):

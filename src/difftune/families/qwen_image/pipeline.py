@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from ...core.batch import SAME
 from ...core.pipeline import BasePipeline
 from ...errors import UserError
 from ...media.image import as_image_list, tensor_to_images
@@ -30,7 +31,8 @@ class QwenImagePipeline(BasePipeline):
     settings = frozenset({"rand_device", "batch_size", "edit_image_auto_resize", "use_gradient_checkpointing",
                           "use_gradient_checkpointing_offload"})
     model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "edit_latents")
-    padded_values = {"prompt_embeds": "prompt_embeds_mask", "negative_prompt_embeds": "negative_prompt_embeds_mask"}
+    # direct_distill samples a whole batch in lockstep, so a batch shares its step count
+    input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
     loss_models = ("dit",)
     decode_models = ("vae",)
     division_factor = DIVISION_FACTOR

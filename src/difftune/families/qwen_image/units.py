@@ -10,6 +10,7 @@ import math
 import torch
 from PIL import Image
 
+from ...core.batch import Pad
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
@@ -154,6 +155,7 @@ class QwenImagePromptEmbedder(PipelineUnit):
     cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds"),
                    "prompt_embeds_mask": ("prompt_embeds_mask", "negative_prompt_embeds_mask")}
     models = ("text_encoder",)
+    batching = {"prompt_embeds": Pad("prompt_embeds_mask")}  # prompts of a batch differ in length
 
     def process(self, pipe, prompt, edit_image):
         if prompt is None:
