@@ -1,7 +1,8 @@
 """Saving what was trained: LoRA files that diffusers and ComfyUI load, full models with official keys.
 
-A LoRA is saved in diffusers' layout (`transformer.<module>.lora_A.weight` + alpha/rank metadata), which
-diffusers' `load_lora_weights` and ComfyUI load unchanged. A fully trained model is saved with the
+A LoRA is saved in diffusers' layout (`transformer.<module>.lora_A.weight`, alpha/rank folded into lora_B,
+the trained alpha in difftune's metadata), which diffusers' `load_lora_weights` and ComfyUI load unchanged at
+the trained strength; `lora_format` "comfyui" / "kohya" writes those layouts instead (with `.alpha` tensors). A fully trained model is saved with the
 reference's naming (`pipe.<model>.<key>`) minus `--remove_prefix_in_ckpt`; with the default
 `pipe.dit.` that leaves the official diffusers key names, so the file loads into
 `QwenImageTransformer2DModel`. Every file is written to a temporary name and renamed.
@@ -35,11 +36,13 @@ class CheckpointSaver:
     """Writes `<output_path>/<name>.safetensors` (and `<name>-<model>.safetensors` for extra full models)."""
 
     def __init__(self, output_path: str, remove_prefix: str | None = "pipe.dit.", base_info: dict | None = None,
-                 lora_prefixes: dict[str, str] | None = None):
+                 lora_prefixes: dict[str, str] | None = None, lora_format: str = "diffusers",
+                 denoiser: str | None = None):
         self.output_path = Path(output_path)
         self.remove_prefix = remove_prefix or ""
         self.base_info = base_info or {}
         self.lora_prefixes = dict(lora_prefixes or {})  # slot -> key prefix in the LoRA file (the family's)
+        self.lora_format, self.denoiser = lora_format, denoiser  # denoiser: the slot ComfyUI/kohya names
         self.saved: list[Path] = []
 
     def save(self, accelerator, module, name: str) -> list[Path]:
@@ -62,7 +65,8 @@ class CheckpointSaver:
         if lora:
             path = self.output_path / f"{name}.safetensors"
             save_lora(path, {m: canonical_lora_keys(sd) for m, sd in lora.items()},
-                      {m: inner.lora_configs[m] for m in lora}, base_info=self.base_info, prefixes=self.lora_prefixes)
+                      {m: inner.lora_configs[m] for m in lora}, base_info=self.base_info, prefixes=self.lora_prefixes,
+                      layout=self.lora_format, denoiser=self.denoiser)
             written.append(path)
         for model, sd in full.items():
             prefixed = {f"pipe.{model}.{k}": v for k, v in sd.items()}
@@ -82,7 +86,7 @@ class ModelLogger(CheckpointSaver):
     """The reference's name, for training scripts: saves what is trained, `<output_path>/epoch-<i>.safetensors`
     after each epoch, or `step-<n>.safetensors` every `save_steps` optimizer steps (and at the end).
 
-    A LoRA is written in diffusers' layout (loads with `pipe.load_lora`, diffusers, ComfyUI); fully trained
+    A LoRA is written in diffusers' layout, alpha folded (loads with `pipe.load_lora`, diffusers, ComfyUI); fully trained
     models with the keys `pipe.<model>.<key>` minus `remove_prefix_in_ckpt`.
     """
 

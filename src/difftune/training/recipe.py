@@ -27,6 +27,8 @@ def run(args) -> dict:
     accelerator = make_accelerator(args, None if task.stage == "data_process" else args.output_path)
     log = main_process_log(accelerator)
     family, models = resolve_models(args, log=log)
+    if task.stage != "data_process":
+        check_lora_format(args, family)
     split = compute_split(family, args, task)
     stage1 = None
     if task.stage in ("data_process", "split"):
@@ -43,6 +45,18 @@ def run(args) -> dict:
     if stage1 is not None:
         summary["stage1"] = stage1
     return summary
+
+
+def check_lora_format(args, family) -> None:
+    """Before any model is loaded: `--lora_format comfyui|kohya` names only the denoiser's LoRA."""
+    from ..errors import UserError
+    from ..lora import lora_layout_problem
+
+    denoiser = (family.pipeline.loss_models or (None,))[0]
+    problem = lora_layout_problem(args.lora_format, [args.lora_base_model] if args.lora_base_model else [], denoiser,
+                                  dict(family.lora_prefixes))
+    if problem:
+        raise UserError(f"--lora_format {args.lora_format}: {problem}")
 
 
 def train_stage(args, task, family, models, split, accelerator, from_cache: bool) -> dict:
@@ -81,7 +95,8 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
 
         validate = Validator(args, models, family, cache_dir=args.dataset_base_path if from_cache else None)
     saver = CheckpointSaver(args.output_path, args.remove_prefix_in_ckpt, lora_prefixes=dict(family.lora_prefixes),
-                            base_info={"family": family.name, "task": args.task})
+                            base_info={"family": family.name, "task": args.task}, lora_format=args.lora_format,
+                            denoiser=(family.pipeline.loss_models or (None,))[0])
     csv = None
     if args.enable_csv_log and accelerator.is_main_process:
         csv = CsvLog(Path(args.output_path) / "loss.csv", resume_step=_resume_step(resume_state))
