@@ -110,23 +110,38 @@ class ModelLogger(CheckpointSaver):
 
 class CsvLog:
     """`<output_path>/loss.csv`: step, epoch, loss, lr per optimizer step (main process). A resumed run keeps
-    the rows up to the step it resumes from and appends."""
+    the rows up to the step it resumes from and appends.
+
+    Rows are held in memory until `commit()` (called right before the run's first checkpoint, state or
+    validation image), so a run that fails before saving anything leaves an earlier loss.csv as it was."""
 
     HEADER = "step,epoch,loss,lr\n"
 
     def __init__(self, path: str | os.PathLike, resume_step: int = 0):
         self.path = Path(path)
+        self.resume_step = resume_step
+        self.pending: list[str] = []
+        self.committed = False
+
+    def commit(self) -> None:
+        if self.committed:
+            return
         kept = []
-        if resume_step and self.path.is_file():
+        if self.resume_step and self.path.is_file():
             for line in self.path.read_text().splitlines()[1:]:
                 step = line.split(",", 1)[0]
-                if step.isdigit() and int(step) <= resume_step:
+                if step.isdigit() and int(step) <= self.resume_step:
                     kept.append(line + "\n")
-        atomic_write_text(self.path, self.HEADER + "".join(kept))
+        atomic_write_text(self.path, self.HEADER + "".join(kept) + "".join(self.pending))
+        self.pending, self.committed = [], True
 
     def write(self, step: int, epoch: int, loss: float, lr: float) -> None:
+        row = f"{step},{epoch},{loss:.8g},{lr:.8g}\n"
+        if not self.committed:
+            self.pending.append(row)
+            return
         with open(self.path, "a") as f:
-            f.write(f"{step},{epoch},{loss:.8g},{lr:.8g}\n")
+            f.write(row)
 
 
 class RunHooks(Hooks):
@@ -134,29 +149,49 @@ class RunHooks(Hooks):
 
     Checkpoints: every `save_steps` optimizer steps (and at the end), else after every epoch. States:
     every `save_state_steps`, and with every checkpoint when `save_state`. Validation: every
-    `validation_steps` and at the end.
+    `validation_steps` and at the end. Stopped by a signal: a checkpoint `step-<n>` and, when states are saved,
+    a state. Right before the run's first write into the output folder, `record` (a `run_lock.RunRecord`)
+    becomes the folder's `training_args.json` and the CSV log is written.
     """
 
     def __init__(self, saver: CheckpointSaver | None = None, save_steps: int | None = None,
                  state_dir: str | None = None, save_state_steps: int | None = None, save_state: bool = False,
-                 keep_states: int = 2, validate=None, validation_steps: int | None = None, csv: CsvLog | None = None):
+                 keep_states: int = 2, validate=None, validation_steps: int | None = None, csv: CsvLog | None = None,
+                 record=None):
         self.saver, self.save_steps = saver, save_steps
         self.state_dir, self.save_state_steps, self.save_state, self.keep_states = \
             state_dir, save_state_steps, save_state, keep_states
-        self.validate, self.validation_steps, self.csv = validate, validation_steps, csv
+        self.validate, self.validation_steps, self.csv, self.record = validate, validation_steps, csv, record
+        self.checkpoint_step = self.state_step = None  # the step of the last checkpoint / state saved
+        self.last_state = None
+
+    def _first_write(self) -> None:
+        if self.record is not None:
+            self.record.promote()
+        if self.csv is not None:
+            self.csv.commit()
 
     def _checkpoint(self, state: LoopState, name: str) -> None:
         if self.saver is not None:
+            self._first_write()
             self.saver.save(state.accelerator, state.module, name)
+            self.checkpoint_step = state.step
             if self.save_state:
                 self._state(state)
 
     def _state(self, state: LoopState) -> None:
         from .state import save_training_state
 
-        save_training_state(state.accelerator, state.module, state.optimizer, state.schedule,
-                            {"global_step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch},
-                            state.exactness, self.state_dir, keep=self.keep_states)
+        self._first_write()
+        self.last_state = save_training_state(
+            state.accelerator, state.module, state.optimizer, state.schedule,
+            {"global_step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch},
+            state.exactness, self.state_dir, keep=self.keep_states)
+        self.state_step = state.step
+
+    def _validate(self, state: LoopState) -> None:
+        self._first_write()
+        self.validate(state.accelerator, state.inner, state.step)
 
     def after_step(self, state: LoopState, loss: float, lr: float) -> None:
         if self.csv is not None and state.accelerator.is_main_process:
@@ -167,7 +202,7 @@ class RunHooks(Hooks):
         if self.save_state_steps and state.step % self.save_state_steps == 0 and not (checkpoint and self.save_state):
             self._state(state)
         if self.validate is not None and self.validation_steps and state.step % self.validation_steps == 0:
-            self.validate(state.accelerator, state.inner, state.step)
+            self._validate(state)
 
     def after_epoch(self, state: LoopState) -> None:
         if not self.save_steps:
@@ -177,7 +212,14 @@ class RunHooks(Hooks):
         if self.save_steps and state.step % self.save_steps != 0:
             self._checkpoint(state, f"step-{state.step}")
         if self.validate is not None and (not self.validation_steps or state.step % self.validation_steps != 0):
-            self.validate(state.accelerator, state.inner, state.step)
+            self._validate(state)
+        self._first_write()  # a run that saved nothing still ends with its record and CSV log
+
+    def on_stop(self, state: LoopState) -> None:
+        if self.checkpoint_step != state.step:
+            self._checkpoint(state, f"step-{state.step}")
+        if (self.save_state_steps or self.save_state) and self.state_step != state.step and self.state_dir:
+            self._state(state)
 
     def last_checkpoint(self):
         return self.saver.saved[-1] if (self.saver is not None and self.saver.saved) else None

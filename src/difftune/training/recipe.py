@@ -22,10 +22,21 @@ from .builders import (TaskSpec, bad_samples_of_all_processes, build_pipeline, c
 
 
 def run(args) -> dict:
+    """Run the command; with SIGTERM / SIGINT during training it saves, and the summary says `stopped`."""
+    from .run_lock import output_lock
+    from .signals import StopSignals
+
     task = TaskSpec.parse(args.task)
     ensure_writable(args.output_path)
     accelerator = make_accelerator(args, None if task.stage == "data_process" else args.output_path)
     log = main_process_log(accelerator)
+    with StopSignals(verbose=accelerator.is_main_process) as stop, \
+            output_lock(args.output_path, enabled=accelerator.is_main_process,
+                        cache_only=task.stage == "data_process", log=log):
+        return _run(args, task, accelerator, log, stop)
+
+
+def _run(args, task, accelerator, log, stop) -> dict:
     family, models = resolve_models(args, log=log)
     if task.stage != "data_process":
         check_lora_format(args, family)
@@ -41,7 +52,8 @@ def run(args) -> dict:
         gc.collect()
         args = copy.copy(args)  # stage 2 of the same command reads what stage 1 wrote
         args.dataset_base_path, args.dataset_metadata_path = cache, None
-    summary = train_stage(args, task, family, models, split, accelerator, from_cache=task.stage in ("train", "split"))
+    summary = train_stage(args, task, family, models, split, accelerator, from_cache=task.stage in ("train", "split"),
+                          stop=stop)
     if stage1 is not None:
         summary["stage1"] = stage1
     return summary
@@ -59,10 +71,11 @@ def check_lora_format(args, family) -> None:
         raise UserError(f"--lora_format {args.lora_format}: {problem}")
 
 
-def train_stage(args, task, family, models, split, accelerator, from_cache: bool) -> dict:
+def train_stage(args, task, family, models, split, accelerator, from_cache: bool, stop=None) -> dict:
     from .checkpoint import CheckpointSaver, CsvLog, RunHooks
     from .loop import train
     from .module import PipelineTrainingModule
+    from .run_lock import RunRecord
 
     log = main_process_log(accelerator)
     if from_cache:
@@ -85,10 +98,12 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
     # --seed (and not on which models this stage happened to load before).
     torch.manual_seed(args.seed)
     module.switch_pipe_to_training_mode(pipe, **training_mode_kwargs(args))
-    if accelerator.is_main_process:
-        write_json(Path(args.output_path) / "training_args.json", vars(args))
+    record = None
+    if accelerator.is_main_process:  # the folder's training_args.json follows once this run writes there
+        record = RunRecord(args.output_path, vars(args))
+        record.start()
     if accelerator.log_with:
-        accelerator.init_trackers("train")
+        accelerator.init_trackers(record.run_id if record is not None else "train")  # logs/<run id>/
     validate = None
     if args.validation_prompts:
         from .validation import Validator
@@ -103,12 +118,31 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
     hooks = RunHooks(saver, save_steps=args.save_steps, state_dir=args.output_path,
                      save_state_steps=args.save_state_steps, save_state=args.save_state,
                      keep_states=args.keep_last_states, validate=validate, validation_steps=args.validation_steps,
-                     csv=csv)
-    summary = train(accelerator, dataset, module, loop_config(args, resume_state), hooks)
+                     csv=csv, record=record)
+    if stop is None:
+        summary = train(accelerator, dataset, module, loop_config(args, resume_state), hooks)
+    else:
+        with stop.deferred():
+            summary = train(accelerator, dataset, module, loop_config(args, resume_state), hooks, stop=stop)
     report_bad_samples(args, accelerator, dataset, module, summary)
     accelerator.end_training()
     summary["saved"] = [str(p) for p in saver.saved]
+    if summary.get("stopped"):
+        summary["stop_message"] = _stop_message(summary, hooks)
     return summary
+
+
+def _stop_message(summary: dict, hooks) -> str:
+    import signal
+
+    name = signal.Signals(summary["stopped"]).name
+    saved = hooks.last_checkpoint()
+    what = f"saved {saved}" if saved is not None else "nothing saved"
+    if hooks.last_state is not None and hooks.state_step == summary["steps"]:
+        return (f"stopped by {name} at step {summary['steps']}: {what} and the training state {hooks.last_state}; "
+                f"continue with --resume_from_checkpoint latest")
+    return (f"stopped by {name} at step {summary['steps']}: {what} (no training state: --save_state_steps N "
+            f"makes a run resumable)")
 
 
 def _resume_step(state_dir) -> int:
