@@ -31,7 +31,7 @@ def test_disk_full_while_saving_a_training_state(tmp_path, tiny_repo, capsys, mo
     args = [*base_args(meta, out, tiny_repo), "--save_state_steps", 1, "--dataset_repeat", 2]
     assert cli(*args, "--max_steps", 1) == 0
     capsys.readouterr()
-    earlier = tree(out / "state")
+    earlier, everything = tree(out / "state"), tree(out)
     real = state.save_file
 
     def full_disk(tensors, filename, metadata=None):
@@ -44,6 +44,8 @@ def test_disk_full_while_saving_a_training_state(tmp_path, tiny_repo, capsys, mo
                           str(out / "state" / "step-2" / "weights.safetensors"), "no space left on the device", "bytes")
     assert "Traceback" not in line
     assert tree(out / "state") == earlier  # step-1 intact, no step-2, no temporary directory
+    after = tree(out)  # nor was training_args.json replaced: the run saved nothing
+    assert {k: after.get(k) for k in everything} == everything
 
 
 # -- nothing of an earlier run overwritten by a run that fails; one run per folder -------------------------------

@@ -112,8 +112,8 @@ class CsvLog:
     """`<output_path>/loss.csv`: step, epoch, loss, lr per optimizer step (main process). A resumed run keeps
     the rows up to the step it resumes from and appends.
 
-    Rows are held in memory until `commit()` (called right before the run's first checkpoint, state or
-    validation image), so a run that fails before saving anything leaves an earlier loss.csv as it was."""
+    Rows are held in memory until `commit()` (called once the run's first checkpoint, state or validation
+    image is saved), so a run that fails before saving anything leaves an earlier loss.csv as it was."""
 
     HEADER = "step,epoch,loss,lr\n"
 
@@ -150,8 +150,8 @@ class RunHooks(Hooks):
     Checkpoints: every `save_steps` optimizer steps (and at the end), else after every epoch. States:
     every `save_state_steps`, and with every checkpoint when `save_state`. Validation: every
     `validation_steps` and at the end. Stopped by a signal: a checkpoint `step-<n>` and, when states are saved,
-    a state. Right before the run's first write into the output folder, `record` (a `run_lock.RunRecord`)
-    becomes the folder's `training_args.json` and the CSV log is written.
+    a state. Once the run's first checkpoint, state or validation image is in the output folder, `record` (a
+    `run_lock.RunRecord`) becomes the folder's `training_args.json` and the CSV log is written.
     """
 
     def __init__(self, saver: CheckpointSaver | None = None, save_steps: int | None = None,
@@ -173,8 +173,8 @@ class RunHooks(Hooks):
 
     def _checkpoint(self, state: LoopState, name: str) -> None:
         if self.saver is not None:
-            self._first_write()
             self.saver.save(state.accelerator, state.module, name)
+            self._first_write()
             self.checkpoint_step = state.step
             if self.save_state:
                 self._state(state)
@@ -182,16 +182,16 @@ class RunHooks(Hooks):
     def _state(self, state: LoopState) -> None:
         from .state import save_training_state
 
-        self._first_write()
         self.last_state = save_training_state(
             state.accelerator, state.module, state.optimizer, state.schedule,
             {"global_step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch},
             state.exactness, self.state_dir, keep=self.keep_states)
         self.state_step = state.step
+        self._first_write()
 
     def _validate(self, state: LoopState) -> None:
-        self._first_write()
         self.validate(state.accelerator, state.inner, state.step)
+        self._first_write()
 
     def after_step(self, state: LoopState, loss: float, lr: float) -> None:
         if self.csv is not None and state.accelerator.is_main_process:

@@ -6,9 +6,9 @@ A lock whose pid is no longer alive on this host is stale (the run was killed) a
 any other holder is named in a one-line error. Under several processes only the main process takes it.
 
 `RunRecord`: each run records its flags under a name of its own, `runs/<UTC time>-<pid>/training_args.json`,
-when it starts training; `<output_path>/training_args.json` is replaced by that record only right before the
-run's first write into the folder (a checkpoint, a training state or a validation image). So a run that fails
-before then leaves every earlier file as it was.
+when it starts training; `<output_path>/training_args.json` is replaced by that record only once the run has
+saved its first checkpoint, training state or validation image there. So a run that fails before then leaves
+every earlier file as it was.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ class RunRecord:
         return atomic_write_text(self.folder / "training_args.json", self._text())
 
     def promote(self) -> None:
-        """Right before the run's first write into the folder: `training_args.json` describes this run."""
+        """After the run's first save into the folder: `training_args.json` describes this run."""
         if not self.promoted:
             self.promoted = True
             atomic_write_text(self.output_path / "training_args.json", self._text())
