@@ -297,3 +297,25 @@ def test_lora_checkpoint_in_lycoris_layout_continues_training(tmp_path, tiny_rep
     args = base_args(meta, tmp_path / "out", tiny_repo)
     args[args.index("--lora_rank") + 1] = RANK
     assert cli(*args, "--lora_checkpoint", path, "--max_steps", 1) == 0, capsys.readouterr().err
+
+
+def test_sample_with_a_lycoris_or_onetrainer_lora_equals_the_diffusers_file(tmp_path, tiny_repo):
+    import numpy as np
+    from PIL import Image
+
+    sd, config = trained_lora(8.0, seed=9)
+    sd = {k: v * 0.3 for k, v in sd.items()}
+    files = {"diffusers": save_lora(tmp_path / "diffusers.safetensors", {"dit": sd}, {"dit": config}),
+             "lycoris": write_safetensors(tmp_path / "lycoris.safetensors", to_kohya(sd, 8.0, prefix="lycoris_")),
+             "onetrainer": write_safetensors(tmp_path / "onetrainer.safetensors",
+                                             to_kohya(sd, 8.0, prefix="lora_transformer_"))}
+    common = ["sample", "--model_dir", tiny_repo, "--prompt", "a dog", "--height", 32, "--width", 32,
+              "--num_inference_steps", 2, "--torch_dtype", "float32", "--seed", 1]
+    images = {}
+    for name, path in files.items():
+        assert cli(*common, "--output", tmp_path / f"{name}.png", "--lora", path) == 0
+        images[name] = np.asarray(Image.open(tmp_path / f"{name}.png"))
+    assert cli(*common, "--output", tmp_path / "base.png") == 0
+    assert not np.array_equal(images["diffusers"], np.asarray(Image.open(tmp_path / "base.png")))
+    assert np.array_equal(images["lycoris"], images["diffusers"]) and np.array_equal(images["onetrainer"],
+                                                                                     images["diffusers"])
