@@ -182,3 +182,17 @@ def test_skip_bad_samples_and_report_them(tmp_path, tiny_repo):
     assert len(report["skipped"]) == 1 and report["skipped"][0]["id"].startswith("000001-")
     assert "image_2.png" in json.dumps(report)
     assert summary["steps"] == 4 and (tmp_path / "out" / "epoch-0.safetensors").exists()
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--max_steps", 0), ("--max_steps", -3), ("--num_epochs", 0), ("--dataset_repeat", 0), ("--lora_rank", 0),
+    ("--learning_rate", 0), ("--learning_rate", -1e-4), ("--learning_rate", "nan"), ("--gradient_accumulation_steps", 0),
+    ("--batch_size", 0), ("--save_steps", 0), ("--save_state_steps", 0), ("--lora_alpha", 0),
+    ("--validation_steps", 0), ("--dataset_num_workers", -1), ("--weight_decay", -0.1), ("--max_grad_norm", -1)])
+def test_nonsense_numbers_are_refused_before_anything_runs(tmp_path, tiny_repo, capsys, flag, value):
+    # before: --max_steps 0 exited 0 having trained nothing; --save_steps 0 failed with a traceback
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    out = tmp_path / "out"
+    line = one_line_error(capsys, cli(*base_args(meta, out, tiny_repo), flag, value), f"{flag} {value}", "must be")
+    assert "\n" not in line
+    assert not out.exists()  # refused before the output folder is touched

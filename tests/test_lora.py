@@ -148,16 +148,21 @@ def test_saved_file_loads_in_diffusers_with_alpha(parts, adapted, files, base_ou
     assert keys == {f"transformer.{k}" for k in adapted["sd"]}
     assert meta["format"] == "pt"
     adapter = json.loads(meta["lora_adapter_metadata"])
-    assert adapter["transformer.r"] == RANK and adapter["transformer.lora_alpha"] == ALPHA
+    # alpha/rank is folded into lora_B (ComfyUI ignores metadata): the file says alpha = rank, scale 1
+    assert adapter["transformer.r"] == RANK and adapter["transformer.lora_alpha"] == RANK
     assert sorted(adapter["transformer.target_modules"]) == sorted(TARGETS)
     ours = json.loads(meta["difftune_lora"])
     assert ours["components"]["transformer"]["rank"] == RANK and ours["components"]["transformer"]["alpha"] == ALPHA
+    assert ours["components"]["transformer"]["alpha_folded"] is True
     assert ours["base_model"] == {"model_id": "Qwen/Qwen-Image"}
-    # same tensors and the same LoraConfig fields as diffusers' own writer
+    with safe_open(str(files["difftune"]), "pt") as f:
+        for k, v in adapted["sd"].items():
+            assert torch.equal(f.get_tensor(f"transformer.{k}"), v * (ALPHA / RANK) if ".lora_B." in k else v)
+    # the same keys and LoraConfig fields as diffusers' own writer (but for the folded alpha)
     with safe_open(str(files["diffusers"]), "pt") as f:
         theirs = json.loads(f.metadata()["lora_adapter_metadata"])
         assert set(f.keys()) == keys
-    for k in ("r", "lora_alpha", "rank_pattern", "alpha_pattern"):
+    for k in ("r", "rank_pattern", "alpha_pattern"):
         assert adapter[f"transformer.{k}"] == theirs[f"transformer.{k}"]
 
     pipe = make_pipe(parts)

@@ -87,6 +87,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--lora_target_modules", default="", help="Comma-separated module names for LoRA.")
     g.add_argument("--lora_rank", type=int, default=32)
     g.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank, as the reference).")
+    g.add_argument("--lora_format", choices=("diffusers", "comfyui", "kohya"), default="diffusers", help="Layout of saved LoRA checkpoints: diffusers (transformer.<module>.lora_A/B, alpha folded into lora_B: loads in diffusers, ComfyUI and difftune at the trained strength), comfyui (diffusion_model.<module> + .alpha) or kohya (lora_unet_<module> + .alpha); the last two hold the denoiser's LoRA only.")
     g.add_argument("--lora_checkpoint", default=None, help="Start from this LoRA (difftune, diffusers/PEFT, ComfyUI, kohya or DiffSynth layout).")
     g.add_argument("--preset_lora_path", default=None, help="A LoRA merged into the base before training (differential LoRA).")
     g.add_argument("--preset_lora_model", default=None, help="Model the preset LoRA is merged into, e.g. dit.")
@@ -135,8 +136,42 @@ REFUSED = {
 }
 
 
+# Numbers that make a run do nothing or nonsense (flag -> (smallest allowed, what it must be)); None = unset.
+_AT_LEAST = {
+    "max_steps": (1, "at least 1 optimizer step"), "num_epochs": (1, "at least 1"), "dataset_repeat": (1, "at least 1"),
+    "batch_size": (1, "at least 1"), "gradient_accumulation_steps": (1, "at least 1"), "lora_rank": (1, "at least 1"),
+    "save_steps": (1, "at least 1 optimizer step (leave it out to save once per epoch)"),
+    "save_state_steps": (1, "at least 1 optimizer step"), "validation_steps": (1, "at least 1 optimizer step"),
+    "validation_size": (1, "at least 1 pixel"), "validation_inference_steps": (1, "at least 1"),
+    "height": (1, "at least 1 pixel"), "width": (1, "at least 1 pixel"), "max_pixels": (1, "at least 1 pixel"),
+    "data_process_batch_size": (1, "at least 1"), "cache_commit_every": (1, "at least 1 sample"),
+    "dataset_num_workers": (0, "0 or more"), "lr_warmup_steps": (0, "0 or more"),
+    "keep_last_states": (0, "0 (keep every state) or more"),
+}
+_POSITIVE = ("learning_rate", "lora_alpha")  # floats that must be > 0 (and finite)
+_NOT_NEGATIVE = ("weight_decay", "max_grad_norm")  # floats that must be >= 0 (and finite); max_grad_norm 0 = off
+
+
+def _check_numbers(args) -> None:
+    import math
+
+    from ..errors import UserError
+
+    for name, (low, what) in _AT_LEAST.items():
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            raise UserError(f"--{name} {value}: must be {what}")
+    for name in (*_POSITIVE, *_NOT_NEGATIVE):
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < 0 or (value == 0 and name in _POSITIVE):
+            raise UserError(f"--{name} {value}: must be a finite number {'above 0' if name in _POSITIVE else '>= 0'}")
+
+
 def check_training_args(args) -> None:
-    """Refuse, in one line, a reference flag that difftune would otherwise accept and ignore."""
+    """Refuse, in one line, a reference flag that difftune would otherwise accept and ignore, and numbers that
+    would make the run do nothing (`--max_steps 0`) or nonsense."""
     from ..errors import UserError
 
     for name, (_, why) in REFUSED.items():
@@ -144,6 +179,7 @@ def check_training_args(args) -> None:
             raise UserError(f"--{name}: not supported by difftune: {why}")
     if args.num_frames is not None:
         raise UserError("--num_frames: not used: no video family is implemented yet (difftune trains image families)")
+    _check_numbers(args)
     if args.offload_models:
         print(f"note: --offload_models {args.offload_models} is not needed: each stage loads only the models it "
               f"uses (the rest are never loaded)")

@@ -1,6 +1,7 @@
 """`difftune` command line: train, sample, cache verify (and demo).
 
-User mistakes (`UserError`) are printed as one line and exit with code 2, without a traceback.
+User mistakes (`UserError`) are printed as one line and exit with code 2, without a traceback. A run stopped by
+SIGTERM / SIGINT exits with 143 / 130 after one line (during training: once it has saved).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import sys
 
 from ..errors import UserError
+from ..training.signals import Terminated
 
 
 def _quiet_libraries() -> None:
@@ -32,7 +34,12 @@ def cmd_train(argv: list[str]) -> int:
 
     args = training_parser().parse_args(argv)
     check_training_args(args)
-    run(args)
+    summary = run(args)
+    if summary.get("stopped"):  # SIGTERM / SIGINT during training: saved, then a clean exit
+        from ..training.signals import EXIT_CODES
+
+        print(summary["stop_message"], file=sys.stderr)
+        return EXIT_CODES.get(summary["stopped"], 128 + summary["stopped"])
     return 0
 
 
@@ -99,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated as err:  # SIGTERM before or after training (during it, the run saves first)
+        print(f"stopped by {err}", file=sys.stderr)
+        return err.exit_code
 
 
 if __name__ == "__main__":

@@ -4,8 +4,17 @@ A component is named by its file prefix: `transformer` (the `dit` slot, as diffu
 `text_encoder`; `""` holds LoRAs whose keys carry no prefix (raw peft keys, the reference's files), which
 fit whichever model they are loaded into. A family may map more slots to prefixes (`FamilySpec.lora_prefixes`).
 
-Alpha read from per-module `.alpha` tensors (ComfyUI, kohya) is kept per module, not folded into `lora_B`:
-folding would round B and, when training continues from the file, change the effective learning rate of B.
+Strength: the diffusers-layout file difftune writes has alpha/rank folded into `lora_B` and alpha = rank in
+its metadata, because ComfyUI reads alpha only from per-module `.alpha` tensors (never from metadata; without
+them it applies scale 1) while diffusers refuses `transformer.`-prefixed files that carry `.alpha` tensors.
+So the same file loads at the trained strength in both. `difftune_lora` records the trained alpha and
+`alpha_folded`; difftune's import divides B back (exact when alpha/rank is a power of two, else within one
+fp32 rounding step), so continuing training from the file keeps the trained alpha and B's learning-rate
+scale. (A tool that ignores our metadata and continues training from the folded B sees alpha = rank: B's
+updates then act on the weights rank/alpha times as strongly.) The ComfyUI and kohya layouts
+(`layout="comfyui"|"kohya"`) keep B as trained and write a `.alpha` tensor per module.
+
+Alpha read from per-module `.alpha` tensors (ComfyUI, kohya) is kept per module on import, not folded.
 Per-module values that differ from the common one go into peft's `rank_pattern` / `alpha_pattern`.
 """
 
@@ -32,6 +41,10 @@ from .inject import _WEIGHT_KEY, _is_peft_internal, _linear_of, _module_paths, c
 COMPONENT_PREFIX = {"dit": "transformer", "transformer": "transformer", "text_encoder": "text_encoder"}
 ADAPTER_METADATA_KEY = "lora_adapter_metadata"  # what diffusers' save_lora_weights writes
 DIFFTUNE_METADATA_KEY = "difftune_lora"
+LAYOUTS = ("diffusers", "comfyui", "kohya")  # what save_lora writes (--lora_format)
+# The denoiser's key prefix in the ComfyUI and kohya layouts; other models have no name there that every
+# family shares (ComfyUI names text-encoder LoRAs after its own module tree, `text_encoders.<its key>`).
+_DENOISER_PREFIX = {"comfyui": "diffusion_model.", "kohya": "lora_unet_"}
 _ALPHA_KEY = re.compile(r"^(?P<path>.+)\.alpha$")
 # (key prefix, component, layout, flattened kohya names)
 _PREFIXES = (
@@ -41,6 +54,8 @@ _PREFIXES = (
     ("pipe.dit.", "transformer", "reference", False),
     ("pipe.text_encoder.", "text_encoder", "reference", False),
     ("lora_unet_", "transformer", "kohya", True),
+    ("lycoris_", "transformer", "lycoris", True),  # SimpleTuner's LyCORIS LoRA (ComfyUI maps it for Qwen-Image)
+    ("lora_transformer_", "transformer", "onetrainer", True),  # OneTrainer
     ("lora_te1_", "text_encoder", "kohya", True),
     ("lora_te_", "text_encoder", "kohya", True),
 )
@@ -97,20 +112,50 @@ def _config_spec(config, sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     return spec
 
 
+def _module_alphas(spec: Mapping[str, Any], sd: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    return {p: float(_pattern_value(spec["alpha_pattern"], p, spec["lora_alpha"])) for p in _module_paths(sd)}
+
+
+def lora_layout_problem(layout: str, slots: Iterable[str], denoiser: str | None,
+                        prefixes: Mapping[str, str] | None = None) -> str | None:
+    """Why `layout` cannot hold LoRAs of `slots` (None if it can): ComfyUI / kohya names exist for the denoiser only."""
+    if layout not in LAYOUTS:
+        return f"unknown LoRA layout {layout!r} (known: {', '.join(LAYOUTS)})"
+    if layout == "diffusers":
+        return None
+    for slot in slots:
+        if slot != denoiser:
+            prefix = (prefixes or {}).get(slot) or component_prefix(slot)
+            return (f"the {layout} layout names only the denoiser's LoRA ({denoiser}); {slot} ({prefix}) has no "
+                    f"{layout} key names: use --lora_format diffusers")
+    return None
+
+
 def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, torch.Tensor]],
               configs: Mapping[str, Any], base_info: Mapping[str, Any] | None = None,
-              prefixes: Mapping[str, str] | None = None) -> Path:
-    """Write one LoRA file that diffusers' `load_lora_weights` loads with its alpha.
+              prefixes: Mapping[str, str] | None = None, layout: str = "diffusers",
+              denoiser: str | None = None) -> Path:
+    """Write one LoRA file that diffusers' `load_lora_weights` and ComfyUI load at the trained strength.
 
     `state_dicts` / `configs` are keyed by component or pipeline slot; `prefixes` maps a slot to its key prefix
     (the family's `lora_prefixes`; by default `dit` is written as `transformer`).
     A config is a `LoraConfig`, a `(rank, alpha, target_modules)` tuple or a dict of LoraConfig fields.
-    Keys: `<prefix>.<module path>.lora_A.weight`; metadata: `format=pt`, `lora_adapter_metadata` (the
-    prefixed LoraConfig fields, as diffusers writes them) and `difftune_lora` (per-component rank, alpha,
-    targets, the base model described by `base_info`).
+
+    `layout="diffusers"`: keys `<prefix>.<module path>.lora_A.weight`, alpha/rank folded into lora_B;
+    metadata `format=pt`, `lora_adapter_metadata` (the prefixed LoraConfig fields as diffusers writes them,
+    alpha = rank) and `difftune_lora` (per-component rank, trained alpha, targets, `alpha_folded`, the base
+    model described by `base_info`). `"comfyui"`: `diffusion_model.<path>.lora_A/B.weight` + `.alpha`;
+    `"kohya"`: `lora_unet_<path with _>.lora_down/up.weight` + `.alpha`; both hold the `denoiser` slot only
+    (default: the slot written with the `transformer` prefix).
     """
     from .. import __version__
 
+    if denoiser is None:
+        denoiser = next((n for n in state_dicts if ((prefixes or {}).get(n) or component_prefix(n)) == "transformer"),
+                        None)
+    problem = lora_layout_problem(layout, state_dicts, denoiser, prefixes)
+    if problem:
+        raise UserError(f"{path}: {problem}")
     tensors: dict[str, torch.Tensor] = {}
     adapter_meta: dict[str, Any] = {}
     ours: dict[str, Any] = {}
@@ -118,16 +163,30 @@ def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, to
         prefix = (prefixes or {}).get(name) or component_prefix(name)
         sd = canonical_lora_keys(sd)
         spec = _config_spec(configs[name], sd)
-        tensors.update({f"{prefix}.{k}": v for k, v in sd.items()})
-        adapter_meta.update({f"{prefix}.{k}": v for k, v in spec.items() if k != "exclude_modules"})
-        ours[prefix] = {"model": name, "rank": spec["r"], "alpha": spec["lora_alpha"],
+        alphas = _module_alphas(spec, sd)
+        ours[prefix] = {"model": name, "rank": spec["r"], "alpha": spec["lora_alpha"], "layout": layout,
+                        "alpha_folded": layout == "diffusers",
                         **{k: v for k, v in spec.items() if k not in ("r", "lora_alpha")}}
+        if layout == "comfyui":
+            tensors.update(to_comfyui(sd, alphas, prefix=_DENOISER_PREFIX[layout]))
+            continue
+        if layout == "kohya":
+            tensors.update(to_kohya(sd, alphas, prefix=_DENOISER_PREFIX[layout]))
+            continue
+        for p in _module_paths(sd):
+            scale = alphas[p] / sd[f"{p}.lora_A.weight"].shape[0]
+            if scale != 1.0:
+                sd[f"{p}.lora_B.weight"] = sd[f"{p}.lora_B.weight"] * scale
+        tensors.update({f"{prefix}.{k}": v for k, v in sd.items()})
+        folded = {**spec, "lora_alpha": float(spec["r"]), "alpha_pattern": dict(spec["rank_pattern"])}
+        adapter_meta.update({f"{prefix}.{k}": v for k, v in folded.items() if k != "exclude_modules"})
     metadata = {
         "format": "pt",
-        ADAPTER_METADATA_KEY: json.dumps(adapter_meta, indent=2, sort_keys=True),
         DIFFTUNE_METADATA_KEY: json.dumps({"version": 1, "difftune_version": __version__, "components": ours,
                                            "base_model": dict(base_info or {})}, sort_keys=True, default=str),
     }
+    if adapter_meta:  # only for the diffusers layout: diffusers would apply it on top of the .alpha tensors
+        metadata[ADAPTER_METADATA_KEY] = json.dumps(adapter_meta, indent=2, sort_keys=True)
     return write_safetensors(path, tensors, metadata)
 
 
@@ -285,13 +344,33 @@ def _adapter_config(path: Path, comp_meta: dict[str, dict], components: Iterable
             raise UserError(f"{cfg}: not valid JSON") from None
 
 
+def _folded_alphas(src: str, info: Mapping[str, Any], comp: str) -> tuple[float, dict] | None:
+    """(trained alpha, alpha_pattern) of a component difftune saved with alpha folded into lora_B, else None."""
+    comps = info.get("components") if isinstance(info, Mapping) else None
+    ours = comps.get(comp) if isinstance(comps, Mapping) else None
+    if not isinstance(ours, Mapping) or ours.get("alpha_folded") is not True:
+        return None
+    pattern = ours.get("alpha_pattern") or {}
+    try:
+        alpha = float(ours["alpha"])
+        ok = isinstance(pattern, Mapping) and all(float(v) > 0 for v in pattern.values()) and alpha > 0
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise UserError(f"{src}: its '{DIFFTUNE_METADATA_KEY}' metadata says alpha was folded into lora_B but gives "
+                        f"no valid alpha for '{comp}'")
+    return alpha, dict(pattern)
+
+
 def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = None,
                    component: str | None = None, prefixes: Iterable[str] = ()) -> ImportedLora:
     """Read a LoRA in any supported layout into canonical form.
 
     Layouts: difftune's and diffusers' (`transformer.` / `text_encoder.` prefixes, alpha from
-    `lora_adapter_metadata`), raw peft keys (alpha from an `adapter_config.json` beside the file),
-    ComfyUI (`diffusion_model.` + `.alpha`), kohya (`lora_unet_..._to_q.lora_down/lora_up` + `.alpha`) and
+    `lora_adapter_metadata`; difftune's folded alpha is divided back out of B), raw peft keys (alpha from an
+    `adapter_config.json` beside the file), ComfyUI (`diffusion_model.` + `.alpha`), kohya
+    (`lora_unet_..._to_q.lora_down/lora_up` + `.alpha`), SimpleTuner's LyCORIS LoRA (`lycoris_...`) and
+    OneTrainer's (`lora_transformer_...`), both kohya-style, and
     the reference's (`...to_q.lora_A.default.weight`, no alpha: alpha = rank). With `resolve_against`, kohya
     names are resolved against that module's names and the LoRA is checked to fit it (`component`
     picks which part of the file, if it has several). Component prefixes beyond diffusers' are taken from
@@ -345,6 +424,7 @@ def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = 
         meta = comp_meta.get(comp, {})
         if meta.get("use_dora"):
             raise UserError(f"{src}: DoRA LoRAs are not supported")
+        trained = _folded_alphas(src, info, comp)
         sd, al, kk = {}, {}, {}
         for mpath, entry in sorted(modules.items()):
             if "A" not in entry or "B" not in entry:
@@ -367,6 +447,11 @@ def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = 
                     alpha *= math.sqrt(rank)
             else:
                 alpha, how = float(rank), "none stored: alpha = rank"
+            if trained is not None and "alpha" not in entry:
+                # difftune folded alpha/rank into B on save: give back the trained B and alpha
+                alpha, how = float(_pattern_value(trained[1], mpath, trained[0])), "metadata (unfolded from lora_B)"
+                if alpha != rank:
+                    b = b.float() / (alpha / rank)
             sources.add(how)
             sd[f"{mpath}.lora_A.weight"] = a.float().contiguous()
             sd[f"{mpath}.lora_B.weight"] = b.float().contiguous()

@@ -1,7 +1,8 @@
 """Saving what was trained: LoRA files that diffusers and ComfyUI load, full models with official keys.
 
-A LoRA is saved in diffusers' layout (`transformer.<module>.lora_A.weight` + alpha/rank metadata), which
-diffusers' `load_lora_weights` and ComfyUI load unchanged. A fully trained model is saved with the
+A LoRA is saved in diffusers' layout (`transformer.<module>.lora_A.weight`, alpha/rank folded into lora_B,
+the trained alpha in difftune's metadata), which diffusers' `load_lora_weights` and ComfyUI load unchanged at
+the trained strength; `lora_format` "comfyui" / "kohya" writes those layouts instead (with `.alpha` tensors). A fully trained model is saved with the
 reference's naming (`pipe.<model>.<key>`) minus `--remove_prefix_in_ckpt`; with the default
 `pipe.dit.` that leaves the official diffusers key names, so the file loads into
 `QwenImageTransformer2DModel`. Every file is written to a temporary name and renamed.
@@ -35,11 +36,13 @@ class CheckpointSaver:
     """Writes `<output_path>/<name>.safetensors` (and `<name>-<model>.safetensors` for extra full models)."""
 
     def __init__(self, output_path: str, remove_prefix: str | None = "pipe.dit.", base_info: dict | None = None,
-                 lora_prefixes: dict[str, str] | None = None):
+                 lora_prefixes: dict[str, str] | None = None, lora_format: str = "diffusers",
+                 denoiser: str | None = None):
         self.output_path = Path(output_path)
         self.remove_prefix = remove_prefix or ""
         self.base_info = base_info or {}
         self.lora_prefixes = dict(lora_prefixes or {})  # slot -> key prefix in the LoRA file (the family's)
+        self.lora_format, self.denoiser = lora_format, denoiser  # denoiser: the slot ComfyUI/kohya names
         self.saved: list[Path] = []
 
     def save(self, accelerator, module, name: str) -> list[Path]:
@@ -62,7 +65,8 @@ class CheckpointSaver:
         if lora:
             path = self.output_path / f"{name}.safetensors"
             save_lora(path, {m: canonical_lora_keys(sd) for m, sd in lora.items()},
-                      {m: inner.lora_configs[m] for m in lora}, base_info=self.base_info, prefixes=self.lora_prefixes)
+                      {m: inner.lora_configs[m] for m in lora}, base_info=self.base_info, prefixes=self.lora_prefixes,
+                      layout=self.lora_format, denoiser=self.denoiser)
             written.append(path)
         for model, sd in full.items():
             prefixed = {f"pipe.{model}.{k}": v for k, v in sd.items()}
@@ -82,7 +86,7 @@ class ModelLogger(CheckpointSaver):
     """The reference's name, for training scripts: saves what is trained, `<output_path>/epoch-<i>.safetensors`
     after each epoch, or `step-<n>.safetensors` every `save_steps` optimizer steps (and at the end).
 
-    A LoRA is written in diffusers' layout (loads with `pipe.load_lora`, diffusers, ComfyUI); fully trained
+    A LoRA is written in diffusers' layout, alpha folded (loads with `pipe.load_lora`, diffusers, ComfyUI); fully trained
     models with the keys `pipe.<model>.<key>` minus `remove_prefix_in_ckpt`.
     """
 
@@ -106,23 +110,38 @@ class ModelLogger(CheckpointSaver):
 
 class CsvLog:
     """`<output_path>/loss.csv`: step, epoch, loss, lr per optimizer step (main process). A resumed run keeps
-    the rows up to the step it resumes from and appends."""
+    the rows up to the step it resumes from and appends.
+
+    Rows are held in memory until `commit()` (called once the run's first checkpoint, state or validation
+    image is saved), so a run that fails before saving anything leaves an earlier loss.csv as it was."""
 
     HEADER = "step,epoch,loss,lr\n"
 
     def __init__(self, path: str | os.PathLike, resume_step: int = 0):
         self.path = Path(path)
+        self.resume_step = resume_step
+        self.pending: list[str] = []
+        self.committed = False
+
+    def commit(self) -> None:
+        if self.committed:
+            return
         kept = []
-        if resume_step and self.path.is_file():
+        if self.resume_step and self.path.is_file():
             for line in self.path.read_text().splitlines()[1:]:
                 step = line.split(",", 1)[0]
-                if step.isdigit() and int(step) <= resume_step:
+                if step.isdigit() and int(step) <= self.resume_step:
                     kept.append(line + "\n")
-        atomic_write_text(self.path, self.HEADER + "".join(kept))
+        atomic_write_text(self.path, self.HEADER + "".join(kept) + "".join(self.pending))
+        self.pending, self.committed = [], True
 
     def write(self, step: int, epoch: int, loss: float, lr: float) -> None:
+        row = f"{step},{epoch},{loss:.8g},{lr:.8g}\n"
+        if not self.committed:
+            self.pending.append(row)
+            return
         with open(self.path, "a") as f:
-            f.write(f"{step},{epoch},{loss:.8g},{lr:.8g}\n")
+            f.write(row)
 
 
 class RunHooks(Hooks):
@@ -130,29 +149,49 @@ class RunHooks(Hooks):
 
     Checkpoints: every `save_steps` optimizer steps (and at the end), else after every epoch. States:
     every `save_state_steps`, and with every checkpoint when `save_state`. Validation: every
-    `validation_steps` and at the end.
+    `validation_steps` and at the end. Stopped by a signal: a checkpoint `step-<n>` and, when states are saved,
+    a state. Once the run's first checkpoint, state or validation image is in the output folder, `record` (a
+    `run_lock.RunRecord`) becomes the folder's `training_args.json` and the CSV log is written.
     """
 
     def __init__(self, saver: CheckpointSaver | None = None, save_steps: int | None = None,
                  state_dir: str | None = None, save_state_steps: int | None = None, save_state: bool = False,
-                 keep_states: int = 2, validate=None, validation_steps: int | None = None, csv: CsvLog | None = None):
+                 keep_states: int = 2, validate=None, validation_steps: int | None = None, csv: CsvLog | None = None,
+                 record=None):
         self.saver, self.save_steps = saver, save_steps
         self.state_dir, self.save_state_steps, self.save_state, self.keep_states = \
             state_dir, save_state_steps, save_state, keep_states
-        self.validate, self.validation_steps, self.csv = validate, validation_steps, csv
+        self.validate, self.validation_steps, self.csv, self.record = validate, validation_steps, csv, record
+        self.checkpoint_step = self.state_step = None  # the step of the last checkpoint / state saved
+        self.last_state = None
+
+    def _first_write(self) -> None:
+        if self.record is not None:
+            self.record.promote()
+        if self.csv is not None:
+            self.csv.commit()
 
     def _checkpoint(self, state: LoopState, name: str) -> None:
         if self.saver is not None:
             self.saver.save(state.accelerator, state.module, name)
+            self._first_write()
+            self.checkpoint_step = state.step
             if self.save_state:
                 self._state(state)
 
     def _state(self, state: LoopState) -> None:
         from .state import save_training_state
 
-        save_training_state(state.accelerator, state.module, state.optimizer, state.schedule,
-                            {"global_step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch},
-                            state.exactness, self.state_dir, keep=self.keep_states)
+        self.last_state = save_training_state(
+            state.accelerator, state.module, state.optimizer, state.schedule,
+            {"global_step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch},
+            state.exactness, self.state_dir, keep=self.keep_states)
+        self.state_step = state.step
+        self._first_write()
+
+    def _validate(self, state: LoopState) -> None:
+        self.validate(state.accelerator, state.inner, state.step)
+        self._first_write()
 
     def after_step(self, state: LoopState, loss: float, lr: float) -> None:
         if self.csv is not None and state.accelerator.is_main_process:
@@ -163,7 +202,7 @@ class RunHooks(Hooks):
         if self.save_state_steps and state.step % self.save_state_steps == 0 and not (checkpoint and self.save_state):
             self._state(state)
         if self.validate is not None and self.validation_steps and state.step % self.validation_steps == 0:
-            self.validate(state.accelerator, state.inner, state.step)
+            self._validate(state)
 
     def after_epoch(self, state: LoopState) -> None:
         if not self.save_steps:
@@ -173,7 +212,14 @@ class RunHooks(Hooks):
         if self.save_steps and state.step % self.save_steps != 0:
             self._checkpoint(state, f"step-{state.step}")
         if self.validate is not None and (not self.validation_steps or state.step % self.validation_steps != 0):
-            self.validate(state.accelerator, state.inner, state.step)
+            self._validate(state)
+        self._first_write()  # a run that saved nothing still ends with its record and CSV log
+
+    def on_stop(self, state: LoopState) -> None:
+        if self.checkpoint_step != state.step:
+            self._checkpoint(state, f"step-{state.step}")
+        if (self.save_state_steps or self.save_state) and self.state_step != state.step and self.state_dir:
+            self._state(state)
 
     def last_checkpoint(self):
         return self.saver.saved[-1] if (self.saver is not None and self.saver.saved) else None

@@ -73,6 +73,9 @@ class Hooks:
     def at_end(self, state: LoopState) -> None:
         pass
 
+    def on_stop(self, state: LoopState) -> None:
+        """A stop was asked for (SIGTERM / SIGINT) after this step: save what is needed to continue."""
+
     def last_checkpoint(self):
         return None
 
@@ -134,9 +137,23 @@ def make_lr_schedule(optimizer, name: str, warmup: int, total: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def stop_everywhere(accelerator, stop) -> int:
+    """The signal number every process stops for (0: go on), agreed by all processes so they stop at one step."""
+    if stop is None:
+        return 0
+    signum = int(stop.signum or 0)
+    if accelerator.num_processes > 1:  # a signal may reach the processes at different steps
+        flag = torch.tensor([float(signum)], device=accelerator.device)
+        signum = int(accelerator.gather(flag).max().item())
+    return signum
+
+
 def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None = None,
-          on_step: Callable[[int, float], None] | None = None) -> dict:
-    """Train `module` (forward(samples, indices, epoch) -> loss) on `dataset`; returns a summary dict."""
+          on_step: Callable[[int, float], None] | None = None, stop=None) -> dict:
+    """Train `module` (forward(samples, indices, epoch) -> loss) on `dataset`; returns a summary dict.
+
+    `stop` (a `signals.StopSignals`): checked after each optimizer step; when set, `hooks.on_stop` saves and
+    the loop returns early with `summary["stopped"]` = the signal number."""
     from ..errors import UserError
     from .state import exactness_settings, load_training_state
 
@@ -183,9 +200,9 @@ def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None 
                         num_workers=workers, persistent_workers=workers > 0)
     bar = tqdm(total=total_steps, initial=state.step, disable=not (config.progress and accelerator.is_main_process),
                desc="training", dynamic_ncols=True)
-    losses, started, ema = [], time.perf_counter(), None
+    losses, started, ema, stopped = [], time.perf_counter(), None, 0
     for epoch in range(start_epoch, config.num_epochs):
-        if state.step >= total_steps:
+        if state.step >= total_steps or stopped:
             break
         inner.epoch = state.epoch = epoch
         first = start_step if epoch == start_epoch else 0
@@ -223,13 +240,23 @@ def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None 
             if on_step is not None:
                 on_step(state.step, step_loss)
             hooks.after_step(state, step_loss, lr)
+            stopped = stop_everywhere(accelerator, stop)
+            if stopped:
+                hooks.on_stop(state)
+                break
             if state.step >= total_steps:
                 break
+        if stopped:
+            break
         hooks.after_epoch(state)  # also when --max_steps ended the epoch early (its checkpoint is the last)
-    hooks.at_end(state)
+    if not stopped:
+        hooks.at_end(state)
     bar.close()
     accelerator.wait_for_everyone()
-    return {"steps": state.step, "losses": losses, "seconds": time.perf_counter() - started}
+    summary = {"steps": state.step, "losses": losses, "seconds": time.perf_counter() - started}
+    if stopped:
+        summary["stopped"] = stopped
+    return summary
 
 
 def bucket_keys(dataset, module) -> list | None:

@@ -22,11 +22,24 @@ from .builders import (TaskSpec, bad_samples_of_all_processes, build_pipeline, c
 
 
 def run(args) -> dict:
+    """Run the command; with SIGTERM / SIGINT during training it saves, and the summary says `stopped`."""
+    from .run_lock import output_lock
+    from .signals import StopSignals
+
     task = TaskSpec.parse(args.task)
     ensure_writable(args.output_path)
     accelerator = make_accelerator(args, None if task.stage == "data_process" else args.output_path)
     log = main_process_log(accelerator)
+    with StopSignals(verbose=accelerator.is_main_process) as stop, \
+            output_lock(args.output_path, enabled=accelerator.is_main_process,
+                        cache_only=task.stage == "data_process", log=log):
+        return _run(args, task, accelerator, log, stop)
+
+
+def _run(args, task, accelerator, log, stop) -> dict:
     family, models = resolve_models(args, log=log)
+    if task.stage != "data_process":
+        check_lora_format(args, family)
     split = compute_split(family, args, task)
     stage1 = None
     if task.stage in ("data_process", "split"):
@@ -39,16 +52,30 @@ def run(args) -> dict:
         gc.collect()
         args = copy.copy(args)  # stage 2 of the same command reads what stage 1 wrote
         args.dataset_base_path, args.dataset_metadata_path = cache, None
-    summary = train_stage(args, task, family, models, split, accelerator, from_cache=task.stage in ("train", "split"))
+    summary = train_stage(args, task, family, models, split, accelerator, from_cache=task.stage in ("train", "split"),
+                          stop=stop)
     if stage1 is not None:
         summary["stage1"] = stage1
     return summary
 
 
-def train_stage(args, task, family, models, split, accelerator, from_cache: bool) -> dict:
+def check_lora_format(args, family) -> None:
+    """Before any model is loaded: `--lora_format comfyui|kohya` names only the denoiser's LoRA."""
+    from ..errors import UserError
+    from ..lora import lora_layout_problem
+
+    denoiser = (family.pipeline.loss_models or (None,))[0]
+    problem = lora_layout_problem(args.lora_format, [args.lora_base_model] if args.lora_base_model else [], denoiser,
+                                  dict(family.lora_prefixes))
+    if problem:
+        raise UserError(f"--lora_format {args.lora_format}: {problem}")
+
+
+def train_stage(args, task, family, models, split, accelerator, from_cache: bool, stop=None) -> dict:
     from .checkpoint import CheckpointSaver, CsvLog, RunHooks
     from .loop import train
     from .module import PipelineTrainingModule
+    from .run_lock import RunRecord
 
     log = main_process_log(accelerator)
     if from_cache:
@@ -71,29 +98,51 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
     # --seed (and not on which models this stage happened to load before).
     torch.manual_seed(args.seed)
     module.switch_pipe_to_training_mode(pipe, **training_mode_kwargs(args))
-    if accelerator.is_main_process:
-        write_json(Path(args.output_path) / "training_args.json", vars(args))
+    record = None
+    if accelerator.is_main_process:  # the folder's training_args.json follows once this run writes there
+        record = RunRecord(args.output_path, vars(args))
+        record.start()
     if accelerator.log_with:
-        accelerator.init_trackers("train")
+        accelerator.init_trackers(record.run_id if record is not None else "train")  # logs/<run id>/
     validate = None
     if args.validation_prompts:
         from .validation import Validator
 
         validate = Validator(args, models, family, cache_dir=args.dataset_base_path if from_cache else None)
     saver = CheckpointSaver(args.output_path, args.remove_prefix_in_ckpt, lora_prefixes=dict(family.lora_prefixes),
-                            base_info={"family": family.name, "task": args.task})
+                            base_info={"family": family.name, "task": args.task}, lora_format=args.lora_format,
+                            denoiser=(family.pipeline.loss_models or (None,))[0])
     csv = None
     if args.enable_csv_log and accelerator.is_main_process:
         csv = CsvLog(Path(args.output_path) / "loss.csv", resume_step=_resume_step(resume_state))
     hooks = RunHooks(saver, save_steps=args.save_steps, state_dir=args.output_path,
                      save_state_steps=args.save_state_steps, save_state=args.save_state,
                      keep_states=args.keep_last_states, validate=validate, validation_steps=args.validation_steps,
-                     csv=csv)
-    summary = train(accelerator, dataset, module, loop_config(args, resume_state), hooks)
+                     csv=csv, record=record)
+    if stop is None:
+        summary = train(accelerator, dataset, module, loop_config(args, resume_state), hooks)
+    else:
+        with stop.deferred():
+            summary = train(accelerator, dataset, module, loop_config(args, resume_state), hooks, stop=stop)
     report_bad_samples(args, accelerator, dataset, module, summary)
     accelerator.end_training()
     summary["saved"] = [str(p) for p in saver.saved]
+    if summary.get("stopped"):
+        summary["stop_message"] = _stop_message(summary, hooks)
     return summary
+
+
+def _stop_message(summary: dict, hooks) -> str:
+    import signal
+
+    name = signal.Signals(summary["stopped"]).name
+    saved = hooks.last_checkpoint()
+    what = f"saved {saved}" if saved is not None else "nothing saved"
+    if hooks.last_state is not None and hooks.state_step == summary["steps"]:
+        return (f"stopped by {name} at step {summary['steps']}: {what} and the training state {hooks.last_state}; "
+                f"continue with --resume_from_checkpoint latest")
+    return (f"stopped by {name} at step {summary['steps']}: {what} (no training state: --save_state_steps N "
+            f"makes a run resumable)")
 
 
 def _resume_step(state_dir) -> int:

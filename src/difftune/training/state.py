@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import UserError
-from ..io import normal_permissions
+from ..io import normal_permissions, os_error_of, write_error
 from ..util import PICKLE_SUFFIXES
 
 STATE_DIR = "state"
@@ -64,37 +64,67 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return out
 
 
+def _save_tensors(tensors: dict[str, torch.Tensor], tmp_file: Path, shown: Path) -> None:
+    """safetensors' `save_file`; an OS error (disk full, quota, ...) becomes one line naming `shown`."""
+    try:
+        save_file(tensors, str(tmp_file))
+    except Exception as exc:
+        err = os_error_of(exc)
+        if err is None:
+            raise
+        raise write_error(shown, err, sum(t.numel() * t.element_size() for t in tensors.values())) from None
+
+
+def _os_step(what: Path, action, *args) -> None:
+    try:
+        action(*args)
+    except OSError as err:
+        raise write_error(what, err) from None
+
+
 def save_training_state(accelerator, module, optimizer, schedule, position: dict, settings: dict,
                         output_path: str | os.PathLike, keep: int = 2) -> Path | None:
-    """Write state/step-<N> atomically (every process writes its RNG; the main process the rest)."""
+    """Write state/step-<N> atomically (every process writes its RNG; the main process the rest).
+
+    A write that fails (disk full, ...) is one UserError line naming the file; the temporary directory is
+    removed and the earlier states are left as they were."""
     root = Path(output_path) / STATE_DIR
     step = position["global_step"]
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
     inner = accelerator.unwrap_model(module)
     trainable = {n: p for n, p in inner.named_parameters() if p.requires_grad}
+    try:
+        if accelerator.is_main_process:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            _os_step(final, lambda: tmp.mkdir(parents=True))
+        accelerator.wait_for_everyone()
+        rng = f"rng-{accelerator.process_index}.safetensors"
+        _save_tensors({f"rank{accelerator.process_index}.{k}": v for k, v in _rng_tensors().items()}, tmp / rng,
+                      final / rng)
+        optimizer_tensors, optimizer_meta = _optimizer_to_files(optimizer)
+        if accelerator.is_main_process:
+            _save_tensors({n: p.detach().cpu().contiguous() for n, p in trainable.items()},
+                          tmp / "weights.safetensors", final / "weights.safetensors")
+            _save_tensors(optimizer_tensors or {"_empty": torch.zeros(0)}, tmp / "optimizer.safetensors",
+                          final / "optimizer.safetensors")
+            sched = {k: v for k, v in schedule.state_dict().items() if k != "lr_lambdas"}
+            meta = {"format": FORMAT, "position": position, "settings": settings, "optimizer": optimizer_meta,
+                    "schedule": sched, "param_names": list(trainable)}
+            _os_step(final / "state.json", (tmp / "state.json").write_text, json.dumps(meta, indent=1, default=str))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            for f in tmp.iterdir():
+                normal_permissions(f)
+            if final.exists():
+                shutil.rmtree(final)
+            _os_step(final, os.replace, tmp, final)
+    except BaseException:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)  # the earlier states stay as they were
+        raise
     if accelerator.is_main_process:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    save_file({f"rank{accelerator.process_index}.{k}": v for k, v in _rng_tensors().items()},
-              str(tmp / f"rng-{accelerator.process_index}.safetensors"))
-    optimizer_tensors, optimizer_meta = _optimizer_to_files(optimizer)
-    if accelerator.is_main_process:
-        save_file({n: p.detach().cpu().contiguous() for n, p in trainable.items()}, str(tmp / "weights.safetensors"))
-        save_file(optimizer_tensors or {"_empty": torch.zeros(0)}, str(tmp / "optimizer.safetensors"))
-        sched = {k: v for k, v in schedule.state_dict().items() if k != "lr_lambdas"}
-        meta = {"format": FORMAT, "position": position, "settings": settings, "optimizer": optimizer_meta,
-                "schedule": sched, "param_names": list(trainable)}
-        (tmp / "state.json").write_text(json.dumps(meta, indent=1, default=str))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        for f in tmp.iterdir():
-            normal_permissions(f)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
         states = sorted(list_states(root), key=lambda p: int(p.name.split("-")[1]))
         for old in states[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
