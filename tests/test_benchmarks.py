@@ -68,3 +68,10 @@ def test_peers_quick(tmp_path):
     r = run_quick("peers.py", tmp_path, "--images", "2", timeout=300)
     assert_ratios(r, ["step_time_one_stage_ratio", "step_time_stage2_ratio", "peak_rss_one_stage_ratio",
                       "peak_rss_stage2_ratio", "cache_bytes_ratio", "stage1_seconds_ratio"])
+
+
+def test_batching_quick(tmp_path):
+    r = run_quick("batching.py", tmp_path)
+    assert r["benchmark"] == "batching" and r["images"] > 0
+    assert_ratios(r, ["stage2_samples_per_s_batch1", "stage2_samples_per_s_batch2", "stage2_samples_per_s_batch4",
+                      "stage2_speedup_batch2", "stage2_speedup_batch4", "stage1_batched_speedup"])

@@ -57,16 +57,38 @@ def normal_permissions(path: str | os.PathLike) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], nbytes: int | None = None) -> Path:
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename durable (best effort: not every OS/file system allows fsync on a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], nbytes: int | None = None,
+                 durable: bool = False) -> Path:
     """`write(tmp)` into a temporary file beside `path`, then rename it over `path` (normal permissions).
-    An OS error (disk full, ...) is a UserError naming `path` and `nbytes`, the size being written."""
+    `durable`: fsync the file before the rename and the folder after it (a commit point that survives a power
+    cut, as the cache's shards need). An OS error (disk full, ...) is a UserError naming `path` and `nbytes`,
+    the size being written."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # the cache recognises ".tmp-" as a temp file
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
         normal_permissions(tmp)
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
+        if durable:
+            fsync_dir(path.parent)
     except Exception as exc:
         err = os_error_of(exc)
         if err is None:

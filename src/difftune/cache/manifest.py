@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,75 +31,18 @@ def _version() -> str:
 
 # -- atomic files -------------------------------------------------------------------------------------
 
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a rename durable (best effort: not every OS/file system allows fsync on a directory)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def temp_path(final: str | os.PathLike) -> str:
-    final = Path(final)
-    fd, name = tempfile.mkstemp(prefix=f".{final.name}{TMP_MARK}", dir=final.parent)
-    os.close(fd)
-    return name
-
-
-def commit_file(tmp: str, final: str | os.PathLike) -> None:
-    """fsync `tmp` and rename it to `final`: readers see the old file or the whole new one, never a part."""
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    from ..io import normal_permissions
-
-    normal_permissions(tmp)  # mkstemp and safetensors make 0600; the final file gets normal permissions
-    os.replace(tmp, final)
-    fsync_dir(Path(final).parent)
-
-
 def atomic_write_bytes(final: str | os.PathLike, data: bytes) -> None:
-    """`data` to `final` through a temp file; an OS error (disk full, ...) is one UserError line naming
-    `final` and the size, with the earlier file as it was and no temp file left."""
-    tmp = None
-    try:
-        tmp = temp_path(final)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        commit_file(tmp, final)
-    except BaseException as exc:
-        if tmp is not None:
-            _unlink_quiet(tmp)
-        failure = as_write_error(exc, final, len(data))
-        if failure is exc:
-            raise
-        raise failure from None
+    """`data` to `final` durably through a temp file (see `io.atomic_write`): an OS error (disk full, ...) is
+    one UserError line naming `final` and the size, with the earlier file as it was and no temp file left."""
+    from ..io import atomic_write
 
-
-def as_write_error(exc: BaseException, final: str | os.PathLike, nbytes: int | None) -> BaseException:
-    """The UserError line for a write of `final` that failed with an OS error; `exc` itself otherwise."""
-    from ..io import os_error_of, write_error
-
-    err = os_error_of(exc) if isinstance(exc, Exception) else None
-    return exc if err is None else write_error(final, err, nbytes)
+    atomic_write(final, lambda tmp: tmp.write_bytes(data), len(data), durable=True)
 
 
 def atomic_write_json(final: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
     text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False,
                       separators=None if indent else (",", ":"))
     atomic_write_bytes(final, (text + "\n").encode())
-
-
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 # -- fingerprint --------------------------------------------------------------------------------------

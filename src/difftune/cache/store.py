@@ -35,9 +35,9 @@ from safetensors.torch import save_file
 from ..data.operators import DataError  # one line, also when raised in a DataLoader worker
 from ..errors import UserError
 from ..util import PICKLE_SUFFIXES
-from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest, as_write_error,
-                       atomic_write_json, canonical_json, commit_file, fingerprint_diff, read_manifest_json, source_change,
-                       source_identity, temp_path)
+from ..io import atomic_write
+from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest, atomic_write_json,
+                       canonical_json, fingerprint_diff, read_manifest_json, source_change, source_identity)
 
 PART_RE = re.compile(r"^part-(\d{5,})$")
 SHARD_RE = re.compile(r"^shard-(\d{6,})\.(safetensors|json)$")
@@ -555,19 +555,9 @@ class CacheWriter:
         tensor_file = None
         if self._tensors:
             tensor_file = f"{stem}.safetensors"
-            final = self.part / tensor_file
-            tmp = None
-            try:
-                tmp = temp_path(final)
-                save_file(self._tensors, tmp, metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)})
-                commit_file(tmp, final)
-            except BaseException as exc:
-                if tmp is not None:
-                    Path(tmp).unlink(missing_ok=True)
-                failure = as_write_error(exc, final, self._bytes)  # disk full: one line, not a traceback
-                if failure is exc:
-                    raise
-                raise failure from None
+            meta = {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)}
+            atomic_write(self.part / tensor_file, lambda tmp: save_file(self._tensors, str(tmp), metadata=meta),
+                         self._bytes, durable=True)  # disk full: one line, not a traceback
         index = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "tensor_file": tensor_file,
                  "samples": self._entries, "skipped": self._skipped}
         if self._sources:

@@ -93,10 +93,11 @@ def _describe(item) -> str:
 _REGISTERED: dict[str, FamilySpec] = {}
 
 
-def register_family(spec: FamilySpec) -> FamilySpec:
+def register_family(spec: FamilySpec, *old) -> FamilySpec:
     """Make a family available as `--family <name>` and to recognition (call it when its module is imported)."""
-    if not isinstance(spec, FamilySpec):
-        raise TypeError(f"register_family takes a FamilySpec, got {type(spec).__name__}")
+    if not isinstance(spec, FamilySpec) or old:  # e.g. the earlier register_family(name, pipeline_class)
+        raise TypeError(f"register_family takes one FamilySpec (name, pipeline, components, ...; see "
+                        f"docs/adding_a_family.md), got {', '.join(type(a).__name__ for a in (spec, *old))}")
     _REGISTERED[spec.name] = spec
     return spec
 
