@@ -245,3 +245,37 @@ def test_reference_commands_verbatim_with_hub_ids(tmp_path, tiny_repo, monkeypat
     assert {v.dtype for v in one.values()} == {torch.float32}  # LoRA trained and saved in fp32
     # bf16 frozen weights (the reference's default dtype): equal up to bf16 rounding of the cached values
     assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-3
+
+
+def test_edit_command_finds_the_processor_where_the_reference_does(tmp_path, tiny_repo, monkeypatch):
+    """The reference's Qwen-Image-Edit LoRA command: the text encoder comes from Qwen/Qwen-Image, which has no
+    processor/; the processor is the reference's default, Qwen/Qwen-Image-Edit:processor/."""
+    from PIL import Image
+
+    from difftune.testing import populate_offline_hub, write_tiny_qwen_image
+
+    monkeypatch.chdir(tmp_path)
+    populate_offline_hub(tmp_path / "models", "Qwen/Qwen-Image", tiny_repo)
+    populate_offline_hub(tmp_path / "models", "Qwen/Qwen-Image-Edit", write_tiny_qwen_image(tmp_path / "e", edit=True))
+    assert not (tmp_path / "models" / "Qwen" / "Qwen-Image" / "processor").exists()
+    monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
+    data = tmp_path / "data" / "example_image_dataset"
+    make_image_dataset(data, n=2, size=(32, 32))
+    for i in range(2):
+        Image.new("RGB", (32, 32), (40 * i, 90, 200)).save(data / f"edit_{i + 1}.png")
+    (data / "metadata.csv").write_text("image,prompt,edit_image\nimage_1.png,red,edit_1.png\nimage_2.png,blue,edit_2.png\n")
+    models = ("Qwen/Qwen-Image-Edit:transformer/diffusion_pytorch_model*.safetensors,"
+              "Qwen/Qwen-Image:text_encoder/model*.safetensors,Qwen/Qwen-Image:vae/diffusion_pytorch_model.safetensors")
+    summary = run_train("--dataset_base_path", "data/example_image_dataset", "--dataset_metadata_path",
+                        "data/example_image_dataset/metadata.csv", "--data_file_keys", "image,edit_image",
+                        "--extra_inputs", "edit_image", "--max_pixels", "1048576", "--model_id_with_origin_paths",
+                        models, "--output_path", "./models/train/Qwen-Image-Edit_lora", "--lora_base_model", "dit",
+                        "--lora_target_modules", LORA_TARGETS, "--lora_rank", "4", "--max_steps", "2",
+                        "--edit_image_auto_resize", "false", "--no_progress")
+    assert summary["steps"] == 2 and Path(summary["saved"][-1]).exists()
+    # and --processor_path in the reference's model_id:folder form
+    run_train("--dataset_base_path", "data/example_image_dataset", "--dataset_metadata_path",
+              "data/example_image_dataset/metadata.csv", "--data_file_keys", "image,edit_image", "--extra_inputs",
+              "edit_image", "--model_id_with_origin_paths", models, "--processor_path", "Qwen/Qwen-Image-Edit:processor/",
+              "--output_path", "./out2", "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--max_steps", "1",
+              "--edit_image_auto_resize", "false", "--no_progress")

@@ -107,7 +107,10 @@ def build_pipeline(family: FamilySpec, args, models, wanted: set[str] | None, de
         if pipe.models.get(tok.slot) is None:
             continue
         needed = tok.needed(args) if tok.needed is not None else True
-        where = (getattr(args, tok.flag, None) if tok.flag else None) or _beside(models, tok, download=needed)
+        given = getattr(args, tok.flag, None) if tok.flag else None
+        if given and not os.path.exists(given) and ":" in given:  # model_id:folder/, as the reference's flags take
+            given = _hub_folder(given)
+        where = given or _beside(models, tok, download=needed)
         if where is None and needed and tok.default:
             where = _hub_folder(tok.default)
         if where is None:
@@ -129,13 +132,14 @@ def _hub_folder(location: str):
 
 def _beside(models, tok, download: bool):
     """The official layout keeps tokenizer/ (and processor/) beside the model's folder; for a hub id, the same
-    repository's folder (downloaded like the weights, if `download`)."""
+    repository's folder (downloaded like the weights, if `download` and the family names no other place for it,
+    as Qwen-Image-Edit's processor, which the reference takes from Qwen/Qwen-Image-Edit)."""
     from ..models import ModelConfig
 
     for slot, config in models:
         if slot != tok.slot:
             continue
-        if config.model_id and download:
+        if config.model_id and download and tok.default is None:
             return ModelConfig(model_id=config.model_id, origin_file_pattern=f"{tok.folder}/",
                                local_model_path=config.local_model_path, download_source=config.download_source,
                                skip_download=config.skip_download)

@@ -19,9 +19,11 @@ FAMILY = FamilySpec(
     tokenizers=(
         TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
                       flag="tokenizer_path"),
-        # Qwen-Image-Edit's processor: downloaded only for edit data; a local processor/ folder is always used.
+        # Qwen-Image-Edit's processor: a processor/ folder beside the text encoder, else (for edit data) the
+        # reference's default, Qwen/Qwen-Image-Edit:processor/ (Qwen/Qwen-Image has none).
         TokenizerSpec(attr="processor", slot="text_encoder", folder="processor", load=load_processor,
-                      flag="processor_path", required=False, needed=_wants_edit),
+                      flag="processor_path", default="Qwen/Qwen-Image-Edit:processor/", required=False,
+                      needed=_wants_edit),
     ),
     lora_prefixes={"dit": "transformer", "text_encoder": "text_encoder"},
     lora_target_modules=LORA_TARGET_MODULES,
