@@ -188,3 +188,23 @@ def test_bf16_inference_is_finite(repo):
     p = load_pipe(repo, dtype=torch.bfloat16)
     img = p("a cat", height=32, width=32, num_inference_steps=2, seed=0, cfg_scale=2.0, progress=False)
     assert isinstance(img, Image.Image) and img.size == (32, 32)
+
+
+def test_zero_cond_t_flag_equals_diffusers_own_2511_handling(tmp_path):
+    """The flag on a transformer loaded with the Qwen-Image config gives what diffusers computes for a transformer
+    whose config says zero_cond_t (Qwen-Image-Edit-2511): edit tokens modulated at t=0."""
+    from difftune.testing import tiny_qwen_transformer
+
+    plain = tiny_qwen_transformer(TinyQwenImageSpec()).eval()
+    official = tiny_qwen_transformer(TinyQwenImageSpec(zero_cond_t=True)).eval()  # same weights, 2511's config
+    g = torch.Generator().manual_seed(0)
+    latents, edit = torch.randn(1, 16, 4, 6, generator=g), torch.randn(1, 16, 4, 4, generator=g)
+    emb = torch.randn(1, 5, TinyQwenImageSpec().text_hidden, generator=g)
+    kw = dict(latents=latents, timestep=torch.tensor([700.0]), prompt_embeds=emb,
+              prompt_embeds_mask=torch.ones(1, 5, dtype=torch.long), edit_latents=edit)
+    with torch.no_grad():
+        ours = model_fn_qwen_image(plain, **kw, zero_cond_t=True)
+        theirs = model_fn_qwen_image(official, **kw)
+        without = model_fn_qwen_image(plain, **kw, zero_cond_t=False)
+    assert torch.allclose(ours, theirs, atol=1e-6)
+    assert (ours - without).abs().max() > 1e-3  # it matters

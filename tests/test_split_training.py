@@ -204,3 +204,23 @@ def test_qwen_image_edit_lora_split_equals_one_stage(tmp_path, edit_repo):
     assert one_stage_vs_split(tmp_path, data / "metadata.csv", model_paths_json(edit_repo), flags) <= 1e-5
     manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
     assert "edit_latents" in manifest["frontier"]
+
+
+def test_zero_cond_t_edit_2511_split_equals_one_stage_and_changes_the_result(tmp_path, edit_repo):
+    """--zero_cond_t (Qwen-Image-Edit-2511) is a run-time setting of model_fn: never cached, same in both stages,
+    and it changes what is trained."""
+    data = tmp_path / "data"
+    make_image_dataset(data, n=2, size=(32, 32))
+    from PIL import Image
+
+    for i in range(2):
+        Image.new("RGB", (32, 32), (10 + 100 * i, 50, 200)).save(data / f"edit_{i + 1}.png")
+    (data / "metadata.csv").write_text("image,edit_image,prompt\nimage_1.png,edit_1.png,make it red\n"
+                                       "image_2.png,edit_2.png,make it blue\n")
+    flags = ["--lora_base_model", "dit", "--lora_target_modules", LORA_TARGETS, "--lora_rank", 4,
+             "--extra_inputs", "edit_image", "--edit_image_auto_resize", "false"]
+    models = model_paths_json(edit_repo)
+    assert one_stage_vs_split(tmp_path / "z", data / "metadata.csv", models, [*flags, "--zero_cond_t"]) <= 1e-5
+    run_train("--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", data / "metadata.csv",
+              "--output_path", tmp_path / "plain", *common(models, *flags))
+    assert max_diff(tmp_path / "z" / "one" / "epoch-1.safetensors", tmp_path / "plain" / "epoch-1.safetensors") > 1e-4

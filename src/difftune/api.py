@@ -37,7 +37,6 @@ from .core.family import detect_component, load_component
 from .models import ComponentSpec, ModelConfig
 from .schedulers import FlowMatchScheduler
 from .training.checkpoint import ModelLogger, RunHooks
-from .training.losses import LOSS_SETTINGS as _SETTINGS
 from .training.losses import direct_distill_loss as _direct_distill_batch
 from .training.losses import flow_match_sft_loss as _sft_batch
 from .training.losses import sample_generator
@@ -46,13 +45,14 @@ from .training.module import DiffusionTrainingModule
 
 # -- losses for a forward(data) -------------------------------------------------------------------------
 
-def _settings(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def _settings(pipe, values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     # The reference passes these among the pipeline inputs; accept them there as well as as arguments.
-    settings = {k: values[k] for k in _SETTINGS if values.get(k) is not None}
+    known = tuple(getattr(pipe, "model_fn_settings", BasePipeline.model_fn_settings))
+    settings = {k: values[k] for k in known if values.get(k) is not None}
     settings.update({k: v for k, v in overrides.items() if v is not None})
-    unknown = set(settings) - set(_SETTINGS)
+    unknown = set(settings) - set(known)
     if unknown:
-        raise TypeError(f"unknown loss setting(s) {sorted(unknown)}; known: {list(_SETTINGS)}")
+        raise TypeError(f"unknown loss setting(s) {sorted(unknown)}; known: {list(known)}")
     return settings
 
 
@@ -66,13 +66,13 @@ def sft_loss(pipe, values: dict[str, Any], generator: torch.Generator | None, **
     if not isinstance(generator, torch.Generator):
         raise TypeError("sft_loss needs a torch.Generator: pass self.generator (set by launch_training_task for "
                         "each sample) or difftune.sample_generator(seed, epoch, index)")
-    return _sft_batch(pipe, values, [generator], _settings(values, settings))
+    return _sft_batch(pipe, values, [generator], _settings(pipe, values, settings))
 
 
 def direct_distill_loss(pipe, values: dict[str, Any], **settings) -> torch.Tensor:
     """Direct distillation of one sample: sample `num_inference_steps` steps from the seeded initial noise
     (`latents`) with gradients through every step; MSE against the teacher image's latents."""
-    return _direct_distill_batch(pipe, values, [], _settings(values, settings))
+    return _direct_distill_batch(pipe, values, [], _settings(pipe, values, settings))
 
 
 # -- the launcher ---------------------------------------------------------------------------------------

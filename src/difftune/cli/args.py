@@ -48,6 +48,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--family", default=None, help="Model family (default: recognised from the weights).")
     g.add_argument("--torch_dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="Dtype of frozen weights.")
     g.add_argument("--initialize_model_on_cpu", action="store_true", help="Load models on the CPU first.")
+    g.add_argument("--zero_cond_t", action="store_true", help="Qwen-Image-Edit-2511: the edit images' tokens are modulated at t=0 (on anyway when the transformer's config.json says so).")
     g.add_argument("--edit_image_auto_resize", type=_bool, default=True, help="Qwen-Image-Edit: resize edit images to about 1 MP (default true, as the reference).")
 
     g = parser.add_argument_group("training")
@@ -116,7 +117,6 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 # The reference's flags we do not implement: refused by name rather than ignored (name -> (kind, why)).
 REFUSED = {
-    "zero_cond_t": ("switch", "Qwen-Image-Edit-2511's reference tokens at t=0 are not implemented yet"),
     "quant_options": ("value", "quantised (QLoRA / NF4) training is not implemented yet"),
     "enable_wandb_log": ("switch", "Weights & Biases logging is not implemented (TensorBoard and --enable_csv_log are)"),
     "wandb_project": ("value", "Weights & Biases logging is not implemented (TensorBoard and --enable_csv_log are)"),

@@ -26,6 +26,8 @@ class BasePipeline:
     model_fn_inputs: tuple[str, ...] = ()
     # How values that come with the data batch (units declare theirs in `PipelineUnit.batching`).
     input_batching: Mapping[str, Any] = {}
+    # Run-time settings the loss hands on to `model_fn` (a family adds its own, e.g. Qwen's zero_cond_t).
+    model_fn_settings: tuple[str, ...] = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")
     # Models `model_fn` uses (the denoiser): stage 2 always loads them.
     loss_models: tuple[str, ...] = ()
     # Models `decode` uses (the VAE): validation loads them for a render when the stage has not.

@@ -25,8 +25,6 @@ def _per_sample_noise(shape_like: torch.Tensor, generators: Sequence[torch.Gener
     return torch.stack([torch.randn(shape_like.shape[1:], generator=g, dtype=torch.float32) for g in generators])
 
 
-# Run-time settings a loss passes on to model_fn.
-LOSS_SETTINGS = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")
 # Names each loss reads from the values besides what model_fn reads (the split analysis needs them).
 SFT_READS = ("input_latents",)
 DIRECT_DISTILL_READS = ("input_latents", "latents", "num_inference_steps", "height", "width")

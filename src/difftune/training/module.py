@@ -16,7 +16,7 @@ import torch
 from ..core.batch import collate_values, split_batch
 from ..errors import UserError
 from ..util import names as _names
-from .losses import LOSS_SETTINGS, LOSSES, sample_generator
+from .losses import LOSSES, sample_generator
 
 
 def lora_prefix(pipe, slot: str) -> str:
@@ -144,5 +144,5 @@ class PipelineTrainingModule(DiffusionTrainingModule):
             if isinstance(value, torch.Tensor):
                 batch[key] = value.to(pipe.device)
         generators = [sample_generator(self.seed, epoch, int(i)) for i in indices]
-        settings = {k: v for k, v in self.settings.items() if k in LOSS_SETTINGS}
+        settings = {k: v for k, v in self.settings.items() if k in pipe.model_fn_settings}
         return self.loss_fn(pipe, batch, generators, settings)

@@ -19,7 +19,6 @@ from .. import __version__
 from ..core.batch import split_batch
 from ..errors import UserError
 from ..media.image import IMAGE_MARK, images_to_cache
-from .losses import LOSS_SETTINGS
 from .builders import (bad_samples_of_all_processes, build_pipeline, ensure_writable, main_process_log,
                        make_dataset, stage_settings, write_json)
 
@@ -49,8 +48,9 @@ def stage1_fingerprint(args, family, split, components) -> dict:
         "data_root": os.path.abspath(root),
         "preprocessing": {"height": args.height, "width": args.width, "max_pixels": args.max_pixels,
                           "data_file_keys": args.data_file_keys, "extra_inputs": args.extra_inputs,
-                          **{k: v for k, v in stage_settings(args, family).items() if k not in LOSS_SETTINGS
-                             and k != "batch_size"}},
+                          # the settings stage 1's units read (run-time settings of stage 2 stay out)
+                          **{k: v for k, v in stage_settings(args, family).items()
+                             if k != "batch_size" and any(k in u.reads() for u in split.stage1)}},
         "units": [f"{u.name}@{getattr(u, 'version', 1)}" for u in split.stage1],
         "frontier": list(split.frontier),
         "task": args.task.split(":")[0],

@@ -28,7 +28,8 @@ FAMILY = FamilySpec(
     lora_prefixes={"dit": "transformer", "text_encoder": "text_encoder"},
     lora_target_modules=LORA_TARGET_MODULES,
     data="image",
-    flag_settings=lambda args: {"edit_image_auto_resize": bool(getattr(args, "edit_image_auto_resize", True))},
+    flag_settings=lambda args: {"edit_image_auto_resize": bool(getattr(args, "edit_image_auto_resize", True)),
+                                "zero_cond_t": bool(getattr(args, "zero_cond_t", False))},
     sample_defaults={"height": 1328, "width": 1328, "num_inference_steps": 30, "cfg_scale": 4.0},
     description="Qwen-Image, Qwen-Image-Edit (diffusers QwenImageTransformer2DModel, Qwen2.5-VL, Qwen-Image VAE)",
 )

@@ -24,14 +24,28 @@ def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tenso
     return x.reshape(b, c, height, width)
 
 
+def set_zero_cond_t(dit, enabled: bool) -> None:
+    """Turn diffusers' own zero_cond_t handling on in the transformer and its blocks (it changes no weight, so
+    bare Edit-2511 files, loaded with the Qwen-Image config, need it from the flag)."""
+    want = bool(enabled) or bool(getattr(getattr(dit, "config", None), "zero_cond_t", False))
+    if getattr(dit, "_difftune_zero_cond_t", None) == want:
+        return
+    for module in dit.modules():
+        if hasattr(module, "zero_cond_t"):
+            module.zero_cond_t = want
+    dit._difftune_zero_cond_t = want
+
+
 def model_fn_qwen_image(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
                         prompt_embeds_mask: torch.Tensor | None = None, edit_latents: torch.Tensor | None = None,
                         use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
-                        **_: Any) -> torch.Tensor:
+                        zero_cond_t: bool = False, **_: Any) -> torch.Tensor:
     """One denoiser call: latents (B, 16, h, w), timestep (B,) in [0, 1000] -> velocity (B, 16, h, w).
 
     The prompt mask is passed to the transformer so padded prompt tokens are never attended to: a batch
-    of prompts of different lengths gives the same result as one prompt at a time.
+    of prompts of different lengths gives the same result as one prompt at a time. `zero_cond_t`
+    (Qwen-Image-Edit-2511): the edit images' tokens are modulated at t=0, as diffusers does when the
+    transformer's config says so (the config's setting holds either way).
     """
     b, _, h, w = latents.shape
     tokens = pack_latents(latents)
@@ -43,6 +57,7 @@ def model_fn_qwen_image(dit, latents: torch.Tensor, timestep: torch.Tensor, prom
             tokens = torch.cat([tokens, pack_latents(e.to(tokens.dtype))], dim=1)
             shapes.append((1, e.shape[-2] // 2, e.shape[-1] // 2))
     set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
+    set_zero_cond_t(dit, zero_cond_t)
     timestep = timestep.to(device=latents.device, dtype=latents.dtype).expand(b)
     out = dit(hidden_states=tokens, timestep=timestep / 1000, encoder_hidden_states=prompt_embeds,
               encoder_hidden_states_mask=prompt_embeds_mask, img_shapes=[shapes] * b, return_dict=False)[0]

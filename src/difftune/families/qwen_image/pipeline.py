@@ -29,7 +29,8 @@ class QwenImagePipeline(BasePipeline):
     family = "qwen_image"
     model_names = ("dit", "text_encoder", "vae")
     settings = frozenset({"rand_device", "batch_size", "edit_image_auto_resize", "use_gradient_checkpointing",
-                          "use_gradient_checkpointing_offload"})
+                          "use_gradient_checkpointing_offload", "zero_cond_t"})
+    model_fn_settings = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload", "zero_cond_t")
     model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "edit_latents")
     # direct_distill samples a whole batch in lockstep, so a batch shares its step count
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
@@ -144,7 +145,7 @@ class QwenImagePipeline(BasePipeline):
                  height: int | None = 1328, width: int | None = 1328, num_inference_steps: int = 30,
                  seed: int | None = None, input_image=None, denoising_strength: float = 1.0, edit_image=None,
                  edit_image_auto_resize: bool = True, rand_device: str = "cpu", progress: bool = True,
-                 output_type: str = "pil"):
+                 output_type: str = "pil", zero_cond_t: bool = False):
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
         if input_image is not None and (height is None or width is None):
@@ -157,7 +158,7 @@ class QwenImagePipeline(BasePipeline):
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength,
                                      image_seq_len=(-(-height // DIVISION_FACTOR)) * (-(-width // DIVISION_FACTOR)))
         self.run_units(values, cfg=cfg_scale != 1.0)
-        latents = self.denoise(values, cfg_scale=cfg_scale, progress=progress)
+        latents = self.denoise(values, cfg_scale=cfg_scale, progress=progress, settings={"zero_cond_t": zero_cond_t})
         images = vae_decode(self, latents)
         if output_type == "pt":
             return (images.float() / 2 + 0.5).clamp(0, 1)
