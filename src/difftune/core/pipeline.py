@@ -24,6 +24,9 @@ class BasePipeline:
     settings: frozenset[str] = frozenset()
     # Names `model_fn` reads from the values besides `latents` and `timestep`.
     model_fn_inputs: tuple[str, ...] = ()
+    # The data columns `training_inputs` reads (empty: not declared, nothing is checked). A column a flag names
+    # (--extra_inputs, --data_file_keys) that the family does not read is refused rather than dropped.
+    data_inputs: tuple[str, ...] = ()
     # How values that come with the data batch (units declare theirs in `PipelineUnit.batching`).
     input_batching: Mapping[str, Any] = {}
     # Run-time settings the loss hands on to `model_fn` (a family adds its own, e.g. Qwen's zero_cond_t).

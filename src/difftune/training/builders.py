@@ -174,6 +174,7 @@ def make_dataset(args, family: FamilySpec):
         raise UserError("--dataset_metadata_path is required (only --task *:train reads a cache without metadata)")
     if family.data != "image":
         raise UserError(f"the {family.name} family reads {family.data} data, which this difftune cannot load yet")
+    check_data_columns(args, family)
     factor = family.pipeline.division_factor
     operator = UnifiedDataset.default_image_operator(
         base_path=args.dataset_base_path, height=args.height, width=args.width, max_pixels=args.max_pixels,
@@ -183,6 +184,24 @@ def make_dataset(args, family: FamilySpec):
                           main_data_operator=operator, extra_inputs=names(args.extra_inputs),
                           on_bad_sample=args.on_bad_sample, present_keys_only=True,
                           allow_empty_prompts=args.allow_empty_prompts, progress=not args.no_progress)
+
+
+def check_data_columns(args, family: FamilySpec) -> None:
+    """A column named by --extra_inputs or --data_file_keys that the family never reads would be loaded and
+    dropped without a word: refuse it. (--data_file_keys' default, "image,video", names what may be there.)"""
+    reads = family.pipeline.data_inputs
+    if not reads:
+        return
+    named = [("--extra_inputs", n) for n in names(args.extra_inputs)]
+    if args.data_file_keys != DEFAULT_DATA_FILE_KEYS:
+        named += [("--data_file_keys", n) for n in names(args.data_file_keys)]
+    for flag, name in named:
+        if name not in reads:
+            raise UserError(f"{flag} {name}: the {family.name} family does not use an input called '{name}' "
+                            f"(it reads {', '.join(reads)}), so it would be loaded and ignored")
+
+
+DEFAULT_DATA_FILE_KEYS = "image,video"
 
 
 def ensure_writable(path: str, flag: str = "--output_path") -> None:

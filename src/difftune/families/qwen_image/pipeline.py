@@ -32,6 +32,7 @@ class QwenImagePipeline(BasePipeline):
                           "use_gradient_checkpointing_offload", "zero_cond_t"})
     model_fn_settings = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload", "zero_cond_t")
     model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "edit_latents")
+    data_inputs = ("image", "prompt", "seed", "rand_device", "edit_image", "num_inference_steps", "height", "width")
     # direct_distill samples a whole batch in lockstep, so a batch shares its step count
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
     loss_models = ("dit",)
