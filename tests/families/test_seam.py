@@ -59,8 +59,11 @@ def test_a_second_model_for_one_slot_is_an_error_not_a_silent_swap(toy_models):
         recognise(configs, "toy")
 
 
-def test_a_second_model_of_one_class_fills_the_next_slot(toy_models):
+def test_a_second_model_of_one_class_fills_the_next_slot(toy_models, monkeypatch):
     """As Wan2.2-A14B's two experts will: the spec's extra slots take further models of its class."""
+    import difftune.core.family as family_mod
+
+    monkeypatch.setattr(family_mod, "_REGISTERED", dict(family_mod._REGISTERED))  # this family is for this test
     base = toy_family.FAMILY
     comps = tuple(dataclasses.replace(c, extra_slots=("denoiser2",)) if c.name == "denoiser" else c
                   for c in base.components)
