@@ -114,10 +114,15 @@ class ComponentSpec:
         from accelerate import init_empty_weights
 
         cls = self.model_class()
+        if self.library == "transformers":
+            cfg = getattr(importlib.import_module("transformers"), self.config_class_name).from_dict(dict(config))
+            with init_empty_weights(include_buffers=False):
+                model = cls(cfg)
+            # tied embeddings (T5's shared / embed_tokens) are tied on load, not on construction: tie them
+            # here so a checkpoint that stores one copy fits
+            model.tie_weights()
+            return model
         with init_empty_weights(include_buffers=False):
-            if self.library == "transformers":
-                cfg = getattr(importlib.import_module("transformers"), self.config_class_name).from_dict(dict(config))
-                return cls(cfg)
             init = set(inspect.signature(cls.__init__).parameters)
             return cls.from_config({k: v for k, v in config.items() if k.startswith("_") or k in init})
 

@@ -1,0 +1,158 @@
+"""FLUX.1: sampling parity with diffusers' FluxPipeline, prompt embeddings, the training shift, LoRA interop."""
+
+import math
+
+import pytest
+import torch
+
+from difftune.core.units import run_unit
+from difftune.families.flux import FluxImagePipeline
+from difftune.families.flux.units import FluxPromptEmbedder
+from difftune.models import ModelConfig
+from difftune.testing import tiny_flux_paths, write_tiny_flux
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return write_tiny_flux(tmp_path_factory.mktemp("flux"))
+
+
+def load_pipe(root, dtype=torch.float32):
+    paths = tiny_flux_paths(root)
+    return FluxImagePipeline.from_pretrained(
+        torch_dtype=dtype, device="cpu",
+        model_configs=[ModelConfig(p if len(p) > 1 else p[0]) for p in paths.values()],
+        tokenizer_1_config=ModelConfig(str(root / "tokenizer")),
+        tokenizer_2_config=ModelConfig(str(root / "tokenizer_2")))
+
+
+@pytest.fixture(scope="module")
+def pipe(repo):
+    return load_pipe(repo)
+
+
+@pytest.fixture(scope="module")
+def diffusers_pipe(repo):
+    from diffusers import FluxPipeline
+
+    p = FluxPipeline.from_pretrained(str(repo), dtype=torch.float32)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def _prompt_unit(pipe):
+    return next(u for u in pipe.units if isinstance(u, FluxPromptEmbedder))
+
+
+def test_prompt_embeddings_equal_diffusers_encode_prompt(pipe, diffusers_pipe):
+    prompts = ["a cat", "a much longer prompt about a dog on a red sofa"]
+    theirs, their_pooled, text_ids = diffusers_pipe.encode_prompt(prompts, prompt_2=None, device="cpu")
+    values = {"prompt": prompts}
+    run_unit(pipe, _prompt_unit(pipe), values)
+    assert values["prompt_embeds"].shape == theirs.shape == (2, 512, 32)
+    # equal up to float reordering (transformers' attention kernels may differ between the two loaders)
+    d_t5 = (values["prompt_embeds"] - theirs).abs().max().item()
+    d_clip = (values["pooled_prompt_embeds"] - their_pooled).abs().max().item()
+    print(f"flux prompt embeddings: T5 max difference {d_t5:.2e}, CLIP pooled {d_clip:.2e}")
+    assert d_t5 <= 1e-4 and d_clip <= 1e-4
+    assert torch.equal(text_ids, torch.zeros(512, 3))
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_sampling_parity_with_diffusers(pipe, diffusers_pipe, cfg):
+    """Same seed (CPU generator), steps, embedded guidance and true CFG give the same image as FluxPipeline."""
+    kwargs = dict(height=64, width=48, num_inference_steps=3)
+    ours = pipe(["a red circle on a blue background"], negative_prompt="blurry", cfg_scale=cfg, embedded_guidance=3.5,
+                seed=7, progress=False, output_type="pt", **kwargs)
+    theirs = diffusers_pipe(["a red circle on a blue background"], negative_prompt="blurry", true_cfg_scale=cfg,
+                            guidance_scale=3.5, generator=torch.Generator().manual_seed(7), output_type="pt",
+                            **kwargs).images
+    diff = (ours - theirs).abs().max().item()
+    print(f"flux parity cfg={cfg}: max pixel difference {diff:.3e}")
+    assert ours.shape == theirs.shape == (1, 3, 64, 48)
+    assert diff <= 2e-3
+    assert ours.std() > 0.01  # not a blank image
+
+
+def test_embedded_guidance_changes_the_image(pipe):
+    a = pipe("x", height=32, width=32, num_inference_steps=2, seed=0, embedded_guidance=1.0, progress=False,
+             output_type="pt")
+    b = pipe("x", height=32, width=32, num_inference_steps=2, seed=0, embedded_guidance=5.0, progress=False,
+             output_type="pt")
+    assert (a - b).abs().max() > 0
+
+
+def test_image_to_image_starts_from_the_input(pipe):
+    from PIL import Image
+
+    img = Image.new("RGB", (32, 32), (250, 250, 250))
+    out = pipe("x", input_image=img, denoising_strength=0.3, height=32, width=32, num_inference_steps=4, seed=0,
+               progress=False, output_type="pt")
+    full = pipe("x", height=32, width=32, num_inference_steps=4, seed=0, progress=False, output_type="pt")
+    assert out.shape == (1, 3, 32, 32) and (out - full).abs().max() > 1e-3
+
+
+def test_training_inputs_use_the_reference_settings(pipe):
+    from PIL import Image
+
+    values = pipe.training_inputs({"image": Image.new("RGB", (48, 32)), "prompt": "p"})
+    assert values["embedded_guidance"] == 1.0 and values["negative_prompt"] == ""
+
+
+def test_training_table_is_static_shift_3():
+    """The reference trains FLUX.1 at a static shift of 3; mu = ln 3 gives that table exactly."""
+    sched = FluxImagePipeline.default_scheduler()
+    sched.set_training()
+    sigmas, _, _ = sched.training_table(sched.training_mu())
+    raw = torch.linspace(1, 0, 1001, dtype=torch.float64)[:-1]
+    want = 3 * raw / (1 + 2 * raw)
+    assert sched.training_mu() == pytest.approx(math.log(3))
+    assert torch.allclose(sigmas.double(), want, atol=1e-6)
+
+
+def test_inference_sigmas_equal_diffusers(diffusers_pipe):
+    import numpy as np
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    sched = FluxImagePipeline.default_scheduler()
+    seq = (64 // 16) * (48 // 16)
+    ours = sched.set_timesteps(5, image_seq_len=seq)
+    s = diffusers_pipe.scheduler
+    mu = calculate_shift(seq, s.config.base_image_seq_len, s.config.max_image_seq_len, s.config.base_shift,
+                         s.config.max_shift)
+    s.set_timesteps(sigmas=np.linspace(1.0, 1 / 5, 5), mu=mu)
+    assert torch.equal(ours, s.timesteps)
+
+
+def test_trained_lora_loads_in_diffusers_flux_pipeline(repo, tmp_path):
+    """A LoRA trained by difftune (default FLUX targets) loads with FluxPipeline.load_lora_weights, changes the
+    image, and gives the image difftune gives with the LoRA fused."""
+    import json
+
+    from conftest import run_train
+    from diffusers import FluxPipeline
+    from difftune.families.flux.components import LORA_TARGET_MODULES
+    from difftune.testing import write_example_dataset
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+              "--learning_rate", 5e-2, "--dataset_repeat", 2, "--num_epochs", 1, "--seed", 5, "--no_progress",
+              "--enable_tensorboard_log", "false", "--max_pixels", 4096, "--lora_base_model", "dit",
+              "--lora_target_modules", LORA_TARGET_MODULES, "--lora_rank", 4, "--align_to_opensource_format")
+    lora = tmp_path / "out" / "epoch-0.safetensors"
+    kwargs = dict(height=32, width=32, num_inference_steps=2, guidance_scale=3.5, output_type="pt")
+    theirs = FluxPipeline.from_pretrained(str(repo), dtype=torch.float32)
+    theirs.set_progress_bar_config(disable=True)
+    base = theirs("a red circle", generator=torch.Generator().manual_seed(0), **kwargs).images
+    theirs.load_lora_weights(str(lora))
+    with_lora = theirs("a red circle", generator=torch.Generator().manual_seed(0), **kwargs).images
+    assert (with_lora - base).abs().max().item() > 1e-3
+    ours = load_pipe(repo)
+    ours.load_lora(ours.dit, str(lora))
+    mine = ours("a red circle", height=32, width=32, num_inference_steps=2, embedded_guidance=3.5, seed=0,
+                progress=False, output_type="pt")
+    diff = (mine - with_lora).abs().max().item()
+    print(f"flux LoRA in diffusers vs difftune fused: max pixel difference {diff:.3e}")
+    assert diff <= 2e-3
