@@ -156,3 +156,58 @@ def test_trained_lora_loads_in_diffusers_flux_pipeline(repo, tmp_path):
     diff = (mine - with_lora).abs().max().item()
     print(f"flux LoRA in diffusers vs difftune fused: max pixel difference {diff:.3e}")
     assert diff <= 2e-3
+
+
+def test_official_configs_have_the_official_shapes():
+    """The FLUX.1-dev configs recognition matches bare weights against build the real architectures."""
+    from difftune.families.flux.components import DIT, TEXT_ENCODER, TEXT_ENCODER_2, VAE
+
+    dit = DIT.signature(DIT.known_configs["black-forest-labs/FLUX.1-dev transformer"])
+    assert dit["x_embedder.weight"] == (3072, 64) and dit["context_embedder.weight"] == (3072, 4096)
+    assert "time_text_embed.guidance_embedder.linear_1.weight" in dit
+    assert sum(k.endswith("norm.linear.weight") and k.startswith("single_transformer_blocks.") for k in dit) == 38
+    vae = VAE.signature(VAE.known_configs["black-forest-labs/FLUX.1-dev VAE"])
+    assert vae["encoder.conv_out.weight"] == (32, 512, 3, 3) and "quant_conv.weight" not in vae
+    clip = TEXT_ENCODER.signature(TEXT_ENCODER.known_configs["CLIP ViT-L/14 text model"])
+    assert clip["embeddings.token_embedding.weight"] == (49408, 768)
+    t5_config = TEXT_ENCODER_2.known_configs["T5 v1.1 XXL encoder"]
+    t5 = TEXT_ENCODER_2.signature(t5_config)
+    assert t5["shared.weight"] == (32128, 4096) and len([k for k in t5 if k.endswith("DenseReluDense.wi_0.weight")]) == 24
+    assert TEXT_ENCODER_2.tied(t5_config) == {"encoder.embed_tokens.weight"}
+
+
+def test_bare_weights_are_recognised_by_shape(repo, tmp_path):
+    """Without a config.json beside them, weights are matched against the known configs by shape; T5's
+    tied embedding may be stored once (shared.weight only)."""
+    import dataclasses
+    import json
+    import shutil
+
+    from difftune.models.detect import detect_component
+
+    from difftune.families.flux.components import TEXT_ENCODER_2, VAE
+
+    for spec, folder in ((TEXT_ENCODER_2, "text_encoder_2"), (VAE, "vae")):
+        config = json.loads((repo / folder / "config.json").read_text())
+        tiny = dataclasses.replace(spec, known_configs={"tiny": config})
+        bare = tmp_path / folder
+        bare.mkdir()
+        files = [shutil.copy(p, bare) for p in tiny_flux_paths(repo)[folder]]
+        found = detect_component(ModelConfig(files if len(files) > 1 else files[0]), [tiny])
+        assert found.spec.name == spec.name and found.config == config
+
+
+def test_clip_in_the_official_key_layout_loads(repo, tmp_path):
+    """The official text_encoder/model.safetensors names CLIP's tensors text_model.*; they load."""
+    from safetensors.torch import load_file, save_file
+
+    from difftune.families.flux.components import TEXT_ENCODER
+    from difftune.models.load import load_component
+
+    (tmp_path / "text_encoder").mkdir()
+    sd = load_file(tiny_flux_paths(repo)["text_encoder"][0])
+    save_file({"text_model." + k: v for k, v in sd.items()}, str(tmp_path / "text_encoder" / "model.safetensors"))
+    (tmp_path / "text_encoder" / "config.json").write_text((repo / "text_encoder" / "config.json").read_text())
+    module = load_component(ModelConfig(str(tmp_path / "text_encoder" / "model.safetensors")), [TEXT_ENCODER],
+                            torch_dtype=torch.float32).module
+    assert torch.equal(module.state_dict()["embeddings.token_embedding.weight"], sd["embeddings.token_embedding.weight"])

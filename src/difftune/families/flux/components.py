@@ -124,6 +124,12 @@ def transformer_key(key: str) -> str:
     return key
 
 
+def clip_text_key(key: str) -> str:
+    """The official CLIP files name the text model `text_model.*`; transformers>=5's CLIPTextModel has no such
+    level (its own save_pretrained writes the short names)."""
+    return key[len("text_model."):] if key.startswith("text_model.") else key
+
+
 DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="FluxTransformer2DModel",
     known_configs={"black-forest-labs/FLUX.1-dev transformer": FLUX1_DEV_TRANSFORMER_CONFIG,
@@ -140,7 +146,7 @@ VAE = ComponentSpec(
 TEXT_ENCODER = ComponentSpec(
     name="text_encoder", library="transformers", class_name="CLIPTextModel", config_class_name="CLIPTextConfig",
     known_configs={"CLIP ViT-L/14 text model": CLIP_L_TEXT_CONFIG},
-    marker_keys=("text_model.embeddings.token_embedding.weight", "text_model.final_layer_norm.weight"),
+    marker_keys=("embeddings.token_embedding.weight", "final_layer_norm.weight"), normalize_key=clip_text_key,
     description="CLIP-L text encoder (pooled prompt)")
 
 TEXT_ENCODER_2 = ComponentSpec(
