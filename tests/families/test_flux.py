@@ -211,3 +211,71 @@ def test_clip_in_the_official_key_layout_loads(repo, tmp_path):
     module = load_component(ModelConfig(str(tmp_path / "text_encoder" / "model.safetensors")), [TEXT_ENCODER],
                             torch_dtype=torch.float32).module
     assert torch.equal(module.state_dict()["embeddings.token_embedding.weight"], sd["embeddings.token_embedding.weight"])
+
+
+def test_sample_command_on_a_flux_repository(repo, tmp_path):
+    """`difftune sample --model_dir` recognises FLUX, finds both tokenizers beside the weights and takes
+    --embedded_guidance; the image equals the pipeline's."""
+    import numpy as np
+    from PIL import Image
+
+    from difftune.cli.sample import main
+
+    out = tmp_path / "a.png"
+    argv = ["--model_dir", repo, "--prompt", "a red circle", "--height", 32, "--width", 32, "--num_inference_steps",
+            2, "--seed", 3, "--torch_dtype", "float32", "--device", "cpu", "--embedded_guidance", 2.0, "--output", out]
+    assert main([str(a) for a in argv]) == 0
+    got = np.asarray(Image.open(out))
+    want = np.asarray(load_pipe(repo)("a red circle", height=32, width=32, num_inference_steps=2, seed=3,
+                                      embedded_guidance=2.0, progress=False))
+    assert got.shape == (32, 32, 3) and np.abs(got.astype(int) - want.astype(int)).max() <= 1
+
+
+def test_validation_images_during_flux_training(repo, tmp_path):
+    import json
+
+    from PIL import Image
+
+    from conftest import run_train
+    from difftune.families.flux.components import LORA_TARGET_MODULES
+    from difftune.testing import write_example_dataset
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+              "--learning_rate", 1e-3, "--num_epochs", 1, "--seed", 5, "--no_progress", "--enable_tensorboard_log",
+              "false", "--max_pixels", 4096, "--lora_base_model", "dit", "--lora_target_modules", LORA_TARGET_MODULES,
+              "--validation_prompts", "a red circle|a blue square", "--validation_steps", 1, "--validation_size", 32,
+              "--validation_inference_steps", 2)
+    images = sorted((tmp_path / "out").rglob("step-*.png"))
+    assert images
+    grid = Image.open(images[-1])
+    assert grid.size[1] == 32 and len(set(grid.getdata())) > 1
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(pipe):
+    from difftune.families.flux.model_fn import model_fn_flux
+
+    torch.manual_seed(0)
+    latents, emb, pooled = torch.randn(1, 16, 4, 4), torch.randn(1, 7, 32), torch.randn(1, 32)
+    grads = []
+    for ckpt, offload in ((False, False), (True, False), (True, True)):
+        pipe.dit.zero_grad()
+        pipe.dit.requires_grad_(True)
+        out = model_fn_flux(pipe.dit, latents, torch.tensor([400.0]), emb, pooled, torch.tensor([1.0]),
+                            use_gradient_checkpointing=ckpt, use_gradient_checkpointing_offload=offload)
+        out.square().mean().backward()
+        grads.append(pipe.dit.x_embedder.weight.grad.clone())
+    pipe.dit.requires_grad_(False)
+    pipe.dit.zero_grad()
+    model_fn_flux(pipe.dit, latents, torch.tensor([1.0]), emb, pooled)  # back to no checkpointing
+    assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
+
+
+def test_bf16_inference_is_finite(repo):
+    from PIL import Image
+
+    img = load_pipe(repo, dtype=torch.bfloat16)("a cat", height=32, width=32, num_inference_steps=2, seed=0,
+                                                 cfg_scale=2.0, progress=False)
+    assert isinstance(img, Image.Image) and img.size == (32, 32)

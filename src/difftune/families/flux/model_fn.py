@@ -8,6 +8,8 @@ import torch
 
 from ...core.checkpointing import set_gradient_checkpointing
 
+SAMPLING_GUIDANCE = 3.5  # FLUX.1-dev's embedded guidance when sampling (diffusers' FluxPipeline default)
+
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) latents -> (B, H/2*W/2, C*4) tokens of 2x2 patches (channel-major within a token)."""
@@ -41,7 +43,8 @@ def model_fn_flux(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_emb
     set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
     timestep = timestep.to(device=latents.device, dtype=latents.dtype).expand(b)
     if dit.config.guidance_embeds:
-        g = torch.full((b,), 1.0) if guidance is None else torch.as_tensor(guidance).reshape(-1)
+        # no guidance value (e.g. validation renders from cached prompts): the sampling default
+        g = torch.full((b,), SAMPLING_GUIDANCE) if guidance is None else torch.as_tensor(guidance).reshape(-1)
         guidance = g.to(device=latents.device, dtype=torch.float32).expand(b)
     else:
         guidance = None
