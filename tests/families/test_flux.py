@@ -279,3 +279,34 @@ def test_bf16_inference_is_finite(repo):
     img = load_pipe(repo, dtype=torch.bfloat16)("a cat", height=32, width=32, num_inference_steps=2, seed=0,
                                                  cfg_scale=2.0, progress=False)
     assert isinstance(img, Image.Image) and img.size == (32, 32)
+
+
+def test_batched_stage1_matches_one_at_a_time(repo, tmp_path):
+    import json
+
+    from conftest import run_train
+    from difftune.families.flux.components import LORA_TARGET_MODULES
+    from difftune.testing import write_example_dataset
+    from difftune.cache import CacheReader
+
+    def read_all(path):
+        reader = CacheReader(str(path))
+        return {reader[i]["_id"]: reader[i] for i in range(len(reader))}
+
+    meta = write_example_dataset(tmp_path / "data", n=4, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    common = ["--task", "sft:data_process", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--max_pixels", 4096, "--model_paths", json.dumps(paths), "--lora_base_model", "dit",
+              "--lora_target_modules", LORA_TARGET_MODULES, "--torch_dtype", "float32", "--no_progress"]
+    run_train(*common, "--output_path", tmp_path / "one", "--data_process_batch_size", 1)
+    run_train(*common, "--output_path", tmp_path / "four", "--data_process_batch_size", 4)
+    a, b = read_all(tmp_path / "one"), read_all(tmp_path / "four")
+    assert a.keys() == b.keys() and a
+    names = set()
+    for key in a:
+        for name, value in a[key].items():
+            if isinstance(value, torch.Tensor):
+                names.add(name)
+                assert value.shape == b[key][name].shape, (key, name)
+                assert (value.float() - b[key][name].float()).abs().max() <= 1e-5, (key, name)
+    assert {"prompt_embeds", "pooled_prompt_embeds", "input_latents", "guidance"} <= names
