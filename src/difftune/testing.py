@@ -409,8 +409,9 @@ def _tiny_flux(folder: Path) -> TinyFamily:
     return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
                       flags=("--max_pixels", "4096"),
-                      trainable_cases={"text_encoder_lora": (
-                          "--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj")})
+                      trainable_cases={
+                          "clip_lora": ("--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj"),
+                          "t5_lora": ("--lora_base_model", "text_encoder_2", "--lora_target_modules", "q,v")})
 
 
 register_tiny("flux", _tiny_flux)

@@ -7,7 +7,7 @@ import torch
 
 from difftune.core.units import run_unit
 from difftune.families.flux import FluxImagePipeline
-from difftune.families.flux.units import FluxPromptEmbedder
+from difftune.families.flux.units import FluxClipEmbedder, FluxT5Embedder
 from difftune.models import ModelConfig
 from difftune.testing import tiny_flux_paths, write_tiny_flux
 
@@ -40,15 +40,16 @@ def diffusers_pipe(repo):
     return p
 
 
-def _prompt_unit(pipe):
-    return next(u for u in pipe.units if isinstance(u, FluxPromptEmbedder))
+def _prompt_units(pipe):
+    return [u for u in pipe.units if isinstance(u, (FluxClipEmbedder, FluxT5Embedder))]
 
 
 def test_prompt_embeddings_equal_diffusers_encode_prompt(pipe, diffusers_pipe):
     prompts = ["a cat", "a much longer prompt about a dog on a red sofa"]
     theirs, their_pooled, text_ids = diffusers_pipe.encode_prompt(prompts, prompt_2=None, device="cpu")
     values = {"prompt": prompts}
-    run_unit(pipe, _prompt_unit(pipe), values)
+    for unit in _prompt_units(pipe):
+        run_unit(pipe, unit, values)
     assert values["prompt_embeds"].shape == theirs.shape == (2, 512, 32)
     # equal up to float reordering (transformers' attention kernels may differ between the two loaders)
     d_t5 = (values["prompt_embeds"] - theirs).abs().max().item()
@@ -310,3 +311,16 @@ def test_batched_stage1_matches_one_at_a_time(repo, tmp_path):
                 assert value.shape == b[key][name].shape, (key, name)
                 assert (value.float() - b[key][name].float()).abs().max() <= 1e-5, (key, name)
     assert {"prompt_embeds", "pooled_prompt_embeds", "input_latents", "guidance"} <= names
+
+
+@pytest.mark.parametrize("trained,absent", [("text_encoder", "text_encoder_2"), ("text_encoder_2", "text_encoder")])
+def test_a_text_encoder_lora_leaves_the_other_encoder_in_stage_1(trained, absent):
+    from conftest import train_args
+    from difftune.core.family import get_family
+    from difftune.training.builders import TaskSpec, compute_split
+
+    args = train_args("--dataset_base_path", "data", "--family", "flux", "--lora_base_model", trained,
+                      "--lora_target_modules", "q")
+    split = compute_split(get_family("flux"), args, TaskSpec("sft", "train"))
+    assert trained in split.stage2_models and "dit" in split.stage2_models
+    assert absent not in split.stage2_models and absent in split.stage1_models

@@ -18,8 +18,8 @@ from ...errors import UserError
 from ...media.image import as_image_list, tensor_to_images
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .model_fn import model_fn_flux
-from .units import (DIVISION_FACTOR, FluxEmbeddedGuidance, FluxInputImageEmbedder, FluxNoiseInitializer,
-                    FluxPromptEmbedder, FluxShapeChecker, vae_decode)
+from .units import (DIVISION_FACTOR, FluxClipEmbedder, FluxEmbeddedGuidance, FluxInputImageEmbedder,
+                    FluxNoiseInitializer, FluxShapeChecker, FluxT5Embedder, vae_decode)
 
 TRAINING_GUIDANCE = 1.0  # the reference's embedded_guidance in training
 
@@ -43,8 +43,8 @@ class FluxImagePipeline(BasePipeline):
         self.scheduler = scheduler or self.default_scheduler()
         self.tokenizer_1 = None
         self.tokenizer_2 = None
-        self.units = [FluxShapeChecker(), FluxNoiseInitializer(), FluxInputImageEmbedder(), FluxPromptEmbedder(),
-                      FluxEmbeddedGuidance()]
+        self.units = [FluxShapeChecker(), FluxNoiseInitializer(), FluxInputImageEmbedder(), FluxClipEmbedder(),
+                      FluxT5Embedder(), FluxEmbeddedGuidance()]
 
     @staticmethod
     def default_scheduler():

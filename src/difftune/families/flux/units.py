@@ -105,20 +105,31 @@ class FluxInputImageEmbedder(PipelineUnit):
         return {"latents": latents, "input_latents": input_latents}
 
 
-class FluxPromptEmbedder(PipelineUnit):
-    """The pooled CLIP embedding and the T5 token embeddings of the prompt (diffusers' encode_prompt)."""
+class FluxClipEmbedder(PipelineUnit):
+    """The pooled CLIP embedding of the prompt (diffusers' encode_prompt, first half). A unit of its own so
+    that training one text encoder moves only its unit to stage 2 (T5-XXL stays in stage 1)."""
 
     cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
-    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds"),
-                   "pooled_prompt_embeds": ("pooled_prompt_embeds", "negative_pooled_prompt_embeds")}
-    models = ("text_encoder", "text_encoder_2")
+    cfg_outputs = {"pooled_prompt_embeds": ("pooled_prompt_embeds", "negative_pooled_prompt_embeds")}
+    models = ("text_encoder",)
 
     def process(self, pipe, prompt):
         if prompt is None:
             return {}
-        prompts = _prompts(prompt)
-        return {"pooled_prompt_embeds": clip_pooled(pipe, prompts).to(pipe.torch_dtype),
-                "prompt_embeds": t5_hidden(pipe, prompts).to(pipe.torch_dtype)}
+        return {"pooled_prompt_embeds": clip_pooled(pipe, _prompts(prompt)).to(pipe.torch_dtype)}
+
+
+class FluxT5Embedder(PipelineUnit):
+    """The T5 token embeddings of the prompt, padded to 512 tokens (diffusers' encode_prompt, second half)."""
+
+    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
+    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds")}
+    models = ("text_encoder_2",)
+
+    def process(self, pipe, prompt):
+        if prompt is None:
+            return {}
+        return {"prompt_embeds": t5_hidden(pipe, _prompts(prompt)).to(pipe.torch_dtype)}
 
 
 class FluxEmbeddedGuidance(PipelineUnit):
