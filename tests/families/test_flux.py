@@ -324,3 +324,20 @@ def test_a_text_encoder_lora_leaves_the_other_encoder_in_stage_1(trained, absent
     split = compute_split(get_family("flux"), args, TaskSpec("sft", "train"))
     assert trained in split.stage2_models and "dit" in split.stage2_models
     assert absent not in split.stage2_models and absent in split.stage1_models
+
+
+def test_bf16_sampling_parity_with_diffusers(repo):
+    """In bfloat16 too (the loader keeps T5's `wo` in float32 only for float16, as transformers does)."""
+    from diffusers import FluxPipeline
+
+    ours = load_pipe(repo, dtype=torch.bfloat16)
+    theirs = FluxPipeline.from_pretrained(str(repo), dtype=torch.bfloat16)
+    theirs.set_progress_bar_config(disable=True)
+    assert ours.text_encoder_2.encoder.block[0].layer[1].DenseReluDense.wo.weight.dtype == torch.bfloat16
+    kwargs = dict(height=64, width=48, num_inference_steps=3, output_type="pt")
+    a = ours(["a red circle"], negative_prompt="blurry", cfg_scale=3.0, seed=7, progress=False, **kwargs)
+    b = theirs(["a red circle"], negative_prompt="blurry", true_cfg_scale=3.0,
+               generator=torch.Generator().manual_seed(7), **kwargs).images
+    diff = (a.float() - b.float()).abs().max().item()
+    print(f"flux bf16 parity cfg=3: max pixel difference {diff:.3e}")
+    assert diff <= 1e-2
