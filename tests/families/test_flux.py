@@ -173,7 +173,8 @@ def test_official_configs_have_the_official_shapes():
     assert clip["embeddings.token_embedding.weight"] == (49408, 768)
     t5_config = TEXT_ENCODER_2.known_configs["T5 v1.1 XXL encoder"]
     t5 = TEXT_ENCODER_2.signature(t5_config)
-    assert t5["shared.weight"] == (32128, 4096) and len([k for k in t5 if k.endswith("DenseReluDense.wi_0.weight")]) == 24
+    assert t5["shared.weight"] == (32128, 4096)
+    assert len([k for k in t5 if k.endswith("DenseReluDense.wi_0.weight")]) == 24
     assert TEXT_ENCODER_2.tied(t5_config) == {"encoder.embed_tokens.weight"}
 
 
@@ -211,7 +212,8 @@ def test_clip_in_the_official_key_layout_loads(repo, tmp_path):
     (tmp_path / "text_encoder" / "config.json").write_text((repo / "text_encoder" / "config.json").read_text())
     module = load_component(ModelConfig(str(tmp_path / "text_encoder" / "model.safetensors")), [TEXT_ENCODER],
                             torch_dtype=torch.float32).module
-    assert torch.equal(module.state_dict()["embeddings.token_embedding.weight"], sd["embeddings.token_embedding.weight"])
+    key = "embeddings.token_embedding.weight"
+    assert torch.equal(module.state_dict()[key], sd[key])
 
 
 def test_sample_command_on_a_flux_repository(repo, tmp_path):
