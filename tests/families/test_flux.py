@@ -343,3 +343,34 @@ def test_bf16_sampling_parity_with_diffusers(repo):
     diff = (a.float() - b.float()).abs().max().item()
     print(f"flux bf16 parity cfg=3: max pixel difference {diff:.3e}")
     assert diff <= 1e-2
+
+
+def test_train_from_hub_ids_in_the_diffusers_layout(repo, tmp_path, monkeypatch):
+    """`--model_id_with_origin_paths` naming black-forest-labs/FLUX.1-dev's diffusers folders (resolved under
+    DIFFTUNE_MODEL_BASE_PATH, no download): the family is recognised and both tokenizers come from the same
+    repository's tokenizer/ and tokenizer_2/; split training gives the one-stage LoRA."""
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from difftune.testing import populate_offline_hub, write_example_dataset
+
+    populate_offline_hub(tmp_path / "models", "black-forest-labs/FLUX.1-dev", repo)
+    monkeypatch.setenv("DIFFTUNE_MODEL_BASE_PATH", str(tmp_path / "models"))
+    monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    ids = ",".join(f"black-forest-labs/FLUX.1-dev:{p}" for p in (
+        "transformer/*.safetensors", "text_encoder/model.safetensors", "text_encoder_2/*.safetensors",
+        "vae/diffusion_pytorch_model.safetensors"))
+    common = ["--model_id_with_origin_paths", ids, "--torch_dtype", "float32", "--learning_rate", 1e-3,
+              "--num_epochs", 1, "--seed", 5, "--no_progress", "--enable_tensorboard_log", "false", "--max_pixels",
+              4096, "--lora_base_model", "dit", "--lora_target_modules", "to_q,to_k,to_v,proj_mlp", "--lora_rank", 4,
+              "--remove_prefix_in_ckpt", "pipe.dit.", "--use_gradient_checkpointing"]
+    data = ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta]
+    run_train("--task", "sft", *data, "--output_path", tmp_path / "one", *common)
+    run_train("--task", "sft:data_process", *data, "--output_path", tmp_path / "cache", *common)
+    run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
+              *common)
+    a = load_file(str(tmp_path / "one" / "epoch-0.safetensors"))
+    b = load_file(str(tmp_path / "two" / "epoch-0.safetensors"))
+    assert a.keys() == b.keys() and any(".single_transformer_blocks.0.proj_mlp." in k for k in a)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
