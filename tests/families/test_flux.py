@@ -374,3 +374,33 @@ def test_train_from_hub_ids_in_the_diffusers_layout(repo, tmp_path, monkeypatch)
     b = load_file(str(tmp_path / "two" / "epoch-0.safetensors"))
     assert a.keys() == b.keys() and any(".single_transformer_blocks.0.proj_mlp." in k for k in a)
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
+
+
+REFERENCE_TARGETS = ("a_to_qkv,b_to_qkv,ff_a.0,ff_a.2,ff_b.0,ff_b.2,a_to_out,b_to_out,proj_out,norm.linear,"
+                     "norm1_a.linear,norm1_b.linear,to_qkv_mlp")  # examples/flux/model_training/lora/FLUX.1-dev.sh
+
+
+def test_the_reference_lora_targets_name_the_same_modules(repo, tmp_path):
+    """The reference's --lora_target_modules (its own fused names) train exactly the default diffusers targets."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from difftune.families.flux.components import LORA_TARGET_MODULES
+    from difftune.testing import write_example_dataset
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    out = {}
+    for name, targets in (("reference", REFERENCE_TARGETS), ("diffusers", LORA_TARGET_MODULES)):
+        run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+                  "--output_path", tmp_path / name, "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+                  "--learning_rate", 1e-3, "--num_epochs", 1, "--seed", 5, "--no_progress",
+                  "--enable_tensorboard_log", "false", "--max_pixels", 4096, "--lora_base_model", "dit",
+                  "--lora_target_modules", targets, "--lora_rank", 4)
+        out[name] = load_file(str(tmp_path / name / "epoch-0.safetensors"))
+    a, b = out["reference"], out["diffusers"]
+    assert a.keys() == b.keys()
+    assert any(".transformer_blocks.0.attn.add_k_proj." in k for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -56,6 +56,9 @@ class FamilySpec:
     # Slot -> key prefix of that model's weights in LoRA files (diffusers' names).
     lora_prefixes: Mapping[str, str] = field(default_factory=lambda: {"dit": "transformer"})
     lora_target_modules: str = ""  # the reference's LoRA targets on the denoiser
+    # Slot -> {a module name of the reference's own model: the comma-separated names of the modules that hold
+    # its weights here}, so the reference's --lora_target_modules work unchanged (e.g. FLUX's fused a_to_qkv).
+    lora_target_aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     data: str = "image"  # what the data operator loads: image | video
     # Run-time settings this family's units read, from the flags (args -> {name: value}); never cached.
     flag_settings: Callable[[Any], dict] | None = None
