@@ -42,6 +42,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--model_id_with_origin_paths", default=None, help="Comma-separated model_id:glob entries, downloaded from the hub.")
     g.add_argument("--tokenizer_path", default=None, help="Tokenizer directory or model_id:glob.")
     g.add_argument("--processor_path", default=None, help="Image processor directory (Qwen-Image-Edit).")
+    g.add_argument("--tokenizer_1_path", default=None, help="CLIP tokenizer directory or model_id:glob (FLUX).")
+    g.add_argument("--tokenizer_2_path", default=None, help="T5 tokenizer directory or model_id:glob (FLUX).")
+    g.add_argument("--align_to_opensource_format", action="store_true",
+                   help="Accepted for the reference's FLUX scripts: difftune's LoRA files are already in the open "
+                        "(diffusers) layout; see --lora_format.")
     g.add_argument("--extra_inputs", default=None, help="Comma-separated extra pipeline inputs from the metadata, e.g. edit_image.")
     g.add_argument("--fp8_models", default=None, help="Frozen models to store in FP8 (entries of the model flags, or dit/text_encoder/vae).")
     g.add_argument("--offload_models", default=None, help="Accepted for the reference's split scripts: each stage loads only the models it uses, so nothing needs offloading.")
@@ -180,6 +185,9 @@ def check_training_args(args) -> None:
     if args.num_frames is not None:
         raise UserError("--num_frames: not used: no video family is implemented yet (difftune trains image families)")
     _check_numbers(args)
+    if getattr(args, "align_to_opensource_format", False):
+        print("note: --align_to_opensource_format is not needed: difftune saves LoRAs in the open diffusers layout "
+              "(FluxPipeline.load_lora_weights reads them; --lora_format picks another)")
     if args.offload_models:
         print(f"note: --offload_models {args.offload_models} is not needed: each stage loads only the models it "
               f"uses (the rest are never loaded)")

@@ -16,6 +16,8 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_dir", default=None, help="A model repository in the official layout (all components).")
     p.add_argument("--tokenizer_path", default=None)
     p.add_argument("--processor_path", default=None)
+    p.add_argument("--tokenizer_1_path", default=None, help="FLUX: the CLIP tokenizer (default: tokenizer/ beside it).")
+    p.add_argument("--tokenizer_2_path", default=None, help="FLUX: the T5 tokenizer (default: tokenizer_2/ beside it).")
     p.add_argument("--fp8_models", default=None)
     p.add_argument("--family", default=None)
     p.add_argument("--torch_dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
@@ -26,6 +28,8 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--height", type=int, default=None, help="Default: the family's (Qwen-Image: 1328).")
     p.add_argument("--width", type=int, default=None, help="Default: the family's (Qwen-Image: 1328).")
     p.add_argument("--num_inference_steps", type=int, default=None, help="Default: the family's (Qwen-Image: 30).")
+    p.add_argument("--embedded_guidance", type=float, default=None, help="FLUX.1-dev's distilled guidance "
+                   "(default: the family's, 3.5).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--input_image", default=None, help="Image-to-image: the starting image.")
     p.add_argument("--denoising_strength", type=float, default=1.0)
@@ -93,7 +97,8 @@ def main(argv: list[str]) -> int:
     call = {"negative_prompt": args.negative_prompt, "seed": args.seed, **dict(family.sample_defaults)}
     call.update({k: v for k, v in (("cfg_scale", args.cfg_scale), ("height", args.height), ("width", args.width),
                                     ("num_inference_steps", args.num_inference_steps)) if v is not None})
-    extra = {"input_image": load(args.input_image), "edit_image": load(args.edit_image)}
+    extra = {"input_image": load(args.input_image), "edit_image": load(args.edit_image),
+             "embedded_guidance": args.embedded_guidance}
     accepted = inspect.signature(pipe.__call__).parameters
     for name, value in extra.items():
         if value is not None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "difftune.families"
 # Built-in families: module path of the package whose `FAMILY` is the spec (imported only when needed).
-BUILTIN = {"qwen_image": "difftune.families.qwen_image"}
+BUILTIN = {"qwen_image": "difftune.families.qwen_image", "flux": "difftune.families.flux"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,9 @@ class FamilySpec:
     # Slot -> key prefix of that model's weights in LoRA files (diffusers' names).
     lora_prefixes: Mapping[str, str] = field(default_factory=lambda: {"dit": "transformer"})
     lora_target_modules: str = ""  # the reference's LoRA targets on the denoiser
+    # Slot -> {a module name of the reference's own model: the comma-separated names of the modules that hold
+    # its weights here}, so the reference's --lora_target_modules work unchanged (e.g. FLUX's fused a_to_qkv).
+    lora_target_aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     data: str = "image"  # what the data operator loads: image | video
     # Run-time settings this family's units read, from the flags (args -> {name: value}); never cached.
     flag_settings: Callable[[Any], dict] | None = None

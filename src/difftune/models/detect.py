@@ -114,21 +114,42 @@ class ComponentSpec:
         from accelerate import init_empty_weights
 
         cls = self.model_class()
+        if self.library == "transformers":
+            cfg = getattr(importlib.import_module("transformers"), self.config_class_name).from_dict(dict(config))
+            with init_empty_weights(include_buffers=False):
+                model = cls(cfg)
+            # tied embeddings (T5's shared / embed_tokens) are tied on load, not on construction: tie them
+            # here so a checkpoint that stores one copy fits
+            model.tie_weights()
+            return model
         with init_empty_weights(include_buffers=False):
-            if self.library == "transformers":
-                cfg = getattr(importlib.import_module("transformers"), self.config_class_name).from_dict(dict(config))
-                return cls(cfg)
             init = set(inspect.signature(cls.__init__).parameters)
             return cls.from_config({k: v for k, v in config.items() if k.startswith("_") or k in init})
 
     def signature(self, config: dict) -> dict[str, tuple[int, ...]]:
+        return self._signature(config)[0]
+
+    def tied(self, config: dict) -> frozenset[str]:
+        """State-dict names that repeat a tied tensor (T5's encoder.embed_tokens = shared): a checkpoint may
+        leave them out."""
+        return self._signature(config)[1]
+
+    def _signature(self, config: dict):
         key = (self.library, self.class_name, json.dumps(config, sort_keys=True, default=str))
         if key not in _SIGNATURES:
-            _SIGNATURES[key] = {k: tuple(v.shape) for k, v in self.build(config).state_dict().items()}
+            model = self.build(config)
+            own = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+            shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+            _SIGNATURES[key] = (shapes, frozenset(shapes) - own)
         return _SIGNATURES[key]
 
+    def fits(self, config: dict, shapes: dict[str, tuple[int, ...]]) -> bool:
+        """Whether checkpoint tensors {name: shape} are exactly this config's (tied repeats optional)."""
+        sig = self.signature(config)
+        return all(sig.get(k) == s for k, s in shapes.items()) and set(sig) - set(shapes) <= self.tied(config)
 
-_SIGNATURES: dict[tuple, dict[str, tuple[int, ...]]] = {}
+
+_SIGNATURES: dict[tuple, tuple[dict[str, tuple[int, ...]], frozenset[str]]] = {}
 
 
 @dataclass
@@ -149,7 +170,7 @@ def match_header(header: dict[str, Any], specs: Sequence[ComponentSpec]) -> Head
         if not all(m in mapped for m in spec.marker_keys):
             continue
         for label, config in spec.known_configs.items():
-            if spec.signature(config) == mapped:
+            if spec.fits(config, mapped):
                 return HeaderMatch(spec, label, config)
     return None
 
@@ -165,7 +186,7 @@ def _near_miss(header: dict[str, Any], specs: Sequence[ComponentSpec]) -> str:
         for label, config in spec.known_configs.items():
             sig = spec.signature(config)
             wrong = [k for k in mapped if k in sig and sig[k] != mapped[k]]
-            missing = [k for k in sig if k not in mapped]
+            missing = [k for k in sig if k not in mapped and k not in spec.tied(config)]
             extra = [k for k in mapped if k not in sig]
             score = len(wrong) + len(missing) + len(extra)
             if best is None or score < best[0]:

@@ -63,6 +63,19 @@ def _required(module: torch.nn.Module) -> set[str]:
     return {n for n, _ in module.named_parameters()} | {n for n, _ in module.named_buffers()}
 
 
+def _kept_in_fp32(module: torch.nn.Module, library: str, dtype) -> tuple[str, ...]:
+    """Modules whose weights stay float32 at a lower `dtype`, by the class's own library's rule: transformers
+    keeps `_keep_in_fp32_modules` only for float16 (T5's `wo` overflows there, not in bfloat16) and
+    `_keep_in_fp32_modules_strict` for both; diffusers keeps `_keep_in_fp32_modules` for any lower dtype."""
+    names = tuple(getattr(module, "_keep_in_fp32_modules", None) or ())
+    if library != "transformers":
+        return names
+    strict = tuple(getattr(module, "_keep_in_fp32_modules_strict", None) or ())
+    if dtype == torch.float16:
+        return names + strict
+    return strict if dtype == torch.bfloat16 else ()
+
+
 def load_component(config: ModelConfig | str | list[str], specs: Sequence[ComponentSpec] | None = None,
                    torch_dtype=torch.bfloat16, device: str | torch.device = "cpu",
                    detected: DetectedComponent | None = None) -> LoadedComponent:
@@ -91,7 +104,7 @@ def load_component(config: ModelConfig | str | list[str], specs: Sequence[Compon
         raise UserError(problem)
     fp8 = config.wants_fp8(det.name)
     fp8_names = set(fp8_weight_names(module)) if fp8 else set()
-    keep_fp32 = tuple(getattr(module, "_keep_in_fp32_modules", None) or ())
+    keep_fp32 = _kept_in_fp32(module, det.spec.library, dtype)
     for f in det.files:
         batch = {}
         with safe_open(f, framework="pt", device="cpu") as sf:

@@ -19,6 +19,23 @@ from ..util import names as _names
 from .losses import LOSSES, sample_generator
 
 
+def lora_targets(pipe, slot: str, targets: list[str]) -> list[str]:
+    """`--lora_target_modules` with the family's aliases for `slot` expanded (the reference's own module names,
+    e.g. FLUX's fused `a_to_qkv`, onto the diffusers modules that hold those weights)."""
+    from ..core.family import families
+
+    family = families().get(getattr(pipe, "family", None))
+    aliases = dict((getattr(family, "lora_target_aliases", None) or {}).get(slot, {}))
+    out = []
+    for t in targets:
+        for name in _names(aliases.get(t, t)):
+            if name not in out:
+                out.append(name)
+    if out != targets:
+        print(f"note: --lora_target_modules in {slot}'s module names: {','.join(out)}")
+    return out
+
+
 def lora_prefix(pipe, slot: str) -> str:
     """The key prefix of `slot`'s LoRA in files: the family's, or the reference's default naming."""
     from ..core.family import families
@@ -72,7 +89,7 @@ class DiffusionTrainingModule(torch.nn.Module):
             if model is None:
                 raise UserError(f"--lora_base_model {lora_base_model}: that model is not loaded "
                                 f"(loaded: {sorted(pipe.loaded_models())})")
-            targets = _names(lora_target_modules)
+            targets = lora_targets(pipe, lora_base_model, _names(lora_target_modules))
             if not targets:
                 raise UserError("--lora_target_modules is empty: name the modules to put LoRA on, e.g. to_q,to_k,to_v")
             if lora_checkpoint:

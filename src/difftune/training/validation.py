@@ -82,6 +82,8 @@ class Validator:
         self.out_dir = Path(args.output_path) / VALIDATION_DIR
         self.models = models
         self.family = family
+        # the family's sampling guidance (FLUX.1-dev is guidance-distilled: 1, no negative pass)
+        self.cfg_scale = float(dict(getattr(family, "sample_defaults", None) or {}).get("cfg_scale", 4.0))
         self.cache_dir = cache_dir
         self.embeds = None
         self.seed = args.seed
@@ -158,7 +160,7 @@ class Validator:
                 latents = latents.to(pipe.device, pipe.torch_dtype)
                 pipe.scheduler.set_timesteps(self.steps, image_seq_len=pipe.seq_len(latents))
                 values = {"latents": latents, **self._values(pipe, embeds, f"p{i}")}
-                latents = pipe.denoise(values, cfg_scale=4.0, progress=False)
+                latents = pipe.denoise(values, cfg_scale=self.cfg_scale, progress=False)
                 images.extend(tensor_to_images(pipe.decode(latents)))
         finally:
             pipe.scheduler.sigmas, pipe.scheduler.timesteps = saved_sched

@@ -1,0 +1,167 @@
+"""FLUX.1 components in the diffusers layout: the official configs, recognition, the scheduler config.
+
+The configs are those of black-forest-labs/FLUX.1-dev (transformer/, vae/, text_encoder/ = CLIP ViT-L/14's
+text model, text_encoder_2/ = T5 v1.1 XXL's encoder). Weights with a config.json beside them are recognised
+from it; bare diffusers-layout files by their tensor shapes against these. BFL single-file layouts
+(flux1-dev.safetensors, ae.safetensors) are not mapped yet.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...models.detect import ComponentSpec
+
+# The official FLUX.1-dev scheduler/scheduler_config.json (the values that matter here).
+SCHEDULER_CONFIG = {
+    "base_image_seq_len": 256, "max_image_seq_len": 4096, "base_shift": 0.5, "max_shift": 1.15,
+    "num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True, "time_shift_type": "exponential",
+}
+# The reference trains FLUX.1 at a static shift of 3: sigma' = 3 s / (1 + 2 s). The exponential time shift
+# e^mu / (e^mu + 1/s - 1) is the same curve at mu = ln 3, so the training table is the reference's.
+TRAINING_MU = math.log(3.0)
+
+# The reference's DiT LoRA targets in diffusers' module names (its names -> diffusers'):
+# a_to_qkv -> to_q,to_k,to_v; b_to_qkv -> add_{q,k,v}_proj; a_to_out -> to_out.0; b_to_out -> to_add_out;
+# ff_a.0/.2 -> ff.net.0.proj/ff.net.2; ff_b.0/.2 -> ff_context.net.0.proj/.2; norm1_a/b.linear ->
+# norm1.linear/norm1_context.linear; single blocks: norm.linear, to_qkv_mlp -> to_q,to_k,to_v + proj_mlp,
+# proj_out. By peft's suffix rule `proj_out` also takes the transformer's final projection (one more layer
+# than the reference, which names its final layer differently).
+LORA_TARGET_MODULES = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,ff.net.0.proj,ff.net.2,"
+                       "ff_context.net.0.proj,ff_context.net.2,norm1.linear,norm1_context.linear,norm.linear,"
+                       "proj_mlp,proj_out")
+
+# The reference's own DiT module names (its FLUX commands' --lora_target_modules) -> diffusers' modules.
+# Its fused qkv layers are three Linear layers here; a_to_qkv (double blocks) and to_qkv_mlp (single
+# blocks) both become to_q/to_k/to_v, which by suffix cover both kinds of block: exact when both are named,
+# as the reference's commands do.
+REFERENCE_LORA_TARGETS = {
+    "a_to_qkv": "to_q,to_k,to_v", "b_to_qkv": "add_q_proj,add_k_proj,add_v_proj", "a_to_out": "to_out.0",
+    "b_to_out": "to_add_out", "ff_a.0": "ff.net.0.proj", "ff_a.2": "ff.net.2", "ff_b.0": "ff_context.net.0.proj",
+    "ff_b.2": "ff_context.net.2", "norm1_a.linear": "norm1.linear", "norm1_b.linear": "norm1_context.linear",
+    "to_qkv_mlp": "to_q,to_k,to_v,proj_mlp",
+}
+
+FLUX1_DEV_TRANSFORMER_CONFIG = {
+    "_class_name": "FluxTransformer2DModel",
+    "attention_head_dim": 128,
+    "axes_dims_rope": [16, 56, 56],
+    "guidance_embeds": True,
+    "in_channels": 64,
+    "joint_attention_dim": 4096,
+    "num_attention_heads": 24,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "patch_size": 1,
+    "pooled_projection_dim": 768,
+}
+# FLUX.1-schnell: the same but without the guidance embedder.
+FLUX1_SCHNELL_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "guidance_embeds": False}
+
+FLUX1_VAE_CONFIG = {
+    "_class_name": "AutoencoderKL",
+    "act_fn": "silu",
+    "block_out_channels": [128, 256, 512, 512],
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "force_upcast": True,
+    "in_channels": 3,
+    "latent_channels": 16,
+    "latents_mean": None,
+    "latents_std": None,
+    "layers_per_block": 2,
+    "mid_block_add_attention": True,
+    "norm_num_groups": 32,
+    "out_channels": 3,
+    "sample_size": 1024,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "use_post_quant_conv": False,
+    "use_quant_conv": False,
+}
+
+CLIP_L_TEXT_CONFIG = {
+    "architectures": ["CLIPTextModel"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "hidden_act": "quick_gelu",
+    "hidden_size": 768,
+    "initializer_factor": 1.0,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 77,
+    "model_type": "clip_text_model",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "pad_token_id": 1,
+    "projection_dim": 768,
+    "vocab_size": 49408,
+}
+
+T5_XXL_ENCODER_CONFIG = {
+    "architectures": ["T5EncoderModel"],
+    "d_ff": 10240,
+    "d_kv": 64,
+    "d_model": 4096,
+    "decoder_start_token_id": 0,
+    "dense_act_fn": "gelu_new",
+    "dropout_rate": 0.1,
+    "eos_token_id": 1,
+    "feed_forward_proj": "gated-gelu",
+    "initializer_factor": 1.0,
+    "is_encoder_decoder": True,
+    "is_gated_act": True,
+    "layer_norm_epsilon": 1e-06,
+    "model_type": "t5",
+    "num_decoder_layers": 24,
+    "num_heads": 64,
+    "num_layers": 24,
+    "output_past": True,
+    "pad_token_id": 0,
+    "relative_attention_max_distance": 128,
+    "relative_attention_num_buckets": 32,
+    "tie_word_embeddings": False,
+    "vocab_size": 32128,
+}
+
+
+def transformer_key(key: str) -> str:
+    """ComfyUI saves diffusers-named FLUX transformers with a `model.diffusion_model.` prefix."""
+    for prefix in ("model.diffusion_model.", "diffusion_model."):
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def clip_text_key(key: str) -> str:
+    """The official CLIP files name the text model `text_model.*`; transformers>=5's CLIPTextModel has no such
+    level (its own save_pretrained writes the short names)."""
+    return key[len("text_model."):] if key.startswith("text_model.") else key
+
+
+DIT = ComponentSpec(
+    name="dit", library="diffusers", class_name="FluxTransformer2DModel",
+    known_configs={"black-forest-labs/FLUX.1-dev transformer": FLUX1_DEV_TRANSFORMER_CONFIG,
+                   "black-forest-labs/FLUX.1-schnell transformer": FLUX1_SCHNELL_TRANSFORMER_CONFIG},
+    marker_keys=("x_embedder.weight", "context_embedder.weight", "time_text_embed.text_embedder.linear_1.weight"),
+    normalize_key=transformer_key, description="FLUX.1 MMDiT (12B)")
+
+VAE = ComponentSpec(
+    name="vae", library="diffusers", class_name="AutoencoderKL",
+    known_configs={"black-forest-labs/FLUX.1-dev VAE": FLUX1_VAE_CONFIG},
+    marker_keys=("encoder.conv_in.weight", "decoder.conv_in.weight", "encoder.conv_out.weight"),
+    description="FLUX.1 autoencoder (16 latent channels)")
+
+TEXT_ENCODER = ComponentSpec(
+    name="text_encoder", library="transformers", class_name="CLIPTextModel", config_class_name="CLIPTextConfig",
+    known_configs={"CLIP ViT-L/14 text model": CLIP_L_TEXT_CONFIG},
+    marker_keys=("embeddings.token_embedding.weight", "final_layer_norm.weight"), normalize_key=clip_text_key,
+    description="CLIP-L text encoder (pooled prompt)")
+
+TEXT_ENCODER_2 = ComponentSpec(
+    name="text_encoder_2", library="transformers", class_name="T5EncoderModel", config_class_name="T5Config",
+    known_configs={"T5 v1.1 XXL encoder": T5_XXL_ENCODER_CONFIG},
+    marker_keys=("encoder.final_layer_norm.weight", "encoder.block.0.layer.0.SelfAttention.q.weight"),
+    description="T5-XXL text encoder (prompt tokens)")

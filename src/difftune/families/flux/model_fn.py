@@ -1,0 +1,57 @@
+"""FLUX.1's model_fn: one call of diffusers' `FluxTransformer2DModel` on packed 2x2 latent patches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...core.checkpointing import set_gradient_checkpointing
+
+SAMPLING_GUIDANCE = 3.5  # FLUX.1-dev's embedded guidance when sampling (diffusers' FluxPipeline default)
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) latents -> (B, H/2*W/2, C*4) tokens of 2x2 patches (channel-major within a token)."""
+    b, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The inverse of `pack_latents` for latent size (height, width)."""
+    b, _, d = tokens.shape
+    x = tokens.view(b, height // 2, width // 2, d // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, d // 4, height, width)
+
+
+def image_ids(h: int, w: int, device, dtype) -> torch.Tensor:
+    """(h*w, 3) position ids of the packed tokens: (0, row, column), row-major (diffusers' layout)."""
+    rows = torch.arange(h, device=device).view(h, 1).expand(h, w)
+    cols = torch.arange(w, device=device).view(1, w).expand(h, w)
+    ids = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(h * w, 3)
+    return ids.to(dtype)
+
+
+def model_fn_flux(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
+                  pooled_prompt_embeds: torch.Tensor, guidance: torch.Tensor | None = None,
+                  use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
+                  **_: Any) -> torch.Tensor:
+    """One denoiser call: latents (B, 16, h, w), timestep (B,) in [0, 1000] -> velocity (B, 16, h, w)."""
+    b, _, h, w = latents.shape
+    tokens = pack_latents(latents)
+    set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
+    timestep = timestep.to(device=latents.device, dtype=latents.dtype).expand(b)
+    if dit.config.guidance_embeds:
+        # no guidance value (e.g. validation renders from cached prompts): the sampling default
+        g = torch.full((b,), SAMPLING_GUIDANCE) if guidance is None else torch.as_tensor(guidance).reshape(-1)
+        guidance = g.to(device=latents.device, dtype=torch.float32).expand(b)
+    else:
+        guidance = None
+    img_ids = image_ids(h // 2, w // 2, latents.device, latents.dtype)
+    txt_ids = torch.zeros(prompt_embeds.shape[1], 3, device=latents.device, dtype=latents.dtype)
+    out = dit(hidden_states=tokens, timestep=timestep / 1000, guidance=guidance,
+              pooled_projections=pooled_prompt_embeds.to(latents.dtype),
+              encoder_hidden_states=prompt_embeds.to(latents.dtype), txt_ids=txt_ids, img_ids=img_ids,
+              return_dict=False)[0]
+    return unpack_latents(out, h, w)

@@ -1,0 +1,124 @@
+"""`FluxImagePipeline`: FLUX.1 text-to-image and image-to-image (inference and the training hooks).
+
+Architectures come from diffusers (`FluxTransformer2DModel`, `AutoencoderKL`) and transformers
+(`CLIPTextModel`, `T5EncoderModel`), so diffusers-layout checkpoints load with their own key names.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ...core.batch import SAME
+from ...core.pipeline import BasePipeline
+from ...errors import UserError
+from ...media.image import as_image_list, tensor_to_images
+from .components import SCHEDULER_CONFIG, TRAINING_MU
+from .model_fn import model_fn_flux
+from .units import (DIVISION_FACTOR, FluxClipEmbedder, FluxEmbeddedGuidance, FluxInputImageEmbedder,
+                    FluxNoiseInitializer, FluxShapeChecker, FluxT5Embedder, vae_decode)
+
+TRAINING_GUIDANCE = 1.0  # the reference's embedded_guidance in training
+
+
+class FluxImagePipeline(BasePipeline):
+    family = "flux"
+    model_names = ("dit", "text_encoder", "text_encoder_2", "vae")
+    settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload"})
+    model_fn_inputs = ("prompt_embeds", "pooled_prompt_embeds", "guidance")
+    input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
+    loss_models = ("dit",)
+    decode_models = ("vae",)
+    division_factor = DIVISION_FACTOR
+
+    patch_size = 2
+    vae_scale = 8
+    latent_channels = 16
+
+    def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
+        super().__init__(device, torch_dtype)
+        self.scheduler = scheduler or self.default_scheduler()
+        self.tokenizer_1 = None
+        self.tokenizer_2 = None
+        self.units = [FluxShapeChecker(), FluxNoiseInitializer(), FluxInputImageEmbedder(), FluxClipEmbedder(),
+                      FluxT5Embedder(), FluxEmbeddedGuidance()]
+
+    @staticmethod
+    def default_scheduler():
+        """FLUX.1-dev's scheduler config (mu from the image size, as FluxPipeline); training at the reference's
+        static shift 3 (mu = ln 3)."""
+        from ...schedulers import FlowMatchScheduler
+
+        return FlowMatchScheduler(training_mu=TRAINING_MU, **SCHEDULER_CONFIG)
+
+    def model_fn(self, latents, timestep, prompt_embeds, pooled_prompt_embeds, guidance=None, **settings):
+        return model_fn_flux(self.dit, latents, timestep, prompt_embeds, pooled_prompt_embeds, guidance, **settings)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return vae_decode(self, latents)
+
+    # -- training -------------------------------------------------------------------------------------
+    def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
+        image = data.get("image")
+        if image is not None and not isinstance(image, Image.Image):
+            raise UserError(f"row {data.get('_row', '?')}: 'image' must be an image file listed in --data_file_keys")
+        prompt = data.get("prompt", "")
+        if prompt is None or (isinstance(prompt, float) and math.isnan(prompt)):
+            prompt = ""
+        return {
+            "prompt": prompt, "negative_prompt": "", "input_image": image,
+            "height": image.size[1] if image is not None else data.get("height"),
+            "width": image.size[0] if image is not None else data.get("width"),
+            "seed": data.get("seed"), "batch_size": 1, "embedded_guidance": TRAINING_GUIDANCE,
+            "num_inference_steps": data.get("num_inference_steps"),
+        }
+
+    def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        per = [self.training_inputs(s) for s in samples]
+        if len(per) == 1:
+            return per[0]
+        values = {}
+        for key in per[0]:
+            vals = [p[key] for p in per]
+            if key in ("height", "width", "embedded_guidance"):
+                values[key] = vals[0]
+            elif all(v is None for v in vals):
+                values[key] = None
+            else:
+                values[key] = vals
+        values["batch_size"] = len(per)
+        return values
+
+    @staticmethod
+    def batch_signature(sample: dict[str, Any]) -> tuple:
+        image = sample.get("image")
+        return (image.size if isinstance(image, Image.Image) else None,)
+
+    # -- inference ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "", cfg_scale: float = 1.0,
+                 embedded_guidance: float = 3.5, height: int | None = 1024, width: int | None = 1024,
+                 num_inference_steps: int = 30, seed: int | None = None, input_image=None,
+                 denoising_strength: float = 1.0, progress: bool = True, output_type: str = "pil"):
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
+        if input_image is not None and (height is None or width is None):
+            width, height = as_image_list(input_image)[0].size
+        values: dict[str, Any] = {
+            "prompt": prompts, "negative_prompt": negatives, "height": height, "width": width, "seed": seed,
+            "batch_size": len(prompts), "input_image": input_image, "embedded_guidance": embedded_guidance,
+        }
+        h, w = (-(-int(s) // DIVISION_FACTOR) for s in (height, width))
+        self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength, image_seq_len=h * w)
+        self.run_units(values, cfg=cfg_scale != 1.0)
+        latents = self.denoise(values, cfg_scale=cfg_scale, progress=progress)
+        if output_type == "latent":
+            return latents
+        images = vae_decode(self, latents)
+        if output_type == "pt":
+            return (images.float() / 2 + 0.5).clamp(0, 1)
+        pil = tensor_to_images(images)
+        return pil[0] if isinstance(prompt, str) else pil

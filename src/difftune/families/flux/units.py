@@ -1,0 +1,148 @@
+"""FLUX.1's units: size check, noise, input image, prompt (CLIP pooled + T5 tokens), embedded guidance.
+
+Values keep a leading batch dimension. The T5 prompt is padded to a fixed 512 tokens (as diffusers'
+FluxPipeline and the reference's `t5_sequence_length`), so prompts of a batch always stack.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...core.units import PipelineUnit
+from ...errors import UserError
+from ...media.image import images_to_tensor
+
+DIVISION_FACTOR = 16  # VAE x8, then 2x2 patches
+VAE_SCALE = 8
+LATENT_CHANNELS = 16
+CLIP_MAX_LENGTH = 77
+T5_MAX_LENGTH = 512
+
+
+def vae_encode(pipe, images: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) in [-1, 1] -> FLUX latents (z - shift) * scale, the posterior mode (deterministic)."""
+    vae = pipe.vae
+    z = vae.encode(images.to(device=pipe.device, dtype=vae.dtype)).latent_dist.mode()
+    return ((z - vae.config.shift_factor) * vae.config.scaling_factor).to(pipe.torch_dtype)
+
+
+def vae_decode(pipe, latents: torch.Tensor) -> torch.Tensor:
+    vae = pipe.vae
+    z = latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
+    return vae.decode(z).sample
+
+
+def _prompts(prompt) -> list[str]:
+    return [prompt] if isinstance(prompt, str) else ["" if p is None else p for p in prompt]
+
+
+def clip_pooled(pipe, prompts: list[str]) -> torch.Tensor:
+    """CLIP's pooled output for prompts padded/truncated to 77 tokens (diffusers' _get_clip_prompt_embeds)."""
+    if pipe.tokenizer_1 is None:
+        raise UserError("no CLIP tokenizer: pass --tokenizer_1_path (or tokenizer_1_config) to encode prompts")
+    ids = pipe.tokenizer_1(prompts, padding="max_length", max_length=CLIP_MAX_LENGTH, truncation=True,
+                           return_tensors="pt").input_ids.to(pipe.device)
+    return pipe.text_encoder(ids, output_hidden_states=False).pooler_output
+
+
+def t5_hidden(pipe, prompts: list[str], max_length: int = T5_MAX_LENGTH) -> torch.Tensor:
+    """T5's last hidden states for prompts padded/truncated to `max_length` (no attention mask, as FLUX)."""
+    if pipe.tokenizer_2 is None:
+        raise UserError("no T5 tokenizer: pass --tokenizer_2_path (or tokenizer_2_config) to encode prompts")
+    ids = pipe.tokenizer_2(prompts, padding="max_length", max_length=max_length, truncation=True,
+                           return_tensors="pt").input_ids.to(pipe.device)
+    return pipe.text_encoder_2(ids, output_hidden_states=False)[0]
+
+
+class FluxShapeChecker(PipelineUnit):
+    """Round height and width up to multiples of 16 (VAE x8 and 2x2 patches)."""
+
+    inputs = ("height", "width")
+    outputs = ("height", "width")
+
+    def process(self, pipe, height, width):
+        if height is None or width is None:
+            raise UserError("height and width are required (or an input image to take them from)")
+        f = DIVISION_FACTOR
+        return {"height": -(-int(height) // f) * f, "width": -(-int(width) // f) * f}
+
+
+class FluxNoiseInitializer(PipelineUnit):
+    """Initial noise (B, 16, H/8, W/8) from `seed`, drawn on the CPU so a seed gives the same noise anywhere."""
+
+    inputs = ("height", "width", "seed", "batch_size")
+    outputs = ("noise",)
+
+    def process(self, pipe, height, width, seed, batch_size):
+        shape = (LATENT_CHANNELS, height // VAE_SCALE, width // VAE_SCALE)
+
+        def draw(n, s):
+            generator = torch.Generator("cpu")
+            generator.manual_seed(int(s)) if s is not None else generator.seed()
+            return torch.randn((n, *shape), generator=generator, dtype=torch.float32)
+
+        if isinstance(seed, (list, tuple)):  # a batch of training samples: each from its own seed
+            noise = torch.cat([draw(1, s) for s in seed])
+        else:  # one seed for the whole batch, as diffusers draws it
+            noise = draw(batch_size or 1, seed)
+        return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
+
+
+class FluxInputImageEmbedder(PipelineUnit):
+    """Encode the input image: clean latents in training; noised to the first timestep for image-to-image."""
+
+    inputs = ("input_image", "noise", "height", "width")
+    outputs = ("latents", "input_latents")
+    models = ("vae",)
+
+    def process(self, pipe, input_image, noise, height, width):
+        if input_image is None:
+            return {"latents": noise}
+        input_latents = vae_encode(pipe, images_to_tensor(input_image, height, width))
+        if pipe.scheduler.training:
+            return {"latents": noise, "input_latents": input_latents}
+        latents = pipe.scheduler.add_noise(input_latents, noise, pipe.scheduler.sigmas[0])
+        return {"latents": latents, "input_latents": input_latents}
+
+
+class FluxClipEmbedder(PipelineUnit):
+    """The pooled CLIP embedding of the prompt (diffusers' encode_prompt, first half). A unit of its own so
+    that training one text encoder moves only its unit to stage 2 (T5-XXL stays in stage 1)."""
+
+    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
+    cfg_outputs = {"pooled_prompt_embeds": ("pooled_prompt_embeds", "negative_pooled_prompt_embeds")}
+    models = ("text_encoder",)
+
+    def process(self, pipe, prompt):
+        if prompt is None:
+            return {}
+        return {"pooled_prompt_embeds": clip_pooled(pipe, _prompts(prompt)).to(pipe.torch_dtype)}
+
+
+class FluxT5Embedder(PipelineUnit):
+    """The T5 token embeddings of the prompt, padded to 512 tokens (diffusers' encode_prompt, second half)."""
+
+    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
+    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds")}
+    models = ("text_encoder_2",)
+
+    def process(self, pipe, prompt):
+        if prompt is None:
+            return {}
+        return {"prompt_embeds": t5_hidden(pipe, _prompts(prompt)).to(pipe.torch_dtype)}
+
+
+class FluxEmbeddedGuidance(PipelineUnit):
+    """FLUX.1-dev's distilled guidance, one value per sample (the transformer ignores it without a guidance
+    embedder, e.g. schnell)."""
+
+    inputs = ("embedded_guidance", "batch_size")
+    outputs = ("guidance",)
+
+    def process(self, pipe, embedded_guidance, batch_size):
+        if isinstance(embedded_guidance, (list, tuple)):
+            values = [float(g) for g in embedded_guidance]
+        else:
+            g = 3.5 if embedded_guidance is None else float(embedded_guidance)
+            values = [g] * int(batch_size or 1)
+        return {"guidance": torch.tensor(values, dtype=torch.float32, device=pipe.device)}

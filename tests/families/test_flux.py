@@ -1,0 +1,406 @@
+"""FLUX.1: sampling parity with diffusers' FluxPipeline, prompt embeddings, the training shift, LoRA interop."""
+
+import math
+
+import pytest
+import torch
+
+from difftune.core.units import run_unit
+from difftune.families.flux import FluxImagePipeline
+from difftune.families.flux.units import FluxClipEmbedder, FluxT5Embedder
+from difftune.models import ModelConfig
+from difftune.testing import tiny_flux_paths, write_tiny_flux
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return write_tiny_flux(tmp_path_factory.mktemp("flux"))
+
+
+def load_pipe(root, dtype=torch.float32):
+    paths = tiny_flux_paths(root)
+    return FluxImagePipeline.from_pretrained(
+        torch_dtype=dtype, device="cpu",
+        model_configs=[ModelConfig(p if len(p) > 1 else p[0]) for p in paths.values()],
+        tokenizer_1_config=ModelConfig(str(root / "tokenizer")),
+        tokenizer_2_config=ModelConfig(str(root / "tokenizer_2")))
+
+
+@pytest.fixture(scope="module")
+def pipe(repo):
+    return load_pipe(repo)
+
+
+@pytest.fixture(scope="module")
+def diffusers_pipe(repo):
+    from diffusers import FluxPipeline
+
+    p = FluxPipeline.from_pretrained(str(repo), dtype=torch.float32)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def _prompt_units(pipe):
+    return [u for u in pipe.units if isinstance(u, (FluxClipEmbedder, FluxT5Embedder))]
+
+
+def test_prompt_embeddings_equal_diffusers_encode_prompt(pipe, diffusers_pipe):
+    prompts = ["a cat", "a much longer prompt about a dog on a red sofa"]
+    theirs, their_pooled, text_ids = diffusers_pipe.encode_prompt(prompts, prompt_2=None, device="cpu")
+    values = {"prompt": prompts}
+    for unit in _prompt_units(pipe):
+        run_unit(pipe, unit, values)
+    assert values["prompt_embeds"].shape == theirs.shape == (2, 512, 32)
+    # equal up to float reordering (transformers' attention kernels may differ between the two loaders)
+    d_t5 = (values["prompt_embeds"] - theirs).abs().max().item()
+    d_clip = (values["pooled_prompt_embeds"] - their_pooled).abs().max().item()
+    print(f"flux prompt embeddings: T5 max difference {d_t5:.2e}, CLIP pooled {d_clip:.2e}")
+    assert d_t5 <= 1e-4 and d_clip <= 1e-4
+    assert torch.equal(text_ids, torch.zeros(512, 3))
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_sampling_parity_with_diffusers(pipe, diffusers_pipe, cfg):
+    """Same seed (CPU generator), steps, embedded guidance and true CFG give the same image as FluxPipeline."""
+    kwargs = dict(height=64, width=48, num_inference_steps=3)
+    ours = pipe(["a red circle on a blue background"], negative_prompt="blurry", cfg_scale=cfg, embedded_guidance=3.5,
+                seed=7, progress=False, output_type="pt", **kwargs)
+    theirs = diffusers_pipe(["a red circle on a blue background"], negative_prompt="blurry", true_cfg_scale=cfg,
+                            guidance_scale=3.5, generator=torch.Generator().manual_seed(7), output_type="pt",
+                            **kwargs).images
+    diff = (ours - theirs).abs().max().item()
+    print(f"flux parity cfg={cfg}: max pixel difference {diff:.3e}")
+    assert ours.shape == theirs.shape == (1, 3, 64, 48)
+    assert diff <= 2e-3
+    assert ours.std() > 0.01  # not a blank image
+
+
+def test_embedded_guidance_changes_the_image(pipe):
+    a = pipe("x", height=32, width=32, num_inference_steps=2, seed=0, embedded_guidance=1.0, progress=False,
+             output_type="pt")
+    b = pipe("x", height=32, width=32, num_inference_steps=2, seed=0, embedded_guidance=5.0, progress=False,
+             output_type="pt")
+    assert (a - b).abs().max() > 0
+
+
+def test_image_to_image_starts_from_the_input(pipe):
+    from PIL import Image
+
+    img = Image.new("RGB", (32, 32), (250, 250, 250))
+    out = pipe("x", input_image=img, denoising_strength=0.3, height=32, width=32, num_inference_steps=4, seed=0,
+               progress=False, output_type="pt")
+    full = pipe("x", height=32, width=32, num_inference_steps=4, seed=0, progress=False, output_type="pt")
+    assert out.shape == (1, 3, 32, 32) and (out - full).abs().max() > 1e-3
+
+
+def test_training_inputs_use_the_reference_settings(pipe):
+    from PIL import Image
+
+    values = pipe.training_inputs({"image": Image.new("RGB", (48, 32)), "prompt": "p"})
+    assert values["embedded_guidance"] == 1.0 and values["negative_prompt"] == ""
+
+
+def test_training_table_is_static_shift_3():
+    """The reference trains FLUX.1 at a static shift of 3; mu = ln 3 gives that table exactly."""
+    sched = FluxImagePipeline.default_scheduler()
+    sched.set_training()
+    sigmas, _, _ = sched.training_table(sched.training_mu())
+    raw = torch.linspace(1, 0, 1001, dtype=torch.float64)[:-1]
+    want = 3 * raw / (1 + 2 * raw)
+    assert sched.training_mu() == pytest.approx(math.log(3))
+    assert torch.allclose(sigmas.double(), want, atol=1e-6)
+
+
+def test_inference_sigmas_equal_diffusers(diffusers_pipe):
+    import numpy as np
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    sched = FluxImagePipeline.default_scheduler()
+    seq = (64 // 16) * (48 // 16)
+    ours = sched.set_timesteps(5, image_seq_len=seq)
+    s = diffusers_pipe.scheduler
+    mu = calculate_shift(seq, s.config.base_image_seq_len, s.config.max_image_seq_len, s.config.base_shift,
+                         s.config.max_shift)
+    s.set_timesteps(sigmas=np.linspace(1.0, 1 / 5, 5), mu=mu)
+    assert torch.equal(ours, s.timesteps)
+
+
+def test_trained_lora_loads_in_diffusers_flux_pipeline(repo, tmp_path):
+    """A LoRA trained by difftune (default FLUX targets) loads with FluxPipeline.load_lora_weights, changes the
+    image, and gives the image difftune gives with the LoRA fused."""
+    import json
+
+    from conftest import run_train
+    from diffusers import FluxPipeline
+    from difftune.families.flux.components import LORA_TARGET_MODULES
+    from difftune.testing import write_example_dataset
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+              "--learning_rate", 5e-2, "--dataset_repeat", 2, "--num_epochs", 1, "--seed", 5, "--no_progress",
+              "--enable_tensorboard_log", "false", "--max_pixels", 4096, "--lora_base_model", "dit",
+              "--lora_target_modules", LORA_TARGET_MODULES, "--lora_rank", 4, "--align_to_opensource_format")
+    lora = tmp_path / "out" / "epoch-0.safetensors"
+    kwargs = dict(height=32, width=32, num_inference_steps=2, guidance_scale=3.5, output_type="pt")
+    theirs = FluxPipeline.from_pretrained(str(repo), dtype=torch.float32)
+    theirs.set_progress_bar_config(disable=True)
+    base = theirs("a red circle", generator=torch.Generator().manual_seed(0), **kwargs).images
+    theirs.load_lora_weights(str(lora))
+    with_lora = theirs("a red circle", generator=torch.Generator().manual_seed(0), **kwargs).images
+    assert (with_lora - base).abs().max().item() > 1e-3
+    ours = load_pipe(repo)
+    ours.load_lora(ours.dit, str(lora))
+    mine = ours("a red circle", height=32, width=32, num_inference_steps=2, embedded_guidance=3.5, seed=0,
+                progress=False, output_type="pt")
+    diff = (mine - with_lora).abs().max().item()
+    print(f"flux LoRA in diffusers vs difftune fused: max pixel difference {diff:.3e}")
+    assert diff <= 2e-3
+
+
+def test_official_configs_have_the_official_shapes():
+    """The FLUX.1-dev configs recognition matches bare weights against build the real architectures."""
+    from difftune.families.flux.components import DIT, TEXT_ENCODER, TEXT_ENCODER_2, VAE
+
+    dit = DIT.signature(DIT.known_configs["black-forest-labs/FLUX.1-dev transformer"])
+    assert dit["x_embedder.weight"] == (3072, 64) and dit["context_embedder.weight"] == (3072, 4096)
+    assert "time_text_embed.guidance_embedder.linear_1.weight" in dit
+    assert sum(k.endswith("norm.linear.weight") and k.startswith("single_transformer_blocks.") for k in dit) == 38
+    vae = VAE.signature(VAE.known_configs["black-forest-labs/FLUX.1-dev VAE"])
+    assert vae["encoder.conv_out.weight"] == (32, 512, 3, 3) and "quant_conv.weight" not in vae
+    clip = TEXT_ENCODER.signature(TEXT_ENCODER.known_configs["CLIP ViT-L/14 text model"])
+    assert clip["embeddings.token_embedding.weight"] == (49408, 768)
+    t5_config = TEXT_ENCODER_2.known_configs["T5 v1.1 XXL encoder"]
+    t5 = TEXT_ENCODER_2.signature(t5_config)
+    assert t5["shared.weight"] == (32128, 4096)
+    assert len([k for k in t5 if k.endswith("DenseReluDense.wi_0.weight")]) == 24
+    assert TEXT_ENCODER_2.tied(t5_config) == {"encoder.embed_tokens.weight"}
+
+
+def test_bare_weights_are_recognised_by_shape(repo, tmp_path):
+    """Without a config.json beside them, weights are matched against the known configs by shape; T5's
+    tied embedding may be stored once (shared.weight only)."""
+    import dataclasses
+    import json
+    import shutil
+
+    from difftune.models.detect import detect_component
+
+    from difftune.families.flux.components import TEXT_ENCODER_2, VAE
+
+    for spec, folder in ((TEXT_ENCODER_2, "text_encoder_2"), (VAE, "vae")):
+        config = json.loads((repo / folder / "config.json").read_text())
+        tiny = dataclasses.replace(spec, known_configs={"tiny": config})
+        bare = tmp_path / folder
+        bare.mkdir()
+        files = [shutil.copy(p, bare) for p in tiny_flux_paths(repo)[folder]]
+        found = detect_component(ModelConfig(files if len(files) > 1 else files[0]), [tiny])
+        assert found.spec.name == spec.name and found.config == config
+
+
+def test_clip_in_the_official_key_layout_loads(repo, tmp_path):
+    """The official text_encoder/model.safetensors names CLIP's tensors text_model.*; they load."""
+    from safetensors.torch import load_file, save_file
+
+    from difftune.families.flux.components import TEXT_ENCODER
+    from difftune.models.load import load_component
+
+    (tmp_path / "text_encoder").mkdir()
+    sd = load_file(tiny_flux_paths(repo)["text_encoder"][0])
+    save_file({"text_model." + k: v for k, v in sd.items()}, str(tmp_path / "text_encoder" / "model.safetensors"))
+    (tmp_path / "text_encoder" / "config.json").write_text((repo / "text_encoder" / "config.json").read_text())
+    module = load_component(ModelConfig(str(tmp_path / "text_encoder" / "model.safetensors")), [TEXT_ENCODER],
+                            torch_dtype=torch.float32).module
+    key = "embeddings.token_embedding.weight"
+    assert torch.equal(module.state_dict()[key], sd[key])
+
+
+def test_sample_command_on_a_flux_repository(repo, tmp_path):
+    """`difftune sample --model_dir` recognises FLUX, finds both tokenizers beside the weights and takes
+    --embedded_guidance; the image equals the pipeline's."""
+    import numpy as np
+    from PIL import Image
+
+    from difftune.cli.sample import main
+
+    out = tmp_path / "a.png"
+    argv = ["--model_dir", repo, "--prompt", "a red circle", "--height", 32, "--width", 32, "--num_inference_steps",
+            2, "--seed", 3, "--torch_dtype", "float32", "--device", "cpu", "--embedded_guidance", 2.0, "--output", out]
+    assert main([str(a) for a in argv]) == 0
+    got = np.asarray(Image.open(out))
+    want = np.asarray(load_pipe(repo)("a red circle", height=32, width=32, num_inference_steps=2, seed=3,
+                                      embedded_guidance=2.0, progress=False))
+    assert got.shape == (32, 32, 3) and np.abs(got.astype(int) - want.astype(int)).max() <= 1
+
+
+def test_validation_images_during_flux_training(repo, tmp_path):
+    import json
+
+    from PIL import Image
+
+    from conftest import run_train
+    from difftune.families.flux.components import LORA_TARGET_MODULES
+    from difftune.testing import write_example_dataset
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+              "--learning_rate", 1e-3, "--num_epochs", 1, "--seed", 5, "--no_progress", "--enable_tensorboard_log",
+              "false", "--max_pixels", 4096, "--lora_base_model", "dit", "--lora_target_modules", LORA_TARGET_MODULES,
+              "--validation_prompts", "a red circle|a blue square", "--validation_steps", 1, "--validation_size", 32,
+              "--validation_inference_steps", 2)
+    images = sorted((tmp_path / "out").rglob("step-*.png"))
+    assert images
+    grid = Image.open(images[-1])
+    assert grid.size[1] == 32 and len(set(grid.getdata())) > 1
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(pipe):
+    from difftune.families.flux.model_fn import model_fn_flux
+
+    torch.manual_seed(0)
+    latents, emb, pooled = torch.randn(1, 16, 4, 4), torch.randn(1, 7, 32), torch.randn(1, 32)
+    grads = []
+    for ckpt, offload in ((False, False), (True, False), (True, True)):
+        pipe.dit.zero_grad()
+        pipe.dit.requires_grad_(True)
+        out = model_fn_flux(pipe.dit, latents, torch.tensor([400.0]), emb, pooled, torch.tensor([1.0]),
+                            use_gradient_checkpointing=ckpt, use_gradient_checkpointing_offload=offload)
+        out.square().mean().backward()
+        grads.append(pipe.dit.x_embedder.weight.grad.clone())
+    pipe.dit.requires_grad_(False)
+    pipe.dit.zero_grad()
+    model_fn_flux(pipe.dit, latents, torch.tensor([1.0]), emb, pooled)  # back to no checkpointing
+    assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
+
+
+def test_bf16_inference_is_finite(repo):
+    from PIL import Image
+
+    img = load_pipe(repo, dtype=torch.bfloat16)("a cat", height=32, width=32, num_inference_steps=2, seed=0,
+                                                 cfg_scale=2.0, progress=False)
+    assert isinstance(img, Image.Image) and img.size == (32, 32)
+
+
+def test_batched_stage1_matches_one_at_a_time(repo, tmp_path):
+    import json
+
+    from conftest import run_train
+    from difftune.families.flux.components import LORA_TARGET_MODULES
+    from difftune.testing import write_example_dataset
+    from difftune.cache import CacheReader
+
+    def read_all(path):
+        reader = CacheReader(str(path))
+        return {reader[i]["_id"]: reader[i] for i in range(len(reader))}
+
+    meta = write_example_dataset(tmp_path / "data", n=4, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    common = ["--task", "sft:data_process", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--max_pixels", 4096, "--model_paths", json.dumps(paths), "--lora_base_model", "dit",
+              "--lora_target_modules", LORA_TARGET_MODULES, "--torch_dtype", "float32", "--no_progress"]
+    run_train(*common, "--output_path", tmp_path / "one", "--data_process_batch_size", 1)
+    run_train(*common, "--output_path", tmp_path / "four", "--data_process_batch_size", 4)
+    a, b = read_all(tmp_path / "one"), read_all(tmp_path / "four")
+    assert a.keys() == b.keys() and a
+    names = set()
+    for key in a:
+        for name, value in a[key].items():
+            if isinstance(value, torch.Tensor):
+                names.add(name)
+                assert value.shape == b[key][name].shape, (key, name)
+                assert (value.float() - b[key][name].float()).abs().max() <= 1e-5, (key, name)
+    assert {"prompt_embeds", "pooled_prompt_embeds", "input_latents", "guidance"} <= names
+
+
+@pytest.mark.parametrize("trained,absent", [("text_encoder", "text_encoder_2"), ("text_encoder_2", "text_encoder")])
+def test_a_text_encoder_lora_leaves_the_other_encoder_in_stage_1(trained, absent):
+    from conftest import train_args
+    from difftune.core.family import get_family
+    from difftune.training.builders import TaskSpec, compute_split
+
+    args = train_args("--dataset_base_path", "data", "--family", "flux", "--lora_base_model", trained,
+                      "--lora_target_modules", "q")
+    split = compute_split(get_family("flux"), args, TaskSpec("sft", "train"))
+    assert trained in split.stage2_models and "dit" in split.stage2_models
+    assert absent not in split.stage2_models and absent in split.stage1_models
+
+
+def test_bf16_sampling_parity_with_diffusers(repo):
+    """In bfloat16 too (the loader keeps T5's `wo` in float32 only for float16, as transformers does)."""
+    from diffusers import FluxPipeline
+
+    ours = load_pipe(repo, dtype=torch.bfloat16)
+    theirs = FluxPipeline.from_pretrained(str(repo), dtype=torch.bfloat16)
+    theirs.set_progress_bar_config(disable=True)
+    assert ours.text_encoder_2.encoder.block[0].layer[1].DenseReluDense.wo.weight.dtype == torch.bfloat16
+    kwargs = dict(height=64, width=48, num_inference_steps=3, output_type="pt")
+    a = ours(["a red circle"], negative_prompt="blurry", cfg_scale=3.0, seed=7, progress=False, **kwargs)
+    b = theirs(["a red circle"], negative_prompt="blurry", true_cfg_scale=3.0,
+               generator=torch.Generator().manual_seed(7), **kwargs).images
+    diff = (a.float() - b.float()).abs().max().item()
+    print(f"flux bf16 parity cfg=3: max pixel difference {diff:.3e}")
+    assert diff <= 1e-2
+
+
+def test_train_from_hub_ids_in_the_diffusers_layout(repo, tmp_path, monkeypatch):
+    """`--model_id_with_origin_paths` naming black-forest-labs/FLUX.1-dev's diffusers folders (resolved under
+    DIFFTUNE_MODEL_BASE_PATH, no download): the family is recognised and both tokenizers come from the same
+    repository's tokenizer/ and tokenizer_2/; split training gives the one-stage LoRA."""
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from difftune.testing import populate_offline_hub, write_example_dataset
+
+    populate_offline_hub(tmp_path / "models", "black-forest-labs/FLUX.1-dev", repo)
+    monkeypatch.setenv("DIFFTUNE_MODEL_BASE_PATH", str(tmp_path / "models"))
+    monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    ids = ",".join(f"black-forest-labs/FLUX.1-dev:{p}" for p in (
+        "transformer/*.safetensors", "text_encoder/model.safetensors", "text_encoder_2/*.safetensors",
+        "vae/diffusion_pytorch_model.safetensors"))
+    common = ["--model_id_with_origin_paths", ids, "--torch_dtype", "float32", "--learning_rate", 1e-3,
+              "--num_epochs", 1, "--seed", 5, "--no_progress", "--enable_tensorboard_log", "false", "--max_pixels",
+              4096, "--lora_base_model", "dit", "--lora_target_modules", "to_q,to_k,to_v,proj_mlp", "--lora_rank", 4,
+              "--remove_prefix_in_ckpt", "pipe.dit.", "--use_gradient_checkpointing"]
+    data = ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta]
+    run_train("--task", "sft", *data, "--output_path", tmp_path / "one", *common)
+    run_train("--task", "sft:data_process", *data, "--output_path", tmp_path / "cache", *common)
+    run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
+              *common)
+    a = load_file(str(tmp_path / "one" / "epoch-0.safetensors"))
+    b = load_file(str(tmp_path / "two" / "epoch-0.safetensors"))
+    assert a.keys() == b.keys() and any(".single_transformer_blocks.0.proj_mlp." in k for k in a)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
+
+
+REFERENCE_TARGETS = ("a_to_qkv,b_to_qkv,ff_a.0,ff_a.2,ff_b.0,ff_b.2,a_to_out,b_to_out,proj_out,norm.linear,"
+                     "norm1_a.linear,norm1_b.linear,to_qkv_mlp")  # examples/flux/model_training/lora/FLUX.1-dev.sh
+
+
+def test_the_reference_lora_targets_name_the_same_modules(repo, tmp_path):
+    """The reference's --lora_target_modules (its own fused names) train exactly the default diffusers targets."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from difftune.families.flux.components import LORA_TARGET_MODULES
+    from difftune.testing import write_example_dataset
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    out = {}
+    for name, targets in (("reference", REFERENCE_TARGETS), ("diffusers", LORA_TARGET_MODULES)):
+        run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+                  "--output_path", tmp_path / name, "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+                  "--learning_rate", 1e-3, "--num_epochs", 1, "--seed", 5, "--no_progress",
+                  "--enable_tensorboard_log", "false", "--max_pixels", 4096, "--lora_base_model", "dit",
+                  "--lora_target_modules", targets, "--lora_rank", 4)
+        out[name] = load_file(str(tmp_path / name / "epoch-0.safetensors"))
+    a, b = out["reference"], out["diffusers"]
+    assert a.keys() == b.keys()
+    assert any(".transformer_blocks.0.attn.add_k_proj." in k for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
