@@ -211,11 +211,22 @@ class BasePipeline:
         """Stage 1 encodes samples with equal signatures as one batch; None (the default): one at a time."""
         return None
 
+    # Inputs a stage-1 batch shares (samples of one signature agree on them): kept once, not as a list.
+    batch_shared_inputs: tuple[str, ...] = ("height", "width")
+
     def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        """Pipeline inputs for samples of one signature; needed only if `batch_signature` returns one."""
-        if len(samples) != 1:
-            raise NotImplementedError(f"{type(self).__name__} defines batch_signature but not training_inputs_batch")
-        return self.training_inputs(samples[0])
+        """Pipeline inputs for samples of one `batch_signature`, encoded as one batch (stage 1): per-sample
+        values as lists (None where no sample has one), `batch_shared_inputs` once."""
+        per = [self.training_inputs(s) for s in samples]
+        if len(per) == 1:
+            return per[0]
+        values = {}
+        for key in per[0]:
+            vals = [p[key] for p in per]
+            values[key] = vals[0] if key in self.batch_shared_inputs else \
+                None if all(v is None for v in vals) else vals
+        values["batch_size"] = len(per)
+        return values
 
     def from_cache_values(self, sample: dict[str, Any]) -> dict[str, Any]:
         """Values read back from a stage-1 cache: images come back as PIL, bookkeeping keys are dropped."""

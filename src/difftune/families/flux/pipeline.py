@@ -27,6 +27,7 @@ TRAINING_GUIDANCE = 1.0  # the reference's embedded_guidance in training
 class FluxImagePipeline(BasePipeline):
     family = "flux"
     model_names = ("dit", "text_encoder", "text_encoder_2", "vae")
+    batch_shared_inputs = ("height", "width", "embedded_guidance")  # kept once in a stage-1 batch
     settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload"})
     model_fn_inputs = ("prompt_embeds", "pooled_prompt_embeds", "guidance")
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
@@ -75,22 +76,6 @@ class FluxImagePipeline(BasePipeline):
             "seed": data.get("seed"), "batch_size": 1, "embedded_guidance": TRAINING_GUIDANCE,
             "num_inference_steps": data.get("num_inference_steps"),
         }
-
-    def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        per = [self.training_inputs(s) for s in samples]
-        if len(per) == 1:
-            return per[0]
-        values = {}
-        for key in per[0]:
-            vals = [p[key] for p in per]
-            if key in ("height", "width", "embedded_guidance"):
-                values[key] = vals[0]
-            elif all(v is None for v in vals):
-                values[key] = None
-            else:
-                values[key] = vals
-        values["batch_size"] = len(per)
-        return values
 
     @staticmethod
     def batch_signature(sample: dict[str, Any]) -> tuple:

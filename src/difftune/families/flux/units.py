@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ...core.latents import seeded_noise
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
@@ -74,17 +75,7 @@ class FluxNoiseInitializer(PipelineUnit):
     outputs = ("noise",)
 
     def process(self, pipe, height, width, seed, batch_size):
-        shape = (LATENT_CHANNELS, height // VAE_SCALE, width // VAE_SCALE)
-
-        def draw(n, s):
-            generator = torch.Generator("cpu")
-            generator.manual_seed(int(s)) if s is not None else generator.seed()
-            return torch.randn((n, *shape), generator=generator, dtype=torch.float32)
-
-        if isinstance(seed, (list, tuple)):  # a batch of training samples: each from its own seed
-            noise = torch.cat([draw(1, s) for s in seed])
-        else:  # one seed for the whole batch, as diffusers draws it
-            noise = draw(batch_size or 1, seed)
+        noise = seeded_noise((LATENT_CHANNELS, height // VAE_SCALE, width // VAE_SCALE), seed, batch_size)
         return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
 

@@ -7,21 +7,7 @@ from typing import Any
 import torch
 
 from ...core.checkpointing import set_gradient_checkpointing
-
-
-def pack_latents(latents: torch.Tensor) -> torch.Tensor:
-    """(B, C, H, W) latents -> (B, H/2*W/2, C*4) tokens of 2x2 patches."""
-    b, c, h, w = latents.shape
-    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // 2) * (w // 2), c * 4)
-
-
-def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """The inverse of `pack_latents` for latent size (height, width)."""
-    b, _, d = tokens.shape
-    c = d // 4
-    x = tokens.view(b, height // 2, width // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, c, height, width)
+from ...core.latents import pack_latents, unpack_latents
 
 
 def set_zero_cond_t(dit, enabled: bool) -> None:

@@ -18,7 +18,8 @@ from ...core.batch import SAME
 from ...core.pipeline import BasePipeline
 from ...errors import UserError
 from ...media.image import as_image_list, tensor_to_images
-from .model_fn import model_fn_qwen_image, pack_latents, unpack_latents
+from ...core.latents import pack_latents, unpack_latents
+from .model_fn import model_fn_qwen_image
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .units import (DIVISION_FACTOR, QwenImageEditImageEmbedder, QwenImageInputImageEmbedder,
                     QwenImageNoiseInitializer, QwenImagePromptEmbedder, QwenImageShapeChecker, template_drop_count,
@@ -28,6 +29,7 @@ from .units import (DIVISION_FACTOR, QwenImageEditImageEmbedder, QwenImageInputI
 class QwenImagePipeline(BasePipeline):
     family = "qwen_image"
     model_names = ("dit", "text_encoder", "vae")
+    batch_shared_inputs = ("height", "width", "rand_device")  # kept once in a stage-1 batch
     settings = frozenset({"rand_device", "batch_size", "edit_image_auto_resize", "use_gradient_checkpointing",
                           "use_gradient_checkpointing_offload", "zero_cond_t"})
     model_fn_settings = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload", "zero_cond_t")
@@ -113,23 +115,6 @@ class QwenImagePipeline(BasePipeline):
         }
         if values["prompt"] is None or (isinstance(values["prompt"], float) and math.isnan(values["prompt"])):
             values["prompt"] = ""
-        return values
-
-    def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        """Pipeline inputs for several samples of the same size, encoded as one batch (stage 1)."""
-        per = [self.training_inputs(s) for s in samples]
-        if len(per) == 1:
-            return per[0]
-        values = {}
-        for key in per[0]:
-            vals = [p[key] for p in per]
-            if key in ("height", "width", "rand_device"):
-                values[key] = vals[0]
-            elif all(v is None for v in vals):
-                values[key] = None
-            else:
-                values[key] = vals
-        values["batch_size"] = len(per)
         return values
 
     @staticmethod

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from ...core.batch import Pad
+from ...core.latents import seeded_noise
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
@@ -98,17 +99,7 @@ class QwenImageNoiseInitializer(PipelineUnit):
         rand_device = rand_device or "cpu"
         if isinstance(rand_device, (list, tuple)):
             rand_device = rand_device[0]
-        shape = (16, height // VAE_SCALE, width // VAE_SCALE)
-
-        def draw(n, s):
-            generator = torch.Generator(rand_device)
-            generator.manual_seed(int(s)) if s is not None else generator.seed()
-            return torch.randn((n, *shape), generator=generator, device=rand_device, dtype=torch.float32)
-
-        if isinstance(seed, (list, tuple)):  # a batch of training samples: each sample's noise from its own seed
-            noise = torch.cat([draw(1, s) for s in seed])
-        else:  # one seed for the whole batch, as diffusers draws it
-            noise = draw(batch_size or 1, seed)
+        noise = seeded_noise((16, height // VAE_SCALE, width // VAE_SCALE), seed, batch_size, rand_device)
         return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
 
