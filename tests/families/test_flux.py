@@ -404,3 +404,80 @@ def test_the_reference_lora_targets_name_the_same_modules(repo, tmp_path):
     assert a.keys() == b.keys()
     assert any(".transformer_blocks.0.attn.add_k_proj." in k for k in a)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _tiny_known_configs(repo, monkeypatch):
+    """The tiny configs as known ones (BFL's single files have no config.json beside them)."""
+    import json
+
+    from difftune.families.flux.components import DIT, VAE
+
+    for spec, folder in ((DIT, "transformer"), (VAE, "vae")):
+        monkeypatch.setitem(spec.known_configs, "tiny", json.loads((repo / folder / "config.json").read_text()))
+
+
+@pytest.mark.parametrize("prefix", ["", "model.diffusion_model."])
+def test_bfl_single_files_load_the_same_tensors(repo, tmp_path, monkeypatch, prefix):
+    """flux1-dev.safetensors (fused qkv, ComfyUI's prefix or none) and ae.safetensors (LDM layout) are
+    recognised from their headers and load to exactly the diffusers-layout weights."""
+    import shutil
+
+    from difftune.families.flux import FAMILY
+    from difftune.models.load import load_component
+    from difftune.testing import write_tiny_flux_bfl
+
+    _tiny_known_configs(repo, monkeypatch)
+    root = tmp_path / "repo"
+    shutil.copytree(repo, root)
+    bfl = write_tiny_flux_bfl(root, prefix=prefix)
+    paths = tiny_flux_paths(repo)
+    for slot in ("transformer", "vae"):
+        got = load_component(bfl[slot], FAMILY.components, torch_dtype="float32")
+        want = load_component(paths[slot] if len(paths[slot]) > 1 else paths[slot][0], FAMILY.components,
+                              torch_dtype="float32")
+        assert got.source == "weights match tiny" and got.name == want.name
+        a, b = got.module.state_dict(), want.module.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bfl_transformer_names_equal_diffusers_converter_at_full_size():
+    """At FLUX.1-dev's real widths (on meta tensors), the transformer conversion gives the names and shapes
+    diffusers' own single-file converter gives, and those of the official config."""
+    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
+
+    from difftune.families.flux.bfl import bfl_transformer_from_diffusers, convert_bfl_transformer
+    from difftune.families.flux.components import DIT, DIT_BFL
+
+    config = DIT.known_configs["black-forest-labs/FLUX.1-dev transformer"]
+    sig = DIT.signature(config)
+    bfl = bfl_transformer_from_diffusers({k: torch.empty(s, device="meta") for k, s in sig.items()})
+    ours = {k: tuple(v.shape) for k, v in convert_bfl_transformer(dict(bfl)).items()}
+    theirs = {k: tuple(v.shape) for k, v in convert_flux_transformer_checkpoint_to_diffusers(dict(bfl)).items()}
+    assert ours == theirs == sig
+    assert DIT_BFL.fits(config, DIT_BFL.model_shapes({k: tuple(v.shape) for k, v in bfl.items()}))
+
+
+def test_train_from_the_reference_bfl_hub_files(repo, tmp_path, monkeypatch):
+    """The reference's FLUX.1-dev command form (flux1-dev.safetensors and ae.safetensors at the repository's
+    root) trains from an offline hub; the tokenizers come from tokenizer/ and tokenizer_2/."""
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from difftune.testing import populate_offline_hub, write_example_dataset, write_tiny_flux_bfl
+
+    _tiny_known_configs(repo, monkeypatch)
+    hub = populate_offline_hub(tmp_path / "models", "black-forest-labs/FLUX.1-dev", repo)
+    write_tiny_flux_bfl(hub)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    ids = ("black-forest-labs/FLUX.1-dev:flux1-dev.safetensors,black-forest-labs/FLUX.1-dev:text_encoder/"
+           "model.safetensors,black-forest-labs/FLUX.1-dev:text_encoder_2/*.safetensors,"
+           "black-forest-labs/FLUX.1-dev:ae.safetensors")
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--model_id_with_origin_paths", ids, "--torch_dtype", "float32",
+              "--learning_rate", 1e-3, "--max_steps", 2, "--no_progress", "--enable_tensorboard_log", "false",
+              "--max_pixels", 4096, "--lora_base_model", "dit", "--lora_target_modules", REFERENCE_TARGETS,
+              "--lora_rank", 4, "--remove_prefix_in_ckpt", "pipe.dit.")
+    out = sorted((tmp_path / "out").glob("*.safetensors"))
+    assert out and any(".single_transformer_blocks.0.attn.to_q." in k for k in load_file(str(out[-1])))

@@ -2,13 +2,14 @@
 
 from ...core.family import FamilySpec, TokenizerSpec
 from ...models.load import load_tokenizer
-from .components import DIT, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_2, VAE
+from .components import (DIT, DIT_BFL, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_2,
+                         VAE, VAE_BFL)
 from .pipeline import FluxImagePipeline
 
 FAMILY = FamilySpec(
     name="flux",
     pipeline=FluxImagePipeline,
-    components=(DIT, TEXT_ENCODER, TEXT_ENCODER_2, VAE),
+    components=(DIT, TEXT_ENCODER, TEXT_ENCODER_2, VAE, DIT_BFL, VAE_BFL),
     tokenizers=(
         TokenizerSpec(attr="tokenizer_1", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
                       flag="tokenizer_1_path"),
