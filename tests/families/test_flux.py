@@ -481,3 +481,101 @@ def test_train_from_the_reference_bfl_hub_files(repo, tmp_path, monkeypatch):
               "--lora_rank", 4, "--remove_prefix_in_ckpt", "pipe.dit.")
     out = sorted((tmp_path / "out").glob("*.safetensors"))
     assert out and any(".single_transformer_blocks.0.attn.to_q." in k for k in load_file(str(out[-1])))
+
+
+def _kohya_bfl_lora(path, repo, diffusers_subset=False, rank=4):
+    """A kohya LoRA in BFL's names on the tiny transformer (fused qkv, linear1, the final modulation)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    c = json.loads((repo / "transformer" / "config.json").read_text())
+    w = c["num_attention_heads"] * c["attention_head_dim"]
+    shapes = {"double_blocks_0_img_attn_qkv": (w, 3 * w), "double_blocks_0_txt_attn_qkv": (w, 3 * w),
+              "double_blocks_0_img_attn_proj": (w, w), "double_blocks_0_txt_mlp_2": (4 * w, w),
+              "double_blocks_0_img_mod_lin": (w, 6 * w), "single_blocks_0_linear2": (5 * w, w),
+              "single_blocks_0_modulation_lin": (w, 3 * w), "final_layer_adaLN_modulation_1": (w, 2 * w),
+              "final_layer_linear": (w, 64), "img_in": (64, w)}
+    if diffusers_subset:  # what diffusers' converter applies at these widths: the blocks but linear1
+        shapes = {k: v for k, v in shapes.items() if "blocks_" in k}
+    else:
+        shapes["single_blocks_0_linear1"] = (w, 7 * w)
+    g = torch.Generator().manual_seed(3)
+    sd = {}
+    for i, (name, (fan_in, fan_out)) in enumerate(shapes.items()):
+        sd[f"lora_unet_{name}.lora_down.weight"] = torch.randn(rank, fan_in, generator=g) * 0.1
+        sd[f"lora_unet_{name}.lora_up.weight"] = torch.randn(fan_out, rank, generator=g) * 0.1
+        sd[f"lora_unet_{name}.alpha"] = torch.tensor(float(rank if i % 2 else 2 * rank))
+    save_file(sd, str(path))
+    return sd
+
+
+def _difftune_fused(repo, path):
+    from difftune.families.flux import FAMILY
+    from difftune.lora import fuse_lora, load_lora_file
+    from difftune.models.load import load_component
+
+    dit = load_component(tiny_flux_paths(repo)["transformer"], FAMILY.components, torch_dtype="float32").module
+    fuse_lora(dit, load_lora_file(path, converters=FAMILY.lora_converters), component="transformer")
+    return dit.state_dict()
+
+
+def test_kohya_bfl_lora_fuses_as_diffusers_does(repo, tmp_path):
+    """A kohya LoRA in BFL's fused-qkv names gives the fused weights of diffusers' FluxPipeline.load_lora_weights
+    + fuse_lora, on the blocks' modules (diffusers' converter fixes linear1's split at FLUX.1's widths and leaves
+    img_in / final_layer unapplied, so those are checked against the fused-layout arithmetic below)."""
+    from diffusers import FluxPipeline
+
+    path = tmp_path / "kohya.safetensors"
+    _kohya_bfl_lora(path, repo, diffusers_subset=True)
+    ours = _difftune_fused(repo, path)
+    pipe = FluxPipeline.from_pretrained(str(repo), dtype=torch.float32)
+    before = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
+    pipe.load_lora_weights(str(path))
+    pipe.fuse_lora()
+    pipe.unload_lora_weights()
+    theirs = pipe.transformer.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) <= 1e-6
+    assert sum(not torch.equal(before[k], theirs[k]) for k in theirs) == 11  # 7 modules, two of them fused qkv
+
+
+def test_kohya_bfl_lora_equals_the_update_of_the_fused_layers(repo, tmp_path):
+    """Each kohya module's update (alpha/rank) * up @ down, added to the BFL-layout weight (fused qkv, q/k/v+MLP
+    linear1, (shift, scale) modulation) and converted, equals difftune's fused LoRA on the diffusers modules."""
+    from safetensors.torch import load_file
+
+    from difftune.families.flux.bfl import bfl_transformer_from_diffusers, convert_bfl_transformer
+
+    path = tmp_path / "kohya.safetensors"
+    sd = _kohya_bfl_lora(path, repo)
+    dit = {}
+    for f in tiny_flux_paths(repo)["transformer"]:
+        dit.update(load_file(f))
+    bfl = bfl_transformer_from_diffusers(dit)
+    names = {k.replace(".", "_").removesuffix("_weight"): k for k in bfl if k.endswith(".weight")}
+    for key in sd:
+        if key.endswith(".lora_down.weight"):
+            name = key[len("lora_unet_"):-len(".lora_down.weight")]
+            down, up = sd[key], sd[key.replace("lora_down", "lora_up")]
+            scale = sd[key.replace("lora_down.weight", "alpha")].item() / down.shape[0]
+            bfl[names[name]] = bfl[names[name]] + scale * up @ down
+    want = convert_bfl_transformer(bfl)
+    ours = _difftune_fused(repo, path)
+    assert max((ours[k] - want[k]).abs().max().item() for k in want) <= 1e-6
+
+
+def test_kohya_lora_with_unknown_bfl_names_is_refused(repo, tmp_path):
+    from safetensors.torch import save_file
+
+    from difftune.errors import UserError
+    from difftune.families.flux import FAMILY
+    from difftune.lora import load_lora_file
+
+    path = tmp_path / "bad.safetensors"
+    save_file({"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight": torch.zeros(2, 32),
+               "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight": torch.zeros(96, 2),
+               "lora_unet_double_blocks_0_nothing.lora_down.weight": torch.zeros(2, 32),
+               "lora_unet_double_blocks_0_nothing.lora_up.weight": torch.zeros(32, 2)}, str(path))
+    with pytest.raises(UserError, match="no FLUX.1 Linear layer"):
+        load_lora_file(path, converters=FAMILY.lora_converters)

@@ -7,6 +7,8 @@ work on meta tensors, which is how the layouts are recognised from headers alone
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 # BFL name (after the block prefix) -> diffusers name, for tensors that map one to one.
@@ -114,3 +116,57 @@ def convert_bfl_vae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
     # the converter reads only the number of down/up blocks from the config (4 in every FLUX.1 AE)
     return convert_ldm_vae_checkpoint(dict(state), FLUX1_VAE_CONFIG)
+
+
+# -- kohya / BFL-named LoRAs ----------------------------------------------------------------------------------
+
+_KOHYA = re.compile(r"^lora_unet_(?:(?P<blocks>double_blocks|single_blocks)_(?P<index>\d+)_)?(?P<name>[A-Za-z0-9_]+)"
+                    r"\.(?P<kind>lora_down\.weight|lora_up\.weight|alpha)$")
+
+
+def _flat(table):
+    return {k.replace(".", "_"): v for k, v in table.items()}
+
+
+def convert_kohya_flux_lora(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """A kohya LoRA in BFL's module names (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`, fused
+    qkv; `lora_unet_single_blocks_0_linear1` = q, k, v + MLP) in diffusers' layout (`transformer.<module>.
+    lora_A/B.weight` + `.alpha`), at the same strength: a fused up (n*out, r) becomes n adapters sharing the
+    down and alpha. None when the file is not in BFL's names; a UserError for a key it cannot place (never a
+    partial LoRA). diffusers' own converter fixes FLUX.1's widths (3072), so this one reads them off the tensors.
+    """
+    from ...errors import UserError
+
+    if not any(k.startswith(("lora_unet_double_blocks_", "lora_unet_single_blocks_")) for k in state):
+        return None
+    glob, double, single = _flat({**_GLOBAL}), _flat(_DOUBLE), _flat(_SINGLE)
+    out = {}
+    for key, t in state.items():
+        m = _KOHYA.match(key)
+        if m is None:
+            raise UserError(f"{key}: not a key of a kohya FLUX.1 transformer LoRA (text-encoder parts and other "
+                            f"tensors are not supported in this layout)")
+        name, kind = m["name"], m["kind"]
+        suffix = {"lora_down.weight": "lora_A.weight", "lora_up.weight": "lora_B.weight"}.get(kind, "alpha")
+        if m["blocks"] is None:
+            targets, prefix = [glob.get(name)], ""
+        else:
+            prefix = f"{'transformer_blocks' if m['blocks'] == 'double_blocks' else 'single_transformer_blocks'}." \
+                     f"{m['index']}."
+            fused = {_k.replace(".", "_"): v for _k, v in _DOUBLE_FUSED.items()} if m["blocks"] == "double_blocks" \
+                else {"linear1": _SINGLE_FUSED}
+            targets = list(fused[name]) if name in fused else [(double if m["blocks"] == "double_blocks"
+                                                                else single).get(name)]
+        if targets[0] is None or targets[0].endswith(".weight"):  # unknown, or a norm scale (not a Linear)
+            raise UserError(f"{key}: no FLUX.1 Linear layer has this kohya name")
+        if suffix == "lora_B.weight" and len(targets) > 1:
+            # q, k, v (and single blocks' MLP, 4x the width: out = 3w + 4w) stacked along the rows
+            width = t.shape[0] // (3 if len(targets) == 3 else 7)
+            parts = torch.split(t, [width] * 3 + ([4 * width] if len(targets) == 4 else []), dim=0)
+        elif suffix == "lora_B.weight" and name == "final_layer_adaLN_modulation_1":
+            parts = [_swap_halves(t)]  # the rows of (shift, scale) -> (scale, shift), as the weight
+        else:
+            parts = [t] * len(targets)
+        for target, part in zip(targets, parts):
+            out[f"transformer.{prefix}{target}.{suffix}"] = part.contiguous()
+    return out
