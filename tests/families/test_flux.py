@@ -579,3 +579,42 @@ def test_kohya_lora_with_unknown_bfl_names_is_refused(repo, tmp_path):
                "lora_unet_double_blocks_0_nothing.lora_up.weight": torch.zeros(32, 2)}, str(path))
     with pytest.raises(UserError, match="no FLUX.1 Linear layer"):
         load_lora_file(path, converters=FAMILY.lora_converters)
+
+
+def test_kohya_bfl_lora_via_the_commands(repo, tmp_path):
+    """`--lora_checkpoint` starts training from a kohya BFL-named LoRA (at learning rate 0 the saved LoRA fuses
+    to the same weights), and `difftune sample --lora` applies it (the image changes, as the pipeline's)."""
+    import numpy as np
+    from PIL import Image
+
+    from conftest import run_train
+    from difftune.cli.sample import main
+    from difftune.testing import write_example_dataset
+
+    path = tmp_path / "kohya.safetensors"
+    _kohya_bfl_lora(path, repo, diffusers_subset=True)
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--model_paths", __import__("json").dumps(paths),
+              "--torch_dtype", "float32", "--learning_rate", 0, "--max_steps", 1, "--no_progress",
+              "--enable_tensorboard_log", "false", "--max_pixels", 4096, "--lora_base_model", "dit",
+              "--lora_target_modules", REFERENCE_TARGETS, "--lora_rank", 4, "--lora_checkpoint", path,
+              "--remove_prefix_in_ckpt", "pipe.dit.")
+    saved = sorted((tmp_path / "out").glob("*.safetensors"))[-1]
+    a, b = _difftune_fused(repo, path), _difftune_fused(repo, saved)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+
+    def sample(*extra):
+        out = tmp_path / f"{len(extra)}.png"
+        argv = ["--model_dir", repo, "--prompt", "a red circle", "--height", 32, "--width", 32,
+                "--num_inference_steps", 2, "--seed", 3, "--torch_dtype", "float32", "--device", "cpu",
+                "--output", out, *extra]
+        assert main([str(x) for x in argv]) == 0
+        return np.asarray(Image.open(out)).astype(int)
+
+    plain, lora = sample(), sample("--lora", path)
+    pipe = load_pipe(repo)
+    pipe.load_lora(pipe.dit, str(path))
+    want = np.asarray(pipe("a red circle", height=32, width=32, num_inference_steps=2, seed=3, progress=False))
+    assert np.abs(plain - lora).max() > 0 and np.abs(lora - want.astype(int)).max() <= 1
