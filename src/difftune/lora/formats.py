@@ -382,7 +382,10 @@ def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = 
     path = _find_file(Path(path))
     tensors, metadata = _read(path)
     for convert in converters:
-        converted = convert(dict(tensors))
+        try:
+            converted = convert(dict(tensors))
+        except UserError as e:
+            raise UserError(f"{path}: {e}") from None
         if converted is not None:
             tensors = converted
             break

@@ -90,7 +90,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         if preset_lora_path:
             if not preset_lora_model or pipe.models.get(preset_lora_model) is None:
                 raise UserError(f"--preset_lora_model must name a loaded model (got {preset_lora_model!r})")
-            fuse_lora(pipe.models[preset_lora_model], load_lora_file(preset_lora_path, converters=lora_converters(pipe)),
+            preset = load_lora_file(preset_lora_path, converters=lora_converters(pipe))
+            fuse_lora(pipe.models[preset_lora_model], preset,
                       component=lora_prefix(pipe, preset_lora_model))
         if lora_base_model and inject_lora:
             model = pipe.models.get(lora_base_model)
@@ -101,7 +102,8 @@ class DiffusionTrainingModule(torch.nn.Module):
             if not targets:
                 raise UserError("--lora_target_modules is empty: name the modules to put LoRA on, e.g. to_q,to_k,to_v")
             if lora_checkpoint:
-                config = load_lora_into(model, load_lora_file(lora_checkpoint, converters=lora_converters(pipe)), component=lora_prefix(pipe, lora_base_model),
+                checkpoint = load_lora_file(lora_checkpoint, converters=lora_converters(pipe))
+                config = load_lora_into(model, checkpoint, component=lora_prefix(pipe, lora_base_model),
                                         target_modules=targets, rank=lora_rank, alpha=lora_alpha)
             else:
                 config = inject(model, targets, lora_rank, lora_alpha)
