@@ -353,6 +353,54 @@ def tiny_flux_paths(root: str | os.PathLike) -> dict[str, list[str]]:
             "vae": files("vae", "diffusion_pytorch_model*.safetensors")}
 
 
+def _ldm_vae_from_diffusers(state: dict, num_up_blocks: int) -> dict:
+    """diffusers AutoencoderKL names -> the LDM layout of BFL's ae.safetensors (test data: the inverse of
+    diffusers' convert_ldm_vae_checkpoint; LDM numbers the decoder's up blocks from the bottom)."""
+    import re
+
+    out = {}
+    for key, t in state.items():
+        k = re.sub(r"down_blocks\.(\d+)\.resnets\.", r"down.\1.block.", key)
+        k = re.sub(r"down_blocks\.(\d+)\.downsamplers\.0\.", r"down.\1.downsample.", k)
+        k = re.sub(r"up_blocks\.(\d+)\.resnets\.",
+                   lambda m: f"up.{num_up_blocks - 1 - int(m[1])}.block.", k)
+        k = re.sub(r"up_blocks\.(\d+)\.upsamplers\.0\.",
+                   lambda m: f"up.{num_up_blocks - 1 - int(m[1])}.upsample.", k)
+        k = k.replace("mid_block.resnets.0.", "mid.block_1.").replace("mid_block.resnets.1.", "mid.block_2.")
+        k = k.replace("conv_shortcut.", "nin_shortcut.").replace("conv_norm_out.", "norm_out.")
+        if "mid_block.attentions.0." in k:
+            k = k.replace("mid_block.attentions.0.", "mid.attn_1.")
+            for new, old in (("group_norm.", "norm."), ("to_q.", "q."), ("to_k.", "k."), ("to_v.", "v."),
+                             ("to_out.0.", "proj_out.")):
+                k = k.replace(new, old)
+            if t.dim() == 2:  # LDM's attention projections are 1x1 convolutions
+                t = t[:, :, None, None]
+        out[k] = t
+    return out
+
+
+def write_tiny_flux_bfl(root: str | os.PathLike, *, prefix: str = "") -> dict[str, str]:
+    """Write the tiny transformer and AE of `write_tiny_flux(root)` (written first if absent) also as BFL's
+    single files at the repository root, as on the hub: `flux1-dev.safetensors` (keys prefixed with `prefix`,
+    e.g. ComfyUI's `model.diffusion_model.`) and `ae.safetensors`. Returns {"transformer": ..., "vae": ...}."""
+    from safetensors.torch import load_file, save_file
+
+    from .families.flux.bfl import bfl_transformer_from_diffusers
+
+    root = Path(root)
+    if not (root / "model_index.json").is_file():
+        write_tiny_flux(root)
+    paths = tiny_flux_paths(root)
+    dit = {}
+    for f in paths["transformer"]:
+        dit.update(load_file(f))
+    bfl = {prefix + k: v.contiguous() for k, v in bfl_transformer_from_diffusers(dit).items()}
+    save_file(bfl, str(root / "flux1-dev.safetensors"))
+    vae = load_file(paths["vae"][0])
+    save_file({k: v.contiguous() for k, v in _ldm_vae_from_diffusers(vae, 4).items()}, str(root / "ae.safetensors"))
+    return {"transformer": str(root / "flux1-dev.safetensors"), "vae": str(root / "ae.safetensors")}
+
+
 # -- tiny families for the family contract suite (tests/families/) -------------------------------------
 
 @dataclass

@@ -404,3 +404,217 @@ def test_the_reference_lora_targets_name_the_same_modules(repo, tmp_path):
     assert a.keys() == b.keys()
     assert any(".transformer_blocks.0.attn.add_k_proj." in k for k in a)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _tiny_known_configs(repo, monkeypatch):
+    """The tiny configs as known ones (BFL's single files have no config.json beside them)."""
+    import json
+
+    from difftune.families.flux.components import DIT, VAE
+
+    for spec, folder in ((DIT, "transformer"), (VAE, "vae")):
+        monkeypatch.setitem(spec.known_configs, "tiny", json.loads((repo / folder / "config.json").read_text()))
+
+
+@pytest.mark.parametrize("prefix", ["", "model.diffusion_model."])
+def test_bfl_single_files_load_the_same_tensors(repo, tmp_path, monkeypatch, prefix):
+    """flux1-dev.safetensors (fused qkv, ComfyUI's prefix or none) and ae.safetensors (LDM layout) are
+    recognised from their headers and load to exactly the diffusers-layout weights."""
+    import shutil
+
+    from difftune.families.flux import FAMILY
+    from difftune.models.load import load_component
+    from difftune.testing import write_tiny_flux_bfl
+
+    _tiny_known_configs(repo, monkeypatch)
+    root = tmp_path / "repo"
+    shutil.copytree(repo, root)
+    bfl = write_tiny_flux_bfl(root, prefix=prefix)
+    paths = tiny_flux_paths(repo)
+    for slot in ("transformer", "vae"):
+        got = load_component(bfl[slot], FAMILY.components, torch_dtype="float32")
+        want = load_component(paths[slot] if len(paths[slot]) > 1 else paths[slot][0], FAMILY.components,
+                              torch_dtype="float32")
+        assert got.source == "weights match tiny" and got.name == want.name
+        a, b = got.module.state_dict(), want.module.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bfl_transformer_names_equal_diffusers_converter_at_full_size():
+    """At FLUX.1-dev's real widths (on meta tensors), the transformer conversion gives the names and shapes
+    diffusers' own single-file converter gives, and those of the official config."""
+    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
+
+    from difftune.families.flux.bfl import bfl_transformer_from_diffusers, convert_bfl_transformer
+    from difftune.families.flux.components import DIT, DIT_BFL
+
+    config = DIT.known_configs["black-forest-labs/FLUX.1-dev transformer"]
+    sig = DIT.signature(config)
+    bfl = bfl_transformer_from_diffusers({k: torch.empty(s, device="meta") for k, s in sig.items()})
+    ours = {k: tuple(v.shape) for k, v in convert_bfl_transformer(dict(bfl)).items()}
+    theirs = {k: tuple(v.shape) for k, v in convert_flux_transformer_checkpoint_to_diffusers(dict(bfl)).items()}
+    assert ours == theirs == sig
+    assert DIT_BFL.fits(config, DIT_BFL.model_shapes({k: tuple(v.shape) for k, v in bfl.items()}))
+
+
+def test_train_from_the_reference_bfl_hub_files(repo, tmp_path, monkeypatch):
+    """The reference's FLUX.1-dev command form (flux1-dev.safetensors and ae.safetensors at the repository's
+    root) trains from an offline hub; the tokenizers come from tokenizer/ and tokenizer_2/."""
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from difftune.testing import populate_offline_hub, write_example_dataset, write_tiny_flux_bfl
+
+    _tiny_known_configs(repo, monkeypatch)
+    hub = populate_offline_hub(tmp_path / "models", "black-forest-labs/FLUX.1-dev", repo)
+    write_tiny_flux_bfl(hub)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    ids = ("black-forest-labs/FLUX.1-dev:flux1-dev.safetensors,black-forest-labs/FLUX.1-dev:text_encoder/"
+           "model.safetensors,black-forest-labs/FLUX.1-dev:text_encoder_2/*.safetensors,"
+           "black-forest-labs/FLUX.1-dev:ae.safetensors")
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--model_id_with_origin_paths", ids, "--torch_dtype", "float32",
+              "--learning_rate", 1e-3, "--max_steps", 2, "--no_progress", "--enable_tensorboard_log", "false",
+              "--max_pixels", 4096, "--lora_base_model", "dit", "--lora_target_modules", REFERENCE_TARGETS,
+              "--lora_rank", 4, "--remove_prefix_in_ckpt", "pipe.dit.")
+    out = sorted((tmp_path / "out").glob("*.safetensors"))
+    assert out and any(".single_transformer_blocks.0.attn.to_q." in k for k in load_file(str(out[-1])))
+
+
+def _kohya_bfl_lora(path, repo, diffusers_subset=False, rank=4):
+    """A kohya LoRA in BFL's names on the tiny transformer (fused qkv, linear1, the final modulation)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    c = json.loads((repo / "transformer" / "config.json").read_text())
+    w = c["num_attention_heads"] * c["attention_head_dim"]
+    shapes = {"double_blocks_0_img_attn_qkv": (w, 3 * w), "double_blocks_0_txt_attn_qkv": (w, 3 * w),
+              "double_blocks_0_img_attn_proj": (w, w), "double_blocks_0_txt_mlp_2": (4 * w, w),
+              "double_blocks_0_img_mod_lin": (w, 6 * w), "single_blocks_0_linear2": (5 * w, w),
+              "single_blocks_0_modulation_lin": (w, 3 * w), "final_layer_adaLN_modulation_1": (w, 2 * w),
+              "final_layer_linear": (w, 64), "img_in": (64, w)}
+    if diffusers_subset:  # what diffusers' converter applies at these widths: the blocks but linear1
+        shapes = {k: v for k, v in shapes.items() if "blocks_" in k}
+    else:
+        shapes["single_blocks_0_linear1"] = (w, 7 * w)
+    g = torch.Generator().manual_seed(3)
+    sd = {}
+    for i, (name, (fan_in, fan_out)) in enumerate(shapes.items()):
+        sd[f"lora_unet_{name}.lora_down.weight"] = torch.randn(rank, fan_in, generator=g) * 0.1
+        sd[f"lora_unet_{name}.lora_up.weight"] = torch.randn(fan_out, rank, generator=g) * 0.1
+        sd[f"lora_unet_{name}.alpha"] = torch.tensor(float(rank if i % 2 else 2 * rank))
+    save_file(sd, str(path))
+    return sd
+
+
+def _difftune_fused(repo, path):
+    from difftune.families.flux import FAMILY
+    from difftune.lora import fuse_lora, load_lora_file
+    from difftune.models.load import load_component
+
+    dit = load_component(tiny_flux_paths(repo)["transformer"], FAMILY.components, torch_dtype="float32").module
+    fuse_lora(dit, load_lora_file(path, converters=FAMILY.lora_converters), component="transformer")
+    return dit.state_dict()
+
+
+def test_kohya_bfl_lora_fuses_as_diffusers_does(repo, tmp_path):
+    """A kohya LoRA in BFL's fused-qkv names gives the fused weights of diffusers' FluxPipeline.load_lora_weights
+    + fuse_lora, on the blocks' modules (diffusers' converter fixes linear1's split at FLUX.1's widths and leaves
+    img_in / final_layer unapplied, so those are checked against the fused-layout arithmetic below)."""
+    from diffusers import FluxPipeline
+
+    path = tmp_path / "kohya.safetensors"
+    _kohya_bfl_lora(path, repo, diffusers_subset=True)
+    ours = _difftune_fused(repo, path)
+    pipe = FluxPipeline.from_pretrained(str(repo), dtype=torch.float32)
+    before = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
+    pipe.load_lora_weights(str(path))
+    pipe.fuse_lora()
+    pipe.unload_lora_weights()
+    theirs = pipe.transformer.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) <= 1e-6
+    assert sum(not torch.equal(before[k], theirs[k]) for k in theirs) == 11  # 7 modules, two of them fused qkv
+
+
+def test_kohya_bfl_lora_equals_the_update_of_the_fused_layers(repo, tmp_path):
+    """Each kohya module's update (alpha/rank) * up @ down, added to the BFL-layout weight (fused qkv, q/k/v+MLP
+    linear1, (shift, scale) modulation) and converted, equals difftune's fused LoRA on the diffusers modules."""
+    from safetensors.torch import load_file
+
+    from difftune.families.flux.bfl import bfl_transformer_from_diffusers, convert_bfl_transformer
+
+    path = tmp_path / "kohya.safetensors"
+    sd = _kohya_bfl_lora(path, repo)
+    dit = {}
+    for f in tiny_flux_paths(repo)["transformer"]:
+        dit.update(load_file(f))
+    bfl = bfl_transformer_from_diffusers(dit)
+    names = {k.replace(".", "_").removesuffix("_weight"): k for k in bfl if k.endswith(".weight")}
+    for key in sd:
+        if key.endswith(".lora_down.weight"):
+            name = key[len("lora_unet_"):-len(".lora_down.weight")]
+            down, up = sd[key], sd[key.replace("lora_down", "lora_up")]
+            scale = sd[key.replace("lora_down.weight", "alpha")].item() / down.shape[0]
+            bfl[names[name]] = bfl[names[name]] + scale * up @ down
+    want = convert_bfl_transformer(bfl)
+    ours = _difftune_fused(repo, path)
+    assert max((ours[k] - want[k]).abs().max().item() for k in want) <= 1e-6
+
+
+def test_kohya_lora_with_unknown_bfl_names_is_refused(repo, tmp_path):
+    from safetensors.torch import save_file
+
+    from difftune.errors import UserError
+    from difftune.families.flux import FAMILY
+    from difftune.lora import load_lora_file
+
+    path = tmp_path / "bad.safetensors"
+    save_file({"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight": torch.zeros(2, 32),
+               "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight": torch.zeros(96, 2),
+               "lora_unet_double_blocks_0_nothing.lora_down.weight": torch.zeros(2, 32),
+               "lora_unet_double_blocks_0_nothing.lora_up.weight": torch.zeros(32, 2)}, str(path))
+    with pytest.raises(UserError, match="no FLUX.1 Linear layer"):
+        load_lora_file(path, converters=FAMILY.lora_converters)
+
+
+def test_kohya_bfl_lora_via_the_commands(repo, tmp_path):
+    """`--lora_checkpoint` starts training from a kohya BFL-named LoRA (at learning rate 0 the saved LoRA fuses
+    to the same weights), and `difftune sample --lora` applies it (the image changes, as the pipeline's)."""
+    import numpy as np
+    from PIL import Image
+
+    from conftest import run_train
+    from difftune.cli.sample import main
+    from difftune.testing import write_example_dataset
+
+    path = tmp_path / "kohya.safetensors"
+    _kohya_bfl_lora(path, repo, diffusers_subset=True)
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--model_paths", __import__("json").dumps(paths),
+              "--torch_dtype", "float32", "--learning_rate", 0, "--max_steps", 1, "--no_progress",
+              "--enable_tensorboard_log", "false", "--max_pixels", 4096, "--lora_base_model", "dit",
+              "--lora_target_modules", REFERENCE_TARGETS, "--lora_rank", 4, "--lora_checkpoint", path,
+              "--remove_prefix_in_ckpt", "pipe.dit.")
+    saved = sorted((tmp_path / "out").glob("*.safetensors"))[-1]
+    a, b = _difftune_fused(repo, path), _difftune_fused(repo, saved)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+
+    def sample(*extra):
+        out = tmp_path / f"{len(extra)}.png"
+        argv = ["--model_dir", repo, "--prompt", "a red circle", "--height", 32, "--width", 32,
+                "--num_inference_steps", 2, "--seed", 3, "--torch_dtype", "float32", "--device", "cpu",
+                "--output", out, *extra]
+        assert main([str(x) for x in argv]) == 0
+        return np.asarray(Image.open(out)).astype(int)
+
+    plain, lora = sample(), sample("--lora", path)
+    pipe = load_pipe(repo)
+    pipe.load_lora(pipe.dit, str(path))
+    want = np.asarray(pipe("a red circle", height=32, width=32, num_inference_steps=2, seed=3, progress=False))
+    assert np.abs(plain - lora).max() > 0 and np.abs(lora - want.astype(int)).max() <= 1

@@ -80,7 +80,8 @@ def main(argv: list[str]) -> int:
     by_prefix = {family.lora_prefix(slot): slot for slot in family.slots}
     for i, path in enumerate(args.lora):
         alpha = args.lora_alpha[i] if i < len(args.lora_alpha) else 1.0
-        for prefix in load_lora_file(path).components:  # every model the file has a LoRA for
+        # every model the file has a LoRA for
+        for prefix in load_lora_file(path, converters=family.lora_converters).components:
             slot = by_prefix.get(prefix) or family.pipeline.loss_models[0]
             if pipe.models.get(slot) is None:
                 raise UserError(f"--lora {path}: it holds a LoRA for {slot}, which is not loaded")

@@ -59,6 +59,9 @@ class FamilySpec:
     # Slot -> {a module name of the reference's own model: the comma-separated names of the modules that hold
     # its weights here}, so the reference's --lora_target_modules work unchanged (e.g. FLUX's fused a_to_qkv).
     lora_target_aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # LoRA file translators for layouts only this family has (FLUX: kohya files in BFL's fused-qkv names):
+    # tensors -> diffusers-layout tensors, or None when the file is not theirs (see `load_lora_file`).
+    lora_converters: tuple[Callable[[dict], dict | None], ...] = ()
     data: str = "image"  # what the data operator loads: image | video
     # Run-time settings this family's units read, from the flags (args -> {name: value}); never cached.
     flag_settings: Callable[[Any], dict] | None = None

@@ -175,8 +175,9 @@ class BasePipeline:
         from .family import get_family
 
         slot = next((n for n, m in self.models.items() if m is module), None)
-        prefix = get_family(self.family).lora_prefix(slot) if slot else None
-        fuse_lora(module, load_lora_file(path), scale=alpha, component=prefix)
+        family = get_family(self.family)
+        prefix = family.lora_prefix(slot) if slot else None
+        fuse_lora(module, load_lora_file(path, converters=family.lora_converters), scale=alpha, component=prefix)
 
     def combine_cfg(self, posi: torch.Tensor, nega: torch.Tensor, cfg_scale: float) -> torch.Tensor:
         return nega + cfg_scale * (posi - nega)

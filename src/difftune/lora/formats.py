@@ -25,7 +25,7 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -363,7 +363,8 @@ def _folded_alphas(src: str, info: Mapping[str, Any], comp: str) -> tuple[float,
 
 
 def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = None,
-                   component: str | None = None, prefixes: Iterable[str] = ()) -> ImportedLora:
+                   component: str | None = None, prefixes: Iterable[str] = (),
+                   converters: Iterable[Callable[[dict], dict | None]] = ()) -> ImportedLora:
     """Read a LoRA in any supported layout into canonical form.
 
     Layouts: difftune's and diffusers' (`transformer.` / `text_encoder.` prefixes, alpha from
@@ -374,10 +375,20 @@ def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = 
     the reference's (`...to_q.lora_A.default.weight`, no alpha: alpha = rank). With `resolve_against`, kohya
     names are resolved against that module's names and the LoRA is checked to fit it (`component`
     picks which part of the file, if it has several). Component prefixes beyond diffusers' are taken from
-    `prefixes` (a family's `lora_prefixes` values) and from the file's own metadata.
+    `prefixes` (a family's `lora_prefixes` values) and from the file's own metadata. `converters` (a family's
+    `lora_converters`) may translate a family-specific layout (e.g. FLUX's fused-qkv kohya LoRAs) into the
+    diffusers layout first: each takes the file's tensors and returns the translation, or None to pass.
     """
     path = _find_file(Path(path))
     tensors, metadata = _read(path)
+    for convert in converters:
+        try:
+            converted = convert(dict(tensors))
+        except UserError as e:
+            raise UserError(f"{path}: {e}") from None
+        if converted is not None:
+            tensors = converted
+            break
     adapter_meta = _json_meta(path, metadata, ADAPTER_METADATA_KEY)
     info = _json_meta(path, metadata, DIFFTUNE_METADATA_KEY)
     prefixes = {*prefixes, *(info.get("components") or {}), *(k.rpartition(".")[0] for k in adapter_meta)}

@@ -105,6 +105,9 @@ class ComponentSpec:
     normalize_key: Callable[[str], str] = _identity  # file key -> model key (idempotent)
     description: str = ""
     extra_slots: tuple[str, ...] = ()  # further slots a second model of this class fills (e.g. dit2)
+    # Whole-checkpoint layout conversion (normalised keys -> model keys) for layouts that cannot be mapped key by
+    # key (fused tensors split). It must work on meta tensors: recognition runs it on the header's shapes.
+    convert_state_dict: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
 
     def model_class(self):
         return getattr(importlib.import_module(self.library), self.class_name)
@@ -143,6 +146,18 @@ class ComponentSpec:
             _SIGNATURES[key] = (shapes, frozenset(shapes) - own)
         return _SIGNATURES[key]
 
+    def model_shapes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]] | None:
+        """{model key: shape} of checkpoint tensors {file key: shape}, from the header alone (None when the
+        converter rejects the layout)."""
+        mapped = {self.normalize_key(k): s for k, s in shapes.items()}
+        if self.convert_state_dict is None:
+            return mapped
+        try:
+            out = self.convert_state_dict({k: torch.empty(s, device="meta") for k, s in mapped.items()})
+        except (KeyError, IndexError, ValueError, RuntimeError):
+            return None
+        return {k: tuple(v.shape) for k, v in out.items()}
+
     def fits(self, config: dict, shapes: dict[str, tuple[int, ...]]) -> bool:
         """Whether checkpoint tensors {name: shape} are exactly this config's (tied repeats optional)."""
         sig = self.signature(config)
@@ -169,6 +184,9 @@ def match_header(header: dict[str, Any], specs: Sequence[ComponentSpec]) -> Head
         mapped = {spec.normalize_key(k): s for k, s in shapes.items()}
         if not all(m in mapped for m in spec.marker_keys):
             continue
+        mapped = spec.model_shapes(shapes) if spec.convert_state_dict else mapped
+        if mapped is None:
+            continue
         for label, config in spec.known_configs.items():
             if spec.fits(config, mapped):
                 return HeaderMatch(spec, label, config)
@@ -182,6 +200,9 @@ def _near_miss(header: dict[str, Any], specs: Sequence[ComponentSpec]) -> str:
     for spec in specs:
         mapped = {spec.normalize_key(k): s for k, s in shapes.items()}
         if not spec.marker_keys or not all(m in mapped for m in spec.marker_keys):
+            continue
+        mapped = spec.model_shapes(shapes) if spec.convert_state_dict else mapped
+        if mapped is None:
             continue
         for label, config in spec.known_configs.items():
             sig = spec.signature(config)

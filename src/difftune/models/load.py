@@ -38,10 +38,16 @@ def _dtype(value) -> torch.dtype:
 
 def _fit_errors(det: DetectedComponent, expected: dict[str, tuple[int, ...]], required: set[str]) -> str | None:
     """Missing / unexpected / mis-shaped tensors, from the headers alone (before any tensor is read)."""
-    norm = det.spec.normalize_key
-    mapped = {norm(k): k for k in det.shapes}
+    if det.spec.convert_state_dict is not None:
+        converted = det.spec.model_shapes(det.shapes)
+        if converted is None:
+            return f"{_files_desc(det.files)}: cannot convert these weights to {det.spec.class_name}'s layout"
+        shapes, norm, key_file = converted, (lambda k: k), {k: _files_desc(det.files) for k in converted}
+    else:
+        shapes, norm, key_file = det.shapes, det.spec.normalize_key, det.key_file
+    mapped = {norm(k): k for k in shapes}
     unexpected = [k for n, k in mapped.items() if n not in expected]
-    wrong = [k for n, k in mapped.items() if n in expected and tuple(det.shapes[k]) != expected[n]]
+    wrong = [k for n, k in mapped.items() if n in expected and tuple(shapes[k]) != expected[n]]
     missing = [n for n in expected if n in required and n not in mapped]
     if not (unexpected or wrong or missing):
         return None
@@ -52,7 +58,7 @@ def _fit_errors(det: DetectedComponent, expected: dict[str, tuple[int, ...]], re
         parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
     if wrong:
         k = wrong[0]
-        parts.append(f"{len(wrong)} of the wrong shape (e.g. {k} in {det.key_file[k]} is {list(det.shapes[k])}, "
+        parts.append(f"{len(wrong)} of the wrong shape (e.g. {k} in {key_file[k]} is {list(shapes[k])}, "
                      f"expected {list(expected[norm(k)])})")
     return f"{_files_desc(det.files)}: the weights do not fit {det.spec.class_name} (from {det.source}): " \
            + "; ".join(parts)
@@ -105,17 +111,30 @@ def load_component(config: ModelConfig | str | list[str], specs: Sequence[Compon
     fp8 = config.wants_fp8(det.name)
     fp8_names = set(fp8_weight_names(module)) if fp8 else set()
     keep_fp32 = _kept_in_fp32(module, det.spec.library, dtype)
-    for f in det.files:
-        batch = {}
+
+    def cast(name, tensor):
+        if tensor.is_floating_point():
+            target = torch.float8_e4m3fn if name in fp8_names else \
+                torch.float32 if any(m in name.split(".") for m in keep_fp32) else dtype
+            tensor = tensor.to(target)
+        return tensor.to(device)
+
+    def read(f):
         with safe_open(f, framework="pt", device="cpu") as sf:
             for key in sf.keys():
-                name = det.spec.normalize_key(key)
-                tensor = sf.get_tensor(key)
-                if tensor.is_floating_point():
-                    target = torch.float8_e4m3fn if name in fp8_names else \
-                        torch.float32 if any(m in name.split(".") for m in keep_fp32) else dtype
-                    tensor = tensor.to(target)
-                batch[name] = tensor.to(device)
+                yield det.spec.normalize_key(key), sf.get_tensor(key)
+
+    if det.spec.convert_state_dict is not None:
+        # fused tensors are split across files' keys: convert the whole checkpoint at once
+        state = {}
+        for f in det.files:
+            state.update(dict(read(f)))
+        batch = {k: cast(k, v) for k, v in det.spec.convert_state_dict(state).items()}
+        del state
+        module.load_state_dict(batch, strict=False, assign=True)
+        del batch
+    for f in det.files if det.spec.convert_state_dict is None else ():
+        batch = {name: cast(name, t) for name, t in read(f)}
         module.load_state_dict(batch, strict=False, assign=True)
         del batch
     if hasattr(module, "tie_weights"):

@@ -45,6 +45,14 @@ def lora_prefix(pipe, slot: str) -> str:
     return family.lora_prefix(slot) if family is not None else component_prefix(slot)
 
 
+def lora_converters(pipe) -> tuple:
+    """The family's translators for LoRA layouts only it has (FamilySpec.lora_converters)."""
+    from ..core.family import families
+
+    family = families().get(getattr(pipe, "family", None))
+    return family.lora_converters if family is not None else ()
+
+
 class DiffusionTrainingModule(torch.nn.Module):
     """Base class: holds a pipeline; subclasses implement `forward(data) -> loss`."""
 
@@ -82,7 +90,8 @@ class DiffusionTrainingModule(torch.nn.Module):
         if preset_lora_path:
             if not preset_lora_model or pipe.models.get(preset_lora_model) is None:
                 raise UserError(f"--preset_lora_model must name a loaded model (got {preset_lora_model!r})")
-            fuse_lora(pipe.models[preset_lora_model], load_lora_file(preset_lora_path),
+            preset = load_lora_file(preset_lora_path, converters=lora_converters(pipe))
+            fuse_lora(pipe.models[preset_lora_model], preset,
                       component=lora_prefix(pipe, preset_lora_model))
         if lora_base_model and inject_lora:
             model = pipe.models.get(lora_base_model)
@@ -93,7 +102,8 @@ class DiffusionTrainingModule(torch.nn.Module):
             if not targets:
                 raise UserError("--lora_target_modules is empty: name the modules to put LoRA on, e.g. to_q,to_k,to_v")
             if lora_checkpoint:
-                config = load_lora_into(model, load_lora_file(lora_checkpoint), component=lora_prefix(pipe, lora_base_model),
+                checkpoint = load_lora_file(lora_checkpoint, converters=lora_converters(pipe))
+                config = load_lora_into(model, checkpoint, component=lora_prefix(pipe, lora_base_model),
                                         target_modules=targets, rank=lora_rank, alpha=lora_alpha)
             else:
                 config = inject(model, targets, lora_rank, lora_alpha)

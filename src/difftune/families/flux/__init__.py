@@ -2,13 +2,15 @@
 
 from ...core.family import FamilySpec, TokenizerSpec
 from ...models.load import load_tokenizer
-from .components import DIT, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_2, VAE
+from .components import (DIT, DIT_BFL, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_2,
+                         VAE, VAE_BFL)
+from .bfl import convert_kohya_flux_lora
 from .pipeline import FluxImagePipeline
 
 FAMILY = FamilySpec(
     name="flux",
     pipeline=FluxImagePipeline,
-    components=(DIT, TEXT_ENCODER, TEXT_ENCODER_2, VAE),
+    components=(DIT, TEXT_ENCODER, TEXT_ENCODER_2, VAE, DIT_BFL, VAE_BFL),
     tokenizers=(
         TokenizerSpec(attr="tokenizer_1", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
                       flag="tokenizer_1_path"),
@@ -18,6 +20,7 @@ FAMILY = FamilySpec(
     lora_prefixes={"dit": "transformer", "text_encoder": "text_encoder", "text_encoder_2": "text_encoder_2"},
     lora_target_modules=LORA_TARGET_MODULES,
     lora_target_aliases={"dit": REFERENCE_LORA_TARGETS},
+    lora_converters=(convert_kohya_flux_lora,),
     data="image",
     sample_defaults={"height": 1024, "width": 1024, "num_inference_steps": 30, "cfg_scale": 1.0,
                      "embedded_guidance": 3.5},

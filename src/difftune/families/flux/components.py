@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from ...models.detect import ComponentSpec
+from .bfl import convert_bfl_transformer, convert_bfl_vae
 
 # The official FLUX.1-dev scheduler/scheduler_config.json (the values that matter here).
 SCHEDULER_CONFIG = {
@@ -165,3 +166,15 @@ TEXT_ENCODER_2 = ComponentSpec(
     known_configs={"T5 v1.1 XXL encoder": T5_XXL_ENCODER_CONFIG},
     marker_keys=("encoder.final_layer_norm.weight", "encoder.block.0.layer.0.SelfAttention.q.weight"),
     description="T5-XXL text encoder (prompt tokens)")
+
+# BFL's original single files: same classes and configs, recognised by their own names, converted whole.
+DIT_BFL = ComponentSpec(
+    name="dit", library="diffusers", class_name="FluxTransformer2DModel", known_configs=DIT.known_configs,
+    marker_keys=("img_in.weight", "double_blocks.0.img_attn.qkv.weight", "final_layer.linear.weight"),
+    normalize_key=transformer_key, convert_state_dict=convert_bfl_transformer,
+    description="FLUX.1 MMDiT (12B), BFL single-file layout")
+
+VAE_BFL = ComponentSpec(
+    name="vae", library="diffusers", class_name="AutoencoderKL", known_configs=VAE.known_configs,
+    marker_keys=("encoder.down.0.block.0.conv1.weight", "decoder.up.0.block.0.conv1.weight", "encoder.norm_out.weight"),
+    convert_state_dict=convert_bfl_vae, description="FLUX.1 autoencoder, BFL ae.safetensors layout")
