@@ -108,14 +108,12 @@ def bfl_transformer_from_diffusers(state: dict[str, torch.Tensor]) -> dict[str, 
     return inverse
 
 
-def convert_bfl_vae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def convert_bfl_vae(state: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
     """BFL's ae.safetensors (the LDM VAE layout) in diffusers' AutoencoderKL names, by diffusers' converter."""
     from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
 
-    from .components import FLUX1_VAE_CONFIG
-
     # the converter reads only the number of down/up blocks from the config (4 in every FLUX.1 AE)
-    return convert_ldm_vae_checkpoint(dict(state), FLUX1_VAE_CONFIG)
+    return convert_ldm_vae_checkpoint(dict(state), config)
 
 
 # -- kohya / BFL-named LoRAs ----------------------------------------------------------------------------------

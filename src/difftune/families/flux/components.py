@@ -9,6 +9,7 @@ from it; bare diffusers-layout files by their tensor shapes against these. BFL s
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from ...models.detect import ComponentSpec
 from .bfl import convert_bfl_transformer, convert_bfl_vae
@@ -177,4 +178,5 @@ DIT_BFL = ComponentSpec(
 VAE_BFL = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKL", known_configs=VAE.known_configs,
     marker_keys=("encoder.down.0.block.0.conv1.weight", "decoder.up.0.block.0.conv1.weight", "encoder.norm_out.weight"),
-    convert_state_dict=convert_bfl_vae, description="FLUX.1 autoencoder, BFL ae.safetensors layout")
+    convert_state_dict=partial(convert_bfl_vae, config=FLUX1_VAE_CONFIG),
+    description="FLUX.1 autoencoder, BFL ae.safetensors layout")
