@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from ...core.latents import seeded_noise
+from ...core.common_units import InputImageEmbedder, ShapeChecker
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...media.image import images_to_tensor
 
 DIVISION_FACTOR = 16  # VAE x8, then 2x2 patches
 VAE_SCALE = 8
@@ -55,17 +55,8 @@ def t5_hidden(pipe, prompts: list[str], max_length: int = T5_MAX_LENGTH) -> torc
     return pipe.text_encoder_2(ids, output_hidden_states=False)[0]
 
 
-class FluxShapeChecker(PipelineUnit):
+class FluxShapeChecker(ShapeChecker):
     """Round height and width up to multiples of 16 (VAE x8 and 2x2 patches)."""
-
-    inputs = ("height", "width")
-    outputs = ("height", "width")
-
-    def process(self, pipe, height, width):
-        if height is None or width is None:
-            raise UserError("height and width are required (or an input image to take them from)")
-        f = DIVISION_FACTOR
-        return {"height": -(-int(height) // f) * f, "width": -(-int(width) // f) * f}
 
 
 class FluxNoiseInitializer(PipelineUnit):
@@ -79,21 +70,8 @@ class FluxNoiseInitializer(PipelineUnit):
         return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
 
-class FluxInputImageEmbedder(PipelineUnit):
-    """Encode the input image: clean latents in training; noised to the first timestep for image-to-image."""
-
-    inputs = ("input_image", "noise", "height", "width")
-    outputs = ("latents", "input_latents")
-    models = ("vae",)
-
-    def process(self, pipe, input_image, noise, height, width):
-        if input_image is None:
-            return {"latents": noise}
-        input_latents = vae_encode(pipe, images_to_tensor(input_image, height, width))
-        if pipe.scheduler.training:
-            return {"latents": noise, "input_latents": input_latents}
-        latents = pipe.scheduler.add_noise(input_latents, noise, pipe.scheduler.sigmas[0])
-        return {"latents": latents, "input_latents": input_latents}
+class FluxInputImageEmbedder(InputImageEmbedder):
+    encode = staticmethod(vae_encode)
 
 
 class FluxClipEmbedder(PipelineUnit):

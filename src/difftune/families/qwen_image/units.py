@@ -12,6 +12,7 @@ from PIL import Image
 
 from ...core.batch import Pad
 from ...core.latents import seeded_noise
+from ...core.common_units import InputImageEmbedder, ShapeChecker
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
@@ -76,17 +77,8 @@ def vae_decode(pipe, latents: torch.Tensor) -> torch.Tensor:
 # -- units --------------------------------------------------------------------------------------------
 
 
-class QwenImageShapeChecker(PipelineUnit):
+class QwenImageShapeChecker(ShapeChecker):
     """Round height and width up to multiples of 16 (VAE x8 and 2x2 patches)."""
-
-    inputs = ("height", "width")
-    outputs = ("height", "width")
-
-    def process(self, pipe, height, width):
-        if height is None or width is None:
-            raise UserError("height and width are required (or an input image to take them from)")
-        f = DIVISION_FACTOR
-        return {"height": -(-int(height) // f) * f, "width": -(-int(width) // f) * f}
 
 
 class QwenImageNoiseInitializer(PipelineUnit):
@@ -103,21 +95,8 @@ class QwenImageNoiseInitializer(PipelineUnit):
         return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
 
-class QwenImageInputImageEmbedder(PipelineUnit):
-    """Encode the input image: clean latents in training; noised to the first timestep for image-to-image."""
-
-    inputs = ("input_image", "noise", "height", "width")
-    outputs = ("latents", "input_latents")
-    models = ("vae",)
-
-    def process(self, pipe, input_image, noise, height, width):
-        if input_image is None:
-            return {"latents": noise}
-        input_latents = vae_encode(pipe, images_to_tensor(input_image, height, width))
-        if pipe.scheduler.training:
-            return {"latents": noise, "input_latents": input_latents}
-        latents = pipe.scheduler.add_noise(input_latents, noise, pipe.scheduler.sigmas[0])
-        return {"latents": latents, "input_latents": input_latents}
+class QwenImageInputImageEmbedder(InputImageEmbedder):
+    encode = staticmethod(vae_encode)
 
 
 class QwenImageEditImageEmbedder(PipelineUnit):
