@@ -26,8 +26,9 @@ def toy_models(tmp_path_factory):
 
 
 def test_shared_code_never_imports_a_family():
-    shared = [p for p in SRC.rglob("*.py") if "families" not in p.parts and p.name not in ("api.py", "demo.py",
-                                                                                             "testing.py")]
+    # api.py and demo.py name the built-in families on purpose; testing/ writes each family's tiny models.
+    shared = [p for p in SRC.rglob("*.py") if "families" not in p.parts and "testing" not in p.parts
+              and p.name not in ("api.py", "demo.py")]
     offenders = []
     for path in shared:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,0 +1,88 @@
+"""What every family's tiny repositories share: quiet hub libraries, an offline hub, example data sets,
+and the registry the family contract suite reads (`register_tiny`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+def _quiet_hf():
+    import diffusers
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+
+
+def populate_offline_hub(model_base_path: str | os.PathLike, model_id: str, source: str | os.PathLike) -> Path:
+    """Copy a repository into `<model_base_path>/<model_id>/`, where hub ids resolve without a download.
+
+    This is where `ModelConfig(model_id=..., origin_file_pattern=...)` looks first
+    (`DIFFTUNE_MODEL_BASE_PATH`, default `./models`).
+    """
+    dest = Path(model_base_path) / model_id
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(source, dest)
+    return dest
+
+
+def write_example_dataset(root: str | os.PathLike, n: int = 4, size: tuple[int, int] = (64, 64)) -> Path:
+    """A tiny image data set in the reference's layout: image_<i>.png and metadata.csv (image,prompt)."""
+    from PIL import Image, ImageDraw
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    colors = [("red", (220, 40, 40)), ("blue", (40, 60, 220)), ("green", (40, 180, 70)), ("yellow", (230, 220, 50))]
+    lines = ["image,prompt"]
+    for i in range(n):
+        name, rgb = colors[i % len(colors)]
+        back_name, back = colors[(i + 1) % len(colors)]
+        img = Image.new("RGB", size, back)
+        w, h = size
+        ImageDraw.Draw(img).ellipse((w // 4, h // 4, 3 * w // 4, 3 * h // 4), fill=rgb)
+        img.save(root / f"image_{i + 1}.png")
+        lines.append(f'image_{i + 1}.png,"a {name} circle on a {back_name} background"')
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n")
+    return root / "metadata.csv"
+
+
+# -- tiny families for the family contract suite (tests/families/) -------------------------------------
+
+@dataclass
+class TinyFamily:
+    """A tiny, randomly initialised set of one family's models plus what training them needs: the family
+    contract suite runs every registered family from this (a new family registers one with `register_tiny`)."""
+
+    model_paths: list  # --model_paths entries (a path, or a list of shard paths), one per model
+    lora_base_model: str  # the denoiser's slot
+    lora_target_modules: str
+    # A small image data set in the reference's layout: folder -> metadata file.
+    write_dataset: object = None
+    flags: tuple = ()  # more flags every run needs (sizes, ...)
+    # Other trainable sets to check split == one-stage on: name -> flags.
+    trainable_cases: dict = field(default_factory=dict)
+
+
+_TINY: dict = {}
+
+
+def register_tiny(family: str, make) -> None:
+    """`make(folder) -> TinyFamily` writes the family's tiny models under `folder`."""
+    _TINY[family] = make
+
+
+def tiny_family(family: str, folder: str | os.PathLike) -> TinyFamily:
+    if family not in _TINY:
+        raise KeyError(f"family {family!r} registers no tiny models for the contract suite "
+                       f"(difftune.testing.register_tiny)")
+    return _TINY[family](Path(folder))
+
+
