@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 _API = (
     "BasePipeline", "ComponentSpec", "DiffusionTrainingModule", "FamilySpec", "FlowMatchScheduler", "ModelConfig",
-    "ModelLogger", "PipelineUnit", "QwenImagePipeline", "Split", "TokenizerSpec", "UnifiedDataset", "UserError",
+    "ModelLogger", "PipelineUnit", "QwenImagePipeline", "Split", "TokenizerSpec", "UnifiedDataset", "UserError", "WanVideoPipeline",
     "detect_component", "direct_distill_loss", "gradient_checkpoint_forward", "images_to_tensor", "launch_training_task",
     "load_component", "register_family", "sample_generator", "sft_loss", "split_units",
 )

@@ -32,6 +32,7 @@ from .core.checkpointing import gradient_checkpoint_forward
 from .data import UnifiedDataset
 from .errors import UserError
 from .families.qwen_image import QwenImagePipeline
+from .families.wan import WanVideoPipeline
 from .media.image import images_to_tensor
 from .core.family import detect_component, load_component
 from .models import ComponentSpec, ModelConfig
@@ -169,7 +170,7 @@ def launch_training_task(accelerator, dataset, model: DiffusionTrainingModule, m
 __all__ = [
     # a training script
     "DiffusionTrainingModule", "FlowMatchScheduler", "ModelConfig", "ModelLogger", "QwenImagePipeline",
-    "UnifiedDataset", "direct_distill_loss", "launch_training_task", "sample_generator", "sft_loss",
+    "UnifiedDataset", "WanVideoPipeline", "direct_distill_loss", "launch_training_task", "sample_generator", "sft_loss",
     # a model family
     "BasePipeline", "ComponentSpec", "FamilySpec", "PipelineUnit", "Split", "TokenizerSpec", "UserError", "detect_component",
     "gradient_checkpoint_forward", "images_to_tensor", "load_component", "register_family", "split_units",
