@@ -69,6 +69,8 @@ class TinyFamily:
     flags: tuple = ()  # more flags every run needs (sizes, ...)
     # Other trainable sets to check split == one-stage on: name -> flags.
     trainable_cases: dict = field(default_factory=dict)
+    # The slots these models fill, where the family has optional ones (Wan's dit2, image_encoder); None: all.
+    slots: tuple = None
 
 
 _TINY: dict = {}
