@@ -74,6 +74,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--timestep_sampling", default="uniform", choices=("uniform", "logit_normal"))
     g.add_argument("--timestep_shift", default="fixed", choices=("fixed", "dynamic"))
     g.add_argument("--loss_weighting", default="bell", choices=("bell", "none"))
+    g.add_argument("--max_timestep_boundary", type=float, default=1.0,
+                   help="Train on the timesteps below this fraction of the training table (the reference's units: "
+                        "0.358 ~ t=900 at shift 5); with --min_timestep_boundary, one Wan2.2 A14B expert per run.")
+    g.add_argument("--min_timestep_boundary", type=float, default=0.0,
+                   help="Train on the timesteps from this fraction of the training table on (see --max_timestep_boundary).")
     g.add_argument("--rebuild_cache", action="store_true", help="*:data_process: rebuild a cache made with other settings.")
     g.add_argument("--data_process_batch_size", type=int, default=8, help="*:data_process: samples of equal size encoded together.")
     g.add_argument("--cache_commit_every", type=int, default=64, help="*:data_process: commit the cache every N samples (what a crash can lose).")
@@ -135,8 +140,6 @@ REFUSED = {
                                                "with offload_optimizer (accelerate launch --config_file)"),
     "cpu_offload_split_threshold": ("value", "model CPU offload is not implemented"),
     "audio_processor_path": ("value", "audio-conditioned video families are not implemented"),
-    "max_timestep_boundary": ("value", "timestep boundaries (Wan2.2 A14B experts) are not implemented yet"),
-    "min_timestep_boundary": ("value", "timestep boundaries (Wan2.2 A14B experts) are not implemented yet"),
     "framewise_decoding": ("switch", "video families are not implemented yet"),
 }
 

@@ -66,6 +66,7 @@ class FlowMatchScheduler:
         self.timestep_sampling, self.shift_mode, self.weighting = "uniform", "fixed", "bell"
         self.logit_mean, self.logit_std = 0.0, 1.0
         self.train_image_seq_len: float | None = None
+        self.boundaries = (0.0, 1.0)
         self._tables: dict[float, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
@@ -169,10 +170,13 @@ class FlowMatchScheduler:
     # -- training -------------------------------------------------------------------------------------
     def set_training(self, image_seq_len: float | None = None, *, timestep_sampling: str | None = None,
                      shift: str | None = None, weighting: str | None = None, sampling: str | None = None,
-                     logit_mean: float = 0.0, logit_std: float = 1.0) -> None:
+                     logit_mean: float = 0.0, logit_std: float = 1.0,
+                     boundaries: tuple[float, float] = (0.0, 1.0)) -> None:
         """Switch to training. Defaults reproduce DiffSynth-Studio (uniform over its 1000-entry table at the
         family's fixed shift, bell weighting). `sampling` is an alias of `timestep_sampling`;
-        `image_seq_len` is the default for `shift="dynamic"` when a draw does not give one."""
+        `image_seq_len` is the default for `shift="dynamic"` when a draw does not give one. `boundaries`
+        (min, max) are the reference's --min/--max_timestep_boundary: the draw is uniform over the table's
+        entries [int(min * n), int(max * n)) (the table runs from sigma 1 down, so 0.358 at shift 5 is t ~ 900)."""
         options = {"--timestep_sampling": (timestep_sampling or sampling or "uniform", TIMESTEP_SAMPLINGS),
                    "--timestep_shift": (shift or "fixed", SHIFTS),
                    "--loss_weighting": (weighting or "bell", WEIGHTINGS)}
@@ -185,6 +189,7 @@ class FlowMatchScheduler:
         self.shift_mode = options["--timestep_shift"][0]
         self.weighting = options["--loss_weighting"][0]
         self.logit_mean, self.logit_std = float(logit_mean), float(logit_std)
+        self.boundaries = _check_boundaries(boundaries, self.num_train_timesteps, self.timestep_sampling)
         self.train_image_seq_len = image_seq_len
         self.training = True
 
@@ -226,9 +231,20 @@ class FlowMatchScheduler:
             # u is the unshifted sigma; the table is indexed by 1 - sigma, so the shift still applies
             idx = ((1 - u) * n).long().clamp(0, n - 1)
         else:
-            idx = torch.randint(0, n, (batch_size,), generator=generator, device=generator.device).cpu()
+            lo, hi = (int(b * n) for b in self.boundaries)
+            idx = torch.randint(lo, hi, (batch_size,), generator=generator, device=generator.device).cpu()
         weight = weights[idx] if self.weighting == "bell" else torch.ones(batch_size)
         return sigmas[idx], timesteps[idx], weight
+
+
+def _check_boundaries(boundaries, n: int, sampling: str) -> tuple[float, float]:
+    lo, hi = (float(b) for b in boundaries)
+    if not 0.0 <= lo < hi <= 1.0 or int(lo * n) >= int(hi * n):
+        raise UserError(f"--min_timestep_boundary {lo} / --max_timestep_boundary {hi}: need 0 <= min < max <= 1 "
+                        f"with at least one of the {n} training timesteps between them")
+    if (lo, hi) != (0.0, 1.0) and sampling != "uniform":
+        raise UserError("--min/--max_timestep_boundary work with --timestep_sampling uniform only")
+    return lo, hi
 
 
 def bell_weights(timesteps: torch.Tensor, num_train_timesteps: int = 1000) -> torch.Tensor:

@@ -222,7 +222,8 @@ def training_mode_kwargs(args) -> dict:
                 lora_target_modules=args.lora_target_modules, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
                 lora_checkpoint=args.lora_checkpoint, preset_lora_path=args.preset_lora_path,
                 preset_lora_model=args.preset_lora_model, timestep_sampling=args.timestep_sampling,
-                timestep_shift=args.timestep_shift, loss_weighting=args.loss_weighting)
+                timestep_shift=args.timestep_shift, loss_weighting=args.loss_weighting,
+                timestep_boundaries=(args.min_timestep_boundary, args.max_timestep_boundary))
 
 
 def loop_config(args, resume_from=None):

@@ -74,14 +74,16 @@ class DiffusionTrainingModule(torch.nn.Module):
                                      lora_checkpoint: str | None = None, preset_lora_path: str | None = None,
                                      preset_lora_model: str | None = None, inject_lora: bool = True,
                                      timestep_sampling: str = "uniform", timestep_shift: str = "fixed",
-                                     loss_weighting: str = "bell") -> None:
+                                     loss_weighting: str = "bell",
+                                     timestep_boundaries: tuple[float, float] = (0.0, 1.0)) -> None:
         """Scheduler in training mode, freeze all but the trainable models, merge a preset LoRA, add the LoRA.
 
         Trainable weights are fp32 (frozen ones keep the pipeline dtype); mixed precision comes from accelerate.
         """
         from ..lora import fuse_lora, inject_lora as inject, load_lora_file, load_lora_into
 
-        pipe.scheduler.set_training(sampling=timestep_sampling, shift=timestep_shift, weighting=loss_weighting)
+        pipe.scheduler.set_training(sampling=timestep_sampling, shift=timestep_shift, weighting=loss_weighting,
+                                    boundaries=timestep_boundaries)
         trainable = _names(trainable_models)
         pipe.freeze_except(trainable)
         for name in trainable:

@@ -1,0 +1,294 @@
+"""Wan: sampling parity with diffusers' WanPipeline / WanImageToVideoPipeline (T2V, I2V 14B, the A14B expert
+switch, TI2V-5B), the reference's timestep boundaries, split == one-stage for the variants, the TI2V first frame
+left out of the loss, the reference's LoRA target names, and the saved LoRA in diffusers."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from conftest import run_train
+from difftune import WanVideoPipeline
+from difftune.errors import UserError
+from difftune.models import ModelConfig
+from difftune.testing import tiny_wan_paths, write_example_dataset, write_tiny_wan
+
+KW = dict(height=32, width=48, num_frames=9, num_inference_steps=4)
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wan")
+    return {v: write_tiny_wan(root / v, v) for v in ("t2v", "i2v", "a14b", "ti2v")}
+
+
+def load_pipe(root, slots=None):
+    paths = tiny_wan_paths(root)
+    extra = {"image_processor_config": ModelConfig(str(root / "image_processor"))} \
+        if (root / "image_processor").is_dir() else {}
+    return WanVideoPipeline.from_pretrained(
+        torch_dtype=torch.float32, model_configs=[ModelConfig(p[0]) for k, p in paths.items()
+                                                  if slots is None or k in slots],
+        tokenizer_config=ModelConfig(str(root / "tokenizer")), **extra)
+
+
+def diffusers_pipe(root, i2v):
+    import diffusers.pipelines.wan.pipeline_wan as t2v_module
+    import diffusers.pipelines.wan.pipeline_wan_i2v as i2v_module
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+
+    # diffusers 0.42's I2V module calls ftfy without checking it is installed (its T2V module checks)
+    i2v_module.basic_clean = t2v_module.basic_clean
+    pipe = (WanImageToVideoPipeline if i2v else WanPipeline).from_pretrained(str(root), torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def image(width, height, seed=0):
+    return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8"))
+
+
+@pytest.mark.parametrize("variant", ["t2v", "i2v", "a14b", "ti2v"])
+def test_sampling_equals_diffusers(repos, variant):
+    """Same seed (CPU generator), steps and guidance: the latents and the frames diffusers gives."""
+    kw = dict(KW, width=64) if variant == "ti2v" else KW  # TI2V-5B: multiples of 32
+    i2v = variant in ("i2v", "ti2v")
+    img = image(kw["width"], kw["height"])
+    theirs = diffusers_pipe(repos[variant], i2v)
+    ours = load_pipe(repos[variant])
+    assert type(ours.scheduler.sampler).__name__ == "UniPCMultistepScheduler"  # the repository's scheduler
+    their_args = dict(prompt="a red fox", negative_prompt="blurry", guidance_scale=5.0, **kw,
+                      **({"image": img} if i2v else {}))
+    our_args = dict(negative_prompt="blurry", cfg_scale=5.0, seed=3, progress=False, **kw,
+                    **({"input_image": img} if i2v else {}))
+    a = theirs(generator=torch.Generator("cpu").manual_seed(3), output_type="latent", **their_args).frames
+    b = ours("a red fox", output_type="latent", **our_args)
+    diff = (a - b).abs().max().item()
+    print(f"wan {variant}: latents max difference to diffusers {diff:.3e} (max |latent| {a.abs().max().item():.2f})")
+    assert a.shape == b.shape and diff <= 1e-5
+    frames = theirs(generator=torch.Generator("cpu").manual_seed(3), output_type="np", **their_args).frames[0]
+    mine = ours("a red fox", **our_args)
+    assert len(mine) == kw["num_frames"] and mine[0].size == (kw["width"], kw["height"])
+    pixels = np.abs(np.round(frames * 255).astype(int) - np.stack([np.asarray(f) for f in mine]).astype(int)).max()
+    print(f"wan {variant}: frames max uint8 difference to diffusers {pixels}")
+    assert pixels <= 1
+
+
+def test_a14b_switches_experts_at_the_boundary(repos):
+    """Both experts take part (dropping the low-noise one changes the result); the switch follows the
+    repository's boundary_ratio, and a boundary above every timestep uses the high-noise expert alone."""
+    pipe = load_pipe(repos["a14b"])
+    assert pipe.boundary_ratio == 0.875 and pipe.dit2 is not None
+    args = dict(cfg_scale=5.0, seed=3, progress=False, output_type="latent", **KW)
+    both = pipe("a red fox", **args)
+    high_only = load_pipe(repos["a14b"], slots=("transformer", "text_encoder", "vae"))
+    alone = high_only("a red fox", **args)
+    assert (both - alone).abs().max().item() > 1e-3
+    assert torch.equal(pipe("a red fox", boundary_ratio=0.0, **args), alone)  # every t >= 0: the high-noise one
+
+
+def test_reference_target_names_are_diffusers_modules(repos):
+    """q,k,v,o,ffn.0,ffn.2 (the reference's Wan names) reach the self- and cross-attention and FFN Linear layers."""
+    from difftune.lora import inject_lora
+    from difftune.training.module import lora_targets
+
+    pipe = load_pipe(repos["t2v"], slots=("transformer",))
+    targets = lora_targets(pipe, "dit", "q,k,v,o,ffn.0,ffn.2".split(","))
+    assert targets == ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
+    inject_lora(pipe.dit, targets, 4, None)
+    wrapped = sorted({n.split(".lora_A")[0].split("blocks.0.")[-1] for n, _ in pipe.dit.named_parameters()
+                      if "blocks.0." in n and "lora_A" in n})
+    assert wrapped == ["attn1.to_k", "attn1.to_out.0", "attn1.to_q", "attn1.to_v", "attn2.to_k", "attn2.to_out.0",
+                       "attn2.to_q", "attn2.to_v", "ffn.net.0.proj", "ffn.net.2"]
+
+
+def test_timestep_boundaries_draw_the_reference_range():
+    """0.358 at shift 5 splits the table at t ~ 900: the high-noise expert trains on [900, 1000], the low on
+    [0, 900); bad boundaries are one-line errors naming the flags."""
+    from difftune.families.wan.scheduler import WanScheduler
+
+    s = WanScheduler()
+    g = torch.Generator().manual_seed(0)
+    s.set_training(boundaries=(0.0, 0.358))
+    high = torch.cat([s.sample_training(1, g)[1] for _ in range(500)])
+    s.set_training(boundaries=(0.358, 1.0))
+    low = torch.cat([s.sample_training(1, g)[1] for _ in range(500)])
+    assert 900.0 <= high.min() and high.max() <= 1000.0 and low.max() < 900.0 and low.min() < 100.0
+    with pytest.raises(UserError, match="--min_timestep_boundary 0.5 / --max_timestep_boundary 0.5"):
+        s.set_training(boundaries=(0.5, 0.5))
+    with pytest.raises(UserError, match="uniform"):
+        s.set_training(boundaries=(0.0, 0.5), timestep_sampling="logit_normal")
+
+
+# -- training --------------------------------------------------------------------------------------------------
+
+def flags(paths, *more):
+    return ["--family", "wan", "--model_paths", json.dumps(paths), "--torch_dtype", "float32", "--learning_rate",
+            1e-3, "--dataset_repeat", 2, "--num_epochs", 1, "--seed", 5, "--no_progress", "--enable_tensorboard_log",
+            "false", "--lora_base_model", "dit", "--lora_target_modules", "q,k,v,o,ffn.0,ffn.2", "--lora_rank", 4,
+            *more]
+
+
+def one_stage_and_split(root, meta, paths, *more):
+    data = meta.parent
+    run_train("--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", meta,
+              "--output_path", root / "one", *flags(paths, *more))
+    run_train("--task", "sft:data_process", "--dataset_base_path", data, "--dataset_metadata_path", meta,
+              "--output_path", root / "cache", *flags(paths, *more))
+    run_train("--task", "sft:train", "--dataset_base_path", root / "cache", "--output_path", root / "two",
+              *flags(paths, *more))
+    a, b = load_file(str(root / "one" / "epoch-0.safetensors")), load_file(str(root / "two" / "epoch-0.safetensors"))
+    assert a.keys() == b.keys() and a
+    return a, max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def with_input_image(meta):
+    """The metadata with an input_image column (the clip's first frame: here the still itself)."""
+    lines = meta.read_text().splitlines()
+    rows = [lines[0] + ",input_image"] + [f"{ln},{ln.split(',')[0]}" for ln in lines[1:]]
+    meta.write_text("\n".join(rows) + "\n")
+    return meta
+
+
+def test_i2v_lora_split_equals_one_stage(repos, tmp_path):
+    meta = with_input_image(write_example_dataset(tmp_path / "data", n=2, size=(48, 32)))
+    paths = [p[0] for p in tiny_wan_paths(repos["i2v"]).values()]
+    _, diff = one_stage_and_split(tmp_path, meta, paths, "--extra_inputs", "input_image")
+    print(f"wan i2v LoRA: split vs one-stage max difference {diff:.2e}")
+    assert diff <= 1e-5
+
+
+def test_a14b_expert_with_boundaries_split_equals_one_stage(repos, tmp_path):
+    """The reference's high-noise expert run: its DiT only, --max_timestep_boundary 0.358."""
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = tiny_wan_paths(repos["a14b"])
+    paths = [paths[k][0] for k in ("transformer", "text_encoder", "vae")]
+    a, diff = one_stage_and_split(tmp_path, meta, paths, "--max_timestep_boundary", 0.358,
+                                  "--min_timestep_boundary", 0)
+    assert diff <= 1e-5
+    # the boundaries are in effect: the other expert's range trains other weights
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "low", *flags(paths, "--min_timestep_boundary", 0.358))
+    low = load_file(str(tmp_path / "low" / "epoch-0.safetensors"))
+    assert max((a[k] - low[k]).abs().max().item() for k in a) > 1e-6
+
+
+@pytest.fixture()
+def clips(monkeypatch):
+    """Until the video data path lands: each still becomes a 5-frame clip (the still shifted 2 px per frame)
+    with its first frame as input_image, through the CLI's own data set."""
+    import difftune.training.recipe as recipe
+    import difftune.training.stage1 as stage1
+    from difftune.training.builders import make_dataset
+
+    class Clips(torch.utils.data.Dataset):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __len__(self):
+            return len(self.inner)
+
+        def __getattr__(self, name):
+            return getattr(self.__dict__["inner"], name)
+
+        def __getitem__(self, i):
+            item = dict(self.inner[i])
+            still = np.asarray(item.pop("image"))
+            item["video"] = [Image.fromarray(np.roll(still, 2 * k, axis=1)) for k in range(5)]
+            item["input_image"] = item["video"][0]
+            return item
+
+    def make(args, family):
+        return Clips(make_dataset(args, family))
+
+    monkeypatch.setattr(recipe, "make_dataset", make)
+    monkeypatch.setattr(stage1, "make_dataset", make)
+
+
+def test_ti2v_split_equals_one_stage(repos, tmp_path, clips):
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(64, 32))
+    paths = [p[0] for p in tiny_wan_paths(repos["ti2v"]).values()]
+    _, diff = one_stage_and_split(tmp_path, meta, paths)
+    print(f"wan ti2v LoRA (5-frame clips): split vs one-stage max difference {diff:.2e}")
+    assert diff <= 1e-5
+
+
+def test_ti2v_first_frame_is_clean_and_out_of_the_loss(repos):
+    """TI2V-5B with an input image: the DiT sees the image's latents as the first latent frame at timestep 0,
+    and the loss is the MSE over the other frames only (the first frame's prediction does not count)."""
+    from difftune.training.losses import flow_match_sft_loss, sample_generator
+
+    pipe = load_pipe(repos["ti2v"])
+    pipe.scheduler.set_training()
+    still = image(64, 32)
+    frames = [Image.fromarray(np.roll(np.asarray(still), 2 * k, axis=1)) for k in range(5)]
+    values = pipe.training_inputs({"video": frames, "input_image": frames[0], "prompt": "a fox"})
+    pipe.run_units(values)
+    x0, first = values["input_latents"], values["first_frame_latents"]
+    assert x0.shape[2] == 2 and first.shape[2] == 1
+    seen = {}
+    real = pipe.dit.forward
+
+    def spy(hidden_states, timestep, **kw):
+        seen["x"], seen["t"] = hidden_states.clone(), timestep.clone()
+        out = real(hidden_states, timestep, **kw)
+        seen["out"] = out[0]
+        return (out[0] + seen.get("bump", 0.0),) + tuple(out[1:])
+
+    pipe.dit.forward = spy
+    loss = flow_match_sft_loss(pipe, values, [sample_generator(0, 0, 0)], {})
+    assert torch.equal(seen["x"][:, :, :1], first)  # the clean first frame in the DiT's input
+    tokens = (x0.shape[3] // 2) * (x0.shape[4] // 2)
+    assert torch.all(seen["t"][0, :tokens] == 0) and torch.all(seen["t"][0, tokens:] > 0)
+    # the loss by hand: MSE over frames 1: only, times the bell weight of the drawn timestep
+    g = sample_generator(0, 0, 0)  # the loss's draws, in its order: timestep, then noise
+    _, _, weight = pipe.scheduler.sample_training(1, g)
+    noise = torch.randn(x0.shape[1:], generator=g)[None]
+    target = noise - x0
+    want = ((seen["out"][:, :, 1:] - target[:, :, 1:]) ** 2).mean() * weight
+    assert torch.allclose(loss, want, rtol=1e-5, atol=0)
+    seen["bump"] = torch.zeros_like(seen["out"])
+    seen["bump"][:, :, :1] = 100.0  # whatever the first frame's prediction, the loss is the same
+    assert torch.allclose(flow_match_sft_loss(pipe, values, [sample_generator(0, 0, 0)], {}), loss, rtol=1e-6)
+
+
+def test_saved_lora_loads_in_diffusers(repos, tmp_path):
+    """The LoRA difftune saves (the reference's Wan target names) loads with WanPipeline.load_lora_weights, every
+    tensor used, changes the output, and gives the video difftune gives with the LoRA fused."""
+    from diffusers import WanPipeline
+    from peft.utils import get_peft_model_state_dict
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p[0] for p in tiny_wan_paths(repos["t2v"]).values()]
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", *flags(paths, "--learning_rate", 5e-2))
+    lora = tmp_path / "out" / "epoch-0.safetensors"
+    saved = load_file(str(lora))
+    theirs = WanPipeline.from_pretrained(str(repos["t2v"]), torch_dtype=torch.float32)
+    theirs.set_progress_bar_config(disable=True)
+    args = dict(prompt="a red circle", guidance_scale=5.0, output_type="latent", **KW)
+    base = theirs(generator=torch.Generator().manual_seed(0), **args).frames
+    theirs.load_lora_weights(str(lora), adapter_name="t")
+    loaded = get_peft_model_state_dict(theirs.transformer, adapter_name="t")
+    weights = {k: v for k, v in saved.items() if k.endswith(".weight")}
+    assert {f"transformer.{k}" for k in loaded} == set(weights)
+    assert all(torch.equal(loaded[k[len("transformer."):]], v) for k, v in weights.items())
+    with_lora = theirs(generator=torch.Generator().manual_seed(0), **args).frames
+    assert (with_lora - base).abs().max().item() > 1e-3
+    ours = load_pipe(repos["t2v"])
+    ours.load_lora(ours.dit, str(lora))
+    mine = ours("a red circle", cfg_scale=5.0, seed=0, progress=False, output_type="latent", **KW)
+    diff = (mine - with_lora).abs().max().item()
+    print(f"wan LoRA in diffusers vs difftune fused: latents max difference {diff:.3e}")
+    assert diff <= 1e-4
+
+
+def test_training_inputs_refuse_bad_clips(repos):
+    pipe = WanVideoPipeline()
+    with pytest.raises(UserError, match="row 3: the clip has 4 frames; Wan needs 4k\\+1"):
+        pipe.training_inputs({"_row": 3, "video": [image(16, 16)] * 4, "prompt": "x"})
+    with pytest.raises(UserError, match="row 2: no clip"):
+        pipe.training_inputs({"_row": 2, "prompt": "x"})
