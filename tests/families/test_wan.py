@@ -132,14 +132,24 @@ def flags(paths, *more):
             *more]
 
 
-def one_stage_and_split(root, meta, paths, *more):
+def one_stage_and_split(root, meta, paths, *more, built=None):
+    """Weights of one-stage and split training and their largest difference; `built` collects the slots the
+    stage-2 run loads."""
+    import difftune.models as models_pkg
+
     data = meta.parent
     run_train("--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", meta,
               "--output_path", root / "one", *flags(paths, *more))
     run_train("--task", "sft:data_process", "--dataset_base_path", data, "--dataset_metadata_path", meta,
               "--output_path", root / "cache", *flags(paths, *more))
-    run_train("--task", "sft:train", "--dataset_base_path", root / "cache", "--output_path", root / "two",
-              *flags(paths, *more))
+    real = models_pkg.load_component
+    models_pkg.load_component = lambda config, *a, **k: (built.append(real(config, *a, **k)) or built[-1]) \
+        if built is not None else real(config, *a, **k)
+    try:
+        run_train("--task", "sft:train", "--dataset_base_path", root / "cache", "--output_path", root / "two",
+                  *flags(paths, *more))
+    finally:
+        models_pkg.load_component = real
     a, b = load_file(str(root / "one" / "epoch-0.safetensors")), load_file(str(root / "two" / "epoch-0.safetensors"))
     assert a.keys() == b.keys() and a
     return a, max((a[k] - b[k]).abs().max().item() for k in a)
@@ -156,9 +166,11 @@ def with_input_image(meta):
 def test_i2v_lora_split_equals_one_stage(repos, tmp_path):
     meta = with_input_image(write_example_dataset(tmp_path / "data", n=2, size=(48, 32)))
     paths = [p[0] for p in tiny_wan_paths(repos["i2v"]).values()]
-    _, diff = one_stage_and_split(tmp_path, meta, paths, "--extra_inputs", "input_image")
+    built = []
+    _, diff = one_stage_and_split(tmp_path, meta, paths, "--extra_inputs", "input_image", built=built)
     print(f"wan i2v LoRA: split vs one-stage max difference {diff:.2e}")
     assert diff <= 1e-5
+    assert [c.name for c in built] == ["dit"]  # stage 2 builds neither UMT5, the VAE nor CLIP
 
 
 def test_a14b_expert_with_boundaries_split_equals_one_stage(repos, tmp_path):
