@@ -304,3 +304,23 @@ def test_training_inputs_refuse_bad_clips(repos):
         pipe.training_inputs({"_row": 3, "video": [image(16, 16)] * 4, "prompt": "x"})
     with pytest.raises(UserError, match="row 2: no clip"):
         pipe.training_inputs({"_row": 2, "prompt": "x"})
+
+
+def test_sample_command_writes_the_clip(repos, tmp_path):
+    """`difftune sample` on a Wan repository: an animated PNG with the pipeline's frames (lossless)."""
+    from difftune.cli.sample import main
+
+    out = tmp_path / "clip.png"
+    assert main(["--model_dir", str(repos["t2v"]), "--prompt", "a red fox", "--torch_dtype", "float32",
+                 "--height", "32", "--width", "48", "--num_frames", "5", "--num_inference_steps", "2",
+                 "--seed", "1", "--device", "cpu", "--output", str(out)]) == 0
+    clip = Image.open(out)
+    assert clip.n_frames == 5 and clip.size == (48, 32)
+    want = load_pipe(repos["t2v"])("a red fox", height=32, width=48, num_frames=5, num_inference_steps=2, seed=1,
+                                   progress=False)
+    for i, frame in enumerate(want):
+        clip.seek(i)
+        assert np.array_equal(np.asarray(clip.convert("RGB")), np.asarray(frame))
+    with pytest.raises(UserError, match="clip.mp4: a clip is written as"):
+        main(["--model_dir", str(repos["t2v"]), "--prompt", "x", "--torch_dtype", "float32", "--height", "32",
+              "--width", "32", "--num_frames", "1", "--num_inference_steps", "1", "--output", str(tmp_path / "clip.mp4")])

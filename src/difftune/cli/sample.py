@@ -30,13 +30,17 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_inference_steps", type=int, default=None, help="Default: the family's (Qwen-Image: 30).")
     p.add_argument("--embedded_guidance", type=float, default=None, help="FLUX.1-dev's distilled guidance "
                    "(default: the family's, 3.5).")
+    p.add_argument("--num_frames", type=int, default=None, help="Video families: frames of the clip (Wan: 4k+1, "
+                   "default 81).")
+    p.add_argument("--end_image", default=None, help="Wan I2V: the last frame.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--input_image", default=None, help="Image-to-image: the starting image.")
     p.add_argument("--denoising_strength", type=float, default=1.0)
     p.add_argument("--edit_image", default=None, help="Qwen-Image-Edit: the image to edit.")
     p.add_argument("--lora", action="append", default=[], help="A LoRA file to apply (repeatable).")
     p.add_argument("--lora_alpha", type=float, action="append", default=[], help="Strength per --lora (default 1).")
-    p.add_argument("--output", default="sample.png", help="Output PNG (several prompts: NAME-<i>.png).")
+    p.add_argument("--output", default="sample.png", help="Output PNG (several prompts: NAME-<i>.png); a video "
+                   "family's clip is an animated image in the format the extension says (.png, .gif, .webp).")
     return p
 
 
@@ -99,19 +103,44 @@ def main(argv: list[str]) -> int:
     call.update({k: v for k, v in (("cfg_scale", args.cfg_scale), ("height", args.height), ("width", args.width),
                                     ("num_inference_steps", args.num_inference_steps)) if v is not None})
     extra = {"input_image": load(args.input_image), "edit_image": load(args.edit_image),
-             "embedded_guidance": args.embedded_guidance}
+             "embedded_guidance": args.embedded_guidance, "num_frames": args.num_frames,
+             "end_image": load(args.end_image),
+             "denoising_strength": args.denoising_strength if args.denoising_strength != 1.0 else None}
     accepted = inspect.signature(pipe.__call__).parameters
     for name, value in extra.items():
         if value is not None:
             if name not in accepted:
                 raise UserError(f"--{name}: the {family.name} family does not take it")
             call[name] = value
-    if args.input_image is not None:
+    if args.input_image is not None and "denoising_strength" in accepted:
         call["denoising_strength"] = args.denoising_strength
     images = pipe(args.prompt, **call)
     root, ext = os.path.splitext(args.output)
     outputs = [args.output] if len(images) == 1 else [f"{root}-{i}{ext or '.png'}" for i in range(len(images))]
     for image, out in zip(images, outputs):
-        atomic_save_image(image, out)  # in the format the name's extension says
+        if isinstance(image, list):  # a clip's frames
+            save_clip(image, out)
+        else:
+            atomic_save_image(image, out)  # in the format the name's extension says
         print(out)
     return 0
+
+
+CLIP_FPS = 16  # Wan's frame rate
+
+
+def save_clip(frames, path: str) -> None:
+    """A clip as an animated image (APNG, GIF or WebP, as the extension says) at Wan's 16 frames per second."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from ..io import atomic_write
+
+    suffix = Path(path).suffix.lower() or ".png"
+    fmt = {".png": "PNG", ".apng": "PNG", ".gif": "GIF", ".webp": "WEBP"}.get(suffix)
+    if fmt is None:
+        raise UserError(f"--output {path}: a clip is written as .png (animated), .gif or .webp")
+    first, rest = frames[0], list(frames[1:])
+    atomic_write(path, lambda tmp: first.save(tmp, format=fmt, save_all=True, append_images=rest,
+                                              duration=round(1000 / CLIP_FPS), loop=0))
