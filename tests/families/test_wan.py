@@ -324,3 +324,19 @@ def test_sample_command_writes_the_clip(repos, tmp_path):
     with pytest.raises(UserError, match="clip.mp4: a clip is written as"):
         main(["--model_dir", str(repos["t2v"]), "--prompt", "x", "--torch_dtype", "float32", "--height", "32",
               "--width", "32", "--num_frames", "1", "--num_inference_steps", "1", "--output", str(tmp_path / "clip.mp4")])
+
+
+@pytest.mark.parametrize("flags_,message", [
+    (("--max_timestep_boundary", "1.5"), "error: --max_timestep_boundary 1.5: must be in (0, 1]"),
+    (("--min_timestep_boundary", "0.5", "--max_timestep_boundary", "0.358"),
+     "error: --min_timestep_boundary 0.5: must be in [0, --max_timestep_boundary 0.358)")])
+def test_bad_timestep_boundaries_are_refused_before_any_work(repos, tmp_path, capsys, flags_, message):
+    from difftune.cli.main import main as cli
+
+    meta = write_example_dataset(tmp_path / "data", n=1, size=(48, 32))
+    paths = [p[0] for p in tiny_wan_paths(repos["t2v"]).values()]
+    code = cli(["train", "--dataset_base_path", str(meta.parent), "--dataset_metadata_path", str(meta),
+                "--output_path", str(tmp_path / "out"), *[str(f) for f in flags(paths)], *flags_])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(message), err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.safetensors"))

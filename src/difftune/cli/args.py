@@ -140,7 +140,7 @@ REFUSED = {
                                                "with offload_optimizer (accelerate launch --config_file)"),
     "cpu_offload_split_threshold": ("value", "model CPU offload is not implemented"),
     "audio_processor_path": ("value", "audio-conditioned video families are not implemented"),
-    "framewise_decoding": ("switch", "video families are not implemented yet"),
+    "framewise_decoding": ("switch", "frame-by-frame VAE encoding is not implemented (clips are encoded whole)"),
 }
 
 
@@ -188,6 +188,12 @@ def check_training_args(args) -> None:
     if args.num_frames is not None:
         raise UserError("--num_frames: not used: no video family is implemented yet (difftune trains image families)")
     _check_numbers(args)
+    lo, hi = getattr(args, "min_timestep_boundary", 0.0), getattr(args, "max_timestep_boundary", 1.0)
+    if not 0.0 < hi <= 1.0:
+        raise UserError(f"--max_timestep_boundary {hi}: must be in (0, 1], a fraction of the training timestep table "
+                        f"(0.358 ~ t=900 at Wan's shift 5)")
+    if not 0.0 <= lo < hi:
+        raise UserError(f"--min_timestep_boundary {lo}: must be in [0, --max_timestep_boundary {hi})")
     if getattr(args, "align_to_opensource_format", False):
         print("note: --align_to_opensource_format is not needed: difftune saves LoRAs in the open diffusers layout "
               "(FluxPipeline.load_lora_weights reads them; --lora_format picks another)")

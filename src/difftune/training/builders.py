@@ -237,7 +237,8 @@ def loop_config(args, resume_from=None):
         seed=args.seed, num_workers=args.dataset_num_workers, customized_optimizer=args.customized_optimizer,
         progress=not args.no_progress, resume_from=resume_from, force_resume=args.force_resume,
         exactness={"task": args.task.split(":")[0], "trainable": trainable_set(args), "lora_rank": args.lora_rank,
-                   "lora_target_modules": args.lora_target_modules})
+                   "lora_target_modules": args.lora_target_modules,
+                   "timestep_boundaries": [args.min_timestep_boundary, args.max_timestep_boundary]})
 
 
 def find_resume(args, pipe):
