@@ -353,3 +353,20 @@ def test_bad_timestep_boundaries_are_refused_before_any_work(repos, tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(message), err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.safetensors"))
+
+
+def test_expert_lora_fuses_into_the_low_noise_expert(repos, tmp_path):
+    """A LoRA trained with transformer_2/ as `dit` (the low-noise run) fuses into `dit2` of the pair."""
+    from safetensors.torch import save_file
+
+    pipe = load_pipe(repos["a14b"])
+    before = {k: v.clone() for k, v in pipe.dit2.state_dict().items()}
+    a, b = torch.randn(4, 16), torch.randn(16, 4)
+    path = tmp_path / "low.safetensors"
+    save_file({"transformer.blocks.0.attn1.to_q.lora_A.weight": a,
+               "transformer.blocks.0.attn1.to_q.lora_B.weight": b}, str(path))
+    pipe.load_lora(pipe.dit2, str(path), alpha=0.5)
+    after = pipe.dit2.state_dict()
+    key = "blocks.0.attn1.to_q.weight"
+    assert torch.allclose(after[key], before[key] + 0.5 * b @ a, atol=1e-6)
+    assert all(torch.equal(after[k], before[k]) for k in before if k != key)

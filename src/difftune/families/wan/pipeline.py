@@ -89,6 +89,17 @@ class WanVideoPipeline(BasePipeline):
         return model_fn_wan(dit, latents, timestep, prompt_embeds, image_embeds, condition, first_frame_latents,
                             **settings)
 
+    def load_lora(self, module, path: str, alpha: float = 1.0) -> None:
+        """As `BasePipeline.load_lora`; a DiT LoRA (`transformer.`) also fuses into the low-noise expert `dit2`,
+        whose runs train it as `dit` (diffusers: `load_lora_weights(..., load_into_transformer_2=True)`)."""
+        from ...lora import fuse_lora, load_lora_file
+
+        if module is None or module is not self.dit2:
+            return super().load_lora(module, path, alpha)
+        lora = load_lora_file(path)
+        component = "transformer_2" if "transformer_2" in lora.components else "transformer"
+        fuse_lora(module, lora, scale=alpha, component=component)
+
     # -- latent layout --------------------------------------------------------------------------------
     def loss_mask(self, values):
         """TI2V-5B with an input image: its first latent frame is given clean, so it is left out of the loss."""
