@@ -116,3 +116,42 @@ def test_wan_clip_file_gives_clip_vision_the_same_penultimate_features():
         theirs = model(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
     assert (theirs - _wan_clip_penultimate(original, pixels, heads)).abs().max() < 1e-5
     assert torch.equal(converted["visual_projection.weight"], original["visual.head"].t())
+
+
+def test_tiny_original_dit_and_vae_writers_invert_diffusers_converters():
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers, convert_wan_vae_to_diffusers
+
+    from difftune.testing.wan_original import wan_dit_to_original, wan_vae_to_original
+
+    torch.manual_seed(0)
+    for kwargs in ({}, {"image_dim": 16, "added_kv_proj_dim": 16}):  # T2V, and I2V's image branch
+        dit = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4,
+                                    out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, **kwargs)
+        state = dit.state_dict()
+        original = wan_dit_to_original(state)
+        assert any(k.startswith("blocks.0.self_attn.q.") for k in original) and "head.modulation" in original
+        back = convert_wan_transformer_to_diffusers(dict(original))
+        assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                           temperal_downsample=[False, True, True])
+    state = vae.state_dict()
+    back = convert_wan_vae_to_diffusers(wan_vae_to_original(state))
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+
+
+def test_tiny_original_t5_and_clip_writers_invert_our_converters():
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection, UMT5Config, UMT5EncoderModel
+
+    from difftune.testing.wan_original import clip_vision_to_wan, umt5_to_wan
+
+    t5 = UMT5EncoderModel(UMT5Config(vocab_size=50, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_heads=4,
+                                     feed_forward_proj="gated-gelu")).state_dict()
+    back = umt5_from_wan(umt5_to_wan(t5))
+    assert back.keys() == t5.keys() and all(torch.equal(back[k], t5[k]) for k in t5)
+    clip = CLIPVisionModelWithProjection(CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                          num_attention_heads=2, patch_size=4, image_size=16,
+                                                          projection_dim=8)).state_dict()
+    back = clip_vision_from_wan(clip_vision_to_wan(clip))
+    assert back.keys() == set(clip) - {"vision_model.embeddings.position_ids"}
+    assert all(torch.equal(back[k], clip[k]) for k in back)
