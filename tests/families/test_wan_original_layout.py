@@ -155,3 +155,27 @@ def test_tiny_original_t5_and_clip_writers_invert_our_converters():
     back = clip_vision_from_wan(clip_vision_to_wan(clip))
     assert back.keys() == set(clip) - {"vision_model.embeddings.position_ids"}
     assert all(torch.equal(back[k], clip[k]) for k in back)
+
+
+def test_wan22_vae_original_names_round_trip_and_fit_diffusers():
+    from diffusers import AutoencoderKLWan
+
+    from difftune.families.wan.original_layout import wan22_vae_from_original
+    from difftune.testing.wan_original import wan22_vae_to_original
+
+    vae = AutoencoderKLWan(base_dim=8, decoder_base_dim=12, z_dim=6, in_channels=12, out_channels=12, patch_size=2,
+                           dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                           temperal_downsample=[False, True, True], is_residual=True)
+    state = vae.state_dict()
+    original = wan22_vae_to_original(state)
+    assert "encoder.downsamples.1.downsamples.2.time_conv.weight" in original  # the resample closes each level
+    assert "decoder.upsamples.0.upsamples.3.resample.1.weight" in original
+    back = wan22_vae_from_original(original)
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+
+
+def test_a_wrapped_pth_state_dict_is_unwrapped(tmp_path):
+    from difftune.models.detect import read_header
+
+    torch.save({"model_state": {"conv1.weight": torch.zeros(2, 2)}}, tmp_path / "vae.pth")
+    assert read_header(tmp_path / "vae.pth") == {"conv1.weight": (2, 2)}

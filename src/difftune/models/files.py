@@ -40,6 +40,9 @@ def load_pth(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     except Exception as e:  # noqa: BLE001 - every failure here is the file's
         raise UserError(f"{path}: not a plain tensor state dict that can be read safely "
                         f"(torch.load with weights_only=True refused it: {first_line(e)})") from None
+    if isinstance(obj, dict) and len(obj) == 1 and next(iter(obj)) in ("model_state", "state_dict") and \
+            isinstance(next(iter(obj.values())), dict):  # some releases wrap the state dict once
+        obj = next(iter(obj.values()))
     if not isinstance(obj, dict) or not obj or \
             not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
         raise UserError(f"{path}: holds a {type(obj).__name__}, not a plain {{name: tensor}} state dict")

@@ -121,3 +121,25 @@ def clip_vision_to_wan(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     for key, parts in qkv.items():
         out[key] = torch.cat([parts["q"], parts["k"], parts["v"]], 0)
     return out
+
+
+def wan22_vae_to_original(state: dict[str, torch.Tensor], num_res_blocks: int = 2) -> dict[str, torch.Tensor]:
+    """Wan2.2's VAE (TI2V-5B) in its original nested names."""
+    residual = {v: k for k, v in {"residual.0.gamma": "norm1.gamma", "residual.2.weight": "conv1.weight",
+                                  "residual.2.bias": "conv1.bias", "residual.3.gamma": "norm2.gamma",
+                                  "residual.6.weight": "conv2.weight", "residual.6.bias": "conv2.bias",
+                                  "shortcut.weight": "conv_shortcut.weight", "shortcut.bias": "conv_shortcut.bias"}.items()}
+    out = {}
+    for key, value in state.items():
+        if m := re.fullmatch(r"encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(.+)", key):
+            new = f"encoder.downsamples.{m[1]}.downsamples.{m[2]}.{residual[m[3]]}"
+        elif m := re.fullmatch(r"encoder\.down_blocks\.(\d+)\.downsampler\.(.+)", key):
+            new = f"encoder.downsamples.{m[1]}.downsamples.{num_res_blocks}.{m[2]}"
+        elif m := re.fullmatch(r"decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.+)", key):
+            new = f"decoder.upsamples.{m[1]}.upsamples.{m[2]}.{residual[m[3]]}"
+        elif m := re.fullmatch(r"decoder\.up_blocks\.(\d+)\.upsampler\.(.+)", key):
+            new = f"decoder.upsamples.{m[1]}.upsamples.{num_res_blocks + 1}.{m[2]}"
+        else:  # middle, head, conv_in, quant convs: Wan2.1's names
+            new = next(iter(wan_vae_to_original({key: value})))
+        out[new] = value
+    return out

@@ -96,3 +96,41 @@ def clip_vision_from_wan(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     if not out:
         raise UserError("Wan CLIP file: no vision tower (`visual.*`) tensors")
     return out
+
+
+# -- Wan2.2's VAE (Wan2.2_VAE.pth, TI2V-5B) -------------------------------------------------------------
+# diffusers' single-file converter knows only Wan2.1's VAE. Wan2.2's keeps the same middle/head/conv names
+# but nests each level: encoder.downsamples.<i>.downsamples.<j> holds the residual blocks and, last, the
+# resample; the decoder likewise under upsamples.<i>.upsamples.<j>. Its shortcut averaging has no weights.
+_RESIDUAL = {"residual.0.gamma": "norm1.gamma", "residual.2.weight": "conv1.weight", "residual.2.bias": "conv1.bias",
+             "residual.3.gamma": "norm2.gamma", "residual.6.weight": "conv2.weight", "residual.6.bias": "conv2.bias",
+             "shortcut.weight": "conv_shortcut.weight", "shortcut.bias": "conv_shortcut.bias"}
+VAE22_MARKERS = ("encoder.downsamples.0.downsamples.0.residual.0.gamma", "decoder.upsamples.0.upsamples.0.residual.0.gamma")
+
+
+def wan22_vae_from_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in state.items():
+        new = None
+        if m := re.fullmatch(r"(encoder|decoder)\.middle\.([02])\.(.+)", key):
+            new = f"{m[1]}.mid_block.resnets.{int(m[2]) // 2}.{_RESIDUAL.get(m[3], '?')}"
+        elif m := re.fullmatch(r"(encoder|decoder)\.middle\.1\.(.+)", key):
+            new = f"{m[1]}.mid_block.attentions.0.{m[2]}"
+        elif m := re.fullmatch(r"(encoder|decoder)\.head\.0\.gamma", key):
+            new = f"{m[1]}.norm_out.gamma"
+        elif m := re.fullmatch(r"(encoder|decoder)\.head\.2\.(weight|bias)", key):
+            new = f"{m[1]}.conv_out.{m[2]}"
+        elif m := re.fullmatch(r"(encoder|decoder)\.conv1\.(weight|bias)", key):
+            new = f"{m[1]}.conv_in.{m[2]}"
+        elif m := re.fullmatch(r"conv([12])\.(weight|bias)", key):
+            new = f"{'quant_conv' if m[1] == '1' else 'post_quant_conv'}.{m[2]}"
+        elif m := re.fullmatch(r"(encoder\.downsamples|decoder\.upsamples)\.(\d+)\.(?:down|up)samples\.(\d+)\.(.+)", key):
+            side = "encoder.down_blocks" if m[1].startswith("encoder") else "decoder.up_blocks"
+            if m[4] in _RESIDUAL:
+                new = f"{side}.{m[2]}.resnets.{m[3]}.{_RESIDUAL[m[4]]}"
+            elif m[4].startswith(("resample.", "time_conv.")):
+                new = f"{side}.{m[2]}.{'downsampler' if side.startswith('encoder') else 'upsampler'}.{m[4]}"
+        if new is None or "?" in new:
+            raise _unknown("Wan2.2 VAE", key)
+        out[new] = value
+    return out
