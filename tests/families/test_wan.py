@@ -22,7 +22,7 @@ KW = dict(height=32, width=48, num_frames=9, num_inference_steps=4)
 @pytest.fixture(scope="module")
 def repos(tmp_path_factory):
     root = tmp_path_factory.mktemp("wan")
-    return {v: write_tiny_wan(root / v, v) for v in ("t2v", "i2v", "a14b", "ti2v")}
+    return {v: write_tiny_wan(root / v, v) for v in ("t2v", "i2v", "flf2v", "a14b", "i2v_a14b", "ti2v")}
 
 
 def load_pipe(root, slots=None):
@@ -51,19 +51,21 @@ def image(width, height, seed=0):
     return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8"))
 
 
-@pytest.mark.parametrize("variant", ["t2v", "i2v", "a14b", "ti2v"])
+@pytest.mark.parametrize("variant", ["t2v", "i2v", "flf2v", "a14b", "i2v_a14b", "ti2v"])
 def test_sampling_equals_diffusers(repos, variant):
-    """Same seed (CPU generator), steps and guidance: the latents and the frames diffusers gives."""
+    """Same seed (CPU generator), steps and guidance: the latents and the frames diffusers gives (FLF2V: with an
+    end image)."""
     kw = dict(KW, width=64) if variant == "ti2v" else KW  # TI2V-5B: multiples of 32
-    i2v = variant in ("i2v", "ti2v")
+    i2v = variant in ("i2v", "flf2v", "i2v_a14b", "ti2v")
     img = image(kw["width"], kw["height"])
+    end = {"image": image(kw["width"], kw["height"], seed=1)} if variant == "flf2v" else {}
     theirs = diffusers_pipe(repos[variant], i2v)
     ours = load_pipe(repos[variant])
     assert type(ours.scheduler.sampler).__name__ == "UniPCMultistepScheduler"  # the repository's scheduler
     their_args = dict(prompt="a red fox", negative_prompt="blurry", guidance_scale=5.0, **kw,
-                      **({"image": img} if i2v else {}))
+                      **({"image": img} if i2v else {}), **({"last_image": end["image"]} if end else {}))
     our_args = dict(negative_prompt="blurry", cfg_scale=5.0, seed=3, progress=False, **kw,
-                    **({"input_image": img} if i2v else {}))
+                    **({"input_image": img} if i2v else {}), **({"end_image": end["image"]} if end else {}))
     a = theirs(generator=torch.Generator("cpu").manual_seed(3), output_type="latent", **their_args).frames
     b = ours("a red fox", output_type="latent", **our_args)
     diff = (a - b).abs().max().item()

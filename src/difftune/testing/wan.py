@@ -15,7 +15,8 @@ import torch
 from .common import TinyFamily, _quiet_hf, register_tiny, write_example_dataset
 from .flux import flux_t5_tokenizer
 
-VARIANTS = ("t2v", "i2v", "a14b", "i2v_a14b", "ti2v")
+VARIANTS = ("t2v", "i2v", "flf2v", "a14b", "i2v_a14b", "ti2v")
+CLIP_TOKENS = 17  # the tiny CLIP: 32 px images in 8 px patches, plus the class token
 
 # The hub's Wan-AI/Wan2.1-T2V-1.3B-Diffusers scheduler/scheduler_config.json (flow_shift 3; 5 for 720p / 14B).
 WAN_SCHEDULER_CONFIG = {
@@ -48,15 +49,16 @@ def _transformer(variant: str, spec: TinyWanSpec, seed: int):
 
     torch.manual_seed(seed)
     z = 48 if variant == "ti2v" else 16
-    i2v = variant in ("i2v", "i2v_a14b")
+    i2v = variant in ("i2v", "flf2v", "i2v_a14b")
+    clip = variant in ("i2v", "flf2v")
     inner = spec.num_attention_heads * spec.attention_head_dim
     return WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=spec.num_attention_heads,
         attention_head_dim=spec.attention_head_dim, in_channels=z + (z + 4 if i2v else 0), out_channels=z,
         text_dim=spec.text_dim, freq_dim=16, ffn_dim=spec.ffn_dim, num_layers=spec.num_layers,
         cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
-        image_dim=spec.clip_hidden if variant == "i2v" else None,
-        added_kv_proj_dim=inner if variant == "i2v" else None, rope_max_seq_len=64)
+        image_dim=spec.clip_hidden if clip else None, added_kv_proj_dim=inner if clip else None,
+        pos_embed_seq_len=2 * CLIP_TOKENS if variant == "flf2v" else None, rope_max_seq_len=64)
 
 
 def _vae(variant: str, spec: TinyWanSpec, seed: int):
@@ -98,11 +100,11 @@ def write_tiny_wan(path: str | os.PathLike, variant: str = "t2v", spec: TinyWanS
         feed_forward_proj="gated-gelu", relative_attention_num_buckets=8, relative_attention_max_distance=32,
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, decoder_start_token_id=0,
     )).eval().save_pretrained(root / "text_encoder")
-    index = {"_class_name": "WanImageToVideoPipeline" if variant in ("i2v", "i2v_a14b") else "WanPipeline",
+    index = {"_class_name": "WanImageToVideoPipeline" if variant in ("i2v", "flf2v", "i2v_a14b") else "WanPipeline",
              "_diffusers_version": "0.42.1", "scheduler": ["diffusers", "UniPCMultistepScheduler"],
              "text_encoder": ["transformers", "UMT5EncoderModel"], "tokenizer": ["transformers", "T5TokenizerFast"],
              "transformer": ["diffusers", "WanTransformer3DModel"], "vae": ["diffusers", "AutoencoderKLWan"]}
-    if variant == "i2v":
+    if variant in ("i2v", "flf2v"):
         torch.manual_seed(spec.seed + 3)
         CLIPVisionModel(CLIPVisionConfig(
             hidden_size=spec.clip_hidden, intermediate_size=37, num_hidden_layers=3, num_attention_heads=2,

@@ -21,12 +21,14 @@ def first_frame_timesteps(timestep: torch.Tensor, latents: torch.Tensor, patch: 
 
 def model_fn_wan(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
                  image_embeds: torch.Tensor | None = None, condition: torch.Tensor | None = None,
-                 first_frame_latents: torch.Tensor | None = None, use_gradient_checkpointing: bool = False,
+                 first_frame_latents: torch.Tensor | None = None, end_image_embeds: torch.Tensor | None = None,
+                 use_gradient_checkpointing: bool = False,
                  use_gradient_checkpointing_offload: bool = False, **_: Any) -> torch.Tensor:
     """One denoiser call: latents (B, C, F, h, w), timestep (B,) in [0, 1000] -> velocity (B, C, F, h, w).
 
     I2V DiTs (in_channels > out_channels) take `condition` on channels and, Wan2.1 I2V 14B, `image_embeds`;
-    with `first_frame_latents` (TI2V-5B) the first latent frame is replaced by them at timestep 0."""
+    with `first_frame_latents` (TI2V-5B) the first latent frame is replaced by them at timestep 0. The end image's
+    CLIP tokens are used by a DiT with image position embeddings for two images (FLF2V) only."""
     config = dit.config
     takes_condition = config.in_channels != config.out_channels
     if takes_condition and condition is None:
@@ -37,6 +39,14 @@ def model_fn_wan(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embe
         raise UserError("this Wan DiT (I2V 14B) needs the CLIP image embedding: load the image encoder too")
     if image_embeds is not None and config.image_dim is None:
         raise UserError("a CLIP image encoder is loaded but this Wan DiT takes no image embedding: leave it out")
+    if config.pos_embed_seq_len is not None and image_embeds is not None:
+        # FLF2V: the first and the last frame's CLIP tokens as consecutive rows, which diffusers'
+        # WanImageEmbedding views as one sequence of both per sample
+        if end_image_embeds is None:
+            raise UserError("this Wan DiT (first-last-frame) needs an end image as well (--extra_inputs end_image)")
+        pair = torch.stack([image_embeds, end_image_embeds.to(image_embeds.dtype)], dim=1)
+        image_embeds = pair.reshape(-1, *image_embeds.shape[1:])
+    # otherwise the end image conditions through `condition` alone, as in the reference
     b = latents.shape[0]
     dtype = dit.dtype if dit.dtype.is_floating_point else latents.dtype
     set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)

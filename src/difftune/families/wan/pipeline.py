@@ -30,7 +30,7 @@ class WanVideoPipeline(BasePipeline):
     family = "wan"
     model_names = ("dit", "dit2", "text_encoder", "vae", "image_encoder")
     settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload"})
-    model_fn_inputs = ("prompt_embeds", "image_embeds", "condition", "first_frame_latents")
+    model_fn_inputs = ("prompt_embeds", "image_embeds", "condition", "first_frame_latents", "end_image_embeds")
     data_inputs = ("video", "image", "prompt", "seed", "input_image", "end_image", "num_inference_steps")
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "num_frames": SAME}
     batch_shared_inputs = ("height", "width", "num_frames")
@@ -80,14 +80,14 @@ class WanVideoPipeline(BasePipeline):
         return pipe
 
     def model_fn(self, latents, timestep, prompt_embeds, image_embeds=None, condition=None, first_frame_latents=None,
-                 expert_boundary=None, **settings):
+                 end_image_embeds=None, expert_boundary=None, **settings):
         dit = self.dit
         if expert_boundary is not None and self.dit2 is not None and bool(timestep.reshape(-1)[0] < expert_boundary):
             dit = self.dit2  # the low-noise expert below the boundary, as diffusers' boundary_ratio
         if dit is None:
             raise UserError("no Wan DiT loaded")
         return model_fn_wan(dit, latents, timestep, prompt_embeds, image_embeds, condition, first_frame_latents,
-                            **settings)
+                            end_image_embeds, **settings)
 
     def load_lora(self, module, path: str, alpha: float = 1.0) -> None:
         """As `BasePipeline.load_lora`; a DiT LoRA (`transformer.`) also fuses into the low-noise expert `dit2`,

@@ -149,11 +149,12 @@ class WanPromptEmbedder(PipelineUnit):
 
 
 class WanImageEmbedderCLIP(PipelineUnit):
-    """Wan2.1 I2V 14B's image embedding: CLIP's penultimate hidden states of the input image (and of the end
-    image, appended along the tokens). Nothing when no CLIP image encoder is loaded (the other variants)."""
+    """Wan2.1 I2V 14B's image embedding: CLIP's penultimate hidden states of the input image, and of the end image
+    apart (`model_fn` appends it where the DiT has position embeddings for two images, FLF2V). Nothing when no CLIP
+    image encoder is loaded (the other variants)."""
 
     inputs = ("input_image", "end_image", "height", "width", "batch_size")
-    outputs = ("image_embeds",)
+    outputs = ("image_embeds", "end_image_embeds")
     models = ("image_encoder",)
 
     def process(self, pipe, input_image, end_image, height, width, batch_size):
@@ -162,15 +163,19 @@ class WanImageEmbedderCLIP(PipelineUnit):
         if getattr(pipe, "image_processor", None) is None:
             raise UserError("no CLIP image processor: pass image_processor_config (an image_processor/ folder)")
         n = int(batch_size or 1)
-        out = []
-        for first, last in zip(_per_sample(input_image, n), _per_sample(end_image, n)):
-            images = [im.convert("RGB").resize((width, height)) if im.size != (width, height) else im.convert("RGB")
-                      for im in ([first] if last is None else [first, last])]
+
+        def embed(images):
+            images = [im.convert("RGB") if im.size == (width, height) else im.convert("RGB").resize((width, height))
+                      for im in images]
             pixels = pipe.image_processor(images=images, return_tensors="pt").pixel_values
             hidden = pipe.image_encoder(pixel_values=pixels.to(pipe.device, pipe.image_encoder.dtype),
                                         output_hidden_states=True).hidden_states[-2]
-            out.append(hidden.reshape(1, -1, hidden.shape[-1]))
-        return {"image_embeds": torch.cat(out).to(pipe.torch_dtype)}
+            return hidden.to(pipe.torch_dtype)
+
+        out = {"image_embeds": embed(_per_sample(input_image, n))}
+        if end_image is not None:
+            out["end_image_embeds"] = embed(_per_sample(end_image, n))
+        return out
 
 
 class WanImageEmbedderVAE(PipelineUnit):
