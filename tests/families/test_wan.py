@@ -372,3 +372,21 @@ def test_expert_lora_fuses_into_the_low_noise_expert(repos, tmp_path):
     key = "blocks.0.attn1.to_q.weight"
     assert torch.allclose(after[key], before[key] + 0.5 * b @ a, atol=1e-6)
     assert all(torch.equal(after[k], before[k]) for k in before if k != key)
+
+
+def test_validation_renders_frames_during_training(repos, tmp_path, capsys):
+    """T2V: validation renders the first frame of a clip per prompt into the grid; I2V: skipped with a note
+    (it would need an input image), and training goes on."""
+    meta = write_example_dataset(tmp_path / "data", n=1, size=(48, 32))
+    common = ["--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--validation_prompts", "a fox|a cat", "--validation_steps", 1, "--validation_size", 32,
+              "--validation_inference_steps", 2, "--max_steps", 1]
+    paths = [p[0] for p in tiny_wan_paths(repos["t2v"]).values()]
+    run_train(*common, "--output_path", tmp_path / "t2v", *flags(paths))
+    grids = sorted((tmp_path / "t2v").rglob("step-*.png"))
+    assert len(grids) == 1 and Image.open(grids[0]).size[0] >= 64  # two 32 px frames side by side
+    meta = with_input_image(meta)
+    paths = [p[0] for p in tiny_wan_paths(repos["i2v"]).values()]
+    run_train(*common, "--output_path", tmp_path / "i2v", "--extra_inputs", "input_image", *flags(paths))
+    assert "note: no validation images: this Wan DiT is image-to-video" in capsys.readouterr().out
+    assert any((tmp_path / "i2v").glob("*.safetensors"))  # the run finished and saved

@@ -164,6 +164,11 @@ class BasePipeline:
         """Shape of one sample's initial noise for an image of this size (validation draws it)."""
         return (self.latent_channels, height // self.vae_scale, width // self.vae_scale)
 
+    def validation_unavailable(self) -> str | None:
+        """Why validation cannot render from a prompt alone with the loaded models (e.g. an image-to-video
+        denoiser), or None."""
+        return None
+
     def decode(self, latents: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         """Latents -> images (B, 3, H, W) in [-1, 1]."""
         raise NotImplementedError(f"{type(self).__name__} cannot decode latents to images")

@@ -139,6 +139,12 @@ class Validator:
         return {k: v.to(pipe.device, pipe.torch_dtype if v.is_floating_point() else v.dtype) for k, v in values.items()}
 
     def render(self, pipe, step: int, accelerator=None):
+        why = pipe.validation_unavailable()
+        if why:
+            if not self.warned:
+                print(f"note: no validation images: {why}")
+                self.warned = True
+            return None
         embeds = self._embeddings(pipe)
         temporary = self._decoders(pipe) if embeds is not None else None
         if embeds is None or temporary is None:

@@ -115,6 +115,12 @@ class WanVideoPipeline(BasePipeline):
         channels, spatial = (self.latent_channels, self.vae_scale) if self.vae is None else vae_scales(self.vae)[:2]
         return (channels, 1, height // spatial, width // spatial)
 
+    def validation_unavailable(self) -> str | None:
+        config = self.dit.config if self.dit is not None else None
+        if config is not None and (config.in_channels != config.out_channels or config.image_dim is not None):
+            return "this Wan DiT is image-to-video and validation renders from the prompt alone"
+        return None
+
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents -> frames (B*F, 3, H, W) in [-1, 1], sample by sample."""
         video = vae_decode(self, latents)
