@@ -390,3 +390,39 @@ def test_validation_renders_frames_during_training(repos, tmp_path, capsys):
     run_train(*common, "--output_path", tmp_path / "i2v", "--extra_inputs", "input_image", *flags(paths))
     assert "note: no validation images: this Wan DiT is image-to-video" in capsys.readouterr().out
     assert any((tmp_path / "i2v").glob("*.safetensors"))  # the run finished and saved
+
+
+def test_comfyui_and_kohya_layouts_use_wan_original_names(repos, tmp_path):
+    """--lora_format comfyui / kohya write Wan's original module names (ComfyUI's and musubi-tuner's keys), with
+    alpha; such files load back (pipe.load_lora) to the same weights as the diffusers-layout file."""
+    meta = write_example_dataset(tmp_path / "data", n=1, size=(48, 32))
+    paths = [p[0] for p in tiny_wan_paths(repos["t2v"]).values()]
+    files = {}
+    for layout in ("diffusers", "comfyui", "kohya"):
+        run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+                  "--output_path", tmp_path / layout, "--lora_format", layout, *flags(paths, "--learning_rate", 5e-2))
+        files[layout] = tmp_path / layout / "epoch-0.safetensors"
+    comfy, kohya = load_file(str(files["comfyui"])), load_file(str(files["kohya"]))
+    assert "diffusion_model.blocks.0.self_attn.q.lora_A.weight" in comfy
+    assert "diffusion_model.blocks.1.cross_attn.o.alpha" in comfy and "diffusion_model.blocks.0.ffn.2.lora_B.weight" in comfy
+    assert "lora_unet_blocks_0_self_attn_q.lora_down.weight" in kohya and "lora_unet_blocks_1_ffn_0.alpha" in kohya
+    assert not any("attn1" in k or "to_q" in k for k in [*comfy, *kohya])
+    fused = {}
+    for layout, path in files.items():
+        pipe = load_pipe(repos["t2v"], slots=("transformer",))
+        pipe.load_lora(pipe.dit, str(path))
+        fused[layout] = pipe.dit.state_dict()
+    base = load_pipe(repos["t2v"], slots=("transformer",)).dit.state_dict()
+    assert any(not torch.equal(fused["diffusers"][k], base[k]) for k in base)
+    for layout in ("comfyui", "kohya"):
+        assert max((fused[layout][k] - fused["diffusers"][k]).abs().max().item() for k in base) <= 1e-6, layout
+
+
+def test_comfyui_layout_refuses_a_module_without_an_original_name_before_training(repos, tmp_path):
+    meta = write_example_dataset(tmp_path / "data", n=1, size=(48, 32))
+    paths = [p[0] for p in tiny_wan_paths(repos["t2v"]).values()]
+    with pytest.raises(UserError, match="LoRA on proj_out: the ComfyUI / kohya layouts name"):
+        run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+                  "--output_path", tmp_path / "out", "--lora_format", "comfyui",
+                  *flags(paths)[:-4], "--lora_target_modules", "proj_out", "--lora_rank", 4)
+    assert not any((tmp_path / "out").glob("*.safetensors"))

@@ -63,6 +63,9 @@ class FamilySpec:
     # LoRA file translators for layouts only this family has (FLUX: kohya files in BFL's fused-qkv names):
     # tensors -> diffusers-layout tensors, or None when the file is not theirs (see `load_lora_file`).
     lora_converters: tuple[Callable[[dict], dict | None], ...] = ()
+    # The denoiser's module path (diffusers' name) -> its name in the ComfyUI / kohya LoRA layouts, where those
+    # use the original checkpoint's names (Wan: blocks.0.attn1.to_q -> blocks.0.self_attn.q); None: the same.
+    lora_export_names: Callable[[str], str] | None = None
     data: str = "image"  # what the data operator loads: image | video
     # Run-time settings this family's units read, from the flags (args -> {name: value}); never cached.
     flag_settings: Callable[[Any], dict] | None = None

@@ -4,6 +4,7 @@ from ...core.family import FamilySpec, TokenizerSpec
 from ...models.load import load_tokenizer
 from .components import (DIT, IMAGE_ENCODER, IMAGE_ENCODER_PROJ, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS,
                          TEXT_ENCODER, VAE, load_repo_scheduler)
+from .lora_names import convert_original_wan_lora, original_name
 from .pipeline import WanVideoPipeline
 
 
@@ -38,6 +39,8 @@ FAMILY = FamilySpec(
     lora_prefixes={"dit": "transformer", "dit2": "transformer_2", "text_encoder": "text_encoder"},
     lora_target_modules=LORA_TARGET_MODULES,
     lora_target_aliases={"dit": REFERENCE_LORA_TARGETS, "dit2": REFERENCE_LORA_TARGETS},
+    lora_converters=(convert_original_wan_lora,),
+    lora_export_names=original_name,
     data="image",
     sample_defaults={"height": 480, "width": 832, "num_inference_steps": 50, "cfg_scale": 5.0},
     description="Wan2.1 / Wan2.2 video (diffusers WanTransformer3DModel, AutoencoderKLWan, UMT5, CLIP vision)",

@@ -92,11 +92,12 @@ class WanVideoPipeline(BasePipeline):
     def load_lora(self, module, path: str, alpha: float = 1.0) -> None:
         """As `BasePipeline.load_lora`; a DiT LoRA (`transformer.`) also fuses into the low-noise expert `dit2`,
         whose runs train it as `dit` (diffusers: `load_lora_weights(..., load_into_transformer_2=True)`)."""
+        from ...core.family import get_family
         from ...lora import fuse_lora, load_lora_file
 
         if module is None or module is not self.dit2:
             return super().load_lora(module, path, alpha)
-        lora = load_lora_file(path)
+        lora = load_lora_file(path, converters=get_family(self.family).lora_converters)
         component = "transformer_2" if "transformer_2" in lora.components else "transformer"
         fuse_lora(module, lora, scale=alpha, component=component)
 
