@@ -338,7 +338,8 @@ def test_sample_command_writes_the_clip(repos, tmp_path):
         assert np.array_equal(np.asarray(clip.convert("RGB")), np.asarray(frame))
     with pytest.raises(UserError, match="clip.mp4: a clip is written as"):
         main(["--model_dir", str(repos["t2v"]), "--prompt", "x", "--torch_dtype", "float32", "--height", "32",
-              "--width", "32", "--num_frames", "1", "--num_inference_steps", "1", "--output", str(tmp_path / "clip.mp4")])
+              "--width", "32", "--num_frames", "1", "--num_inference_steps", "1",
+              "--output", str(tmp_path / "clip.mp4")])
 
 
 @pytest.mark.parametrize("flags_,message", [
@@ -404,7 +405,8 @@ def test_comfyui_and_kohya_layouts_use_wan_original_names(repos, tmp_path):
         files[layout] = tmp_path / layout / "epoch-0.safetensors"
     comfy, kohya = load_file(str(files["comfyui"])), load_file(str(files["kohya"]))
     assert "diffusion_model.blocks.0.self_attn.q.lora_A.weight" in comfy
-    assert "diffusion_model.blocks.1.cross_attn.o.alpha" in comfy and "diffusion_model.blocks.0.ffn.2.lora_B.weight" in comfy
+    assert "diffusion_model.blocks.1.cross_attn.o.alpha" in comfy
+    assert "diffusion_model.blocks.0.ffn.2.lora_B.weight" in comfy
     assert "lora_unet_blocks_0_self_attn_q.lora_down.weight" in kohya and "lora_unet_blocks_1_ffn_0.alpha" in kohya
     assert not any("attn1" in k or "to_q" in k for k in [*comfy, *kohya])
     fused = {}

@@ -108,7 +108,8 @@ def write_tiny_wan(path: str | os.PathLike, variant: str = "t2v", spec: TinyWanS
         torch.manual_seed(spec.seed + 3)
         CLIPVisionModel(CLIPVisionConfig(
             hidden_size=spec.clip_hidden, intermediate_size=37, num_hidden_layers=3, num_attention_heads=2,
-            image_size=32, patch_size=8, projection_dim=spec.clip_hidden)).eval().save_pretrained(root / "image_encoder")
+            image_size=32, patch_size=8, projection_dim=spec.clip_hidden,
+        )).eval().save_pretrained(root / "image_encoder")
         CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(
             root / "image_processor")
         index.update(image_encoder=["transformers", "CLIPVisionModel"],

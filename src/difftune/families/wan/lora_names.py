@@ -12,7 +12,8 @@ from ...errors import UserError
 
 # diffusers' module (under blocks.<i>.) -> Wan's original one
 _BLOCK = {
-    "attn1.to_q": "self_attn.q", "attn1.to_k": "self_attn.k", "attn1.to_v": "self_attn.v", "attn1.to_out.0": "self_attn.o",
+    "attn1.to_q": "self_attn.q", "attn1.to_k": "self_attn.k", "attn1.to_v": "self_attn.v",
+    "attn1.to_out.0": "self_attn.o",
     "attn2.to_q": "cross_attn.q", "attn2.to_k": "cross_attn.k", "attn2.to_v": "cross_attn.v",
     "attn2.to_out.0": "cross_attn.o", "attn2.add_k_proj": "cross_attn.k_img", "attn2.add_v_proj": "cross_attn.v_img",
     "ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2",

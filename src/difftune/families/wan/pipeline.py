@@ -137,7 +137,8 @@ class WanVideoPipeline(BasePipeline):
             video = data.get("image")
         frames = frames_of(video)
         if not frames or not all(isinstance(f, Image.Image) for f in frames):
-            raise UserError(f"row {row}: no clip: 'video' (frames) or 'image' must be a file listed in --data_file_keys")
+            raise UserError(f"row {row}: no clip: 'video' (frames) or 'image' must be a file listed in "
+                            f"--data_file_keys")
         if (len(frames) - 1) % 4:
             raise UserError(f"row {row}: the clip has {len(frames)} frames; Wan needs 4k+1 (e.g. --num_frames 81)")
         for name in ("input_image", "end_image"):
