@@ -41,6 +41,12 @@ class WanVideoPipeline(BasePipeline):
     patch_size = 2
     vae_scale = 8
     latent_channels = 16
+    # The video data path's settings (read once it lands; `FamilySpec.data` becomes "video" then): clips of
+    # 4k+1 frames, 81 by default (the reference's), input_image / end_image = the clip's first / last frame.
+    default_num_frames = 81
+    time_division_factor = 4
+    time_division_remainder = 1
+    frame_inputs = {"input_image": ("video", 0), "end_image": ("video", -1)}
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype)
@@ -111,10 +117,11 @@ class WanVideoPipeline(BasePipeline):
         mask[:, :, 0] = 0
         return mask
 
-    def noise_shape(self, height: int, width: int) -> tuple[int, ...]:
-        """One latent frame (validation renders a still)."""
-        channels, spatial = (self.latent_channels, self.vae_scale) if self.vae is None else vae_scales(self.vae)[:2]
-        return (channels, 1, height // spatial, width // spatial)
+    def noise_shape(self, height: int, width: int, num_frames: int = 1) -> tuple[int, ...]:
+        """The latents of a clip of `num_frames` frames (validation: one frame unless told)."""
+        channels, spatial, temporal = (self.latent_channels, self.vae_scale, 4) if self.vae is None \
+            else vae_scales(self.vae)
+        return (channels, (int(num_frames) - 1) // temporal + 1, height // spatial, width // spatial)
 
     def validation_unavailable(self) -> str | None:
         config = self.dit.config if self.dit is not None else None
@@ -123,9 +130,9 @@ class WanVideoPipeline(BasePipeline):
         return None
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Latents -> frames (B*F, 3, H, W) in [-1, 1], sample by sample."""
+        """Latents -> clips (B, 3, F, H, W) in [-1, 1]; a one-frame clip as images (B, 3, H, W)."""
         video = vae_decode(self, latents)
-        return video.transpose(1, 2).reshape(-1, *video.shape[1:2], *video.shape[3:])
+        return video[:, :, 0] if video.shape[2] == 1 else video
 
     # -- training -------------------------------------------------------------------------------------
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
