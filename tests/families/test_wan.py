@@ -176,16 +176,19 @@ def test_i2v_lora_split_equals_one_stage(repos, tmp_path):
 
 
 def test_a14b_expert_with_boundaries_split_equals_one_stage(repos, tmp_path):
-    """The reference's high-noise expert run: its DiT only, --max_timestep_boundary 0.358."""
-    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
-    paths = tiny_wan_paths(repos["a14b"])
+    """The reference's Wan2.2-I2V-A14B high-noise expert run: its DiT only, --extra_inputs input_image,
+    --max_timestep_boundary 0.358 --min_timestep_boundary 0."""
+    meta = with_input_image(write_example_dataset(tmp_path / "data", n=2, size=(48, 32)))
+    paths = tiny_wan_paths(repos["i2v_a14b"])
     paths = [paths[k][0] for k in ("transformer", "text_encoder", "vae")]
-    a, diff = one_stage_and_split(tmp_path, meta, paths, "--max_timestep_boundary", 0.358,
+    image_flags = ("--extra_inputs", "input_image")
+    a, diff = one_stage_and_split(tmp_path, meta, paths, *image_flags, "--max_timestep_boundary", 0.358,
                                   "--min_timestep_boundary", 0)
+    print(f"wan i2v-a14b high-noise expert LoRA: split vs one-stage max difference {diff:.2e}")
     assert diff <= 1e-5
     # the boundaries are in effect: the other expert's range trains other weights
     run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
-              "--output_path", tmp_path / "low", *flags(paths, "--min_timestep_boundary", 0.358))
+              "--output_path", tmp_path / "low", *flags(paths, *image_flags, "--min_timestep_boundary", 0.358))
     low = load_file(str(tmp_path / "low" / "epoch-0.safetensors"))
     assert max((a[k] - low[k]).abs().max().item() for k in a) > 1e-6
 
