@@ -441,3 +441,64 @@ def test_latent_layout_follows_the_vae(repos):
     assert load_pipe(repos["ti2v"], slots=("vae",)).noise_shape(32, 64, num_frames=5) == (48, 2, 2, 4)
     assert t2v.decode(torch.zeros(1, 16, 3, 4, 6)).shape == (1, 3, 9, 32, 48)
     assert t2v.decode(torch.zeros(2, 16, 1, 4, 6)).shape == (2, 3, 32, 48)
+
+
+# -- Wan-AI's original layout ----------------------------------------------------------------------------------
+
+@pytest.fixture()
+def original(tmp_path, monkeypatch):
+    """A tiny I2V-A14B repository in Wan-AI's original layout, its diffusers twin, and the tiny configs as known
+    ones (recognition matches bare weights against the official configs, which tiny models are not)."""
+    from difftune.families.wan.components import DIT_ORIGINAL, TEXT_ENCODER_ORIGINAL, VAE_ORIGINAL
+    from difftune.testing import write_tiny_wan_original
+
+    root, reference = write_tiny_wan_original(tmp_path / "Wan2.2-I2V-A14B", "i2v_a14b")
+    for spec, folder in ((DIT_ORIGINAL, "transformer"), (TEXT_ENCODER_ORIGINAL, "text_encoder"),
+                         (VAE_ORIGINAL, "vae")):
+        monkeypatch.setitem(spec.known_configs, "tiny", json.loads((reference / folder / "config.json").read_text()))
+    return root, reference
+
+
+def test_original_files_load_as_the_diffusers_layout(original):
+    """diffusion_pytorch_model.safetensors (Wan's names, Wan's own config.json beside it), the .pth T5 and VAE:
+    recognised from their tensors and loaded to exactly the diffusers-layout tensors; both experts in order."""
+    from difftune.core.family import recognise
+    from difftune.models import load_component
+
+    root, reference = original
+    files = [root / "high_noise_model" / "diffusion_pytorch_model.safetensors",
+             root / "low_noise_model" / "diffusion_pytorch_model.safetensors",
+             root / "models_t5_umt5-xxl-enc-bf16.pth", root / "Wan2.1_VAE.pth"]
+    spec, found = recognise([ModelConfig(str(f)) for f in files], None, log=lambda *a: None)
+    assert spec.name == "wan" and [slot for slot, _, _ in found] == ["dit", "dit2", "text_encoder", "vae"]
+    twins = dict(zip(["dit", "dit2", "text_encoder", "vae"], ["transformer", "transformer_2", "text_encoder", "vae"]))
+    for slot, config, det in found:
+        mine = load_component(config, spec.components, torch_dtype=torch.float32).module.state_dict()
+        want_file = tiny_wan_paths(reference)[twins[slot]][0]
+        want = load_component(ModelConfig(want_file), spec.components, torch_dtype=torch.float32).module.state_dict()
+        assert mine.keys() == want.keys() and all(torch.equal(mine[k], want[k]) for k in want), slot
+
+
+def test_reference_a14b_command_on_original_files(original, tmp_path):
+    """The reference's Wan2.2-I2V-A14B high-noise run, its files named as its script names them, trains the same
+    LoRA as the same run on the diffusers layout: the same losses, and weights equal up to float round-off (the
+    models' tensors are equal; Adam magnifies round-off where a gradient is near zero, the cross-attention's
+    to_k here)."""
+    root, reference = original
+    meta = with_input_image(write_example_dataset(tmp_path / "data", n=1, size=(48, 32)))
+    run = ["--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+           "--extra_inputs", "input_image", "--max_timestep_boundary", 0.358, "--min_timestep_boundary", 0,
+           "--remove_prefix_in_ckpt", "pipe.dit.", "--enable_csv_log"]
+    files = [str(root / "high_noise_model" / "diffusion_pytorch_model.safetensors"),
+             str(root / "models_t5_umt5-xxl-enc-bf16.pth"), str(root / "Wan2.1_VAE.pth")]
+    run_train(*run, "--output_path", tmp_path / "orig", "--tokenizer_path", root / "google" / "umt5-xxl",
+              *flags(files))
+    twin = tiny_wan_paths(reference)
+    run_train(*run, "--output_path", tmp_path / "diff",
+              *flags([twin[k][0] for k in ("transformer", "text_encoder", "vae")]))
+    a = load_file(str(tmp_path / "orig" / "epoch-0.safetensors"))
+    b = load_file(str(tmp_path / "diff" / "epoch-0.safetensors"))
+    assert (tmp_path / "orig" / "loss.csv").read_text() == (tmp_path / "diff" / "loss.csv").read_text()
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"wan original layout vs diffusers layout, I2V-A14B expert LoRA: max difference {diff:.2e}")
+    assert a.keys() == b.keys() and a and diff <= 1e-4

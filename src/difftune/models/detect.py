@@ -107,6 +107,9 @@ class ComponentSpec:
     normalize_key: Callable[[str], str] = _identity  # file key -> model key (idempotent)
     description: str = ""
     extra_slots: tuple[str, ...] = ()  # further slots a second model of this class fills (e.g. dit2)
+    # Classes of config.json files that may sit beside this spec's weights without describing them in diffusers' or
+    # transformers' terms (Wan-AI's own "WanModel" config beside its DiT): the weights are recognised instead.
+    foreign_config_classes: tuple[str, ...] = ()
     # Whole-checkpoint layout conversion (normalised keys -> model keys) for layouts that cannot be mapped key by
     # key (fused tensors split). It must work on meta tensors: recognition runs it on the header's shapes.
     convert_state_dict: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
@@ -261,6 +264,8 @@ def _config_beside(files: list[str], specs: Sequence[ComponentSpec]) -> tuple[Co
     for spec in specs:
         if spec.class_name in classes:
             return spec, config, str(path)
+    if any(c in spec.foreign_config_classes for spec in specs for c in classes):
+        return None
     known = ", ".join(sorted({s.class_name for s in specs}))
     raise UserError(f"{path}: {classes[0]} is not a model difftune can load here (known: {known})")
 

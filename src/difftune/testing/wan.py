@@ -40,6 +40,10 @@ class TinyWanSpec:
     text_dim: int = 32
     clip_hidden: int = 32
     vae_base_dim: int = 8
+    # the original layout: Wan2.1's level structure (two blocks per level, widths x1, x2, x4, x4), which diffusers'
+    # converter assumes
+    vae_res_blocks: int = 1
+    vae_dim_mult: tuple = (1, 1, 1, 1)
     boundary_ratio: float = 0.875
     seed: int = 0
 
@@ -71,8 +75,8 @@ def _vae(variant: str, spec: TinyWanSpec, seed: int):
                                 is_residual=True, in_channels=12, out_channels=12, patch_size=2,
                                 scale_factor_temporal=4, scale_factor_spatial=16,
                                 latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
-    return AutoencoderKLWan(base_dim=spec.vae_base_dim, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                            temperal_downsample=[False, True, True])
+    return AutoencoderKLWan(base_dim=spec.vae_base_dim, z_dim=16, dim_mult=list(spec.vae_dim_mult),
+                            num_res_blocks=spec.vae_res_blocks, temperal_downsample=[False, True, True])
 
 
 def write_tiny_wan(path: str | os.PathLike, variant: str = "t2v", spec: TinyWanSpec | None = None) -> Path:
@@ -136,6 +140,42 @@ def tiny_wan_paths(root: str | os.PathLike) -> dict[str, list[str]]:
         if files:
             out[folder] = files
     return out
+
+
+def write_tiny_wan_original(path: str | os.PathLike, variant: str = "t2v") -> tuple[Path, Path]:
+    """A tiny Wan repository in Wan-AI's ORIGINAL layout, as the reference's commands name its files:
+    `diffusion_pytorch_model.safetensors` (Wan's key names) with Wan's own `config.json` (class WanModel) — for
+    the A14B variants in `high_noise_model/` and `low_noise_model/` —, `models_t5_umt5-xxl-enc-bf16.pth`,
+    `Wan2.1_VAE.pth` and the tokenizer in `google/umt5-xxl/`. Written from a diffusers-layout repository of
+    the same tensors (returned second) through the inverse of the converters the family loads them with."""
+    from safetensors.torch import load_file, save_file
+
+    from .wan_original import umt5_to_wan, wan_dit_to_original, wan_vae_to_original
+
+    if variant not in ("t2v", "a14b", "i2v_a14b"):
+        raise ValueError("the original layout is written for t2v, a14b and i2v_a14b (no CLIP, Wan2.1 VAE)")
+    root = Path(path)
+    reference = write_tiny_wan(root / "diffusers", variant, TinyWanSpec(vae_res_blocks=2, vae_dim_mult=(1, 2, 4, 4)))
+    paths = tiny_wan_paths(reference)
+    dits = {"": paths["transformer"]} if "transformer_2" not in paths else \
+        {"high_noise_model": paths["transformer"], "low_noise_model": paths["transformer_2"]}
+    for folder, files in dits.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        state = {k: v for f in files for k, v in load_file(f).items()}
+        save_file({k: v.contiguous() for k, v in wan_dit_to_original(state).items()},
+                  str(root / folder / "diffusion_pytorch_model.safetensors"))
+        config = json.loads(Path(files[0]).with_name("config.json").read_text())
+        (root / folder / "config.json").write_text(json.dumps({  # Wan's own config, not diffusers'
+            "_class_name": "WanModel", "dim": config["num_attention_heads"] * config["attention_head_dim"],
+            "ffn_dim": config["ffn_dim"], "num_heads": config["num_attention_heads"],
+            "num_layers": config["num_layers"], "in_dim": config["in_channels"], "out_dim": config["out_channels"],
+            "model_type": "i2v" if config["in_channels"] != config["out_channels"] else "t2v"}))
+    torch.save({k: v.contiguous() for k, v in umt5_to_wan(load_file(paths["text_encoder"][0])).items()},
+               root / "models_t5_umt5-xxl-enc-bf16.pth")
+    torch.save({k: v.contiguous() for k, v in wan_vae_to_original(load_file(paths["vae"][0])).items()},
+               root / "Wan2.1_VAE.pth")
+    flux_t5_tokenizer().save_pretrained(root / "google" / "umt5-xxl")
+    return root, reference
 
 
 def _tiny_wan(folder: Path) -> TinyFamily:

@@ -2,8 +2,9 @@
 
 from ...core.family import FamilySpec, TokenizerSpec
 from ...models.load import load_tokenizer
-from .components import (DIT, IMAGE_ENCODER, IMAGE_ENCODER_PROJ, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS,
-                         TEXT_ENCODER, VAE, load_repo_scheduler)
+from .components import (DIT, DIT_ORIGINAL, IMAGE_ENCODER, IMAGE_ENCODER_PROJ, LORA_TARGET_MODULES,
+                         REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_ORIGINAL, VAE, VAE_ORIGINAL,
+                         load_repo_scheduler)
 from .lora_names import convert_original_wan_lora, original_name
 from .pipeline import WanVideoPipeline
 
@@ -26,7 +27,8 @@ def load_image_processor(path_or_config):
 FAMILY = FamilySpec(
     name="wan",
     pipeline=WanVideoPipeline,
-    components=(DIT, TEXT_ENCODER, VAE, IMAGE_ENCODER, IMAGE_ENCODER_PROJ),
+    components=(DIT, TEXT_ENCODER, VAE, IMAGE_ENCODER, IMAGE_ENCODER_PROJ, DIT_ORIGINAL, TEXT_ENCODER_ORIGINAL,
+                VAE_ORIGINAL),
     tokenizers=(
         TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
                       flag="tokenizer_path", default="Wan-AI/Wan2.1-T2V-1.3B:google/umt5-xxl/"),

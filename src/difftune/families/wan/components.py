@@ -88,3 +88,79 @@ def load_repo_scheduler(path_or_config) -> RepoScheduler:
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
             boundary = None
     return RepoScheduler(cls.from_config(config), boundary, str(folder))
+
+
+# -- Wan-AI's original files (the reference's commands name these) -------------------------------------------
+# Official configs in diffusers' / transformers' terms: recognition matches the converted tensor shapes against
+# them (the original repositories' own config.json, class "WanModel", is not in these terms).
+def _dit_config(heads, ffn, layers, in_channels=16, out_channels=16, image=False, pos_embed_seq_len=None):
+    return {"_class_name": "WanTransformer3DModel", "patch_size": [1, 2, 2], "num_attention_heads": heads,
+            "attention_head_dim": 128, "in_channels": in_channels, "out_channels": out_channels, "text_dim": 4096,
+            "freq_dim": 256, "ffn_dim": ffn, "num_layers": layers, "cross_attn_norm": True,
+            "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": 1280 if image else None,
+            "added_kv_proj_dim": heads * 128 if image else None, "rope_max_seq_len": 1024,
+            "pos_embed_seq_len": pos_embed_seq_len}
+
+
+WAN_DIT_CONFIGS = {
+    "Wan2.1-T2V-1.3B": _dit_config(12, 8960, 30),
+    "Wan2.1-T2V-14B / Wan2.2-T2V-A14B expert": _dit_config(40, 13824, 40),
+    "Wan2.1-I2V-14B": _dit_config(40, 13824, 40, in_channels=36, image=True),
+    "Wan2.1-FLF2V-14B": _dit_config(40, 13824, 40, in_channels=36, image=True, pos_embed_seq_len=514),
+    "Wan2.2-I2V-A14B expert": _dit_config(40, 13824, 40, in_channels=36),
+    "Wan2.2-TI2V-5B": _dit_config(24, 14336, 30, in_channels=48, out_channels=48),
+}
+# Wan2.1's VAE (also Wan2.2 A14B's): AutoencoderKLWan's defaults, its latents mean / std included.
+WAN21_VAE_CONFIG = {"_class_name": "AutoencoderKLWan", "base_dim": 96, "z_dim": 16, "dim_mult": [1, 2, 4, 4],
+                    "num_res_blocks": 2, "attn_scales": [], "temperal_downsample": [False, True, True],
+                    "dropout": 0.0}
+UMT5_XXL_CONFIG = {"architectures": ["UMT5EncoderModel"], "model_type": "umt5", "vocab_size": 256384,
+                   "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24, "num_heads": 64,
+                   "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+                   "feed_forward_proj": "gated-gelu", "dense_act_fn": "gelu_new", "is_gated_act": True,
+                   "layer_norm_epsilon": 1e-6, "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
+                   "tie_word_embeddings": False}
+
+
+def _strip_comfy_prefix(key: str) -> str:
+    for prefix in ("model.diffusion_model.", "diffusion_model."):
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def _dit_from_original(state):
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    return convert_wan_transformer_to_diffusers(dict(state))
+
+
+def _vae_from_original(state):
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    return convert_wan_vae_to_diffusers(dict(state))
+
+
+def _umt5_from_original(state):
+    from .original_layout import umt5_from_wan
+
+    return umt5_from_wan(state)
+
+
+DIT_ORIGINAL = ComponentSpec(
+    name="dit", library="diffusers", class_name="WanTransformer3DModel", extra_slots=("dit2",),
+    known_configs=WAN_DIT_CONFIGS, marker_keys=("patch_embedding.weight", "head.modulation", "blocks.0.self_attn.q.weight"),
+    normalize_key=_strip_comfy_prefix, convert_state_dict=_dit_from_original, foreign_config_classes=("WanModel",),
+    description="Wan DiT, Wan-AI's original layout (diffusion_pytorch_model*.safetensors)")
+
+VAE_ORIGINAL = ComponentSpec(
+    name="vae", library="diffusers", class_name="AutoencoderKLWan", known_configs={"Wan2.1 VAE": WAN21_VAE_CONFIG},
+    marker_keys=("encoder.conv1.weight", "decoder.middle.0.residual.0.gamma", "conv1.weight"),
+    convert_state_dict=_vae_from_original, description="Wan2.1 VAE, Wan-AI's original layout (Wan2.1_VAE.pth)")
+
+TEXT_ENCODER_ORIGINAL = ComponentSpec(
+    name="text_encoder", library="transformers", class_name="UMT5EncoderModel", config_class_name="UMT5Config",
+    known_configs={"UMT5-XXL encoder": UMT5_XXL_CONFIG},
+    marker_keys=("token_embedding.weight", "blocks.0.attn.q.weight", "blocks.0.ffn.gate.0.weight"),
+    convert_state_dict=_umt5_from_original,
+    description="UMT5-XXL encoder, Wan-AI's original layout (models_t5_umt5-xxl-enc-bf16.pth)")
