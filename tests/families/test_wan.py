@@ -502,3 +502,23 @@ def test_reference_a14b_command_on_original_files(original, tmp_path):
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
     print(f"wan original layout vs diffusers layout, I2V-A14B expert LoRA: max difference {diff:.2e}")
     assert a.keys() == b.keys() and a and diff <= 1e-4
+
+
+def test_hub_ids_with_the_repository_scheduler(repos, tmp_path, monkeypatch):
+    """From hub ids (an offline hub): both A14B experts in order, the tokenizer, and the repository's scheduler/
+    with model_index.json's boundary_ratio; the video equals the one from local paths."""
+    from difftune.testing import populate_offline_hub
+
+    repo = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
+    populate_offline_hub(tmp_path / "models", repo, repos["a14b"])
+    monkeypatch.setenv("DIFFTUNE_MODEL_BASE_PATH", str(tmp_path / "models"))
+    monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
+    pipe = WanVideoPipeline.from_pretrained(
+        torch_dtype=torch.float32,
+        model_configs=[ModelConfig(model_id=repo, origin_file_pattern=f"{folder}/*.safetensors")
+                       for folder in ("transformer", "transformer_2", "text_encoder", "vae")],
+        tokenizer_config=ModelConfig(model_id=repo, origin_file_pattern="tokenizer/"),
+        repo_scheduler_config=ModelConfig(model_id=repo, origin_file_pattern="scheduler/"))
+    assert type(pipe.scheduler.sampler).__name__ == "UniPCMultistepScheduler" and pipe.boundary_ratio == 0.875
+    args = dict(cfg_scale=5.0, seed=3, progress=False, output_type="latent", **KW)
+    assert torch.equal(pipe("a red fox", **args), load_pipe(repos["a14b"])("a red fox", **args))
