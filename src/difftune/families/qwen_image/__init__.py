@@ -4,6 +4,7 @@ from ...core.family import FamilySpec, TokenizerSpec
 from ...models.load import load_tokenizer
 from ...util import names
 from .components import DIT, LORA_TARGET_MODULES, TEXT_ENCODER, VAE
+from .controlnet import BLOCKWISE_CONTROLNET
 from .pipeline import QwenImagePipeline
 from .processor import load_processor
 
@@ -15,7 +16,7 @@ def _wants_edit(args) -> bool:
 FAMILY = FamilySpec(
     name="qwen_image",
     pipeline=QwenImagePipeline,
-    components=(DIT, TEXT_ENCODER, VAE),
+    components=(DIT, TEXT_ENCODER, VAE, BLOCKWISE_CONTROLNET),
     tokenizers=(
         TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
                       flag="tokenizer_path"),
