@@ -69,6 +69,8 @@ class TinyFamily:
     flags: tuple = ()  # more flags every run needs (sizes, ...)
     # Other trainable sets to check split == one-stage on: name -> flags.
     trainable_cases: dict = field(default_factory=dict)
+    # Slots only some runs fill (an add-on model such as a ControlNet): the tiny models may leave them empty.
+    optional_slots: tuple = ()
 
 
 _TINY: dict = {}

@@ -189,7 +189,8 @@ def _tiny_qwen_image(folder: Path) -> TinyFamily:
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
                       flags=("--max_pixels", "4096"),
                       trainable_cases={"text_encoder_lora": (
-                          "--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj")})
+                          "--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj")},
+                      optional_slots=("blockwise_controlnet",))
 
 
 register_tiny("qwen_image", _tiny_qwen_image)

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import torch
+from PIL import Image
 
 from ...errors import UserError
 from .context import QwenImageContextImageEmbedder
@@ -15,6 +16,7 @@ from .eligen import ENTITY_OUTPUTS, QwenImageEntityControl
 
 CONTROL_DATA_INPUTS = ("context_image", "eligen_entity_prompts", "eligen_entity_masks", "blockwise_controlnet_image",
                        "blockwise_controlnet_inpaint_mask")
+IMAGE_INPUTS = ("context_image", "eligen_entity_masks", "blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask")
 CONTROL_MODEL_FN_INPUTS = ("context_latents", "blockwise_controlnet_conditioning", *ENTITY_OUTPUTS)
 
 
@@ -33,10 +35,18 @@ def _entity_prompts(value, row) -> list[str] | None:
     return value
 
 
+def _loaded(value):
+    """An image column's value when the data set loaded it (named by --data_file_keys / --extra_inputs); a column
+    no flag names stays file names and is not used, as in the reference."""
+    images = value if isinstance(value, list) else [value]
+    return value if value is not None and images and all(isinstance(v, Image.Image) for v in images) else None
+
+
 def control_training_inputs(data: dict[str, Any]) -> dict[str, Any]:
     row = data.get("_row", "?") if not isinstance(data.get("_row"), int) else data["_row"] + 1
-    prompts = _entity_prompts(data.get("eligen_entity_prompts"), row)
+    data = {**data, **{k: _loaded(data.get(k)) for k in IMAGE_INPUTS}}
     masks = data.get("eligen_entity_masks")
+    prompts = _entity_prompts(data.get("eligen_entity_prompts"), row) if masks is not None else None
     if (prompts is None) != (masks is None):
         given = "eligen_entity_prompts" if masks is None else "eligen_entity_masks"
         raise UserError(f"row {row}: {given} without its other half (EliGen needs eligen_entity_prompts and "
