@@ -56,8 +56,8 @@ class QwenImagePipeline(BasePipeline):
         self.processor = None
         self._drops: dict[str, int] = {}
         self.units = [QwenImageShapeChecker(), QwenImageNoiseInitializer(), QwenImageInputImageEmbedder(),
-                      QwenImageEditImageEmbedder(), QwenImageContextImageEmbedder(), QwenImagePromptEmbedder(),
-                      QwenImageEntityControl(), QwenImageBlockwiseControlNetEmbedder()]
+                      QwenImageEditImageEmbedder(), QwenImageContextImageEmbedder(),
+                      QwenImageBlockwiseControlNetEmbedder(), QwenImageEntityControl(), QwenImagePromptEmbedder()]
 
     @staticmethod
     def default_scheduler():
