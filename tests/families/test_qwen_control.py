@@ -339,7 +339,7 @@ def test_split_equals_one_stage_for_a_trainable_controlnet(ws, tmp_path, monkeyp
         return built[-1]
 
     flags = ["--trainable_models", "blockwise_controlnet", "--remove_prefix_in_ckpt",
-             "pipe.blockwise_controlnet.models.0.",
+             "pipe.blockwise_controlnet.models.0.", "--use_gradient_checkpointing",
              *_flags([*ws["base"], ws["controlnet"]], ws["data_controlnet"], "controlnet")]
     monkeypatch.setattr(models_pkg, "load_component", record)
     run_train("--task", "sft:data_process", "--dataset_base_path", ws["data_controlnet"].parent, "--output_path",
@@ -354,6 +354,7 @@ def test_split_equals_one_stage_for_a_trainable_controlnet(ws, tmp_path, monkeyp
 @pytest.mark.slow
 def test_split_equals_one_stage_for_an_eligen_lora(ws, tmp_path):
     flags = ["--lora_base_model", "dit", "--lora_target_modules", "to_q,to_k,add_k_proj,to_out.0", "--lora_rank", 4,
+             "--use_gradient_checkpointing",
              *_flags(ws["base"], ws["data_eligen"], "eligen")]
     _, _, diff = _one_stage_and_split(tmp_path, flags, ws["data_eligen"].parent)
     assert diff <= 1e-5
@@ -375,3 +376,27 @@ def test_eligen_and_context_change_what_a_lora_learns(ws, tmp_path):
         a = load_file(str(next((tmp_path / kind).glob("*.safetensors"))))
         b = load_file(str(next((tmp_path / f"{kind}_plain").glob("*.safetensors"))))
         assert max((a[k] - b[k]).abs().max().item() for k in a) > 1e-6, kind
+
+
+def test_inference_takes_the_control_inputs(ws):
+    """Sampling with each control (classifier-free guidance on, units under the enforcing runner) changes the
+    image; EliGen on the negative side changes it again."""
+    pipe = _pipe(ws, ws["controlnet"])
+    pipe.scheduler.training = False
+    w, h = SIZE
+    entity = Image.new("RGB", SIZE)
+    entity.paste((255, 255, 255), (0, 0, w // 2, h))
+    control = Image.new("RGB", SIZE, (200, 200, 200))
+
+    def sample(**kw):
+        return pipe("a red circle", negative_prompt="blurry", cfg_scale=2.0, height=h, width=w, num_inference_steps=2,
+                    seed=0, progress=False, output_type="latent", **kw)
+
+    plain = sample()
+    outs = {"context": sample(context_image=control), "controlnet": sample(blockwise_controlnet_image=control),
+            "eligen": sample(eligen_entity_prompts=["a red circle"], eligen_entity_masks=[entity]),
+            "eligen_negative": sample(eligen_entity_prompts=["a red circle"], eligen_entity_masks=[entity],
+                                      eligen_enable_on_negative=True)}
+    for name, out in outs.items():
+        assert out.shape == plain.shape and (out - plain).abs().max() > 1e-4, name
+    assert (outs["eligen"] - outs["eligen_negative"]).abs().max() > 1e-5
