@@ -40,7 +40,8 @@ def ws(tmp_path_factory):
           "inpaint": str(write_tiny_blockwise_controlnet(root / "Qwen-Image-Blockwise-ControlNet-Inpaint",
                                                          inpaint=True))}
     for kind in ("context", "controlnet", "inpaint", "eligen"):
-        ws[f"data_{kind}"] = write_control_dataset(root / f"data_{kind}", kind, size=SIZE)
+        # EliGen: 1, 2 and 1 entities, prompts of different lengths (stage 1 encodes rows 1 and 3 as one batch)
+        ws[f"data_{kind}"] = write_control_dataset(root / f"data_{kind}", kind, size=SIZE, n=3 if kind == "eligen" else 2)
     return ws
 
 
@@ -180,7 +181,7 @@ def test_eligen_attention_mask_is_the_reference_definition():
 
 def test_eligen_inputs_change_the_output_and_batch_like_single_samples(ws):
     pipe = _pipe(ws)
-    samples = _values(pipe, ws, "eligen")  # one entity, then two
+    samples = _values(pipe, ws, "eligen")[:2]  # one entity, then two
     assert samples[0]["entity_masks"].shape == (1, 1, 6) and samples[1]["entity_masks"].shape == (1, 2, 6)
     plain = _predict(pipe, samples[1], entity_prompt_embeds=None)
     with_entities = _predict(pipe, samples[1])

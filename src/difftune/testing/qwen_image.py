@@ -259,7 +259,7 @@ def write_control_dataset(root: str | os.PathLike, kind: str, n: int = 2, size: 
             for j, box in enumerate([left, right][: 1 + (i % 2)]):
                 _shapes_image(size, [box], back=(0, 0, 0), fore=(255, 255, 255)).save(root / f"entity_{i}_{j}.png")
                 masks.append(f"entity_{i}_{j}.png")
-            row["eligen_entity_prompts"] = ["a red circle", "a blue square"][: len(masks)]
+            row["eligen_entity_prompts"] = ["a red circle" + " with a dot" * i, "a blue square"][: len(masks)]
             row["eligen_entity_masks"] = masks
         else:
             raise ValueError(f"unknown control data kind {kind!r}")
