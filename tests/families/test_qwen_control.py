@@ -401,3 +401,13 @@ def test_inference_takes_the_control_inputs(ws):
     for name, out in outs.items():
         assert out.shape == plain.shape and (out - plain).abs().max() > 1e-4, name
     assert (outs["eligen"] - outs["eligen_negative"]).abs().max() > 1e-5
+
+
+@pytest.mark.slow
+def test_a_lora_on_the_controlnet_trains_and_splits(ws, tmp_path):
+    flags = ["--lora_base_model", "blockwise_controlnet", "--lora_target_modules", "img_in,input_proj,output_proj",
+             "--lora_rank", 4, *_flags([*ws["base"], ws["controlnet"]], ws["data_controlnet"], "controlnet")]
+    one, _, diff = _one_stage_and_split(tmp_path, flags, ws["data_controlnet"].parent)
+    assert diff <= 1e-5
+    assert all(k.startswith("blockwise_controlnet.models.0.") for k in one)
+    assert any(v.abs().max() > 0 for k, v in one.items() if ".lora_B." in k)
