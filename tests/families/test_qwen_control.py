@@ -401,6 +401,12 @@ def test_inference_takes_the_control_inputs(ws):
     for name, out in outs.items():
         assert out.shape == plain.shape and (out - plain).abs().max() > 1e-4, name
     assert (outs["eligen"] - outs["eligen_negative"]).abs().max() > 1e-5
+    from difftune.families.qwen_image import ControlNetInput
+
+    # the reference's way of passing the control image gives the same
+    assert torch.equal(sample(blockwise_controlnet_inputs=[ControlNetInput(image=control)]), outs["controlnet"])
+    with pytest.raises(UserError, match="scale 1"):
+        sample(blockwise_controlnet_inputs=[ControlNetInput(image=control, scale=0.5)])
 
 
 @pytest.mark.slow

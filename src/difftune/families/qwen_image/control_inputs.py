@@ -4,6 +4,7 @@ arguments they take, and the values `model_fn` reads."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,10 +59,45 @@ def control_training_inputs(data: dict[str, Any]) -> dict[str, Any]:
             "blockwise_controlnet_inpaint_mask": data.get("blockwise_controlnet_inpaint_mask")}
 
 
+@dataclass
+class ControlNetInput:
+    """The reference's ControlNet input (`blockwise_controlnet_inputs=[ControlNetInput(image=..., inpaint_mask=...)]`).
+    One ControlNet at full strength over all steps is what this pipeline runs."""
+
+    controlnet_id: int = 0
+    scale: float = 1.0
+    start: float = 1.0
+    end: float = 0.0
+    image: Any = None
+    inpaint_image: Any = None
+    inpaint_mask: Any = None
+    processor_id: str | None = None
+
+
+def controlnet_from_inputs(inputs) -> tuple[Any, Any]:
+    """(image, inpaint mask) of `blockwise_controlnet_inputs`; what this pipeline cannot do is refused."""
+    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    if len(inputs) != 1:
+        raise UserError(f"blockwise_controlnet_inputs: {len(inputs)} given; one Blockwise ControlNet is supported")
+    c = inputs[0]
+    if (c.controlnet_id, c.scale, c.start, c.end) != (0, 1.0, 1.0, 0.0) or c.inpaint_image is not None or \
+            c.processor_id is not None:
+        raise UserError("blockwise_controlnet_inputs: only image and inpaint_mask are supported (controlnet_id 0, "
+                        "scale 1, start 1, end 0, no inpaint_image / processor_id)")
+    if c.image is None:
+        raise UserError("blockwise_controlnet_inputs: the ControlNetInput has no image")
+    return c.image, c.inpaint_mask
+
+
 def control_call_inputs(batch: int, negatives: list[str], context_image, eligen_entity_prompts, eligen_entity_masks,
                         eligen_enable_on_negative: bool, blockwise_controlnet_image,
-                        blockwise_controlnet_inpaint_mask) -> dict[str, Any]:
+                        blockwise_controlnet_inpaint_mask, blockwise_controlnet_inputs=None) -> dict[str, Any]:
     """`QwenImagePipeline.__call__`'s control arguments as values (one copy per prompt of the batch)."""
+    if blockwise_controlnet_inputs is not None:
+        if blockwise_controlnet_image is not None:
+            raise UserError("give blockwise_controlnet_inputs or blockwise_controlnet_image, not both")
+        blockwise_controlnet_image, blockwise_controlnet_inpaint_mask = controlnet_from_inputs(
+            blockwise_controlnet_inputs)
     prompts = _entity_prompts(eligen_entity_prompts, "(call)")
     if (prompts is None) != (eligen_entity_masks is None):
         raise UserError("EliGen needs both eligen_entity_prompts and eligen_entity_masks")
@@ -85,6 +121,6 @@ def check_controlnet_fed(controlnet, conditioning) -> None:
                         "the column in --extra_inputs and --data_file_keys), so it would be ignored")
 
 
-__all__ = ["CONTROL_DATA_INPUTS", "CONTROL_MODEL_FN_INPUTS", "QwenImageBlockwiseControlNetEmbedder",
+__all__ = ["CONTROL_DATA_INPUTS", "CONTROL_MODEL_FN_INPUTS", "ControlNetInput", "QwenImageBlockwiseControlNetEmbedder",
            "QwenImageContextImageEmbedder", "QwenImageEntityControl", "check_controlnet_fed", "control_call_inputs",
            "control_training_inputs"]

@@ -141,7 +141,8 @@ class QwenImagePipeline(BasePipeline):
                  edit_image_auto_resize: bool = True, rand_device: str = "cpu", progress: bool = True,
                  output_type: str = "pil", zero_cond_t: bool = False, context_image=None,
                  eligen_entity_prompts=None, eligen_entity_masks=None, eligen_enable_on_negative: bool = False,
-                 blockwise_controlnet_image=None, blockwise_controlnet_inpaint_mask=None):
+                 blockwise_controlnet_image=None, blockwise_controlnet_inpaint_mask=None,
+                 blockwise_controlnet_inputs=None):
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
         if input_image is not None and (height is None or width is None):
@@ -152,7 +153,7 @@ class QwenImagePipeline(BasePipeline):
             "edit_image": edit_image, "edit_image_auto_resize": edit_image_auto_resize,
             **control_call_inputs(len(prompts), negatives, context_image, eligen_entity_prompts, eligen_entity_masks,
                                   eligen_enable_on_negative, blockwise_controlnet_image,
-                                  blockwise_controlnet_inpaint_mask),
+                                  blockwise_controlnet_inpaint_mask, blockwise_controlnet_inputs),
         }
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength,
                                      image_seq_len=(-(-height // DIVISION_FACTOR)) * (-(-width // DIVISION_FACTOR)))
