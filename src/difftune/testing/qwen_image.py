@@ -221,6 +221,26 @@ def write_tiny_blockwise_controlnet(path: str | os.PathLike, spec: TinyQwenImage
     return root / "model.safetensors"
 
 
+def write_tiny_dit_lora(path: str | os.PathLike, rank: int, target_modules: str,
+                        spec: TinyQwenImageSpec | None = None, seed: int = 0) -> Path:
+    """A LoRA for the tiny DiT in the layout the reference saves (`<module>.lora_A.default.weight`, no prefix),
+    as DiffSynth-Studio's released LoRAs (e.g. Qwen-Image-EliGen-V2) that scripts continue from."""
+    from safetensors.torch import save_file
+
+    dit = tiny_qwen_transformer(spec or TinyQwenImageSpec())
+    targets = target_modules.split(",")
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, module in dit.named_modules():
+        if isinstance(module, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
+            state[f"{name}.lora_A.default.weight"] = torch.randn(rank, module.in_features, generator=generator) / 100
+            state[f"{name}.lora_B.default.weight"] = torch.randn(module.out_features, rank, generator=generator) / 100
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path))
+    return path
+
+
 def _shapes_image(size, boxes, back=(30, 30, 30), fore=(230, 230, 230)):
     from PIL import Image, ImageDraw
 
