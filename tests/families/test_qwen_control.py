@@ -353,8 +353,11 @@ def test_split_equals_one_stage_for_a_trainable_controlnet(ws, tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_split_equals_one_stage_for_an_eligen_lora(ws, tmp_path):
-    flags = ["--lora_base_model", "dit", "--lora_target_modules", "to_q,to_k,add_k_proj,to_out.0", "--lora_rank", 4,
+@pytest.mark.parametrize("lora", [("dit", "to_q,to_k,add_k_proj,to_out.0"), ("text_encoder", "q_proj,v_proj")])
+def test_split_equals_one_stage_for_an_eligen_lora(ws, tmp_path, lora):
+    """A DiT LoRA caches the entity embeddings; a text-encoder LoRA moves the entity encoding to stage 2, which
+    then reads the cached entity prompts and mask images."""
+    flags = ["--lora_base_model", lora[0], "--lora_target_modules", lora[1], "--lora_rank", 4,
              "--use_gradient_checkpointing",
              *_flags(ws["base"], ws["data_eligen"], "eligen")]
     _, _, diff = _one_stage_and_split(tmp_path, flags, ws["data_eligen"].parent)
