@@ -80,10 +80,12 @@ def controlled_forward(dit, tokens, timestep, prompt_embeds, prompt_embeds_mask,
         if depth != blocks:
             raise UserError(f"the Blockwise ControlNet has {depth} blocks but the DiT has {blocks}")
 
-        def block_residual(i, hidden):
+        def add_control(i, hidden):
             image = hidden[:, :image_len]
             return torch.cat([image + blockwise_controlnet.residual(i, image, control.to(image.dtype)),
                               hidden[:, image_len:]], dim=1)
+
+        block_residual = add_control
 
     return transformer_forward(dit, tokens, timestep, text, text_mask, img_shapes, attention_mask=attention_mask,
                                txt_freqs=txt_freqs, block_residual=block_residual,
