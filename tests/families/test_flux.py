@@ -618,3 +618,130 @@ def test_kohya_bfl_lora_via_the_commands(repo, tmp_path):
     pipe.load_lora(pipe.dit, str(path))
     want = np.asarray(pipe("a red circle", height=32, width=32, num_inference_steps=2, seed=3, progress=False))
     assert np.abs(plain - lora).max() > 0 and np.abs(lora - want.astype(int)).max() <= 1
+
+
+# -- FLUX.1 Kontext -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def kontext_pipe(repo):
+    from diffusers import FluxKontextPipeline
+
+    p = FluxKontextPipeline.from_pretrained(str(repo), dtype=torch.float32)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def _noise_image(w, h, seed=0):
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
+
+
+@pytest.mark.parametrize("ref_size,cfg", [((48, 32), 1.0), ((37, 50), 2.0)])
+def test_kontext_sampling_parity_with_diffusers(pipe, kontext_pipe, ref_size, cfg):
+    """kontext_images gives FluxKontextPipeline's image (same CPU seed, steps, guidance; its auto-resize off and
+    max_area = the image's area, so it keeps the size): a reference of another size than the output, and one
+    whose sides are not multiples of 16 (both floor them and resize)."""
+    ref = _noise_image(*ref_size)
+    kwargs = dict(height=32, width=48, num_inference_steps=3)
+    ours = pipe("a red circle", negative_prompt="blurry", cfg_scale=cfg, kontext_images=ref, embedded_guidance=2.5,
+                seed=3, progress=False, output_type="pt", **kwargs)
+    theirs = kontext_pipe(prompt="a red circle", negative_prompt="blurry", true_cfg_scale=cfg, image=ref,
+                          guidance_scale=2.5, generator=torch.Generator().manual_seed(3), output_type="pt",
+                          max_area=32 * 48, _auto_resize=False, **kwargs).images
+    diff = (ours - theirs).abs().max().item()
+    print(f"flux kontext parity ref {ref_size} cfg={cfg}: max pixel difference {diff:.3e}")
+    assert ours.shape == theirs.shape == (1, 3, 32, 48)
+    assert diff <= 1e-4
+    plain = pipe("a red circle", negative_prompt="blurry", cfg_scale=cfg, embedded_guidance=2.5, seed=3,
+                 progress=False, output_type="pt", **kwargs)
+    assert (ours - plain).abs().max().item() > 1e-3  # the reference image is used
+
+
+def test_kontext_tokens_and_ids(pipe):
+    """Each reference image: VAE latents (FLUX shift/scale) packed 2x2, ids (1, row, column) from 0; several
+    follow one another; one set of references serves every prompt of a batch."""
+    from difftune.core.latents import pack_latents
+    from difftune.families.flux.units import FluxKontextEmbedder, vae_encode
+    from difftune.media.image import images_to_tensor
+
+    a, b = _noise_image(32, 48, 1), _noise_image(64, 16, 2)
+    values = {"kontext_images": [a, b], "batch_size": 2}
+    run_unit(pipe, FluxKontextEmbedder(), values)
+    lat, ids = values["kontext_latents"], values["kontext_ids"]
+    assert lat.shape == (2, 3 * 2 + 1 * 4, 64) and ids.shape == (2, 10, 3)
+    want_a = pack_latents(vae_encode(pipe, images_to_tensor(a)))[0]
+    assert torch.equal(lat[0, :6], want_a) and torch.equal(lat[1, :6], want_a)
+    assert torch.equal(ids[0, :6], torch.tensor([[1., r, c] for r in range(3) for c in range(2)]))
+    assert torch.equal(ids[0, 6:], torch.tensor([[1., 0, c] for c in range(4)]))
+    # a list per sample (stage-1 batches): each sample its own references
+    values = {"kontext_images": [[a], [_noise_image(32, 48, 3)]], "batch_size": 2}
+    run_unit(pipe, FluxKontextEmbedder(), values)
+    assert torch.allclose(values["kontext_latents"][0], want_a, atol=1e-6)  # encoded in one batch of 2
+    assert not torch.allclose(values["kontext_latents"][1], want_a)
+
+
+def test_kontext_model_output_is_only_the_image_tokens(pipe):
+    """The denoiser sees the reference tokens but returns (and a loss compares) only the noisy image's."""
+    values = {"kontext_images": _noise_image(32, 32), "batch_size": 1}
+    run_unit(pipe, next(u for u in pipe.units if type(u).__name__ == "FluxKontextEmbedder"), values)
+    latents = torch.randn(1, 16, 4, 6)
+    kw = dict(timestep=torch.tensor([500.0]), prompt_embeds=torch.randn(1, 7, 32),
+              pooled_prompt_embeds=torch.randn(1, 32), guidance=torch.tensor([1.0]))
+    out = pipe.model_fn(latents=latents, kontext_latents=values["kontext_latents"],
+                        kontext_ids=values["kontext_ids"], **kw)
+    assert out.shape == latents.shape
+    assert (out - pipe.model_fn(latents=latents, **kw)).abs().max() > 1e-4
+
+
+def test_kontext_images_not_loaded_as_files_are_refused(repo, tmp_path):
+    """A kontext_images column named by no flag reaches the family as text: refused in one line, not ignored.
+    (Named by --extra_inputs alone, its file names are loaded as images, as --data_file_keys would.)"""
+    import json
+
+    from conftest import run_train
+    from difftune.errors import UserError
+    from difftune.testing import write_kontext_dataset
+
+    meta = write_kontext_dataset(tmp_path / "data")
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    with pytest.raises(UserError, match="kontext_images.*--data_file_keys"):
+        run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+                  "--output_path", tmp_path / "out", "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+                  "--max_steps", 1, "--no_progress", "--enable_tensorboard_log", "false", "--max_pixels", 4096,
+                  "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--lora_rank", 4)
+
+
+@pytest.mark.parametrize("references", [1, 2])
+def test_kontext_lora_split_equals_one_stage(repo, tmp_path, references):
+    """A DiT LoRA on Kontext data: split training (the kontext latents cached in stage 1, no VAE in stage 2)
+    equals one-stage training (<= 1e-5), batch 2 included; one reference per row (csv) or two (json lists)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from difftune.testing import write_kontext_dataset
+
+    meta = write_kontext_dataset(tmp_path / "data", n=2, size=(48, 32), kontext_size=(32, 32),
+                                 references=references)
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    common = ["--model_paths", json.dumps(paths), "--torch_dtype", "float32", "--learning_rate", 1e-3,
+              "--dataset_repeat", 2, "--num_epochs", 1, "--seed", 5, "--no_progress", "--enable_tensorboard_log",
+              "false", "--max_pixels", 4096, "--lora_base_model", "dit", "--lora_target_modules", "to_q,to_v,proj_mlp",
+              "--lora_rank", 4, "--batch_size", 2,
+              "--data_file_keys", "image,kontext_images", "--extra_inputs", "kontext_images"]
+    data = ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta]
+    run_train("--task", "sft", *data, "--output_path", tmp_path / "one", *common)
+    run_train("--task", "sft:data_process", *data, "--output_path", tmp_path / "cache", *common)
+    cached = load_file(str(next((tmp_path / "cache").rglob("*.safetensors"))))
+    assert any("kontext_latents" in k for k in cached), sorted(cached)[:10]
+    run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
+              *common)
+    a = load_file(str(tmp_path / "one" / "epoch-0.safetensors"))
+    b = load_file(str(tmp_path / "two" / "epoch-0.safetensors"))
+    assert a.keys() == b.keys() and a
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"flux kontext ({references} reference(s)) split vs one-stage: max LoRA difference {diff:.2e}")
+    assert diff <= 1e-5
