@@ -41,6 +41,13 @@ class TinyFluxSpec:
     t5_hidden: int = 32
     vae_channels: int = 8
     seed: int = 0
+    # encoder depths and widths (the benchmarks' proportional model sets them; the defaults are the tests')
+    clip_layers: int = 2
+    clip_intermediate: int = 37
+    t5_layers: int = 2
+    t5_heads: int = 4
+    t5_d_kv: int = 8
+    t5_d_ff: int = 37
 
 
 def flux_clip_tokenizer():
@@ -94,12 +101,14 @@ def write_tiny_flux(path: str | os.PathLike, spec: TinyFluxSpec | None = None, *
                         shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False)
     torch.manual_seed(spec.seed + 2)
     clip = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(tok1), hidden_size=spec.clip_hidden, intermediate_size=37, num_hidden_layers=2,
+        vocab_size=len(tok1), hidden_size=spec.clip_hidden, intermediate_size=spec.clip_intermediate,
+        num_hidden_layers=spec.clip_layers,
         num_attention_heads=2, max_position_embeddings=77, projection_dim=spec.clip_hidden, hidden_act="quick_gelu",
         bos_token_id=tok1.bos_token_id, eos_token_id=tok1.eos_token_id, pad_token_id=tok1.pad_token_id)).eval()
     torch.manual_seed(spec.seed + 3)
     t5 = T5EncoderModel(T5Config(
-        vocab_size=len(tok2), d_model=spec.t5_hidden, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+        vocab_size=len(tok2), d_model=spec.t5_hidden, d_kv=spec.t5_d_kv, d_ff=spec.t5_d_ff,
+        num_layers=spec.t5_layers, num_heads=spec.t5_heads,
         feed_forward_proj="gated-gelu", relative_attention_num_buckets=8, relative_attention_max_distance=32,
         pad_token_id=tok2.pad_token_id, eos_token_id=tok2.eos_token_id, decoder_start_token_id=0)).eval()
     size = "100KB" if shard else "10GB"
