@@ -80,5 +80,6 @@ def test_batching_quick(tmp_path):
 def test_flux_split_vs_unsplit_quick(tmp_path):
     r = run_quick("flux_split_vs_unsplit.py", tmp_path)
     assert r["benchmark"] == "flux_split_vs_unsplit" and r["steps"] > 0
-    assert_ratios(r, ["total_time_ratio", "step_time_ratio", "peak_rss_ratio", "peak_rss_above_baseline_ratio"])
+    assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio",
+                      "peak_rss_above_baseline_ratio"])
     assert set(r["params"]) == {"transformer", "text_encoder", "text_encoder_2", "vae"}
