@@ -6,7 +6,6 @@ FLUX.1-dev command, split as the reference's split_training scripts split theirs
 
 from __future__ import annotations
 
-import shlex
 import shutil
 from pathlib import Path
 
@@ -17,22 +16,9 @@ from safetensors.torch import load_file
 from difftune.cli.main import main as difftune
 from difftune.testing import (populate_offline_hub, write_example_dataset, write_kontext_dataset, write_tiny_flux,
                               write_tiny_flux_bfl)
+from difftune.testing.scripts import flag_value, reference_commands
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "reference_scripts" / "flux" / "model_training" / "lora"
-LAUNCH = ("accelerate", "launch")
-
-
-def reference_commands(path) -> list[list[str]]:
-    """The argv after `difftune` for every `accelerate launch <train.py>` in a shell script (lines joined at
-    trailing backslashes, words split as the shell does)."""
-    text = Path(path).read_text().replace("\\\n", " ")
-    commands = []
-    for line in text.splitlines():
-        words = shlex.split(line, comments=True)
-        if tuple(words[:2]) == LAUNCH:
-            assert words[2].endswith("train.py"), line
-            commands.append(["train", *words[3:]])
-    return commands
 
 
 def test_reference_commands_parses_the_scripts():
@@ -79,10 +65,6 @@ def in_workspace(workspace, monkeypatch):
     return workspace
 
 
-def _flag(argv, name):
-    return argv[argv.index(name) + 1]
-
-
 def _checkpoint(output: str) -> dict[str, torch.Tensor]:
     files = sorted(Path(output).glob("*.safetensors"))
     assert files, f"no checkpoint in {output}"
@@ -94,7 +76,7 @@ def _checkpoint(output: str) -> dict[str, torch.Tensor]:
 def test_reference_script_runs_with_only_the_launcher_replaced(in_workspace, script):
     (argv,) = reference_commands(SCRIPTS / script)
     assert difftune([*argv, "--max_steps", "2", "--no_progress"]) == 0
-    lora = _checkpoint(_flag(argv, "--output_path"))
+    lora = _checkpoint(flag_value(argv, "--output_path"))
     # the reference's fused target names, trained on diffusers' modules, saved in diffusers' LoRA layout
     assert all(k.startswith("transformer.") for k in lora)
     for module in ("transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.add_v_proj",
@@ -110,7 +92,7 @@ def test_two_stage_form_of_the_dev_command(in_workspace):
     `--dataset_repeat 1`, `--task sft:data_process`; stage 2 from the cache with the DiT alone, `--task sft:train`.
     It trains what the one-stage command trains (bf16 weights, as the reference's default: within bf16 rounding)."""
     (argv,) = reference_commands(SCRIPTS / "FLUX.1-dev.sh")
-    models = _flag(argv, "--model_id_with_origin_paths").split(",")
+    models = flag_value(argv, "--model_id_with_origin_paths").split(",")
     dit = [m for m in models if m.endswith("flux1-dev.safetensors")]
     assert len(dit) == 1
 
@@ -133,7 +115,7 @@ def test_two_stage_form_of_the_dev_command(in_workspace):
     assert difftune(one) == 0
     assert difftune(stage1) == 0
     assert difftune(stage2) == 0
-    a, b = _checkpoint(_flag(argv, "--output_path")), _checkpoint("./models/train/FLUX.1-dev-LoRA-splited")
+    a, b = _checkpoint(flag_value(argv, "--output_path")), _checkpoint("./models/train/FLUX.1-dev-LoRA-splited")
     assert a.keys() == b.keys() and a
     assert any(v.abs().max() > 0 for k, v in b.items() if ".lora_B." in k)  # stage 2 trained
     diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
