@@ -232,6 +232,15 @@ def test_sample_command_on_a_flux_repository(repo, tmp_path):
     want = np.asarray(load_pipe(repo)("a red circle", height=32, width=32, num_inference_steps=2, seed=3,
                                       embedded_guidance=2.0, progress=False))
     assert got.shape == (32, 32, 3) and np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    # FLUX.1 Kontext: --kontext_images (repeatable) gives the pipeline's kontext_images
+    ref = tmp_path / "ref.png"
+    Image.fromarray((np.random.RandomState(0).rand(32, 48, 3) * 255).astype("uint8")).save(ref)
+    assert main([str(a) for a in argv] + ["--kontext_images", str(ref)]) == 0
+    got = np.asarray(Image.open(out))
+    want = np.asarray(load_pipe(repo)("a red circle", height=32, width=32, num_inference_steps=2, seed=3,
+                                      embedded_guidance=2.0, kontext_images=[Image.open(ref).convert("RGB")],
+                                      progress=False))
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
 
 
 def test_validation_images_during_flux_training(repo, tmp_path):
