@@ -268,8 +268,10 @@ class ImportedLora:
         r = Counter(ranks.values()).most_common(1)[0][0]
         a = Counter(alphas.values()).most_common(1)[0][0]
         return {"r": r, "lora_alpha": a, "target_modules": list(self.targets[key]),
-                "rank_pattern": {re.escape(p): v for p, v in ranks.items() if v != r},
-                "alpha_pattern": {re.escape(p): v for p, v in alphas.items() if v != a}}
+                # anchored at the start: peft matches a pattern as a suffix, so a bare `proj_out` would also
+                # take every `single_transformer_blocks.N.proj_out`
+                "rank_pattern": {"^" + re.escape(p): v for p, v in ranks.items() if v != r},
+                "alpha_pattern": {"^" + re.escape(p): v for p, v in alphas.items() if v != a}}
 
     def resolved(self, module: nn.Module, component: str | None = None) -> ImportedLora:
         """This LoRA with kohya names replaced by `module`'s module names, checked to fit `module`."""
