@@ -3,13 +3,11 @@ and the registry the family contract suite reads (`register_tiny`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 
 def _quiet_hf():
     import diffusers
