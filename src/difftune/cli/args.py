@@ -196,7 +196,8 @@ def check_training_args(args) -> None:
         raise UserError(f"--min_timestep_boundary {lo}: must be in [0, --max_timestep_boundary {hi})")
     if getattr(args, "align_to_opensource_format", False):
         print("note: --align_to_opensource_format is not needed: difftune saves LoRAs in the open diffusers layout "
-              "(FluxPipeline.load_lora_weights reads them; --lora_format picks another)")
+              "(FluxPipeline.load_lora_weights reads them; --lora_format picks another: for FLUX, "
+              "--lora_format kohya writes BFL's kohya names, the layout this flag gives in DiffSynth-Studio)")
     if args.offload_models:
         print(f"note: --offload_models {args.offload_models} is not needed: each stage loads only the models it "
               f"uses (the rest are never loaded)")

@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "difftune.families"
 # Built-in families: module path of the package whose `FAMILY` is the spec (imported only when needed).
-BUILTIN = {"qwen_image": "difftune.families.qwen_image", "flux": "difftune.families.flux",
-           "wan": "difftune.families.wan"}
+BUILTIN = {"qwen_image": "difftune.families.qwen_image", "flux": "difftune.families.flux"}
 
 
 @dataclass(frozen=True)
@@ -63,9 +62,10 @@ class FamilySpec:
     # LoRA file translators for layouts only this family has (FLUX: kohya files in BFL's fused-qkv names):
     # tensors -> diffusers-layout tensors, or None when the file is not theirs (see `load_lora_file`).
     lora_converters: tuple[Callable[[dict], dict | None], ...] = ()
-    # The denoiser's module path (diffusers' name) -> its name in the ComfyUI / kohya LoRA layouts, where those
-    # use the original checkpoint's names (Wan: blocks.0.attn1.to_q -> blocks.0.self_attn.q); None: the same.
-    lora_export_names: Callable[[str], str] | None = None
+    # The inverse for writing (`--lora_format comfyui|kohya`, whose readers know the model by its original
+    # names): the denoiser's LoRA (module path -> lora_A/B, alphas by path) renamed to those names, e.g. FLUX's
+    # BFL names with q, k, v re-fused; None: the diffusers module names are written.
+    lora_native_names: Callable[[dict, dict], tuple[dict, dict]] | None = None
     data: str = "image"  # what the data operator loads: image | video
     # Run-time settings this family's units read, from the flags (args -> {name: value}); never cached.
     flag_settings: Callable[[Any], dict] | None = None

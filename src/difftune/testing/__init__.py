@@ -10,14 +10,6 @@ bit-identical files.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-from dataclasses import dataclass, field
-from pathlib import Path
-
-import torch
-
 from .common import *  # noqa: F401,F403
 from .common import _quiet_hf  # noqa: F401
 from .qwen_image import *  # noqa: F401,F403

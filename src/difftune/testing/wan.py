@@ -185,7 +185,7 @@ def _tiny_wan(folder: Path) -> TinyFamily:
     entries = [p if len(p) > 1 else p[0] for p in paths.values()]
     return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
-                      flags=("--max_pixels", "4096"), slots=("dit", "text_encoder", "vae"),
+                      flags=("--max_pixels", "4096"), optional_slots=("dit2", "image_encoder"),
                       trainable_cases={"umt5_lora": ("--lora_base_model", "text_encoder", "--lora_target_modules",
                                                      "q,v")})
 

@@ -270,6 +270,8 @@ def load_full_weights(pipe, path: str, remove_prefix: str | None) -> None:
     state = load_file(path)
     prefix = remove_prefix or "pipe.dit."
     model_name = prefix.split(".")[1] if prefix.startswith("pipe.") else "dit"
+    inner = prefix[len(f"pipe.{model_name}."):] if prefix.startswith("pipe.") else ""
+    state = {inner + k: v for k, v in state.items()}  # e.g. pipe.blockwise_controlnet.models.0.: the rest goes back
     model = pipe.models.get(model_name)
     if model is None:
         raise UserError(f"--resume_from_checkpoint {path}: model '{model_name}' is not loaded")

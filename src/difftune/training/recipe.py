@@ -98,11 +98,12 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
     # --seed (and not on which models this stage happened to load before).
     torch.manual_seed(args.seed)
     module.switch_pipe_to_training_mode(pipe, **training_mode_kwargs(args))
-    if args.lora_format != "diffusers" and family.lora_export_names and args.lora_base_model in module.lora_configs:
-        # every LoRA module must have a name in that layout: found now, not when the first checkpoint is saved
-        for name, _ in pipe.models[args.lora_base_model].named_modules():
-            if name.endswith(".lora_A"):
-                family.lora_export_names(name.rpartition(".lora_A")[0].replace(".base_layer", ""))
+    if args.lora_format != "diffusers" and family.lora_native_names and args.lora_base_model in module.lora_configs:
+        # a LoRA module with no name in that layout is found now, not when the first checkpoint is saved
+        from ..lora import lora_state_dict
+
+        initial = lora_state_dict(pipe.models[args.lora_base_model])
+        family.lora_native_names(initial, {k.rpartition(".lora_")[0]: 1.0 for k in initial})
     record = None
     if accelerator.is_main_process:  # the folder's training_args.json follows once this run writes there
         record = RunRecord(args.output_path, vars(args))
@@ -117,7 +118,7 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
     saver = CheckpointSaver(args.output_path, args.remove_prefix_in_ckpt, lora_prefixes=dict(family.lora_prefixes),
                             base_info={"family": family.name, "task": args.task}, lora_format=args.lora_format,
                             denoiser=(family.pipeline.loss_models or (None,))[0],
-                            lora_rename=family.lora_export_names)
+                            native_names=family.lora_native_names)
     csv = None
     if args.enable_csv_log and accelerator.is_main_process:
         csv = CsvLog(Path(args.output_path) / "loss.csv", resume_step=_resume_step(resume_state))

@@ -5,7 +5,7 @@ from ...models.load import load_tokenizer
 from .components import (DIT, DIT_ORIGINAL, IMAGE_ENCODER, IMAGE_ENCODER_PROJ, LORA_TARGET_MODULES,
                          REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_ORIGINAL, VAE, VAE_ORIGINAL,
                          load_repo_scheduler)
-from .lora_names import convert_original_wan_lora, original_name
+from .lora_names import convert_original_wan_lora, wan_native_names
 from .pipeline import WanVideoPipeline
 
 
@@ -42,7 +42,7 @@ FAMILY = FamilySpec(
     lora_target_modules=LORA_TARGET_MODULES,
     lora_target_aliases={"dit": REFERENCE_LORA_TARGETS, "dit2": REFERENCE_LORA_TARGETS},
     lora_converters=(convert_original_wan_lora,),
-    lora_export_names=original_name,
+    lora_native_names=wan_native_names,
     # "video" once the video data path is there; until then a training sample is an image (a one-frame clip)
     data="image",
     sample_defaults={"height": 480, "width": 832, "num_inference_steps": 50, "cfg_scale": 5.0},

@@ -31,6 +31,14 @@ def original_name(path: str) -> str:
     return f"blocks.{m[1]}.{_BLOCK[m[2]]}"
 
 
+def wan_native_names(sd: dict, alphas: dict) -> tuple[dict, dict]:
+    """The DiT's LoRA (`<path>.lora_A/B.weight`, alpha per path) on Wan's original module names, for the ComfyUI /
+    kohya layouts (`FamilySpec.lora_native_names`)."""
+    names = {p: original_name(p) for p in alphas}
+    renamed = {f"{names[k.rpartition('.lora_')[0]]}.lora_{k.rpartition('.lora_')[2]}": v for k, v in sd.items()}
+    return renamed, {names[p]: a for p, a in alphas.items()}
+
+
 _COMFY = re.compile(r"^(?:diffusion_model\.|model\.diffusion_model\.)?blocks\.(\d+)\.(.+?)\."
                     r"(lora_A\.weight|lora_B\.weight|lora_down\.weight|lora_up\.weight|alpha)$")
 _KOHYA = re.compile(r"^lora_unet_blocks_(\d+)_(.+?)\.(lora_down\.weight|lora_up\.weight|alpha)$")
