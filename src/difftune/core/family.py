@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "difftune.families"
 # Built-in families: module path of the package whose `FAMILY` is the spec (imported only when needed).
-BUILTIN = {"qwen_image": "difftune.families.qwen_image", "flux": "difftune.families.flux"}
+BUILTIN = {"qwen_image": "difftune.families.qwen_image", "flux": "difftune.families.flux",
+           "wan": "difftune.families.wan"}
 
 
 @dataclass(frozen=True)
