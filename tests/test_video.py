@@ -376,3 +376,72 @@ def test_frame_grid_spreads_the_frames():
     grid = frame_grid(frames, max_frames=4)
     assert grid.size == (8, 4)
     assert [grid.getpixel((x, y))[0] for y in (0, 2) for x in (0, 4)] == [0, 10, 20, 30]
+
+
+# -- video outputs: validation clips and `difftune sample` ---------------------------------------------------
+class FakeVideoPipe:
+    """What validation uses of a video family's pipeline: noise (C, F, h, w), denoise, decode to (B, 3, F, H, W)."""
+
+    decode_models, loss_models, units = (), ("dit",), []
+    device, torch_dtype = "cpu", None
+
+    def __init__(self):
+        import torch
+
+        self.torch_dtype = torch.float32
+        self.models = {"dit": torch.nn.Linear(1, 1)}
+        self.scheduler = types.SimpleNamespace(sigmas=None, timesteps=None, set_timesteps=lambda *a, **k: None)
+        self.frames_asked = []
+
+    def noise_shape(self, height, width, num_frames=1):
+        self.frames_asked.append(num_frames)
+        return (3, num_frames, height, width)
+
+    def seq_len(self, latents):
+        return 1
+
+    def denoise(self, values, cfg_scale, progress):
+        return values["latents"]
+
+    def decode(self, latents):
+        return latents.clamp(-1, 1)
+
+
+def test_validation_renders_a_video_family_as_clips(tmp_path):
+    from difftune.training.validation import Validator
+
+    args = parse(tmp_path, "--validation_prompts", "a|b", "--validation_size", "16", "--num_frames", "9",
+                 "--validation_num_frames", "5", "--output_path", str(tmp_path / "out"))
+    validator = Validator(args, [], types.SimpleNamespace(**vars(family()), sample_defaults={}))
+    validator._embeddings = lambda pipe: {}
+    validator._values = lambda pipe, embeds, key: {}
+    pipe = FakeVideoPipe()
+    png = validator.render(pipe, 3)
+    assert pipe.frames_asked == [5, 5]  # --validation_num_frames, per prompt
+    assert png == tmp_path / "out" / "validation" / "step-000003.png"
+    assert Image.open(png).size == (5 * 16, 2 * 16)  # a row of frames per prompt
+    with Image.open(tmp_path / "out" / "validation" / "step-000003.gif") as gif:
+        assert gif.n_frames == 5 and gif.size == (2 * 16, 16)  # the prompts side by side
+    args = parse(tmp_path, "--validation_prompts", "a", "--validation_size", "16", "--num_frames", "9")
+    assert Validator(args, [], types.SimpleNamespace(**vars(family()), sample_defaults={})).num_frames == 9
+    with pytest.raises(UserError) as err:
+        Validator(parse(tmp_path, "--validation_num_frames", "6"), [],
+                  types.SimpleNamespace(**vars(family()), sample_defaults={}))
+    one_line(err, "--validation_num_frames 6", "4k+1")
+
+
+def test_sample_output_names_follow_the_family():
+    from difftune.cli.sample import _output, sample_parser
+
+    def out(video, *flags):
+        args = sample_parser().parse_args(["--prompt", "p", *flags])
+        return _output(args, family(data="video" if video else "image", name="fam"), video)
+
+    assert out(True) == "sample.mp4" and out(False) == "sample.png"
+    assert out(True, "--output", "a.webm") == "a.webm" and out(True, "--output", "a.gif") == "a.gif"
+    with pytest.raises(UserError, match=r"--output a.png: the fam family makes clips: name a \.mp4/"):
+        out(True, "--output", "a.png")
+    with pytest.raises(UserError, match="--output a.mp4: the fam family makes images"):
+        out(False, "--output", "a.mp4")
+    with pytest.raises(UserError, match="--num_frames: not used: the fam family trains on images"):
+        out(False, "--num_frames", "9")

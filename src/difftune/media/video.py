@@ -228,13 +228,16 @@ def write_animation(frames: Sequence[Image.Image], path: str | os.PathLike, fps:
     path.parent.mkdir(parents=True, exist_ok=True)
     duration = max(1, round(1000 / fps))  # GIF stores hundredths: 16 fps is 60 ms a frame
     options = {"lossless": False, "quality": 90} if ext == ".webp" else {}
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=duration, loop=0, **options)
+    tmp = path.with_name(f".{path.name}.partial{ext}")  # a crash leaves no half-written preview under the name
+    frames[0].save(tmp, save_all=True, append_images=frames[1:], duration=duration, loop=0, **options)
+    os.replace(tmp, path)
     return path
 
 
 # container extension -> codecs to try, best first; mpeg4 is FFmpeg's own, so always there
 _CODECS = {".mp4": ("libx264", "mpeg4"), ".m4v": ("libx264", "mpeg4"), ".mov": ("libx264", "mpeg4"),
            ".mkv": ("libx264", "mpeg4"), ".avi": ("mpeg4",), ".webm": ("libvpx-vp9", "libvpx")}
+WRITABLE_EXTENSIONS = (*_CODECS, *PREVIEW_EXTENSIONS)  # what `write_video` writes
 
 
 def video_codec(ext: str) -> str:
@@ -273,7 +276,7 @@ def write_video(frames: Sequence[Image.Image], path: str | os.PathLike, fps: flo
         return write_animation(frames, path, fps)
     if ext not in _CODECS:
         raise UserError(f"{path}: cannot write video as '{ext or '(no extension)'}' "
-                        f"(use {', '.join((*_CODECS, *PREVIEW_EXTENSIONS))})")
+                        f"(use {', '.join(WRITABLE_EXTENSIONS)})")
     if not 0 <= quality <= 10:
         raise UserError(f"video quality {quality}: must be 0..10 (10 best)")
     frames = [_even(f) for f in _frames(frames)]
@@ -310,6 +313,15 @@ def save_video(frames: Sequence[Image.Image], save_path: str | os.PathLike, fps:
     return write_video(frames, save_path, fps=fps, quality=quality)
 
 
+def tensor_to_clips(x) -> list[list[Image.Image]]:
+    """Float tensor (B, 3, F, H, W) in [-1, 1] (a video VAE's output) -> one list of PIL frames per sample."""
+    from .image import tensor_to_images
+
+    if x.dim() != 5:
+        raise ValueError(f"expected clips (B, 3, F, H, W), got a tensor of shape {tuple(x.shape)}")
+    return [tensor_to_images(clip.transpose(0, 1)) for clip in x]
+
+
 def frame_grid(frames: Sequence[Image.Image], columns: int | None = None, max_frames: int = 16) -> Image.Image:
     """Up to `max_frames` frames, evenly spread over the clip (first and last included), tiled in one picture
     (for TensorBoard, which shows still images)."""
@@ -327,5 +339,6 @@ def frame_grid(frames: Sequence[Image.Image], columns: int | None = None, max_fr
 
 
 __all__ = ["ANIMATED_IMAGE_EXTENSIONS", "DEFAULT_FPS", "DEFAULT_NUM_FRAMES", "PREVIEW_EXTENSIONS", "VIDEO_EXTENSIONS",
+           "WRITABLE_EXTENSIONS",
            "VideoError", "VideoInfo", "check_video", "frame_grid", "frames_to_keep", "probe_video", "read_video",
-           "save_video", "video_codec", "write_animation", "write_video"]
+           "save_video", "tensor_to_clips", "video_codec", "write_animation", "write_video"]

@@ -173,16 +173,18 @@ def frame_settings(args, family: FamilySpec) -> dict | None:
     for an image family, and a count the family's VAE cannot take, in one line."""
     pipe = family.pipeline
     if family.data != "video":
-        if getattr(args, "num_frames", None) is not None:
-            raise UserError(f"--num_frames: not used: the {family.name} family trains on images "
-                            f"(--num_frames is for video families)")
+        for flag in ("num_frames", "validation_num_frames"):
+            if getattr(args, flag, None) is not None:
+                raise UserError(f"--{flag}: not used: the {family.name} family trains on images "
+                                f"(--{flag} is for video families)")
         return None
     factor, remainder = pipe.time_division_factor, pipe.time_division_remainder
     num_frames = args.num_frames if getattr(args, "num_frames", None) is not None else pipe.default_num_frames
-    if num_frames < 1 or num_frames % factor != remainder % factor:
-        examples = ", ".join(str(remainder + factor * k) for k in range(4) if remainder + factor * k >= 1)
-        raise UserError(f"--num_frames {num_frames}: the {family.name} family takes {factor}k+{remainder} frames "
-                        f"({examples}, ...)")
+    for flag, value in (("num_frames", num_frames), ("validation_num_frames", getattr(args, "validation_num_frames", None))):
+        if value is not None and (value < 1 or value % factor != remainder % factor):
+            examples = ", ".join(str(remainder + factor * k) for k in range(4) if remainder + factor * k >= 1)
+            raise UserError(f"--{flag} {value}: the {family.name} family takes {factor}k+{remainder} frames "
+                            f"({examples}, ...)")
     return {"num_frames": int(num_frames), "time_division_factor": factor, "time_division_remainder": remainder}
 
 
