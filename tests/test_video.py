@@ -138,6 +138,20 @@ def bad_clip(tmp_path, kind):
         data = encode(tmp_path / "fs.mp4", 20, container_options={"movflags": "faststart"}).read_bytes()
         (tmp_path / "bad.mp4").write_bytes(data[: len(data) * 2 // 3])
         return "bad.mp4", "corrupt video"
+    if kind == "truncated_intra":  # header first, every frame a key frame: it decodes until the cut, then stops
+        import av
+
+        with av.open(str(tmp_path / "i.mp4"), "w", options={"movflags": "faststart"}) as out:
+            stream = out.add_stream("libx264", rate=8, options={"bf": "0", "g": "1"})
+            stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+            for img in moving_circle_frames(40, (64, 48)):
+                for packet in stream.encode(av.VideoFrame.from_image(img)):
+                    out.mux(packet)
+            for packet in stream.encode():
+                out.mux(packet)
+        data = (tmp_path / "i.mp4").read_bytes()
+        (tmp_path / "bad.mp4").write_bytes(data[: len(data) // 2])
+        return "bad.mp4", "truncated video: its header lists 40 frames, only"
     if kind == "zero_frames":  # a clip with its header and none of its pictures
         data = encode(tmp_path / "whole.mkv", 9).read_bytes()
         (tmp_path / "bad.mkv").write_bytes(data[: len(data) // 2])
@@ -158,7 +172,9 @@ def bad_clip(tmp_path, kind):
     raise AssertionError(kind)
 
 
-BAD = ["truncated", "truncated_faststart", "zero_frames", "garbage", "unknown_codec", "empty", "missing"]
+BAD = ["truncated", "truncated_faststart", "truncated_intra", "zero_frames", "garbage", "unknown_codec", "empty",
+       "missing"]
+FOUND_WHEN_LOADED = ("truncated_intra",)  # its first frame decodes: the cheap pre-check passes it
 
 
 @pytest.mark.parametrize("kind", BAD)
@@ -176,16 +192,20 @@ def test_a_bad_clip_in_a_data_set_names_the_row_and_is_found_before_training(tmp
     name, reason = bad_clip(tmp_path, kind)
     with meta.open("a") as f:
         f.write(f'{name},"a bad clip"\n')
-    op = UnifiedDataset.default_video_operator(tmp_path, num_frames=5)
-    with pytest.raises(DataError) as err:  # the pre-check, before any row is loaded
-        UnifiedDataset(tmp_path, meta, data_file_keys="video", main_data_operator=op)
-    one_line(err, "metadata.csv row 3 'video'", reason, tmp_path / name)
+    op = UnifiedDataset.default_video_operator(tmp_path, num_frames=81)
     ds = UnifiedDataset(tmp_path, meta, data_file_keys="video", main_data_operator=op, precheck=False)
-    with pytest.raises(DataError) as err:  # and the same when loaded
+    with pytest.raises(DataError) as err:  # when loaded
         ds[2]
     one_line(err, "metadata.csv row 3 'video'", reason, tmp_path / name)
     skipping = UnifiedDataset(tmp_path, meta, data_file_keys="video", main_data_operator=op, on_bad_sample="skip")
-    assert skipping.num_rows == 2 and [b["row"] for b in skipping.bad_samples] == [3]
+    if kind in FOUND_WHEN_LOADED:
+        assert skipping.num_rows == 3 and skipping[2] is None  # left out when it fails to load
+    else:
+        with pytest.raises(DataError) as err:  # the pre-check, before any row is loaded
+            UnifiedDataset(tmp_path, meta, data_file_keys="video", main_data_operator=op)
+        one_line(err, "metadata.csv row 3 'video'", reason, tmp_path / name)
+        assert skipping.num_rows == 2
+    assert [b["row"] for b in skipping.bad_samples] == [3]
     assert reason in skipping.bad_samples[0]["reason"] and skipping.bad_samples[0]["key"] == "video"
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 
-from ..media.video import (ANIMATED_IMAGE_EXTENSIONS, DEFAULT_NUM_FRAMES, VIDEO_EXTENSIONS, VideoError, frames_to_keep,
-                           probe_video, read_video)
+from ..media.video import (ANIMATED_IMAGE_EXTENSIONS, DEFAULT_NUM_FRAMES, VIDEO_EXTENSIONS, VideoError, probe_video,
+                           read_video)
 from .operators import (CHECKED, IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage,
                         RouteByExtension, ToAbsolutePath, _where)
 
 CLIP_EXTENSIONS = VIDEO_EXTENSIONS + ANIMATED_IMAGE_EXTENSIONS  # read as several frames
 STILL_EXTENSIONS = tuple(e for e in IMAGE_EXTENSIONS if e not in ANIMATED_IMAGE_EXTENSIONS)  # one-frame clips
+HEADER_SLACK = 2  # frames a container's listed count may exceed what decodes (edit lists, a dropped last frame)
 
 
 class LoadVideo(DataOperator):
@@ -49,16 +50,16 @@ class LoadVideo(DataOperator):
         return CHECKED
 
     def shape(self, path, context=None):
-        """(width, height, frames) from the header where it lists the frame count (mp4, mov, avi, GIF); else
-        UNKNOWN (webm, mkv: the data set loads the clip to see)."""
+        """(width, height, num_frames) from the header where it lists clearly more frames than asked (mp4, mov,
+        avi, GIF); else UNKNOWN (webm and mkv list none; a header's count can be a frame or two off what
+        decodes, which matters only for a clip cut short): the data set then loads the clip to see."""
         try:
             info = probe_video(os.fspath(path))
         except Exception:  # the pre-check and the load report what is wrong with the file
             return UNKNOWN
-        if not info.frames:
+        if self.num_frames is None or not info.frames or info.frames < self.num_frames + HEADER_SLACK:
             return UNKNOWN
-        return (info.width, info.height, frames_to_keep(info.frames, self.num_frames, self.time_division_factor,
-                                                        self.time_division_remainder))
+        return (info.width, info.height, self.num_frames)
 
 
 class ToClip(DataOperator):
