@@ -465,3 +465,5 @@ def test_sample_output_names_follow_the_family():
         out(False, "--output", "a.mp4")
     with pytest.raises(UserError, match="--num_frames: not used: the fam family trains on images"):
         out(False, "--num_frames", "9")
+    with pytest.raises(UserError, match=r"--num_frames 6: the fam family takes 4k\+1 frames"):
+        out(True, "--num_frames", "6")  # before any model is loaded

@@ -137,8 +137,7 @@ def _output(args, family, video: bool) -> str:
     from ..media.video import VIDEO_EXTENSIONS, WRITABLE_EXTENSIONS
     from ..training.builders import frame_settings
 
-    if not video and args.num_frames is not None:
-        frame_settings(args, family)  # refuses it in one line: the family makes images
+    frame_settings(args, family)  # --num_frames: refused for an image family, 4k+1 for a video family
     output = args.output or ("sample.mp4" if video else "sample.png")
     ext = os.path.splitext(output)[1].lower()
     if video and ext not in WRITABLE_EXTENSIONS:
