@@ -281,7 +281,7 @@ def test_input_and_end_image_are_the_first_and_last_frames(tmp_path):
 
 
 def test_an_input_image_column_is_loaded_as_one_frame(tmp_path):
-    write_tiny_clip(tmp_path / "v.mp4", 5, size=(32, 32))
+    write_tiny_clip(tmp_path / "v.mp4", 9, size=(32, 32))  # its header says 9 frames: shapes from the header
     Image.new("RGB", (32, 32), BLUE).save(tmp_path / "first.png")
     (tmp_path / "m.csv").write_text('video,input_image,prompt\nv.mp4,first.png,"a"\nv.mp4,v.mp4,"b"\n')
     op = UnifiedDataset.default_video_operator(tmp_path, num_frames=5)
@@ -289,6 +289,7 @@ def test_an_input_image_column_is_loaded_as_one_frame(tmp_path):
                         extra_inputs="input_image", frame_inputs=FRAME_INPUTS)
     item = ds[0]
     assert isinstance(item["input_image"], Image.Image) and item["input_image"].getpixel((1, 1)) == BLUE
+    assert ds.row_shape(0) == ds._loaded_shape(0) == (("video", ((32, 32, 5),)), ("input_image", ((32, 32),)))
     with pytest.raises(DataError) as err:
         ds[1]
     one_line(err, "m.csv row 2 'input_image'", "expected one image, got a clip of 5 frames", tmp_path / "v.mp4")

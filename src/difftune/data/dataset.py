@@ -270,8 +270,9 @@ class UnifiedDataset(torch.utils.data.Dataset):
         for name, (column, index) in self.derived.items():
             clip = item[column]
             if not _is_clip(clip):
-                raise DataError(f"{self.metadata_path} row {row + 1}: --extra_inputs {name} is a frame of '{column}', "
-                                f"which is not one clip here (got {type(clip).__name__}{' of several files' if isinstance(clip, list) else ''})")
+                what = "several files" if isinstance(clip, list) else type(clip).__name__
+                raise DataError(f"{self.metadata_path} row {row + 1}: --extra_inputs {name} is a frame of "
+                                f"'{column}', which is not one clip here (got {what})")
             item[name] = clip[index]
         item["_row"] = row
         item["_id"] = self._ids[row]
@@ -321,6 +322,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
                 return ("unreadable", row)  # found bad when loaded (skipped, or the error stops the run)
             if any(s is UNKNOWN for s in sizes):
                 return self._loaded_shape(row)
+            if key in self.frame_inputs:  # loaded as the frame itself (see `_one_frame`)
+                sizes = tuple(s[:2] if isinstance(s, tuple) and s[2:] == (1,) else s for s in sizes)
             parts.append((key, sizes))
         return tuple(parts)
 
