@@ -36,8 +36,8 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--edit_image", default=None, help="Qwen-Image-Edit: the image to edit.")
     p.add_argument("--lora", action="append", default=[], help="A LoRA file to apply (repeatable).")
     p.add_argument("--lora_alpha", type=float, action="append", default=[], help="Strength per --lora (default 1).")
-    p.add_argument("--num_frames", type=int, default=None, help="Video families: frames of the clip (4k+1; default: the "
-                   "family's, 81).")
+    p.add_argument("--num_frames", type=int, default=None,
+                   help="Video families: frames of the clip (4k+1; default: the family's, 81).")
     p.add_argument("--fps", type=float, default=16, help="Video families: frame rate of the written clip.")
     p.add_argument("--output", default=None, help="Output file (several prompts: NAME-<i>.EXT); default sample.png, or "
                    "sample.mp4 for a video family (.mp4/.mov/.mkv/.avi/.webm, or an animated .gif/.webp).")
@@ -144,5 +144,6 @@ def _output(args, family, video: bool) -> str:
         raise UserError(f"--output {output}: the {family.name} family makes clips: name a "
                         f"{'/'.join(WRITABLE_EXTENSIONS)} file")
     if not video and ext in VIDEO_EXTENSIONS:
-        raise UserError(f"--output {output}: the {family.name} family makes images: name an image file (.png, .jpg, ...)")
+        raise UserError(f"--output {output}: the {family.name} family makes images: name an image file "
+                        f"(.png, .jpg, ...)")
     return output if ext else output + ".png"

@@ -171,12 +171,14 @@ class UnifiedDataset(torch.utils.data.Dataset):
             keys = [k for k in keys if k in self.columns] or keys
         self.frame_inputs = dict(frame_inputs or {})
         # extra inputs taken from a clip's frames: name -> (column, frame index)
-        self.derived = {k: tuple(self.frame_inputs[k]) for k in extra if k in self.frame_inputs and k not in self.columns}
+        self.derived = {k: tuple(self.frame_inputs[k]) for k in extra
+                        if k in self.frame_inputs and k not in self.columns}
         for name, (column, _) in self.derived.items():
             if column not in keys:
                 raise DataError(f"--extra_inputs {name}: it is a frame of the '{column}' clip, but '{column}' is "
                                 f"not loaded (name it in --data_file_keys, or give the metadata a '{name}' column)")
-        for flag, listed in (("--data_file_keys", keys), ("--extra_inputs", [k for k in extra if k not in self.derived])):
+        named = [k for k in extra if k not in self.derived]
+        for flag, listed in (("--data_file_keys", keys), ("--extra_inputs", named)):
             for key in listed:
                 if key not in self.columns:
                     raise DataError(f"{self.metadata_path}: no column '{key}' (named by {flag}); "

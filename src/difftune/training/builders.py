@@ -180,7 +180,8 @@ def frame_settings(args, family: FamilySpec) -> dict | None:
         return None
     factor, remainder = pipe.time_division_factor, pipe.time_division_remainder
     num_frames = args.num_frames if getattr(args, "num_frames", None) is not None else pipe.default_num_frames
-    for flag, value in (("num_frames", num_frames), ("validation_num_frames", getattr(args, "validation_num_frames", None))):
+    checked = (("num_frames", num_frames), ("validation_num_frames", getattr(args, "validation_num_frames", None)))
+    for flag, value in checked:
         if value is not None and (value < 1 or value % factor != remainder % factor):
             examples = ", ".join(str(remainder + factor * k) for k in range(4) if remainder + factor * k >= 1)
             raise UserError(f"--{flag} {value}: the {family.name} family takes {factor}k+{remainder} frames "
