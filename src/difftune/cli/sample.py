@@ -34,6 +34,8 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--input_image", default=None, help="Image-to-image: the starting image.")
     p.add_argument("--denoising_strength", type=float, default=1.0)
     p.add_argument("--edit_image", default=None, help="Qwen-Image-Edit: the image to edit.")
+    p.add_argument("--kontext_images", action="append", default=None,
+                   help="FLUX.1 Kontext: a reference image (repeat for several).")
     p.add_argument("--lora", action="append", default=[], help="A LoRA file to apply (repeatable).")
     p.add_argument("--lora_alpha", type=float, action="append", default=[], help="Strength per --lora (default 1).")
     p.add_argument("--num_frames", type=int, default=None,
@@ -105,7 +107,8 @@ def main(argv: list[str]) -> int:
     call.update({k: v for k, v in (("cfg_scale", args.cfg_scale), ("height", args.height), ("width", args.width),
                                     ("num_inference_steps", args.num_inference_steps)) if v is not None})
     extra = {"input_image": load(args.input_image), "edit_image": load(args.edit_image),
-             "embedded_guidance": args.embedded_guidance}
+             "embedded_guidance": args.embedded_guidance,
+             "kontext_images": [load(p) for p in args.kontext_images] if args.kontext_images else None}
     accepted = inspect.signature(pipe.__call__).parameters
     for name, value in extra.items():
         if value is not None:

@@ -30,7 +30,6 @@ import torch
 
 from ..errors import UserError
 from .config import ModelConfig
-from ..util import PICKLE_SUFFIXES
 from .download import missing_shards
 
 
@@ -42,14 +41,17 @@ def _files_desc(files: list[str]) -> str:
 
 
 def read_header(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """{tensor name: shape} of a safetensors file, from its header alone (safetensors checks that the header is
-    valid and that the file covers every tensor it describes, which catches truncation)."""
+    """{tensor name: shape} of a weight file. A safetensors file from its header alone (safetensors checks that
+    the header is valid and that the file covers every tensor it describes, which catches truncation); a `.pth`
+    state dict memory-mapped through `torch.load(weights_only=True)` (models/files.py)."""
     from safetensors import SafetensorError, safe_open
 
+    from .files import is_state_dict_pickle, load_pth, refuse_pickle
+
     path = str(path)
-    if path.lower().endswith(PICKLE_SUFFIXES):
-        raise UserError(f"{path}: refusing to load a pickle checkpoint (loading one can run arbitrary code); "
-                        f"use the model's .safetensors files or convert this one")
+    refuse_pickle(path)
+    if is_state_dict_pickle(path):
+        return {k: tuple(v.shape) for k, v in load_pth(path).items()}
     if os.path.isdir(path):
         raise UserError(f"{path}: is a directory, expected a .safetensors file")
     if not os.path.exists(path):
@@ -108,6 +110,17 @@ class ComponentSpec:
     # Whole-checkpoint layout conversion (normalised keys -> model keys) for layouts that cannot be mapped key by
     # key (fused tensors split). It must work on meta tensors: recognition runs it on the header's shapes.
     convert_state_dict: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    # For a model whose every size shows in its weights: {model key: shape} -> its config (None: not this model).
+    # Tried after `known_configs`, so bare files of any depth/width are recognised.
+    infer_config: Callable[[dict[str, tuple[int, ...]]], dict | None] | None = None
+
+    def candidate_configs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, dict]:
+        """label -> config to match weights of normalised {key: shape} against."""
+        configs = dict(self.known_configs)
+        inferred = self.infer_config(shapes) if self.infer_config is not None else None
+        if inferred is not None and inferred not in configs.values():
+            configs["the sizes in the weights"] = inferred
+        return configs
 
     def model_class(self):
         return getattr(importlib.import_module(self.library), self.class_name)
@@ -187,7 +200,7 @@ def match_header(header: dict[str, Any], specs: Sequence[ComponentSpec]) -> Head
         mapped = spec.model_shapes(shapes) if spec.convert_state_dict else mapped
         if mapped is None:
             continue
-        for label, config in spec.known_configs.items():
+        for label, config in spec.candidate_configs(mapped).items():
             if spec.fits(config, mapped):
                 return HeaderMatch(spec, label, config)
     return None

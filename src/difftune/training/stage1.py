@@ -8,14 +8,12 @@ which stages a task runs.
 from __future__ import annotations
 
 import gc
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .. import __version__
 from ..core.batch import split_batch
 from ..errors import UserError
 from ..media.image import IMAGE_MARK, images_to_cache
