@@ -434,7 +434,9 @@ def test_validation_renders_a_video_family_as_clips(tmp_path):
 
     args = parse(tmp_path, "--validation_prompts", "a|b", "--validation_size", "16", "--num_frames", "9",
                  "--validation_num_frames", "5", "--output_path", str(tmp_path / "out"))
-    validator = Validator(args, [], types.SimpleNamespace(**vars(family()), sample_defaults={}))
+    video = family()
+    video.pipeline.noise_shape = FakeVideoPipe.noise_shape
+    validator = Validator(args, [], types.SimpleNamespace(**vars(video), sample_defaults={}))
     validator._embeddings = lambda pipe: {}
     validator._values = lambda pipe, embeds, key: {}
     pipe = FakeVideoPipe()
@@ -445,11 +447,18 @@ def test_validation_renders_a_video_family_as_clips(tmp_path):
     with Image.open(tmp_path / "out" / "validation" / "step-000003.gif") as gif:
         assert gif.n_frames == 5 and gif.size == (2 * 16, 16)  # the prompts side by side
     args = parse(tmp_path, "--validation_prompts", "a", "--validation_size", "16", "--num_frames", "9")
-    assert Validator(args, [], types.SimpleNamespace(**vars(family()), sample_defaults={})).num_frames == 9
+    assert Validator(args, [], types.SimpleNamespace(**vars(video), sample_defaults={})).num_frames == 9
     with pytest.raises(UserError) as err:
         Validator(parse(tmp_path, "--validation_num_frames", "6"), [],
                   types.SimpleNamespace(**vars(family()), sample_defaults={}))
     one_line(err, "--validation_num_frames 6", "4k+1")
+    stills = family()
+    stills.pipeline.noise_shape = lambda height, width: (3, 1, height, width)  # a family that renders stills
+    with pytest.raises(UserError) as err:
+        Validator(parse(tmp_path, "--validation_num_frames", "5"), [], types.SimpleNamespace(**vars(stills),
+                                                                                                  sample_defaults={}))
+    one_line(err, "--validation_num_frames: not used", "renders stills")
+    assert Validator(parse(tmp_path), [], types.SimpleNamespace(**vars(stills), sample_defaults={})).num_frames is None
 
 
 def test_sample_output_names_follow_the_family():

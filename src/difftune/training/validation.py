@@ -98,6 +98,14 @@ class Validator:
 
             settings = frame_settings(args, family)  # checks --validation_num_frames too
             self.num_frames = getattr(args, "validation_num_frames", None) or settings["num_frames"]
+            noise_shape = getattr(getattr(family, "pipeline", None), "noise_shape", None)
+            if noise_shape is not None and not _takes_frames(noise_shape):
+                if getattr(args, "validation_num_frames", None) is not None:
+                    from ..errors import UserError
+
+                    raise UserError(f"--validation_num_frames: not used: the {family.name} family's validation "
+                                    f"renders stills (its noise_shape takes no num_frames)")
+                self.num_frames = None
 
     def _cached(self, name: str):
         path = Path(self.cache_dir) / VALIDATION_DIR / name if self.cache_dir else None
@@ -149,9 +157,7 @@ class Validator:
         return {k: v.to(pipe.device, pipe.torch_dtype if v.is_floating_point() else v.dtype) for k, v in values.items()}
 
     def _noise_shape(self, pipe) -> tuple[int, ...]:
-        import inspect
-
-        if self.num_frames is not None and "num_frames" in inspect.signature(pipe.noise_shape).parameters:
+        if self.num_frames is not None and _takes_frames(pipe.noise_shape):
             return pipe.noise_shape(self.height, self.width, num_frames=self.num_frames)
         return pipe.noise_shape(self.height, self.width)
 
@@ -202,6 +208,12 @@ class Validator:
             except Exception:  # no TensorBoard tracker configured
                 pass
         return path
+
+
+def _takes_frames(noise_shape) -> bool:
+    import inspect
+
+    return "num_frames" in inspect.signature(noise_shape).parameters
 
 
 def make_grid(images, columns: int | None = None):
