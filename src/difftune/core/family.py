@@ -63,6 +63,9 @@ class FamilySpec:
     # tensors -> diffusers-layout tensors, or None when the file is not theirs (see `load_lora_file`).
     lora_converters: tuple[Callable[[dict], dict | None], ...] = ()
     data: str = "image"  # what the data operator loads: image | video
+    # Data operators of particular columns (args -> {column: DataOperator}), e.g. Qwen-Image-Layered's RGBA layers;
+    # every other file column is loaded by the default operator (RGB images).
+    data_operators: Callable[[Any], Mapping[str, Any]] | None = None
     # Run-time settings this family's units read, from the flags (args -> {name: value}); never cached.
     flag_settings: Callable[[Any], dict] | None = None
     sample_defaults: Mapping[str, Any] = field(default_factory=dict)  # height, width, steps, cfg_scale, ...

@@ -2,8 +2,8 @@
 
 from .dataset import UnifiedDataset, names, read_metadata
 from .operators import (CHECKED, IMAGE_EXTENSIONS, DataError, DataOperator, ImageCropAndResize, Lambda, LoadImage,
-                        RouteByExtension, Sequence, ToAbsolutePath, compose, cover_crop, target_size)
+                        RouteByExtension, RouteByListing, Sequence, ToAbsolutePath, compose, cover_crop, target_size)
 
 __all__ = ["CHECKED", "IMAGE_EXTENSIONS", "DataError", "DataOperator", "ImageCropAndResize", "Lambda", "LoadImage",
-           "RouteByExtension", "Sequence", "ToAbsolutePath", "UnifiedDataset", "compose", "cover_crop", "names",
+           "RouteByExtension", "RouteByListing", "Sequence", "ToAbsolutePath", "UnifiedDataset", "compose", "cover_crop", "names",
            "read_metadata", "target_size"]

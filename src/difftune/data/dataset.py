@@ -184,9 +184,10 @@ class UnifiedDataset(torch.utils.data.Dataset):
     @staticmethod
     def default_image_operator(base_path, height: int | None = None, width: int | None = None,
                                max_pixels: int = 1024 * 1024, height_division_factor: int = 16,
-                               width_division_factor: int = 16) -> DataOperator:
-        """Path -> RGB image, cropped and resized (fixed size, or dynamic under max_pixels)."""
-        return (ToAbsolutePath(base_path) >> RouteByExtension({IMAGE_EXTENSIONS: LoadImage()})
+                               width_division_factor: int = 16, mode: str = "RGB") -> DataOperator:
+        """Path -> 8-bit `mode` (RGB, or RGBA to keep alpha) image, cropped and resized (fixed size, or dynamic
+        under max_pixels)."""
+        return (ToAbsolutePath(base_path) >> RouteByExtension({IMAGE_EXTENSIONS: LoadImage(mode)})
                 >> ImageCropAndResize(height, width, max_pixels, height_division_factor, width_division_factor))
 
     @staticmethod
@@ -211,7 +212,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
 
     # -- loading --------------------------------------------------------------------------------------
     def _context(self, row: int, key: str) -> dict[str, Any]:
-        return {"where": f"{self.metadata_path} row {row + 1}", "key": key, "row": row}
+        return {"where": f"{self.metadata_path} row {row + 1}", "key": key, "row": row,
+                "many": isinstance(self.rows[row].get(key), list)}
 
     def _values(self, row: int, key: str) -> list:
         """The file value(s) of one field; a list value (json) is several files."""

@@ -179,9 +179,11 @@ def make_dataset(args, family: FamilySpec):
     operator = UnifiedDataset.default_image_operator(
         base_path=args.dataset_base_path, height=args.height, width=args.width, max_pixels=args.max_pixels,
         height_division_factor=factor, width_division_factor=factor)
+    special = dict(family.data_operators(args)) if family.data_operators is not None else None
     return UnifiedDataset(base_path=args.dataset_base_path, metadata_path=args.dataset_metadata_path,
                           repeat=args.dataset_repeat, data_file_keys=names(args.data_file_keys),
-                          main_data_operator=operator, extra_inputs=names(args.extra_inputs),
+                          main_data_operator=operator, special_operator_map=special,
+                          extra_inputs=names(args.extra_inputs),
                           on_bad_sample=args.on_bad_sample, present_keys_only=True,
                           allow_empty_prompts=args.allow_empty_prompts, progress=not args.no_progress)
 
