@@ -103,7 +103,7 @@ def layered_training_inputs(pipe, data: dict[str, Any], base) -> dict[str, Any]:
     if not isinstance(condition, Image.Image):
         raise UserError(f"{where}: Qwen-Image-Layered needs 'layer_input_image' (the image the layers are taken "
                         f"from) as an image file: name it in --extra_inputs and --data_file_keys")
-    values = base(pipe, {**data, "image": None})
+    values = base(pipe, {**data, "image": None, **{k: None for k in LAYER_COLUMNS}})
     width, height = layers[0].size
     values.update(layer_images=layers, layer_input_image=condition, layer_num=count, height=height, width=width)
     return values
