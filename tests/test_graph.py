@@ -33,7 +33,7 @@ def test_lora_on_text_encoder_moves_prompt_encoding_and_caches_the_prompt():
     s = qwen_split(["dit", "text_encoder"])
     assert names(s.stage2) == ["QwenImagePromptEmbedder"]
     # the prompt string (data) and the resized edit image (stage-1 output) are cached instead of embeddings
-    assert s.frontier == ("edit_image", "edit_latents", "input_latents", "prompt")
+    assert s.frontier == ("edit_image", "edit_latents", "input_latents", "layer_input_latents", "prompt")
     assert s.stage2_models == ("dit", "text_encoder")
     assert s.stage1_models == ("vae",)
 
