@@ -267,3 +267,17 @@ def test_reference_layered_scripts_train(tmp_path, monkeypatch, script, repo_id,
         assert all(".lora_" in k for k in weights) and len(weights) > 0
     else:
         assert "time_text_embed.addition_t_embedding.weight" in weights  # the whole layered transformer
+
+
+def test_sample_command_writes_one_rgba_png_per_layer(repo, tmp_path, capsys):
+    from difftune.cli.main import main
+
+    write_layered_dataset(tmp_path / "data", n=1, size=(32, 32))
+    out = tmp_path / "layers.png"
+    code = main(["sample", "--model_dir", str(repo), "--prompt", "shapes", "--layer_input_image",
+                 str(tmp_path / "data" / "sample_1" / "input.png"), "--layer_num", "2", "--height", "32", "--width",
+                 "32", "--num_inference_steps", "2", "--torch_dtype", "float32", "--output", str(out)])
+    assert code == 0
+    written = [tmp_path / f"layers-layer{k}.png" for k in range(3)]
+    assert capsys.readouterr().out.splitlines()[-3:] == [str(p) for p in written]
+    assert [Image.open(p).mode for p in written] == ["RGBA"] * 3

@@ -84,7 +84,7 @@ def resolve_models(args, log=print) -> tuple[FamilySpec, list]:
     from ..models import check_fp8_slots, parse_model_configs
 
     configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths, args.fp8_models,
-                                  quant_options=args.quant_options)
+                                  quant_options=getattr(args, "quant_options", None))
     family, recognised = recognise(configs, args.family, log=log)
     check_fp8_slots(configs, family.slots)
     return family, [(slot, config) for slot, config, _ in recognised]
