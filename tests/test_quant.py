@@ -161,3 +161,27 @@ def test_a_quantised_stage_1_model_is_part_of_the_cache_fingerprint(tiny_repo, t
 
     plain, nf4 = fingerprint(None), fingerprint(f"{tiny_repo / 'text_encoder'}:bitsandbytes_nf4/lm_head")
     assert "storage" not in plain and nf4["storage"] == {"text_encoder": "bitsandbytes_nf4/lm_head"}
+
+
+@pytest.mark.slow
+def test_the_reference_nf4_script_trains(tmp_path, monkeypatch, bnb):
+    """special/quant_training/Qwen-Image-2512-bitsandbytes_nf4.sh unchanged (`difftune train` for its launcher,
+    two steps) on tiny models where its hub ids resolve: the LoRA file is written, with LoRA on 4-bit layers."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    text = SCRIPT.read_text().replace("\\\n", " ")
+    tokens = shlex.split(next(ln for ln in text.splitlines() if ln.startswith("accelerate launch")))
+    args = tokens[next(i for i, t in enumerate(tokens) if t.endswith("train.py")) + 1:]
+    repo = write_tiny_qwen_image(tmp_path / "models" / "Qwen" / "Qwen-Image")
+    shutil.copytree(repo / "transformer", tmp_path / "models" / "Qwen" / "Qwen-Image-2512" / "transformer")
+    make_image_dataset(tmp_path / "data" / "diffsynth_example_dataset" / "qwen_image" / "Qwen-Image-2512", n=2)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DIFFTUNE_MODEL_BASE_PATH", str(tmp_path / "models"))
+    args[args.index("--dataset_num_workers") + 1] = "0"
+    run_train(*args, "--max_steps", "2", "--max_pixels", "4096", "--torch_dtype", "float32")
+    out = tmp_path / args[args.index("--output_path") + 1]
+    lora = load_file(str(next(out.glob("*.safetensors"))))
+    assert "transformer.transformer_blocks.0.attn.to_q.lora_B.weight" in lora
+    assert lora["transformer.transformer_blocks.0.attn.to_q.lora_B.weight"].abs().max() > 0
