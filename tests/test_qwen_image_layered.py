@@ -193,6 +193,19 @@ def test_layered_data_with_an_rgb_vae_is_refused(tmp_path):
         run_unit(plain, plain.units[3], values)
 
 
+def test_layer_stacks_with_a_plain_transformer_are_refused(pipe, tmp_path):
+    from difftune.families.qwen_image.layered import model_fn_qwen_image_layered
+    from difftune.testing import tiny_qwen_transformer, TinyQwenImageSpec
+
+    plain = tiny_qwen_transformer(TinyQwenImageSpec())
+    latents, condition = torch.zeros(1, 16, 2, 4, 4), torch.zeros(1, 16, 4, 4)
+    with pytest.raises(UserError, match="need Qwen-Image-Layered's transformer .layer-3D RoPE.; the transformer "
+                                        "loaded is a plain Qwen-Image one"):
+        model_fn_qwen_image_layered(plain, latents, torch.ones(1), torch.zeros(1, 3, 32), None, condition)
+    with pytest.raises(UserError, match="the transformer is Qwen-Image-Layered's: it generates a stack of layers"):
+        pipe.model_fn(torch.zeros(1, 16, 4, 4), torch.ones(1), torch.zeros(1, 3, 32))
+
+
 def _layered_run(repo, meta, out, *extra):
     paths = tiny_qwen_image_paths(repo)
     return ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--data_file_keys",

@@ -173,6 +173,9 @@ def model_fn_qwen_image_layered(dit, latents: torch.Tensor, timestep: torch.Tens
         raise UserError("the transformer is Qwen-Image-Layered's: it generates a stack of layers (the data's 'image' "
                         "a list of layers with layer_input_image and layer_num; sampling: layer_input_image= and "
                         "layer_num=)")
+    if not is_layered_dit(dit):
+        raise UserError("layer stacks (a list-valued 'image', layer_input_image, layer_num) need Qwen-Image-Layered's "
+                        "transformer (layer-3D RoPE); the transformer loaded is a plain Qwen-Image one")
     if layer_input_latents is None:
         raise UserError("Qwen-Image-Layered needs layer_input_image (the image the layers are taken from)")
     b, _, frames, h, w = latents.shape
