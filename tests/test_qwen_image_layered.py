@@ -141,6 +141,10 @@ def test_dataset_keeps_the_alpha_of_rgba_layers(tmp_path):
     on_disk = np.asarray(Image.open(tmp_path / "sample_1" / "layer_2.png"))
     assert np.array_equal(np.asarray(layers[2]), on_disk)
     assert {0, 195} <= set(np.unique(on_disk[..., 3]).tolist())  # transparent around a 195-alpha shape
+    # every layer and the input image are the row's source files (a stale cache is found by them)
+    dataset = make_dataset(args, get_family("qwen_image"))
+    assert sorted(Path(f).relative_to(tmp_path).as_posix() for f in dataset.source_files(0)) == [
+        "sample_1/input.png", "sample_1/layer_0.png", "sample_1/layer_1.png", "sample_1/layer_2.png"]
     back = images_from_cache(images_to_cache(layers))
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(back, layers))
     # a single `image` (plain Qwen-Image) is still loaded as RGB

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..util import names
-from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension,
+from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension, RouteByListing,
                         ToAbsolutePath, compose, one_line)
 
 FILE_EXTENSIONS = IMAGE_EXTENSIONS  # what makes an --extra_inputs column a file column (video later)
@@ -310,6 +310,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
         files = []
         for key in self.data_file_keys:
             op = self._operator(key)
+            if isinstance(op, RouteByListing):  # the operator this row's value goes through
+                op = op.route(self._context(row, key))
             step = op if isinstance(op, ToAbsolutePath) else next(
                 (o for o in getattr(op, "operators", ()) if isinstance(o, ToAbsolutePath)), None)
             value = self.rows[row].get(key)
