@@ -49,6 +49,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "(diffusers) layout; see --lora_format.")
     g.add_argument("--extra_inputs", default=None, help="Comma-separated extra pipeline inputs from the metadata, e.g. edit_image.")
     g.add_argument("--fp8_models", default=None, help="Frozen models to store in FP8 (entries of the model flags, or dit/text_encoder/vae).")
+    g.add_argument("--quant_options", default=None, help="QLoRA: ';'-separated '<model entry>:bitsandbytes_nf4[/<layers kept in full precision>]' (needs bitsandbytes: difftune[quant]).")
     g.add_argument("--offload_models", default=None, help="Accepted for the reference's split scripts: each stage loads only the models it uses, so nothing needs offloading.")
     g.add_argument("--family", default=None, help="Model family (default: recognised from the weights).")
     g.add_argument("--torch_dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="Dtype of frozen weights.")
@@ -123,7 +124,6 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 # The reference's flags we do not implement: refused by name rather than ignored (name -> (kind, why)).
 REFUSED = {
-    "quant_options": ("value", "quantised (QLoRA / NF4) training is not implemented yet"),
     "enable_wandb_log": ("switch", "Weights & Biases logging is not implemented (TensorBoard and --enable_csv_log are)"),
     "wandb_project": ("value", "Weights & Biases logging is not implemented (TensorBoard and --enable_csv_log are)"),
     "enable_swanlab_log": ("switch", "SwanLab logging is not implemented (TensorBoard and --enable_csv_log are)"),

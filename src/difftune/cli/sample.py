@@ -19,6 +19,7 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer_1_path", default=None, help="FLUX: the CLIP tokenizer (default: tokenizer/ beside it).")
     p.add_argument("--tokenizer_2_path", default=None, help="FLUX: the T5 tokenizer (default: tokenizer_2/ beside it).")
     p.add_argument("--fp8_models", default=None)
+    p.add_argument("--quant_options", default=None, help="Models to run with 4-bit Linear weights, as for training.")
     p.add_argument("--family", default=None)
     p.add_argument("--torch_dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     p.add_argument("--device", default=None, help="Default: cuda if available, else cpu.")
@@ -36,6 +37,9 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--edit_image", default=None, help="Qwen-Image-Edit: the image to edit.")
     p.add_argument("--kontext_images", action="append", default=None,
                    help="FLUX.1 Kontext: a reference image (repeat for several).")
+    p.add_argument("--layer_input_image", default=None, help="Qwen-Image-Layered: the image to take apart (RGBA).")
+    p.add_argument("--layer_num", type=int, default=None, help="Qwen-Image-Layered: layers besides the first "
+                                                                  "(writes NAME-layer<k>.png per layer).")
     p.add_argument("--lora", action="append", default=[], help="A LoRA file to apply (repeatable).")
     p.add_argument("--lora_alpha", type=float, action="append", default=[], help="Strength per --lora (default 1).")
     p.add_argument("--num_frames", type=int, default=None,
@@ -95,11 +99,11 @@ def main(argv: list[str]) -> int:
                 raise UserError(f"--lora {path}: it holds a LoRA for {slot}, which is not loaded")
             pipe.load_lora(pipe.models[slot], path, alpha=alpha)
 
-    def load(path):
+    def load(path, mode="RGB"):
         if path is None:
             return None
         try:
-            return Image.open(path).convert("RGB")
+            return Image.open(path).convert(mode)
         except OSError as err:
             raise UserError(f"{path}: cannot read image ({err})") from None
 
@@ -108,7 +112,8 @@ def main(argv: list[str]) -> int:
                                     ("num_inference_steps", args.num_inference_steps)) if v is not None})
     extra = {"input_image": load(args.input_image), "edit_image": load(args.edit_image),
              "embedded_guidance": args.embedded_guidance,
-             "kontext_images": [load(p) for p in args.kontext_images] if args.kontext_images else None}
+             "kontext_images": [load(p) for p in args.kontext_images] if args.kontext_images else None,
+             "layer_input_image": load(args.layer_input_image, "RGBA"), "layer_num": args.layer_num}
     accepted = inspect.signature(pipe.__call__).parameters
     for name, value in extra.items():
         if value is not None:
@@ -124,6 +129,10 @@ def main(argv: list[str]) -> int:
     images = pipe(args.prompt, **call)
     root, ext = os.path.splitext(output)
     outputs = [output] if len(images) == 1 else [f"{root}-{i}{ext}" for i in range(len(images))]
+    if not video and images and isinstance(images[0], list):  # a stack of layers per prompt (Qwen-Image-Layered)
+        pairs = [(layer, f"{os.path.splitext(out)[0]}-layer{k}{ext}")
+                 for stack, out in zip(images, outputs) for k, layer in enumerate(stack)]
+        images, outputs = [p[0] for p in pairs], [p[1] for p in pairs]
     for image, out in zip(images, outputs):
         if video:
             from ..media.video import write_video

@@ -28,7 +28,7 @@ import torch
 
 from ..media.video import DEFAULT_NUM_FRAMES, VIDEO_EXTENSIONS
 from ..util import names
-from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension,
+from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension, RouteByListing,
                         ToAbsolutePath, compose, one_line)
 
 FILE_EXTENSIONS = IMAGE_EXTENSIONS + VIDEO_EXTENSIONS  # what makes an --extra_inputs column a file column
@@ -204,9 +204,10 @@ class UnifiedDataset(torch.utils.data.Dataset):
     @staticmethod
     def default_image_operator(base_path, height: int | None = None, width: int | None = None,
                                max_pixels: int = 1024 * 1024, height_division_factor: int = 16,
-                               width_division_factor: int = 16) -> DataOperator:
-        """Path -> RGB image, cropped and resized (fixed size, or dynamic under max_pixels)."""
-        return (ToAbsolutePath(base_path) >> RouteByExtension({IMAGE_EXTENSIONS: LoadImage()})
+                               width_division_factor: int = 16, mode: str = "RGB") -> DataOperator:
+        """Path -> 8-bit `mode` (RGB, or RGBA to keep alpha) image, cropped and resized (fixed size, or dynamic
+        under max_pixels)."""
+        return (ToAbsolutePath(base_path) >> RouteByExtension({IMAGE_EXTENSIONS: LoadImage(mode)})
                 >> ImageCropAndResize(height, width, max_pixels, height_division_factor, width_division_factor))
 
     @staticmethod
@@ -243,7 +244,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
 
     # -- loading --------------------------------------------------------------------------------------
     def _context(self, row: int, key: str) -> dict[str, Any]:
-        return {"where": f"{self.metadata_path} row {row + 1}", "key": key, "row": row}
+        return {"where": f"{self.metadata_path} row {row + 1}", "key": key, "row": row,
+                "many": isinstance(self.rows[row].get(key), list)}
 
     def _values(self, row: int, key: str) -> list:
         """The file value(s) of one field; a list value (json) is several files."""
@@ -364,6 +366,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
         files = []
         for key in self.data_file_keys:
             op = self._operator(key)
+            if isinstance(op, RouteByListing):  # the operator this row's value goes through
+                op = op.route(self._context(row, key))
             step = op if isinstance(op, ToAbsolutePath) else next(
                 (o for o in getattr(op, "operators", ()) if isinstance(o, ToAbsolutePath)), None)
             value = self.rows[row].get(key)

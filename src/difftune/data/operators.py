@@ -345,6 +345,27 @@ class RouteByExtension(DataOperator):
         return self.route(path, context).shape(path, context)
 
 
+class RouteByListing(DataOperator):
+    """One operator for a column's single values, another for the items of its list values (the dataset's
+    context says which: `many`). The reference loads a list-valued `image` (Qwen-Image-Layered's layers) as
+    RGBA and a single one as RGB."""
+
+    def __init__(self, single, items):
+        self.single, self.items = compose(single), compose(items)
+
+    def route(self, context) -> DataOperator:
+        return self.items if (context or {}).get("many") else self.single
+
+    def __call__(self, value, context=None):
+        return self.route(context)(value, context)
+
+    def check(self, value, context=None):
+        return self.route(context).check(value, context)
+
+    def shape(self, value, context=None):
+        return self.route(context).shape(value, context)
+
+
 def target_size(width: int, height: int, fixed_height: int | None, fixed_width: int | None, max_pixels: int,
                 height_factor: int = 16, width_factor: int = 16) -> tuple[int, int]:
     """(width, height) an image of this size is cropped to. Fixed sizes win; otherwise an image over

@@ -83,7 +83,8 @@ def resolve_models(args, log=print) -> tuple[FamilySpec, list]:
     entry. `--fp8_models` may name slots, so it is applied once the family is known."""
     from ..models import check_fp8_slots, parse_model_configs
 
-    configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths, args.fp8_models)
+    configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths, args.fp8_models,
+                                  quant_options=getattr(args, "quant_options", None))
     family, recognised = recognise(configs, args.family, log=log)
     check_fp8_slots(configs, family.slots)
     return family, [(slot, config) for slot, config, _ in recognised]
@@ -203,9 +204,11 @@ def make_dataset(args, family: FamilySpec):
     frames = frame_settings(args, family)
     operator = (UnifiedDataset.default_video_operator(**size, **frames) if frames is not None
                 else UnifiedDataset.default_image_operator(**size))
+    special = dict(family.data_operators(args)) if family.data_operators is not None else None
     return UnifiedDataset(base_path=args.dataset_base_path, metadata_path=args.dataset_metadata_path,
                           repeat=args.dataset_repeat, data_file_keys=names(args.data_file_keys),
-                          main_data_operator=operator, extra_inputs=names(args.extra_inputs),
+                          main_data_operator=operator, special_operator_map=special,
+                          extra_inputs=names(args.extra_inputs),
                           on_bad_sample=args.on_bad_sample, present_keys_only=True,
                           allow_empty_prompts=args.allow_empty_prompts, progress=not args.no_progress,
                           frame_inputs=dict(family.pipeline.frame_inputs) if frames is not None else None)

@@ -86,9 +86,10 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
         log(f"training from the cache at {args.dataset_base_path} ({len(dataset)} samples): {split.describe()}")
     else:
         dataset, wanted = make_dataset(args, family), None
-    from ..models import check_fp8_frozen
+    from ..models import check_fp8_frozen, check_quant_frozen
 
     check_fp8_frozen([slot for slot, c in models if c.wants_fp8(slot)], args.trainable_models)
+    check_quant_frozen([slot for slot, c in models if c.quant is not None], args.trainable_models)
     pipe = build_pipeline(family, args, models, wanted, accelerator.device, log=log)
     stage_units = {type(u) for u in split.stage2}
     units = [u for u in pipe.units if type(u) in stage_units] if from_cache else pipe.units

@@ -38,9 +38,14 @@ def stage1_fingerprint(args, family, split, components) -> dict:
         data_files.append(_file_identity(args.dataset_metadata_path))
     # The metadata's identity holds only its name: the same metadata in another folder names other images.
     root = args.dataset_base_path or os.path.dirname(args.dataset_metadata_path or "")
+    # how a stage-1 model's weights are stored changes its outputs: FP8, or 4 bits (--quant_options)
+    storage = {name: "fp8" if config.wants_fp8(name) else f"{config.quant.method}/{','.join(config.quant.keep)}"
+               for name, config in components if name in split.stage1_models
+               and (config.wants_fp8(name) or config.quant is not None)}
     return {
         "family": family.name,
         "weights": weights,
+        **({"storage": storage} if storage else {}),
         "torch_dtype": args.torch_dtype,
         "metadata": data_files,
         "data_root": os.path.abspath(root),
