@@ -4,7 +4,7 @@ from difftune.core.units import PipelineUnit
 from difftune.core.graph import split_units
 from difftune.families.qwen_image import QwenImagePipeline
 
-SFT_LOSS_READS = ("input_latents", "prompt_embeds", "prompt_embeds_mask", "edit_latents")
+SFT_LOSS_READS = ("input_latents", "prompt_embeds", "prompt_embeds_mask", "edit_latents", "layer_input_latents")
 
 
 def U(name, reads=(), writes=(), models=()):
@@ -23,9 +23,9 @@ def names(units):
 def test_lora_on_dit_puts_every_unit_in_stage_1():
     s = qwen_split(["dit"])
     assert names(s.stage2) == []
-    assert len(s.stage1) == 8
+    assert len(s.stage1) == 10
     # only what the loss reads is cached; noise, latents, images, settings are not
-    assert s.frontier == ("edit_latents", "input_latents", "prompt_embeds", "prompt_embeds_mask")
+    assert s.frontier == ("edit_latents", "input_latents", "layer_input_latents", "prompt_embeds", "prompt_embeds_mask")
     assert s.stage1_models == ("text_encoder", "vae") and s.stage2_models == ("dit",)
 
 
@@ -35,7 +35,7 @@ def test_lora_on_text_encoder_moves_prompt_encoding_and_caches_the_prompt():
     # the prompt string (data) and the resized edit image (stage-1 output) are cached instead of embeddings;
     # EliGen's entity prompts and masks too, with the size their masks are taken at
     assert s.frontier == ("edit_image", "edit_latents", "eligen_entity_masks", "eligen_entity_prompts", "height",
-                          "input_latents", "prompt", "width")
+                          "input_latents", "layer_input_latents", "prompt", "width")
     assert s.stage2_models == ("dit", "text_encoder")
     assert s.stage1_models == ("vae",)
 
@@ -43,7 +43,8 @@ def test_lora_on_text_encoder_moves_prompt_encoding_and_caches_the_prompt():
 def test_trainable_vae_moves_encoders_and_their_readers():
     s = qwen_split(["vae"])
     # the prompt embedder reads edit_image, which the (now stage-2) edit embedder writes
-    assert names(s.stage2) == ["QwenImageInputImageEmbedder", "QwenImageEditImageEmbedder",
+    assert names(s.stage2) == ["QwenImageInputImageEmbedder", "QwenImageLayerStackEmbedder",
+                               "QwenImageEditImageEmbedder", "QwenImageLayerInputEmbedder",
                                "QwenImageContextImageEmbedder", "QwenImageBlockwiseControlNetEmbedder",
                                "QwenImagePromptEmbedder"]
     assert "input_image" in s.frontier and "noise" in s.frontier and "prompt" in s.frontier

@@ -35,7 +35,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--height", type=int, default=None, help="Fixed height; leave height and width empty for dynamic resolution.")
     g.add_argument("--width", type=int, default=None, help="Fixed width.")
     g.add_argument("--max_pixels", type=int, default=1024 * 1024, help="Dynamic resolution: larger images are scaled down to this area.")
-    g.add_argument("--num_frames", type=int, default=None, help="Video frames (video families; the reference's default is 81).")
+    g.add_argument("--num_frames", type=int, default=None, help="Video families: frames per clip, the first ones (4k+1 for Wan; default 81, as the reference); a shorter clip is cut to the largest 4k+1 it has.")
 
     g = parser.add_argument_group("models")
     g.add_argument("--model_paths", default=None, help="JSON list of model files (an entry may be a list of shards).")
@@ -49,6 +49,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "(diffusers) layout; see --lora_format.")
     g.add_argument("--extra_inputs", default=None, help="Comma-separated extra pipeline inputs from the metadata, e.g. edit_image.")
     g.add_argument("--fp8_models", default=None, help="Frozen models to store in FP8 (entries of the model flags, or dit/text_encoder/vae).")
+    g.add_argument("--quant_options", default=None, help="QLoRA: ';'-separated '<model entry>:bitsandbytes_nf4[/<layers kept in full precision>]' (needs bitsandbytes: difftune[quant]).")
     g.add_argument("--offload_models", default=None, help="Accepted for the reference's split scripts: each stage loads only the models it uses, so nothing needs offloading.")
     g.add_argument("--family", default=None, help="Model family (default: recognised from the weights).")
     g.add_argument("--torch_dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="Dtype of frozen weights.")
@@ -115,6 +116,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--validation_steps", type=int, default=None, help="Render validation samples every N optimizer steps.")
     g.add_argument("--validation_size", type=int, default=None, help="Height and width of validation samples.")
     g.add_argument("--validation_inference_steps", type=int, default=20)
+    g.add_argument("--validation_num_frames", type=int, default=None, help="Video families: frames of each validation clip (4k+1; default: --num_frames).")
     g.add_argument("--no_progress", action="store_true", help="No progress bar.")
     g = parser.add_argument_group("reference flags difftune refuses (not implemented yet: a run that names one stops)")
     for name, (kind, why) in REFUSED.items():
@@ -127,7 +129,6 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 # The reference's flags we do not implement: refused by name rather than ignored (name -> (kind, why)).
 REFUSED = {
-    "quant_options": ("value", "quantised (QLoRA / NF4) training is not implemented yet"),
     "enable_wandb_log": ("switch", "Weights & Biases logging is not implemented (TensorBoard and --enable_csv_log are)"),
     "wandb_project": ("value", "Weights & Biases logging is not implemented (TensorBoard and --enable_csv_log are)"),
     "enable_swanlab_log": ("switch", "SwanLab logging is not implemented (TensorBoard and --enable_csv_log are)"),
@@ -151,7 +152,7 @@ _AT_LEAST = {
     "save_steps": (1, "at least 1 optimizer step (leave it out to save once per epoch)"),
     "save_state_steps": (1, "at least 1 optimizer step"), "validation_steps": (1, "at least 1 optimizer step"),
     "validation_size": (1, "at least 1 pixel"), "validation_inference_steps": (1, "at least 1"),
-    "height": (1, "at least 1 pixel"), "width": (1, "at least 1 pixel"), "max_pixels": (1, "at least 1 pixel"),
+    "num_frames": (1, "at least 1 frame"), "validation_num_frames": (1, "at least 1 frame"), "height": (1, "at least 1 pixel"), "width": (1, "at least 1 pixel"), "max_pixels": (1, "at least 1 pixel"),
     "data_process_batch_size": (1, "at least 1"), "cache_commit_every": (1, "at least 1 sample"),
     "dataset_num_workers": (0, "0 or more"), "lr_warmup_steps": (0, "0 or more"),
     "keep_last_states": (0, "0 (keep every state) or more"),
@@ -185,8 +186,6 @@ def check_training_args(args) -> None:
     for name, (_, why) in REFUSED.items():
         if getattr(args, name, None) is not None:
             raise UserError(f"--{name}: not supported by difftune: {why}")
-    if args.num_frames is not None:
-        raise UserError("--num_frames: not used: no video family is implemented yet (difftune trains image families)")
     _check_numbers(args)
     lo, hi = getattr(args, "min_timestep_boundary", 0.0), getattr(args, "max_timestep_boundary", 1.0)
     if not 0.0 < hi <= 1.0:

@@ -1,4 +1,4 @@
-"""`difftune sample`: generate images from the shell, optionally with trained LoRAs."""
+"""`difftune sample`: generate images (or, with a video family, clips) from the shell, optionally with trained LoRAs."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer_1_path", default=None, help="FLUX: the CLIP tokenizer (default: tokenizer/ beside it).")
     p.add_argument("--tokenizer_2_path", default=None, help="FLUX: the T5 tokenizer (default: tokenizer_2/ beside it).")
     p.add_argument("--fp8_models", default=None)
+    p.add_argument("--quant_options", default=None, help="Models to run with 4-bit Linear weights, as for training.")
     p.add_argument("--family", default=None)
     p.add_argument("--torch_dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     p.add_argument("--device", default=None, help="Default: cuda if available, else cpu.")
@@ -30,8 +31,6 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_inference_steps", type=int, default=None, help="Default: the family's (Qwen-Image: 30).")
     p.add_argument("--embedded_guidance", type=float, default=None, help="FLUX.1-dev's distilled guidance "
                    "(default: the family's, 3.5).")
-    p.add_argument("--num_frames", type=int, default=None, help="Video families: frames of the clip (Wan: 4k+1, "
-                   "default 81).")
     p.add_argument("--end_image", default=None, help="Wan I2V: the last frame.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--input_image", default=None, help="Image-to-image: the starting image.")
@@ -39,10 +38,16 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--edit_image", default=None, help="Qwen-Image-Edit: the image to edit.")
     p.add_argument("--kontext_images", action="append", default=None,
                    help="FLUX.1 Kontext: a reference image (repeat for several).")
+    p.add_argument("--layer_input_image", default=None, help="Qwen-Image-Layered: the image to take apart (RGBA).")
+    p.add_argument("--layer_num", type=int, default=None, help="Qwen-Image-Layered: layers besides the first "
+                                                                  "(writes NAME-layer<k>.png per layer).")
     p.add_argument("--lora", action="append", default=[], help="A LoRA file to apply (repeatable).")
     p.add_argument("--lora_alpha", type=float, action="append", default=[], help="Strength per --lora (default 1).")
-    p.add_argument("--output", default="sample.png", help="Output PNG (several prompts: NAME-<i>.png); a video "
-                   "family's clip is an animated image in the format the extension says (.png, .gif, .webp).")
+    p.add_argument("--num_frames", type=int, default=None,
+                   help="Video families: frames of the clip (4k+1; default: the family's, 81).")
+    p.add_argument("--fps", type=float, default=16, help="Video families: frame rate of the written clip.")
+    p.add_argument("--output", default=None, help="Output file (several prompts: NAME-<i>.EXT); default sample.png, or "
+                   "sample.mp4 for a video family (.mp4/.mov/.mkv/.avi/.webm, or an animated .gif/.webp).")
     return p
 
 
@@ -82,6 +87,8 @@ def main(argv: list[str]) -> int:
     args.initialize_model_on_cpu = False
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     family, models = resolve_models(args)
+    video = family.data == "video"
+    output = _output(args, family, video)  # refused before any model is loaded
     pipe = build_pipeline(family, args, models, None, device)
     by_prefix = {family.lora_prefix(slot): slot for slot in family.slots}
     for i, path in enumerate(args.lora):
@@ -93,11 +100,11 @@ def main(argv: list[str]) -> int:
                 raise UserError(f"--lora {path}: it holds a LoRA for {slot}, which is not loaded")
             pipe.load_lora(pipe.models[slot], path, alpha=alpha)
 
-    def load(path):
+    def load(path, mode="RGB"):
         if path is None:
             return None
         try:
-            return Image.open(path).convert("RGB")
+            return Image.open(path).convert(mode)
         except OSError as err:
             raise UserError(f"{path}: cannot read image ({err})") from None
 
@@ -105,10 +112,10 @@ def main(argv: list[str]) -> int:
     call.update({k: v for k, v in (("cfg_scale", args.cfg_scale), ("height", args.height), ("width", args.width),
                                     ("num_inference_steps", args.num_inference_steps)) if v is not None})
     extra = {"input_image": load(args.input_image), "edit_image": load(args.edit_image),
-             "embedded_guidance": args.embedded_guidance, "num_frames": args.num_frames,
-             "end_image": load(args.end_image),
+             "embedded_guidance": args.embedded_guidance, "end_image": load(args.end_image),
              "denoising_strength": args.denoising_strength if args.denoising_strength != 1.0 else None,
-             "kontext_images": [load(p) for p in args.kontext_images] if args.kontext_images else None}
+             "kontext_images": [load(p) for p in args.kontext_images] if args.kontext_images else None,
+             "layer_input_image": load(args.layer_input_image, "RGBA"), "layer_num": args.layer_num}
     accepted = inspect.signature(pipe.__call__).parameters
     for name, value in extra.items():
         if value is not None:
@@ -117,33 +124,40 @@ def main(argv: list[str]) -> int:
             call[name] = value
     if args.input_image is not None and "denoising_strength" in accepted:
         call["denoising_strength"] = args.denoising_strength
+    if video:
+        from ..training.builders import frame_settings
+
+        call["num_frames"] = frame_settings(args, family)["num_frames"]
     images = pipe(args.prompt, **call)
-    root, ext = os.path.splitext(args.output)
-    outputs = [args.output] if len(images) == 1 else [f"{root}-{i}{ext or '.png'}" for i in range(len(images))]
+    root, ext = os.path.splitext(output)
+    outputs = [output] if len(images) == 1 else [f"{root}-{i}{ext}" for i in range(len(images))]
+    if not video and images and isinstance(images[0], list):  # a stack of layers per prompt (Qwen-Image-Layered)
+        pairs = [(layer, f"{os.path.splitext(out)[0]}-layer{k}{ext}")
+                 for stack, out in zip(images, outputs) for k, layer in enumerate(stack)]
+        images, outputs = [p[0] for p in pairs], [p[1] for p in pairs]
     for image, out in zip(images, outputs):
-        if isinstance(image, list):  # a clip's frames
-            save_clip(image, out)
+        if video:
+            from ..media.video import write_video
+
+            write_video(image, out, fps=args.fps)
         else:
             atomic_save_image(image, out)  # in the format the name's extension says
         print(out)
     return 0
 
 
-CLIP_FPS = 16  # Wan's frame rate
+def _output(args, family, video: bool) -> str:
+    """The output name, its extension checked against what the family makes."""
+    from ..media.video import VIDEO_EXTENSIONS, WRITABLE_EXTENSIONS
+    from ..training.builders import frame_settings
 
-
-def save_clip(frames, path: str) -> None:
-    """A clip as an animated image (APNG, GIF or WebP, as the extension says) at Wan's 16 frames per second."""
-    from pathlib import Path
-
-    from PIL import Image
-
-    from ..io import atomic_write
-
-    suffix = Path(path).suffix.lower() or ".png"
-    fmt = {".png": "PNG", ".apng": "PNG", ".gif": "GIF", ".webp": "WEBP"}.get(suffix)
-    if fmt is None:
-        raise UserError(f"--output {path}: a clip is written as .png (animated), .gif or .webp")
-    first, rest = frames[0], list(frames[1:])
-    atomic_write(path, lambda tmp: first.save(tmp, format=fmt, save_all=True, append_images=rest,
-                                              duration=round(1000 / CLIP_FPS), loop=0))
+    frame_settings(args, family)  # --num_frames: refused for an image family, 4k+1 for a video family
+    output = args.output or ("sample.mp4" if video else "sample.png")
+    ext = os.path.splitext(output)[1].lower()
+    if video and ext not in WRITABLE_EXTENSIONS:
+        raise UserError(f"--output {output}: the {family.name} family makes clips: name a "
+                        f"{'/'.join(WRITABLE_EXTENSIONS)} file")
+    if not video and ext in VIDEO_EXTENSIONS:
+        raise UserError(f"--output {output}: the {family.name} family makes images: name an image file "
+                        f"(.png, .jpg, ...)")
+    return output if ext else output + ".png"

@@ -68,6 +68,9 @@ class FamilySpec:
     # BFL names with q, k, v re-fused; None: the diffusers module names are written.
     lora_native_names: Callable[[dict, dict], tuple[dict, dict]] | None = None
     data: str = "image"  # what the data operator loads: image | video
+    # Data operators of particular columns (args -> {column: DataOperator}), e.g. Qwen-Image-Layered's RGBA layers;
+    # every other file column is loaded by the default operator (RGB images).
+    data_operators: Callable[[Any], Mapping[str, Any]] | None = None
     # Run-time settings this family's units read, from the flags (args -> {name: value}); never cached.
     flag_settings: Callable[[Any], dict] | None = None
     sample_defaults: Mapping[str, Any] = field(default_factory=dict)  # height, width, steps, cfg_scale, ...

@@ -4,8 +4,8 @@ An operator is called as `op(value, context)`; `context` (optional) says where t
 (`where`: "metadata.csv row 3", `key`: the column, `file`: the resolved path) so every error names the
 row and the file. Operators compose with `>>` or as a list.
 
-Images are PIL images and a video is a list of PIL frames: `ImageCropAndResize` takes either, and a
-video loader is one more entry in `RouteByExtension`, with nothing else to change.
+Images are PIL images and a video is a list of PIL frames: `ImageCropAndResize` takes either, and the
+video loader (`data/video.py`) is one more entry in `RouteByExtension`.
 
 `check(value, context)` is the cheap half of loading (exists, not empty, header readable, not cut short);
 the dataset uses it to pre-check every row before training. It returns the value for the next operator,
@@ -345,6 +345,27 @@ class RouteByExtension(DataOperator):
         return self.route(path, context).shape(path, context)
 
 
+class RouteByListing(DataOperator):
+    """One operator for a column's single values, another for the items of its list values (the dataset's
+    context says which: `many`). The reference loads a list-valued `image` (Qwen-Image-Layered's layers) as
+    RGBA and a single one as RGB."""
+
+    def __init__(self, single, items):
+        self.single, self.items = compose(single), compose(items)
+
+    def route(self, context) -> DataOperator:
+        return self.items if (context or {}).get("many") else self.single
+
+    def __call__(self, value, context=None):
+        return self.route(context)(value, context)
+
+    def check(self, value, context=None):
+        return self.route(context).check(value, context)
+
+    def shape(self, value, context=None):
+        return self.route(context).shape(value, context)
+
+
 def target_size(width: int, height: int, fixed_height: int | None, fixed_width: int | None, max_pixels: int,
                 height_factor: int = 16, width_factor: int = 16) -> tuple[int, int]:
     """(width, height) an image of this size is cropped to. Fixed sizes win; otherwise an image over
@@ -391,9 +412,10 @@ class ImageCropAndResize(DataOperator):
         return w, h
 
     def shape(self, value, context=None):
-        if isinstance(value, tuple) and len(value) == 2:
+        """(width, height) -> the cropped size; (width, height, frames) of a clip keeps its frame count."""
+        if isinstance(value, tuple) and len(value) in (2, 3):
             return target_size(value[0], value[1], self.height, self.width, self.max_pixels,
-                               self.height_division_factor, self.width_division_factor)
+                               self.height_division_factor, self.width_division_factor) + value[2:]
         return UNKNOWN
 
     def __call__(self, value, context=None):

@@ -13,11 +13,12 @@ def as_image_list(images) -> list[Image.Image]:
     return list(images)
 
 
-def images_to_tensor(images, height: int | None = None, width: int | None = None) -> torch.Tensor:
-    """PIL image(s) -> float tensor (B, 3, H, W) in [-1, 1], resized to (height, width) when given."""
+def images_to_tensor(images, height: int | None = None, width: int | None = None, mode: str = "RGB") -> torch.Tensor:
+    """PIL image(s) -> float tensor (B, C, H, W) in [-1, 1] (C = 3 for RGB, 4 for RGBA), resized to (height, width)
+    when given."""
     arrays = []
     for img in as_image_list(images):
-        img = img.convert("RGB")
+        img = img.convert(mode)
         if height is not None and width is not None and img.size != (width, height):
             img = img.resize((width, height), Image.LANCZOS)
         arrays.append(np.asarray(img, dtype=np.float32) / 127.5 - 1.0)
@@ -28,7 +29,7 @@ def images_to_tensor(images, height: int | None = None, width: int | None = None
 
 
 def tensor_to_images(x: torch.Tensor) -> list[Image.Image]:
-    """Float tensor (B, 3, H, W) in [-1, 1] -> PIL images."""
+    """Float tensor (B, 3 or 4, H, W) in [-1, 1] -> PIL images (RGB or RGBA)."""
     x = ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
     return [Image.fromarray(a) for a in x]
 
@@ -38,11 +39,13 @@ IMAGE_MARK = "__difftune_images__"
 
 
 def images_to_cache(value):
-    """PIL image(s) -> a uint8 tensor (N, H, W, 3) marked as images; anything else unchanged."""
+    """PIL image(s) -> a uint8 tensor (N, H, W, 3), or (N, H, W, 4) when one has alpha (Qwen-Image-Layered's RGBA
+    layers keep it), marked as images; anything else unchanged."""
     if isinstance(value, Image.Image) or (isinstance(value, list) and value and
                                           all(isinstance(v, Image.Image) for v in value)):
         images = as_image_list(value)
-        return {IMAGE_MARK: torch.from_numpy(np.stack([np.asarray(i.convert("RGB")) for i in images])),
+        mode = "RGBA" if any(i.mode == "RGBA" for i in images) else "RGB"
+        return {IMAGE_MARK: torch.from_numpy(np.stack([np.asarray(i.convert(mode)) for i in images])),
                 "single": isinstance(value, Image.Image)}
     return value
 

@@ -5,9 +5,10 @@ from .config import ModelConfig, check_fp8_slots, parse_model_configs
 from .detect import ComponentSpec, DetectedComponent, HeaderMatch, detect_component, match_header, read_header
 from .fp8 import check_fp8_frozen, enable_fp8_storage
 from .load import LoadedComponent, load_component, load_tokenizer
+from .quant import check_quant_frozen
 
 __all__ = [
-    "ComponentSpec", "DetectedComponent", "check_fp8_slots", "HeaderMatch", "LoadedComponent", "ModelConfig", "check_fp8_frozen",
+    "ComponentSpec", "DetectedComponent", "check_fp8_slots", "HeaderMatch", "LoadedComponent", "ModelConfig", "check_fp8_frozen", "check_quant_frozen",
     "detect_component", "enable_fp8_storage", "load_component", "load_tokenizer", "match_header",
     "parse_model_configs", "read_header",
 ]

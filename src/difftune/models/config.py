@@ -32,6 +32,7 @@ class ModelConfig:
     # Component names (dit, text_encoder, vae) that are stored in FP8 if this entry turns out to be one of them:
     # `--fp8_models dit` is known before the weights are recognised.
     fp8_components: tuple[str, ...] = ()
+    quant: object = None  # a models.quant.QuantOption: Linear weights stored in 4 bits (--quant_options)
     _resolved: list[str] | str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -121,7 +122,8 @@ class ModelConfig:
 # -- CLI flags -------------------------------------------------------------------------------------------
 
 def parse_model_configs(model_paths_json: str | None = None, model_id_with_origin_paths: str | None = None,
-                        fp8_models: str | None = None, slots: Sequence[str] | None = None) -> list[ModelConfig]:
+                        fp8_models: str | None = None, slots: Sequence[str] | None = None,
+                        quant_options: str | None = None) -> list[ModelConfig]:
     """ModelConfigs from `--model_paths` (a JSON list of paths or lists of shard paths),
     `--model_id_with_origin_paths` (comma-separated `model_id:pattern`) and `--fp8_models`.
 
@@ -155,6 +157,10 @@ def parse_model_configs(model_paths_json: str | None = None, model_id_with_origi
                             f"Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors")
         configs.append(ModelConfig(model_id=model_id.strip(), origin_file_pattern=pattern.strip()))
     apply_fp8(configs, fp8_models, slots)
+    if quant_options:
+        from .quant import apply_quant_options
+
+        apply_quant_options(configs, quant_options)
     return configs
 
 

@@ -88,7 +88,8 @@ def load_component(config: ModelConfig | str | list[str], specs: Sequence[Compon
     """Recognise (among `specs`, unless already `detected`), build and load one model: frozen (`requires_grad=False`), `eval()`, on `device`.
 
     Floating tensors are cast to `torch_dtype`; with `config.fp8` (or `--fp8_models <name>`) the Linear
-    weights are stored in float8_e4m3fn as they are read (see `fp8.py`).
+    weights are stored in float8_e4m3fn as they are read (see `fp8.py`); with `config.quant` (--quant_options) in
+    4 bits once loaded (see `quant.py`).
     """
     from .files import iter_tensors
     from .fp8 import enable_fp8_storage, fp8_weight_names
@@ -144,6 +145,10 @@ def load_component(config: ModelConfig | str | list[str], specs: Sequence[Compon
     module.to(device)  # computed buffers
     if fp8:
         enable_fp8_storage(module, compute_dtype=dtype)
+    if config.quant is not None:
+        from .quant import quantize_linears
+
+        quantize_linears(module, config.quant, compute_dtype=dtype, device=device)
     module.requires_grad_(False)
     module.eval()
     return LoadedComponent(det.name, module, det.files, det.source)

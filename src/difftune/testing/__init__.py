@@ -18,3 +18,4 @@ from .flux import _ldm_vae_from_diffusers  # noqa: F401
 from .wan import *  # noqa: F401,F403
 from .scripts import *  # noqa: F401,F403
 from .qwen_image_scripts import write_qwen_image_script_workspace  # noqa: F401
+from .video import *  # noqa: F401,F403

@@ -52,6 +52,7 @@ class TinyQwenImageSpec:
     vae_dim_mult: tuple = (1, 1, 1, 1)  # 4 entries -> x8 spatial downsampling, as the real VAE
     vae_num_res_blocks: int = 1
     zero_cond_t: bool = False
+    layered: bool = False  # Qwen-Image-Layered: the "is RGB" embedding, layer-3D RoPE, an RGBA VAE
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -81,7 +82,7 @@ def tiny_qwen_transformer(spec: TinyQwenImageSpec):
         patch_size=2, in_channels=64, out_channels=16, num_layers=spec.num_layers,
         attention_head_dim=spec.attention_head_dim, num_attention_heads=spec.num_attention_heads,
         joint_attention_dim=spec.text_hidden, guidance_embeds=False, axes_dims_rope=tuple(spec.axes_dims_rope),
-        zero_cond_t=spec.zero_cond_t,
+        zero_cond_t=spec.zero_cond_t, use_additional_t_cond=spec.layered, use_layer3d_rope=spec.layered,
     )
 
 
@@ -90,7 +91,8 @@ def tiny_qwen_vae(spec: TinyQwenImageSpec):
 
     torch.manual_seed(spec.seed + 1)
     return AutoencoderKLQwenImage(base_dim=spec.vae_base_dim, z_dim=16, dim_mult=list(spec.vae_dim_mult),
-                                  num_res_blocks=spec.vae_num_res_blocks, temperal_downsample=[False, True, True])
+                                  num_res_blocks=spec.vae_num_res_blocks, temperal_downsample=[False, True, True],
+                                  input_channels=4 if spec.layered else 3)
 
 
 def tiny_qwen_text_encoder(spec: TinyQwenImageSpec, tok):
@@ -138,7 +140,8 @@ def write_tiny_qwen_image(path: str | os.PathLike, spec: TinyQwenImageSpec | Non
     (root / "scheduler").mkdir(exist_ok=True)
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(QWEN_IMAGE_SCHEDULER_CONFIG, indent=2))
     index = {
-        "_class_name": "QwenImageEditPipeline" if edit else "QwenImagePipeline",
+        "_class_name": "QwenImageEditPipeline" if edit else "QwenImageLayeredPipeline" if spec.layered
+        else "QwenImagePipeline",
         "_diffusers_version": "0.42.1",
         "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
         "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
@@ -167,6 +170,45 @@ def tiny_qwen_image_paths(root: str | os.PathLike) -> dict[str, list[str]]:
         "text_encoder": sorted(str(p) for p in (root / "text_encoder").glob("model*.safetensors")),
         "vae": [str(root / "vae" / "diffusion_pytorch_model.safetensors")],
     }
+
+
+def write_tiny_qwen_image_layered(path: str | os.PathLike, spec: TinyQwenImageSpec | None = None, **kw) -> Path:
+    """A tiny Qwen-Image-Layered repository (layered transformer, RGBA VAE) in the layout of `write_tiny_qwen_image`."""
+    spec = spec or TinyQwenImageSpec()
+    return write_tiny_qwen_image(path, TinyQwenImageSpec(**{**spec.__dict__, "layered": True}), **kw)
+
+
+def write_layered_dataset(root: str | os.PathLike, n: int = 2, size: tuple[int, int] = (32, 32),
+                          layer_num: int = 2) -> Path:
+    """A tiny Qwen-Image-Layered data set as the reference's Layered scripts read it: metadata.json rows with
+    `image` (a list of RGBA PNG layers, the composite first), `layer_input_image`, `layer_num` and `prompt`."""
+    from PIL import Image, ImageDraw
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    colors = [(220, 40, 40), (40, 60, 220), (40, 180, 70), (230, 220, 50)]
+    w, h = size
+    rows = []
+    for i in range(n):
+        layers = []
+        for k in range(layer_num):  # transparent layers, one shape each
+            layer = Image.new("RGBA", size, (0, 0, 0, 0))
+            box = (k * w // (layer_num + 1), k * h // (layer_num + 2), w - 1 - k, h - 1 - k * h // 4)
+            ImageDraw.Draw(layer).ellipse(box, fill=colors[(i + k) % len(colors)] + (255 - 60 * k,))
+            layers.append(layer)
+        composite = Image.new("RGBA", size, (255, 255, 255, 255))
+        for layer in layers:
+            composite = Image.alpha_composite(composite, layer)
+        names = []
+        for k, img in enumerate([composite] + layers):
+            names.append(f"sample_{i + 1}/layer_{k}.png")
+            (root / names[-1]).parent.mkdir(exist_ok=True)
+            img.save(root / names[-1])
+        composite.save(root / f"sample_{i + 1}/input.png")
+        rows.append({"image": names, "layer_input_image": f"sample_{i + 1}/input.png", "layer_num": layer_num,
+                     "prompt": f"{layer_num} coloured shapes, sample {i + 1}"})
+    (root / "metadata.json").write_text(json.dumps(rows, indent=1))
+    return root / "metadata.json"
 
 
 def write_example_workspace(root: str | os.PathLike) -> Path:

@@ -13,8 +13,8 @@ from PIL import Image, ImageDraw
 
 from .common import populate_offline_hub
 from ..families.qwen_image.components import LORA_TARGET_MODULES
-from .qwen_image import (write_control_dataset, write_tiny_blockwise_controlnet, write_tiny_dit_lora,
-                         write_tiny_qwen_image)
+from .qwen_image import (write_control_dataset, write_layered_dataset, write_tiny_blockwise_controlnet,
+                         write_tiny_dit_lora, write_tiny_qwen_image, write_tiny_qwen_image_layered)
 
 DATA = Path("data") / "diffsynth_example_dataset" / "qwen_image"
 COLORS = [(220, 40, 40), (40, 60, 220), (40, 180, 70), (230, 220, 50)]
@@ -67,6 +67,20 @@ def _control(kind: str):
     return lambda folder: write_control_dataset(folder, kind)
 
 
+def layered(layer_num: int):
+    """Qwen-Image-Layered rows (metadata.json): `image` a list of RGBA layers, `layer_input_image`, `layer_num`."""
+    return lambda folder: write_layered_dataset(folder, n=2, size=(32, 32), layer_num=layer_num)
+
+
+def layered_with_context(folder: Path) -> None:
+    """Qwen-Image-Layered-Control-V2: one layer per row, plus a `context_image` (the brush mask)."""
+    meta = write_layered_dataset(folder, n=2, size=(32, 32), layer_num=0)
+    rows = json.loads(meta.read_text())
+    for i, row in enumerate(rows):
+        row["context_image"] = _picture(folder / f"mask_{i}.png", i)
+    _json(folder, rows)
+
+
 # data set folder -> writer; a feature adds its own
 DATASETS = {
     "Qwen-Image-EliGen": _control("eligen"), "Qwen-Image-EliGen-Poster": _control("eligen"),
@@ -77,6 +91,8 @@ DATASETS = {
     "Qwen-Image": text_to_image, "Qwen-Image-2512": text_to_image, "Qwen-Image-Distill-Full": text_to_image,
     "Qwen-Image-Distill-LoRA": distill, "Qwen-Image-Edit": edit, "Qwen-Image-Edit-2509": multi_edit,
     "Qwen-Image-Edit-2511": multi_edit, "FireRed-Image-Edit-1.0": multi_edit, "FireRed-Image-Edit-1.1": multi_edit,
+    "Qwen-Image-Layered": layered(2), "Qwen-Image-Layered-Control": layered(0),
+    "Qwen-Image-Layered-Control-V2": layered_with_context,
 }
 
 
@@ -91,6 +107,9 @@ def write_qwen_image_script_workspace(root: str | os.PathLike) -> Path:
     for repo_id in ("Qwen/Qwen-Image-Edit", "Qwen/Qwen-Image-Edit-2509", "Qwen/Qwen-Image-Edit-2511",
                     "FireRedTeam/FireRed-Image-Edit-1.0", "FireRedTeam/FireRed-Image-Edit-1.1"):
         populate_offline_hub(models, repo_id, edit_repo)
+    layered_repo = write_tiny_qwen_image_layered(src / "qwen_image_layered")
+    for repo_id in ("Qwen/Qwen-Image-Layered", "DiffSynth-Studio/Qwen-Image-Layered-Control"):
+        populate_offline_hub(models, repo_id, layered_repo)
     # DiffSynth-Studio/Qwen-Image-Distill-Full keeps the transformer's files at the top of the repository.
     shutil.copytree(base / "transformer", models / "DiffSynth-Studio" / "Qwen-Image-Distill-Full", dirs_exist_ok=True)
     for variant in ("Canny", "Depth", "Inpaint"):

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from .builders import (TaskSpec, bad_samples_of_all_processes, build_pipeline, compute_split, ensure_writable,
-                       find_resume, loop_config, main_process_log, make_accelerator, make_dataset, resolve_models,
-                       stage_settings, training_mode_kwargs, write_json)
+                       find_resume, frame_settings, loop_config, main_process_log, make_accelerator, make_dataset,
+                       resolve_models, stage_settings, training_mode_kwargs, write_json)
 
 
 def run(args) -> dict:
@@ -38,6 +38,7 @@ def run(args) -> dict:
 
 def _run(args, task, accelerator, log, stop) -> dict:
     family, models = resolve_models(args, log=log)
+    frame_settings(args, family)  # --num_frames refused or checked before any work
     if task.stage != "data_process":
         check_lora_format(args, family)
     split = compute_split(family, args, task)
@@ -85,9 +86,10 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
         log(f"training from the cache at {args.dataset_base_path} ({len(dataset)} samples): {split.describe()}")
     else:
         dataset, wanted = make_dataset(args, family), None
-    from ..models import check_fp8_frozen
+    from ..models import check_fp8_frozen, check_quant_frozen
 
     check_fp8_frozen([slot for slot, c in models if c.wants_fp8(slot)], args.trainable_models)
+    check_quant_frozen([slot for slot, c in models if c.quant is not None], args.trainable_models)
     pipe = build_pipeline(family, args, models, wanted, accelerator.device, log=log)
     stage_units = {type(u) for u in split.stage2}
     units = [u for u in pipe.units if type(u) in stage_units] if from_cache else pipe.units

@@ -17,8 +17,8 @@ import torch
 from ..core.batch import split_batch
 from ..errors import UserError
 from ..media.image import IMAGE_MARK, images_to_cache
-from .builders import (bad_samples_of_all_processes, build_pipeline, ensure_writable, main_process_log,
-                       make_dataset, stage_settings, write_json)
+from .builders import (bad_samples_of_all_processes, build_pipeline, ensure_writable, frame_settings,
+                       main_process_log, make_dataset, stage_settings, write_json)
 
 CACHE_SUBDIR = "cache"
 
@@ -38,13 +38,19 @@ def stage1_fingerprint(args, family, split, components) -> dict:
         data_files.append(_file_identity(args.dataset_metadata_path))
     # The metadata's identity holds only its name: the same metadata in another folder names other images.
     root = args.dataset_base_path or os.path.dirname(args.dataset_metadata_path or "")
+    # how a stage-1 model's weights are stored changes its outputs: FP8, or 4 bits (--quant_options)
+    storage = {name: "fp8" if config.wants_fp8(name) else f"{config.quant.method}/{','.join(config.quant.keep)}"
+               for name, config in components if name in split.stage1_models
+               and (config.wants_fp8(name) or config.quant is not None)}
     return {
         "family": family.name,
         "weights": weights,
+        **({"storage": storage} if storage else {}),
         "torch_dtype": args.torch_dtype,
         "metadata": data_files,
         "data_root": os.path.abspath(root),
         "preprocessing": {"height": args.height, "width": args.width, "max_pixels": args.max_pixels,
+                          **(frame_settings(args, family) or {}),  # video families only: image caches keep theirs
                           "data_file_keys": args.data_file_keys, "extra_inputs": args.extra_inputs,
                           # the settings stage 1's units read (run-time settings of stage 2 stay out)
                           **{k: v for k, v in stage_settings(args, family).items()

@@ -1,4 +1,4 @@
-"""The Qwen-Image family (text-to-image and Qwen-Image-Edit): its spec, registered by name."""
+"""The Qwen-Image family (text-to-image, Qwen-Image-Edit, Qwen-Image-Layered): its spec, registered by name."""
 
 from ...core.family import FamilySpec, TokenizerSpec
 from ...models.load import load_tokenizer
@@ -6,6 +6,7 @@ from ...util import names
 from .components import DIT, LORA_TARGET_MODULES, TEXT_ENCODER, VAE
 from .control_inputs import ControlNetInput
 from .controlnet import BLOCKWISE_CONTROLNET
+from .layered import data_operators
 from .pipeline import QwenImagePipeline
 from .processor import load_processor
 
@@ -30,6 +31,7 @@ FAMILY = FamilySpec(
     lora_prefixes={"dit": "transformer", "text_encoder": "text_encoder"},
     lora_target_modules=LORA_TARGET_MODULES,
     data="image",
+    data_operators=data_operators,  # Qwen-Image-Layered's RGBA layers
     flag_settings=lambda args: {"edit_image_auto_resize": bool(getattr(args, "edit_image_auto_resize", True)),
                                 "zero_cond_t": bool(getattr(args, "zero_cond_t", False))},
     sample_defaults={"height": 1328, "width": 1328, "num_inference_steps": 30, "cfg_scale": 4.0},

@@ -52,6 +52,12 @@ QWEN_IMAGE_VAE_CONFIG = {
     "z_dim": 16,
 }
 
+# Qwen/Qwen-Image-Layered (and DiffSynth-Studio's -Layered-Control): the Qwen-Image transformer plus an embedding of
+# the "is RGB" flag (a weight) and the layer-3D RoPE (no weight); its VAE reads and writes RGBA.
+QWEN_IMAGE_LAYERED_TRANSFORMER_CONFIG = {**QWEN_IMAGE_TRANSFORMER_CONFIG, "use_additional_t_cond": True,
+                                         "use_layer3d_rope": True}
+QWEN_IMAGE_LAYERED_VAE_CONFIG = {**QWEN_IMAGE_VAE_CONFIG, "input_channels": 4}
+
 QWEN25_VL_7B_CONFIG = {
     "architectures": ["Qwen2_5_VLForConditionalGeneration"],
     "attention_dropout": 0.0,
@@ -125,7 +131,8 @@ def text_encoder_key(key: str) -> str:
 
 DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="QwenImageTransformer2DModel",
-    known_configs={"Qwen/Qwen-Image transformer": QWEN_IMAGE_TRANSFORMER_CONFIG},
+    known_configs={"Qwen/Qwen-Image transformer": QWEN_IMAGE_TRANSFORMER_CONFIG,
+                   "Qwen/Qwen-Image-Layered transformer": QWEN_IMAGE_LAYERED_TRANSFORMER_CONFIG},
     marker_keys=("img_in.weight", "txt_in.weight", "txt_norm.weight"), normalize_key=transformer_key,
     description="Qwen-Image MMDiT (20B)")
 
@@ -138,6 +145,7 @@ TEXT_ENCODER = ComponentSpec(
 
 VAE = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKLQwenImage",
-    known_configs={"Qwen/Qwen-Image VAE": QWEN_IMAGE_VAE_CONFIG},
+    known_configs={"Qwen/Qwen-Image VAE": QWEN_IMAGE_VAE_CONFIG,
+                   "Qwen/Qwen-Image-Layered VAE (RGBA)": QWEN_IMAGE_LAYERED_VAE_CONFIG},
     marker_keys=("encoder.conv_in.weight", "decoder.conv_in.weight", "quant_conv.weight", "post_quant_conv.weight"),
     description="Qwen-Image VAE")

@@ -21,6 +21,10 @@ class QwenImageContextImageEmbedder(PipelineUnit):
     def process(self, pipe, context_image, height, width):
         if context_image is None:
             return {}
+        if getattr(pipe.vae.config, "input_channels", 3) == 4:  # Qwen-Image-Layered's RGBA VAE (Layered-Control)
+            from .layered import _encode_rgba
+
+            return {"context_latents": _encode_rgba(pipe, as_image_list(context_image), height, width)}
         from .units import vae_encode
 
         images = images_to_tensor(as_image_list(context_image), height, width)

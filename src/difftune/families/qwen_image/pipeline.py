@@ -8,7 +8,6 @@ transformers (`Qwen2_5_VLForConditionalGeneration`), so official checkpoints loa
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,6 +18,8 @@ from ...core.pipeline import BasePipeline
 from ...errors import UserError
 from ...media.image import as_image_list, tensor_to_images
 from ...core.latents import pack_latents, unpack_latents
+from .layered import (QwenImageLayerInputEmbedder, QwenImageLayerStackEmbedder, is_layered, is_layered_dit,
+                      layered_training_inputs, model_fn_qwen_image_layered, sample_layered)
 from .model_fn import model_fn_qwen_image
 from .control_inputs import (CONTROL_DATA_INPUTS, CONTROL_MODEL_FN_INPUTS, QwenImageBlockwiseControlNetEmbedder,
                              QwenImageContextImageEmbedder, QwenImageEntityControl, check_controlnet_fed,
@@ -36,9 +37,10 @@ class QwenImagePipeline(BasePipeline):
     settings = frozenset({"rand_device", "batch_size", "edit_image_auto_resize", "use_gradient_checkpointing",
                           "use_gradient_checkpointing_offload", "zero_cond_t"})
     model_fn_settings = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload", "zero_cond_t")
-    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "edit_latents", *CONTROL_MODEL_FN_INPUTS)
+    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "edit_latents", "layer_input_latents",
+                       *CONTROL_MODEL_FN_INPUTS)
     data_inputs = ("image", "prompt", "seed", "rand_device", "edit_image", "num_inference_steps", "height", "width",
-                   *CONTROL_DATA_INPUTS)
+                   "layer_input_image", "layer_num", *CONTROL_DATA_INPUTS)
     # direct_distill samples a whole batch in lockstep, so a batch shares its step count
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
     loss_models = ("dit", "blockwise_controlnet")  # model_fn runs the ControlNet (when one is loaded)
@@ -56,8 +58,9 @@ class QwenImagePipeline(BasePipeline):
         self.processor = None
         self._drops: dict[str, int] = {}
         self.units = [QwenImageShapeChecker(), QwenImageNoiseInitializer(), QwenImageInputImageEmbedder(),
-                      QwenImageEditImageEmbedder(), QwenImageContextImageEmbedder(),
-                      QwenImageBlockwiseControlNetEmbedder(), QwenImageEntityControl(), QwenImagePromptEmbedder()]
+                      QwenImageLayerStackEmbedder(), QwenImageEditImageEmbedder(), QwenImageLayerInputEmbedder(),
+                      QwenImageContextImageEmbedder(), QwenImageBlockwiseControlNetEmbedder(),
+                      QwenImageEntityControl(), QwenImagePromptEmbedder()]
 
     @staticmethod
     def default_scheduler():
@@ -90,7 +93,11 @@ class QwenImagePipeline(BasePipeline):
         return {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}, dict(vis)
 
     # -- model_fn -------------------------------------------------------------------------------------
-    def model_fn(self, latents, timestep, prompt_embeds, prompt_embeds_mask=None, edit_latents=None, **settings):
+    def model_fn(self, latents, timestep, prompt_embeds, prompt_embeds_mask=None, edit_latents=None,
+                 layer_input_latents=None, **settings):
+        if latents.dim() == 5 or is_layered_dit(self.dit):  # Qwen-Image-Layered: a stack of layers
+            return model_fn_qwen_image_layered(self.dit, latents, timestep, prompt_embeds, prompt_embeds_mask,
+                                               layer_input_latents, edit_latents=edit_latents, **settings)
         controlnet = self.models.get("blockwise_controlnet")
         check_controlnet_fed(controlnet, settings.get("blockwise_controlnet_conditioning"))
         return model_fn_qwen_image(self.dit, latents, timestep, prompt_embeds, prompt_embeds_mask, edit_latents,
@@ -100,6 +107,8 @@ class QwenImagePipeline(BasePipeline):
         return vae_decode(self, latents)
 
     def combine_cfg(self, posi, nega, cfg_scale):
+        if posi.dim() == 5:  # Qwen-Image-Layered's guidance is plain (diffusers' cfg_normalize=False)
+            return super().combine_cfg(posi, nega, cfg_scale)
         # Qwen-Image's true CFG keeps the norm of the conditional prediction per 2x2 patch token.
         comb = nega + cfg_scale * (posi - nega)
         h, w = posi.shape[-2:]
@@ -110,6 +119,8 @@ class QwenImagePipeline(BasePipeline):
     # -- training -------------------------------------------------------------------------------------
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
         """Pipeline inputs for one data sample, as inference would be called (batch of one)."""
+        if is_layered(data):
+            return layered_training_inputs(self, data, QwenImagePipeline.training_inputs)
         image = data.get("image")
         if image is not None and not isinstance(image, Image.Image):
             raise UserError(f"row {data.get('_row', '?')}: 'image' must be an image file listed in --data_file_keys")
@@ -127,7 +138,9 @@ class QwenImagePipeline(BasePipeline):
 
     @staticmethod
     def batch_signature(sample: dict[str, Any]) -> tuple:
-        """Samples with equal signatures can be encoded in one batch."""
+        """Samples with equal signatures can be encoded in one batch (Qwen-Image-Layered's stacks: one at a time)."""
+        if is_layered(sample):
+            return None
         def size(v):
             return v.size if isinstance(v, Image.Image) else tuple(i.size for i in v) if isinstance(v, list) else v
 
@@ -142,7 +155,14 @@ class QwenImagePipeline(BasePipeline):
                  output_type: str = "pil", zero_cond_t: bool = False, context_image=None,
                  eligen_entity_prompts=None, eligen_entity_masks=None, eligen_enable_on_negative: bool = False,
                  blockwise_controlnet_image=None, blockwise_controlnet_inpaint_mask=None,
-                 blockwise_controlnet_inputs=None):
+                 blockwise_controlnet_inputs=None, layer_input_image=None, layer_num=None):
+        if layer_input_image is not None or layer_num is not None:
+            if any(v is not None for v in (eligen_entity_prompts, eligen_entity_masks, blockwise_controlnet_image,
+                                           blockwise_controlnet_inputs)):
+                raise UserError("Qwen-Image-Layered sampling takes context_image, not EliGen or ControlNet inputs")
+            return sample_layered(self, prompt, negative_prompt, cfg_scale, height, width, num_inference_steps, seed,
+                                  layer_input_image, layer_num, rand_device, progress, output_type,
+                                  context_image=context_image)
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
         if input_image is not None and (height is None or width is None):

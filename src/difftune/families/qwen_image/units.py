@@ -14,7 +14,6 @@ from ...core.batch import Pad
 from ...core.latents import seeded_noise
 from ...core.common_units import InputImageEmbedder, ShapeChecker
 from ...core.units import PipelineUnit
-from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
 
 PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
@@ -84,13 +83,17 @@ class QwenImageShapeChecker(ShapeChecker):
 class QwenImageNoiseInitializer(PipelineUnit):
     """Initial noise from `seed`, drawn on `rand_device` so a seed gives the same noise on any accelerator."""
 
-    inputs = ("height", "width", "seed", "rand_device", "batch_size")
+    inputs = ("height", "width", "seed", "rand_device", "batch_size", "layer_num")
     outputs = ("noise",)
 
-    def process(self, pipe, height, width, seed, rand_device, batch_size):
+    def process(self, pipe, height, width, seed, rand_device, batch_size, layer_num):
         rand_device = rand_device or "cpu"
         if isinstance(rand_device, (list, tuple)):
             rand_device = rand_device[0]
+        if layer_num is not None:  # Qwen-Image-Layered: (B, 16, layers + 1, h, w), see layered.py
+            from .layered import layered_noise
+
+            return {"noise": layered_noise(pipe, height, width, seed, rand_device, batch_size, layer_num)}
         noise = seeded_noise((16, height // VAE_SCALE, width // VAE_SCALE), seed, batch_size, rand_device)
         return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 

@@ -41,8 +41,8 @@ class WanVideoPipeline(BasePipeline):
     patch_size = 2
     vae_scale = 8
     latent_channels = 16
-    # The video data path's settings (read once it lands; `FamilySpec.data` becomes "video" then): clips of
-    # 4k+1 frames, 81 by default (the reference's), input_image / end_image = the clip's first / last frame.
+    # The video data path's settings: clips of 4k+1 frames, 81 by default (the reference's); --extra_inputs
+    # input_image / end_image are the clip's first / last frame where the metadata has no such column.
     default_num_frames = 81
     time_division_factor = 4
     time_division_remainder = 1
@@ -148,15 +148,20 @@ class WanVideoPipeline(BasePipeline):
                             f"--data_file_keys")
         if (len(frames) - 1) % 4:
             raise UserError(f"row {row}: the clip has {len(frames)} frames; Wan needs 4k+1 (e.g. --num_frames 81)")
-        for name in ("input_image", "end_image"):
-            if data.get(name) is not None and not isinstance(data[name], Image.Image):
+        images = {}
+        for name, pick in (("input_image", 0), ("end_image", -1)):
+            value = data.get(name)
+            if isinstance(value, (list, tuple)) and value and all(isinstance(f, Image.Image) for f in value):
+                value = value[pick]  # a file column read as a clip (an image file is a one-frame clip)
+            if value is not None and not isinstance(value, Image.Image):
                 raise UserError(f"row {row}: '{name}' must be an image (an image file, or a frame of the clip)")
+            images[name] = value
         prompt = data.get("prompt", "")
         if prompt is None or (isinstance(prompt, float) and math.isnan(prompt)):
             prompt = ""
         width, height = frames[0].size
         return {"prompt": prompt, "negative_prompt": "", "input_video": frames, "height": height, "width": width,
-                "num_frames": len(frames), "input_image": data.get("input_image"), "end_image": data.get("end_image"),
+                "num_frames": len(frames), "input_image": images["input_image"], "end_image": images["end_image"],
                 "seed": data.get("seed"), "batch_size": 1, "num_inference_steps": data.get("num_inference_steps")}
 
     @staticmethod

@@ -1,0 +1,250 @@
+"""Qwen-Image-Layered (and DiffSynth-Studio's -Layered-Control, -Control-V2): an image taken apart into RGBA layers.
+
+A variant of the Qwen-Image pipeline, not a family of its own: the text encoder is Qwen-Image's, the transformer and
+the VAE are the same diffusers classes with other configs (recognised from the weights: the transformer's "is RGB"
+embedding, the VAE's four input channels), and the data decides the mode, as in the reference: a row whose `image` is
+a list of layer files (with `layer_input_image` and `layer_num`) trains the layer stack.
+
+Layout: a stack of L + 1 latents is (B, 16, L + 1, h, w), the first being the composite (the reference's training
+data lists it first; Qwen-Image-Layered-Control, with `layer_num` 0, generates only the layer it is asked for).
+The denoiser sees each layer's 2x2 patch tokens in turn, then any context / edit tokens, then the input image's
+tokens, with the layer-3D RoPE (the input image at layer index -1) and the "is RGB" flag 0, as diffusers'
+`QwenImageLayeredPipeline` and the reference both call it. The loss is the reference's: flow matching over the whole
+stack at one timestep per sample.
+
+Sampling follows diffusers' `QwenImageLayeredPipeline` (the model authors' pipeline): sigmas linspace(1, 0, N + 1)
+shifted with mu = sqrt(input-image tokens / 256) and plain classifier-free guidance. (DiffSynth-Studio samples with
+Qwen-Image's linear mu instead; training does not depend on it.)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ...core.checkpointing import set_gradient_checkpointing
+from ...core.latents import pack_latents, seeded_noise, unpack_latents
+from ...core.units import PipelineUnit
+from ...errors import UserError
+from ...media.image import as_image_list, images_to_tensor, tensor_to_images
+from .model_fn import set_zero_cond_t
+from .units import DIVISION_FACTOR, VAE_SCALE, vae_decode, vae_encode
+
+LAYER_COLUMNS = ("layer_input_image", "layer_num")
+
+
+def is_layered(data: dict[str, Any]) -> bool:
+    """A data row (or pipeline inputs) of Qwen-Image-Layered: a list of layers, or the layer inputs."""
+    return isinstance(data.get("image"), list) or any(data.get(k) is not None for k in LAYER_COLUMNS)
+
+
+def is_layered_dit(dit) -> bool:
+    return bool(getattr(getattr(dit, "config", None), "use_layer3d_rope", False))
+
+
+def _row(data) -> str:
+    row = data.get("_row")
+    return f"row {row + 1}" if isinstance(row, int) else "this sample"
+
+
+def _layer_count(value, where: str) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UserError(f"{where}: layer_num must be a whole number >= 0 (the layers besides the first), got {value!r}")
+    return value
+
+
+def _check_rgba_vae(pipe) -> None:
+    channels = getattr(pipe.vae.config, "input_channels", 3)
+    if channels != 4:
+        raise UserError(f"Qwen-Image-Layered needs its RGBA VAE (Qwen/Qwen-Image-Layered:vae/...); the VAE loaded "
+                        f"reads {channels} channels")
+
+
+# -- data -----------------------------------------------------------------------------------------------------------
+
+def data_operators(args) -> dict:
+    """The reference's loaders: `layer_input_image` and the items of a list-valued `image` as RGBA (alpha kept),
+    a single `image` as RGB."""
+    from ...data import RouteByListing, UnifiedDataset
+
+    def image_operator(mode):
+        factor = DIVISION_FACTOR
+        return UnifiedDataset.default_image_operator(
+            base_path=args.dataset_base_path, height=args.height, width=args.width, max_pixels=args.max_pixels,
+            height_division_factor=factor, width_division_factor=factor, mode=mode)
+
+    return {"image": RouteByListing(image_operator("RGB"), image_operator("RGBA")),
+            "layer_input_image": image_operator("RGBA")}
+
+
+def layered_training_inputs(pipe, data: dict[str, Any], base) -> dict[str, Any]:
+    """A Qwen-Image-Layered row as pipeline inputs: `image` is the stack of layers (the composite first),
+    `layer_input_image` the image they are taken from, `layer_num` the layers besides the first (len(image) - 1)."""
+    where = _row(data)
+    layers = data.get("image")
+    if not isinstance(layers, list) or not layers or not all(isinstance(i, Image.Image) for i in layers):
+        raise UserError(f"{where}: Qwen-Image-Layered's 'image' must be a list of layer image files (a JSON list, "
+                        f"the composite first), listed in --data_file_keys")
+    sizes = {i.size for i in layers}
+    if len(sizes) > 1:
+        raise UserError(f"{where}: the layers of 'image' differ in size ({', '.join(f'{w}x{h}' for w, h in sorted(sizes))}); "
+                        f"a stack needs one size")
+    count = len(layers) - 1
+    layer_num = data.get("layer_num")
+    if layer_num is not None and _layer_count(layer_num, where) != count:
+        raise UserError(f"{where}: layer_num is {layer_num} but 'image' lists {len(layers)} layers (layer_num + 1 "
+                        f"are expected: the composite first)")
+    condition = data.get("layer_input_image")
+    if not isinstance(condition, Image.Image):
+        raise UserError(f"{where}: Qwen-Image-Layered needs 'layer_input_image' (the image the layers are taken "
+                        f"from) as an image file: name it in --extra_inputs and --data_file_keys")
+    values = base(pipe, {**data, "image": None, **{k: None for k in LAYER_COLUMNS}})
+    width, height = layers[0].size
+    values.update(layer_images=layers, layer_input_image=condition, layer_num=count, height=height, width=width)
+    return values
+
+
+# -- units ----------------------------------------------------------------------------------------------------------
+
+def layered_noise(pipe, height, width, seed, rand_device, batch_size, layer_num) -> torch.Tensor:
+    """(B, 16, layers + 1, h, w) noise, drawn (B, layers + 1, 16, h, w) as diffusers and the reference draw it."""
+    n = _layer_count(layer_num, "layer_num") + 1
+    noise = seeded_noise((n, 16, height // VAE_SCALE, width // VAE_SCALE), seed, batch_size, rand_device)
+    return noise.permute(0, 2, 1, 3, 4).contiguous().to(device=pipe.device, dtype=pipe.torch_dtype)
+
+
+def _encode_rgba(pipe, images, height, width) -> torch.Tensor:
+    _check_rgba_vae(pipe)
+    # one image at a time, as the reference encodes a stack (a stack of large layers is a large batch)
+    return torch.cat([vae_encode(pipe, images_to_tensor([img], height, width, mode="RGBA")) for img in images])
+
+
+class QwenImageLayerStackEmbedder(PipelineUnit):
+    """Training on Qwen-Image-Layered: the clean latents of the layer stack, each RGBA layer encoded with the RGBA VAE:
+    input_latents (1, 16, layers + 1, h, w)."""
+
+    inputs = ("layer_images", "height", "width")
+    outputs = ("input_latents",)
+    models = ("vae",)
+
+    def process(self, pipe, layer_images, height, width):
+        if layer_images is None:
+            return {}
+        latents = _encode_rgba(pipe, as_image_list(layer_images), height, width)
+        return {"input_latents": latents.permute(1, 0, 2, 3).unsqueeze(0)}
+
+
+class QwenImageLayerInputEmbedder(PipelineUnit):
+    """The image to take apart (RGBA; an RGB one gets an opaque alpha), resized to the output size and encoded:
+    layer_input_latents (B, 16, h, w)."""
+
+    inputs = ("layer_input_image", "height", "width", "batch_size")
+    outputs = ("layer_input_latents",)
+    models = ("vae",)
+
+    def process(self, pipe, layer_input_image, height, width, batch_size):
+        if layer_input_image is None:
+            return {}
+        latents = _encode_rgba(pipe, as_image_list(layer_input_image), height, width)
+        if latents.shape[0] == 1 and (batch_size or 1) > 1:  # one image for several prompts
+            latents = latents.expand(batch_size, *latents.shape[1:])
+        return {"layer_input_latents": latents}
+
+
+# -- model_fn -------------------------------------------------------------------------------------------------------
+
+def model_fn_qwen_image_layered(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
+                                prompt_embeds_mask: torch.Tensor | None = None,
+                                layer_input_latents: torch.Tensor | None = None,
+                                context_latents: torch.Tensor | None = None, edit_latents=None,
+                                use_gradient_checkpointing: bool = False,
+                                use_gradient_checkpointing_offload: bool = False, zero_cond_t: bool = False,
+                                **_: Any) -> torch.Tensor:
+    """One denoiser call on a layer stack: latents (B, 16, L + 1, h, w) -> velocity of the same shape.
+
+    Tokens: each layer's patches in turn, then context, edit and input-image tokens (the reference's order; the
+    layer-3D RoPE gives the last entry, the input image, layer index -1)."""
+    if latents.dim() != 5:
+        raise UserError("the transformer is Qwen-Image-Layered's: it generates a stack of layers (the data's 'image' "
+                        "a list of layers with layer_input_image and layer_num; sampling: layer_input_image= and "
+                        "layer_num=)")
+    if not is_layered_dit(dit):
+        raise UserError("layer stacks (a list-valued 'image', layer_input_image, layer_num) need Qwen-Image-Layered's "
+                        "transformer (layer-3D RoPE); the transformer loaded is a plain Qwen-Image one")
+    if layer_input_latents is None:
+        raise UserError("Qwen-Image-Layered needs layer_input_image (the image the layers are taken from)")
+    b, _, frames, h, w = latents.shape
+    tokens = torch.cat([pack_latents(latents[:, :, i]) for i in range(frames)], dim=1)
+    image_len = tokens.shape[1]
+    shapes = [(1, h // 2, w // 2)] * frames
+    edits = [] if edit_latents is None else list(edit_latents) if isinstance(edit_latents, (list, tuple)) \
+        else [edit_latents]
+    for extra in [c for c in (context_latents,) if c is not None] + edits + [layer_input_latents]:
+        tokens = torch.cat([tokens, pack_latents(extra.to(tokens.dtype))], dim=1)
+        shapes.append((1, extra.shape[-2] // 2, extra.shape[-1] // 2))
+    set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
+    set_zero_cond_t(dit, zero_cond_t)
+    timestep = timestep.to(device=latents.device, dtype=latents.dtype).expand(b)
+    is_rgb = None
+    if getattr(dit.config, "use_additional_t_cond", False):
+        is_rgb = torch.zeros(b, dtype=torch.long, device=latents.device)  # 0: RGBA layers, as both pipelines pass
+    out = dit(hidden_states=tokens, timestep=timestep / 1000, encoder_hidden_states=prompt_embeds,
+              encoder_hidden_states_mask=prompt_embeds_mask, img_shapes=[shapes] * b, additional_t_cond=is_rgb,
+              return_dict=False)[0]
+    n = (h // 2) * (w // 2)
+    out = out[:, :image_len]
+    return torch.stack([unpack_latents(out[:, i * n:(i + 1) * n], h, w) for i in range(frames)], dim=2)
+
+
+# -- sampling -------------------------------------------------------------------------------------------------------
+
+def decode_layers(pipe, latents: torch.Tensor) -> torch.Tensor:
+    """(B, 16, L + 1, h, w) -> images (B, L + 1, 4, H, W) in [-1, 1], one layer at a time."""
+    return torch.stack([torch.stack([vae_decode(pipe, latents[b:b + 1, :, i])[0] for i in range(latents.shape[2])])
+                        for b in range(latents.shape[0])])
+
+
+def layered_mu(height: int, width: int) -> float:
+    """diffusers' time shift for Qwen-Image-Layered: sqrt of the input image's 2x2-patch tokens over 256."""
+    return math.sqrt((-(-height // DIVISION_FACTOR)) * (-(-width // DIVISION_FACTOR)) / 256)
+
+
+@torch.no_grad()
+def sample_layered(pipe, prompt, negative_prompt, cfg_scale: float, height, width, num_inference_steps: int, seed,
+                   layer_input_image, layer_num, rand_device: str = "cpu", progress: bool = True,
+                   output_type: str = "pil", context_image=None):
+    """Take `layer_input_image` apart into `layer_num` + 1 RGBA layers (per prompt: a list of images; "pt": a tensor
+    (B, L + 1, 4, H, W) in [0, 1]; "latent": the latents)."""
+    if layer_input_image is None:
+        raise UserError("Qwen-Image-Layered sampling needs layer_input_image (the image to take apart)")
+    if layer_num is None:
+        raise UserError("Qwen-Image-Layered sampling needs layer_num (how many layers besides the first)")
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
+    if height is None or width is None:
+        width, height = as_image_list(layer_input_image)[0].size
+    values: dict[str, Any] = {
+        "prompt": prompts, "negative_prompt": negatives, "height": height, "width": width, "seed": seed,
+        "rand_device": rand_device, "batch_size": len(prompts), "layer_input_image": layer_input_image,
+        "layer_num": layer_num, "context_image": context_image,  # Layered-Control: its control image
+    }
+    pipe.scheduler.set_timesteps(num_inference_steps, mu=layered_mu(height, width))
+    pipe.run_units(values, cfg=cfg_scale != 1.0)
+    latents = pipe.denoise(values, cfg_scale=cfg_scale, progress=progress)
+    if output_type == "latent":
+        return latents
+    images = decode_layers(pipe, latents)
+    if output_type == "pt":
+        return (images.float() / 2 + 0.5).clamp(0, 1)
+    stacks = [tensor_to_images(stack) for stack in images]
+    return stacks[0] if isinstance(prompt, str) else stacks
+
+
+__all__ = ["QwenImageLayerInputEmbedder", "QwenImageLayerStackEmbedder", "data_operators", "decode_layers",
+           "is_layered", "is_layered_dit", "layered_noise", "layered_training_inputs", "model_fn_qwen_image_layered",
+           "sample_layered"]

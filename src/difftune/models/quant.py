@@ -1,0 +1,126 @@
+"""`--quant_options`: frozen Linear weights stored in 4 bits (bitsandbytes NF4 / FP4), for QLoRA.
+
+The reference's syntax: entries separated by ";", each `<model entry>:<method>[/<layers kept in full precision>]`,
+the model entry being one of --model_paths / --model_id_with_origin_paths (the last ":" ends it), the kept layers
+comma-separated module names (a name matches itself or any module path ending in "." + name, e.g. `img_mod.1`).
+Each quantised layer becomes bitsandbytes' `Linear4bit` (weight-only: it dequantises its weight in every forward and
+passes gradients to its input), so peft puts a LoRA on it as on any Linear; the model itself stays frozen.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+from ..util import first_line
+from ..util import names as split_names
+
+METHODS = {"bitsandbytes_nf4": "nf4", "bitsandbytes_fp4": "fp4"}
+INSTALL = "pip install 'difftune[quant]' (bitsandbytes)"
+
+
+@dataclass(frozen=True)
+class QuantOption:
+    method: str  # a METHODS key
+    keep: tuple[str, ...] = ()  # module names kept in full precision
+
+    @property
+    def quant_type(self) -> str:
+        return METHODS[self.method]
+
+
+def parse_quant_options(text: str | None) -> list[tuple[str, QuantOption]]:
+    """(model entry, option) per `--quant_options` entry."""
+    out = []
+    for entry in (text or "").split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        model, sep, spec = entry.rpartition(":")
+        if not sep or not model:
+            raise UserError(f"--quant_options: {entry!r} is not <model entry>:<method>[/<layers kept in full "
+                            f"precision>], e.g. Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors:"
+                            f"bitsandbytes_nf4/img_in,proj_out")
+        method, _, keep = spec.partition("/")
+        if method not in METHODS:
+            raise UserError(f"--quant_options: unknown method {method!r} for {model} (known: {', '.join(METHODS)})")
+        out.append((model, QuantOption(method, tuple(split_names(keep)))))
+    return out
+
+
+def apply_quant_options(configs: Sequence, text: str | None) -> None:
+    """Set `config.quant` on the model configs the `--quant_options` entries name."""
+    for model, option in parse_quant_options(text):
+        entry = model
+        if model.startswith("["):  # a --model_paths entry that is a list of shards
+            try:
+                entry = json.loads(model)
+            except json.JSONDecodeError:
+                raise UserError(f"--quant_options: {model[:80]!r} is not a valid JSON list of shard paths") from None
+        hits = [c for c in configs if c.matches(entry)]
+        if not hits:
+            raise UserError(f"--quant_options: {model!r} matches no entry of --model_paths or "
+                            f"--model_id_with_origin_paths")
+        for c in hits:
+            if c.fp8:
+                raise UserError(f"--quant_options: {model} is also in --fp8_models; choose one storage")
+            c.quant = option
+
+
+def bitsandbytes():
+    """The bitsandbytes module, or a one-line error saying what to install / why it cannot run here."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise UserError(f"--quant_options needs bitsandbytes, which is not installed: {INSTALL}") from None
+    except Exception as err:  # a broken native library
+        raise UserError(f"--quant_options: bitsandbytes cannot be loaded here ({first_line(err)})") from None
+    return bnb
+
+
+def _kept(name: str, keep: Iterable[str]) -> bool:
+    return any(name == k or name.endswith("." + k) for k in keep)
+
+
+def quantize_linears(module: nn.Module, option: QuantOption, compute_dtype: torch.dtype,
+                     device: str | torch.device = "cpu") -> list[str]:
+    """Replace every nn.Linear of `module` (but the kept ones) with a 4-bit Linear4bit, in place; the names replaced.
+    Call it on a loaded, frozen model before a LoRA is injected."""
+    bnb = bitsandbytes()
+    unknown = [k for k in option.keep if not any(_kept(n, [k]) for n, _ in module.named_modules())]
+    if unknown:
+        raise UserError(f"--quant_options: layer(s) to keep in full precision {', '.join(unknown)} match no module of "
+                        f"{type(module).__name__}")
+    names = [n for n, m in module.named_modules()
+             if n and type(m) is nn.Linear and not _kept(n, option.keep)]
+    for name in names:
+        parent_name, _, leaf = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        linear = getattr(parent, leaf)
+        with torch.device("meta"):  # no full-precision copy of the weight is allocated
+            quant = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                                      compute_dtype=compute_dtype, quant_type=option.quant_type)
+        quant.weight = bnb.nn.Params4bit(linear.weight.data.to(compute_dtype).contiguous(), requires_grad=False,
+                                         quant_type=option.quant_type)
+        if linear.bias is not None:
+            quant.bias = nn.Parameter(linear.bias.data.to(compute_dtype), requires_grad=False)
+        try:
+            quant = quant.to(device)  # bitsandbytes quantises as the weight moves to its device
+        except Exception as err:
+            raise UserError(f"--quant_options: bitsandbytes cannot quantise on {device} here ({first_line(err)}); "
+                            f"it needs a backend for this device (a CUDA GPU, or its CPU build)") from None
+        setattr(parent, leaf, quant)
+    return names
+
+
+def check_quant_frozen(slots: Iterable[str], trainable: str | Iterable[str] | None) -> None:
+    """Refuse 4-bit storage for a model that is trained in full (`--trainable_models`); LoRA on it is QLoRA."""
+    both = sorted(set(split_names(list(slots))) & set(split_names(trainable)))
+    if both:
+        raise UserError(f"--quant_options: {', '.join(both)} is also in --trainable_models; 4-bit weights cannot be "
+                        f"trained (train a LoRA on it with --lora_base_model instead)")
