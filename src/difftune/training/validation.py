@@ -162,7 +162,7 @@ class Validator:
         return pipe.noise_shape(self.height, self.width)
 
     def render(self, pipe, step: int, accelerator=None):
-        why = pipe.validation_unavailable()
+        why = getattr(pipe, "validation_unavailable", lambda: None)()  # a BasePipeline hook; duck-typed pipes lack it
         if why:
             if not self.warned:
                 print(f"note: no validation images: {why}")
