@@ -149,7 +149,8 @@ def _umt5_from_original(state):
 
 DIT_ORIGINAL = ComponentSpec(
     name="dit", library="diffusers", class_name="WanTransformer3DModel", extra_slots=("dit2",),
-    known_configs=WAN_DIT_CONFIGS, marker_keys=("patch_embedding.weight", "head.modulation", "blocks.0.self_attn.q.weight"),
+    known_configs=WAN_DIT_CONFIGS,
+    marker_keys=("patch_embedding.weight", "head.modulation", "blocks.0.self_attn.q.weight"),
     normalize_key=_strip_comfy_prefix, convert_state_dict=_dit_from_original, foreign_config_classes=("WanModel",),
     description="Wan DiT, Wan-AI's original layout (diffusion_pytorch_model*.safetensors)")
 
