@@ -19,6 +19,7 @@ from ...core.pipeline import BasePipeline
 from ...errors import UserError
 from ...media.image import as_image_list, tensor_to_images
 from ...core.latents import pack_latents, unpack_latents
+from .edit_plus import per_prompt_edit_images
 from .model_fn import model_fn_qwen_image
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .units import (DIVISION_FACTOR, QwenImageEditImageEmbedder, QwenImageInputImageEmbedder,
@@ -139,7 +140,8 @@ class QwenImagePipeline(BasePipeline):
         values: dict[str, Any] = {
             "prompt": prompts, "negative_prompt": negatives, "height": height, "width": width, "seed": seed,
             "rand_device": rand_device, "batch_size": len(prompts), "input_image": input_image,
-            "edit_image": edit_image, "edit_image_auto_resize": edit_image_auto_resize,
+            "edit_image": per_prompt_edit_images(edit_image, len(prompts)),
+            "edit_image_auto_resize": edit_image_auto_resize,
         }
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength,
                                      image_seq_len=(-(-height // DIVISION_FACTOR)) * (-(-width // DIVISION_FACTOR)))
