@@ -18,7 +18,7 @@ from difftune.families.qwen_image.edit_plus import (EDIT_PLUS_PROMPT_TEMPLATE, c
 from difftune.families.qwen_image.model_fn import model_fn_qwen_image
 from difftune.families.qwen_image.units import template_drop_count
 from difftune.models import ModelConfig
-from difftune.testing import (TinyQwenImageSpec, diffusers_qwen_image_edit_plus, tiny_qwen_image_paths,
+from difftune.testing import (TinyQwenImageSpec, diffusers_qwen_image_edit, tiny_qwen_image_paths,
                               write_tiny_qwen_image)
 
 VAE_AREA = 64 * 64  # the VAE side's 1 MP scaled down on both sides (a tiny VAE at 1 MP takes ~15 s an image)
@@ -52,7 +52,7 @@ def pipe(repo):
 
 @pytest.fixture(scope="module")
 def theirs(repo, pipe):
-    d = diffusers_qwen_image_edit_plus(repo)
+    d = diffusers_qwen_image_edit(repo)
     # diffusers hard-codes the official tokenizer's 64; the tiny byte-level tokenizer needs its own count
     d.prompt_template_encode_start_idx = template_drop_count(pipe.tokenizer, EDIT_PLUS_PROMPT_TEMPLATE)
     return d
@@ -100,7 +100,7 @@ def test_sampling_equals_diffusers_edit_plus(pipe, theirs, small_vae_area, n, cf
 def test_zero_cond_t_with_two_images_equals_diffusers_2511(pipe, repo_2511, small_vae_area):
     """The flag on 2509's transformer config gives what diffusers computes from 2511's config (zero_cond_t=True),
     with two edit images: every edit image's tokens are modulated at t=0."""
-    d = diffusers_qwen_image_edit_plus(repo_2511)
+    d = diffusers_qwen_image_edit(repo_2511)
     d.prompt_template_encode_start_idx = template_drop_count(pipe.tokenizer, EDIT_PLUS_PROMPT_TEMPLATE)
     assert d.transformer.config.zero_cond_t and not pipe.dit.config.zero_cond_t
     images = list(pictures())
@@ -124,6 +124,26 @@ def test_a_list_is_edit_plus_a_single_image_is_edit(pipe, theirs):
     one_plus = run_unit(pipe, pipe.units[-1], {"prompt": ["make it red"], "edit_image": [a]})["prompt_embeds"]
     one_edit = run_unit(pipe, pipe.units[-1], {"prompt": ["make it red"], "edit_image": a})["prompt_embeds"]
     assert one_plus.shape != one_edit.shape or (one_plus - one_edit).abs().max() > 1e-3
+
+
+def test_single_image_edit_still_equals_diffusers_edit(pipe, repo, monkeypatch):
+    """A bare image keeps Qwen-Image-Edit's template and sizes (its prompt longer than 512 tokens is not cut,
+    as in diffusers)."""
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as de
+    from difftune.families.qwen_image import units
+
+    d = diffusers_qwen_image_edit(repo, plus=False)
+    d.prompt_template_encode_start_idx = template_drop_count(pipe.tokenizer, units.EDIT_PROMPT_TEMPLATE)
+    size, dims = units.edit_image_size, de.calculate_dimensions
+    monkeypatch.setattr(units, "edit_image_size", lambda w, h, area=0: size(w, h, area=VAE_AREA))
+    monkeypatch.setattr(de, "calculate_dimensions", lambda area, ratio: dims(VAE_AREA, ratio))
+    a = pictures()[0]
+    prompt = "make the circle blue " * 30  # with the image's tokens, past 512 after the template
+    ours = pipe(prompt, negative_prompt="blurry", edit_image=a, cfg_scale=4.0, height=64, width=48,
+                num_inference_steps=2, seed=7, progress=False, output_type="pt")
+    ref = d(image=a, prompt=prompt, negative_prompt="blurry", true_cfg_scale=4.0, height=64, width=48,
+            num_inference_steps=2, generator=torch.Generator().manual_seed(7), output_type="pt").images
+    assert (ours - ref).abs().max().item() <= 1e-4
 
 
 def test_each_edit_image_is_encoded_at_its_own_size_and_gets_its_img_shape(pipe, monkeypatch):

@@ -179,15 +179,17 @@ def qwen_vl_processor(folder: str | os.PathLike):
                                      tokenizer=Qwen2Tokenizer.from_pretrained(str(folder)), video_processor=None)
 
 
-def diffusers_qwen_image_edit_plus(root: str | os.PathLike):
-    """diffusers' QwenImageEditPlusPipeline on a repository written by `write_tiny_qwen_image(edit_plus=True)`."""
-    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPlusPipeline,
-                           QwenImageTransformer2DModel)
+def diffusers_qwen_image_edit(root: str | os.PathLike, plus: bool = True):
+    """diffusers' QwenImageEditPlusPipeline (or QwenImageEditPipeline) on a repository written by
+    `write_tiny_qwen_image(edit_plus=True)` (or `edit=True`)."""
+    import diffusers
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     root = Path(root)
     processor = qwen_vl_processor(root / "processor")
-    pipe = QwenImageEditPlusPipeline(
+    cls = diffusers.QwenImageEditPlusPipeline if plus else diffusers.QwenImageEditPipeline
+    pipe = cls(
         scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(str(root / "scheduler")),
         vae=AutoencoderKLQwenImage.from_pretrained(str(root / "vae")),
         text_encoder=Qwen2_5_VLForConditionalGeneration.from_pretrained(str(root / "text_encoder")).eval(),

@@ -120,7 +120,8 @@ class QwenImageEditImageEmbedder(PipelineUnit):
             w, h = edit_image_size(*images[0].size)
             images = [img.convert("RGB").resize((w, h), Image.LANCZOS) for img in images]
         latents = vae_encode(pipe, images_to_tensor(images))
-        return {"edit_image": images, "edit_latents": latents}
+        # one image stays one image: a list would read as Edit-Plus to the prompt
+        return {"edit_image": images[0] if isinstance(edit_image, Image.Image) else images, "edit_latents": latents}
 
 
 class QwenImagePromptEmbedder(PipelineUnit):
