@@ -189,6 +189,22 @@ def test_edit_image_forms():
         edit_groups(["edit_1.png"], 1)
 
 
+def test_a_list_of_one_edit_image_stays_edit_plus_through_the_cache(pipe):
+    """Stage 1 encodes a batch of one sample as that sample's own values: a list of one edit image must come out
+    of the split (into the cache) as a list, not as the bare image that would read as Qwen-Image-Edit."""
+    from difftune.core.batch import split_batch
+    from difftune.media.image import images_from_cache, images_to_cache
+
+    a, b = pictures()
+    for group in ([a], [a, b]):
+        values = pipe.training_inputs_batch([{"image": a, "edit_image": group, "prompt": "x", "_row": 0}])
+        assert edit_groups(values["edit_image"], values["batch_size"]) == [group]
+        cached = split_batch(values, 1, pipe.batching, ["edit_image"])[0]["edit_image"]
+        back = images_from_cache(images_to_cache(cached))  # images of different sizes, one tensor each
+        assert isinstance(back, list) and [i.size for i in back] == [i.size for i in group]
+        assert edit_groups(back, 1) is not None
+
+
 def write_edit_plus_data(root, rows):
     make_image_dataset(root, n=len(rows), size=(32, 32))
     colors = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40)]
@@ -247,3 +263,21 @@ def test_an_edit_image_list_naming_a_missing_file_is_one_line(tmp_path, repo):
                   "--output_path", tmp_path / "out", *common(model_paths_json(repo)))
     message = str(err.value)
     assert "\n" not in message and "row 2" in message and "missing.png" in message and "edit_image" in message
+
+
+@pytest.mark.slow
+def test_text_encoder_lora_split_equals_one_stage_with_two_edit_images(tmp_path, repo):
+    """The prompt unit in stage 2: the cache holds each sample's edit images (of different sizes) as images."""
+    meta = write_edit_plus_data(tmp_path / "data", [[(32, 48), (48, 32)], [(48, 48)]])
+    models = model_paths_json(repo)
+    flags = ["--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj"]
+    data = meta.parent
+    run_train("--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "one", *common(models, *flags))
+    run_train("--task", "sft:data_process", "--dataset_base_path", data, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "cache", *common(models, *flags))
+    run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
+              *common(models, *flags))
+    assert max_diff(tmp_path / "one" / "epoch-1.safetensors", tmp_path / "two" / "epoch-1.safetensors") <= 1e-5
+    manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
+    assert "edit_image" in manifest["frontier"] and "prompt_embeds" not in manifest["frontier"]

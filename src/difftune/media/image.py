@@ -38,17 +38,18 @@ IMAGE_MARK = "__difftune_images__"
 
 
 def images_to_cache(value):
-    """PIL image(s) -> a uint8 tensor (N, H, W, 3) marked as images; anything else unchanged."""
-    if isinstance(value, Image.Image) or (isinstance(value, list) and value and
-                                          all(isinstance(v, Image.Image) for v in value)):
-        images = as_image_list(value)
-        return {IMAGE_MARK: torch.from_numpy(np.stack([np.asarray(i.convert("RGB")) for i in images])),
-                "single": isinstance(value, Image.Image)}
+    """PIL image(s) marked as images: one image -> a uint8 tensor (1, H, W, 3); a list -> one uint8 tensor
+    (H, W, 3) per image (the images of one list may differ in size, e.g. Edit-Plus's edit images); anything
+    else unchanged."""
+    if isinstance(value, Image.Image):
+        return {IMAGE_MARK: torch.from_numpy(np.stack([np.asarray(value.convert("RGB"))])), "single": True}
+    if isinstance(value, list) and value and all(isinstance(v, Image.Image) for v in value):
+        return {IMAGE_MARK: [torch.from_numpy(np.array(i.convert("RGB"))) for i in value], "single": False}
     return value
 
 
 def images_from_cache(value):
     if isinstance(value, dict) and IMAGE_MARK in value:
-        images = [Image.fromarray(a) for a in value[IMAGE_MARK].numpy()]
+        images = [Image.fromarray(a.numpy()) for a in value[IMAGE_MARK]]  # a stacked tensor or a list of them
         return images[0] if value.get("single") else images
     return value

@@ -122,9 +122,17 @@ class QwenImagePipeline(BasePipeline):
     def batch_signature(sample: dict[str, Any]) -> tuple:
         """Samples with equal signatures can be encoded in one batch."""
         def size(v):
-            return v.size if isinstance(v, Image.Image) else tuple(i.size for i in v) if isinstance(v, list) else v
+            # a list (Edit-Plus) never shares a batch with one image (Edit), even of the same size
+            return v.size if isinstance(v, Image.Image) else \
+                tuple(getattr(i, "size", i) for i in v) if isinstance(v, list) else v
 
         return (size(sample.get("image")), size(sample.get("edit_image")), sample.get("rand_device", "cpu"))
+
+    def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        values = super().training_inputs_batch(samples)
+        if len(samples) == 1 and isinstance(values.get("edit_image"), list):
+            values["edit_image"] = [values["edit_image"]]  # the sample axis, so one image's list stays a list
+        return values
 
     # -- inference ------------------------------------------------------------------------------------
     @torch.no_grad()
