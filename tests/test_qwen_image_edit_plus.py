@@ -281,3 +281,27 @@ def test_text_encoder_lora_split_equals_one_stage_with_two_edit_images(tmp_path,
     assert max_diff(tmp_path / "one" / "epoch-1.safetensors", tmp_path / "two" / "epoch-1.safetensors") <= 1e-5
     manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
     assert "edit_image" in manifest["frontier"] and "prompt_embeds" not in manifest["frontier"]
+
+
+@pytest.mark.slow
+def test_sample_command_takes_several_edit_images(tmp_path, repo, pipe, monkeypatch, capsys):
+    import numpy as np
+    from difftune.cli.main import main
+
+    monkeypatch.setattr(edit_plus, "VAE_IMAGE_AREA", VAE_AREA)
+    a, b = pictures()
+    a.save(tmp_path / "a.png")
+    b.save(tmp_path / "b.png")
+    common = ["sample", "--model_dir", repo, "--prompt", "combine", "--height", 32, "--width", 32,
+              "--num_inference_steps", 2, "--torch_dtype", "float32", "--seed", 1, "--edit_image", tmp_path / "a.png"]
+    runs = {"two": ["--edit_image", tmp_path / "b.png"], "one_plus": ["--edit_plus"], "one": []}
+    for name, more in runs.items():
+        assert main([str(x) for x in [*common, *more, "--output", tmp_path / f"{name}.png"]]) == 0
+    got = {name: np.asarray(Image.open(tmp_path / f"{name}.png"), dtype=np.int16) for name in runs}
+    want = np.asarray(pipe("combine", edit_image=[a, b], height=32, width=32, num_inference_steps=2, seed=1,
+                           progress=False), dtype=np.int16)
+    assert np.abs(got["two"] - want).max() <= 1  # the pipeline called with the list of both images
+    assert np.abs(got["one_plus"] - got["one"]).max() > 0  # --edit_plus: the multi-image template
+    capsys.readouterr()
+    assert main([str(x) for x in [*common[:-2], "--edit_plus", "--output", tmp_path / "x.png"]]) == 2
+    assert "--edit_plus: it needs --edit_image" in capsys.readouterr().err
