@@ -75,3 +75,11 @@ def test_batching_quick(tmp_path):
     assert r["benchmark"] == "batching" and r["images"] > 0
     assert_ratios(r, ["stage2_samples_per_s_batch1", "stage2_samples_per_s_batch2", "stage2_samples_per_s_batch4",
                       "stage2_speedup_batch2", "stage2_speedup_batch4", "stage1_batched_speedup"])
+
+
+def test_flux_split_vs_unsplit_quick(tmp_path):
+    r = run_quick("flux_split_vs_unsplit.py", tmp_path)
+    assert r["benchmark"] == "flux_split_vs_unsplit" and r["steps"] > 0
+    assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio",
+                      "peak_rss_above_baseline_ratio"])
+    assert set(r["params"]) == {"transformer", "text_encoder", "text_encoder_2", "vae"}

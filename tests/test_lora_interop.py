@@ -319,3 +319,32 @@ def test_sample_with_a_lycoris_or_onetrainer_lora_equals_the_diffusers_file(tmp_
     assert not np.array_equal(images["diffusers"], np.asarray(Image.open(tmp_path / "base.png")))
     assert np.array_equal(images["lycoris"], images["diffusers"]) and np.array_equal(images["onetrainer"],
                                                                                      images["diffusers"])
+
+
+def test_imported_rank_patterns_are_anchored_to_the_full_module_path():
+    """A per-module rank for the top-level `proj_out` must not also apply to `blocks.0.proj_out` (peft matches
+    a pattern as a suffix of the module path)."""
+    import torch
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from difftune.lora.formats import ImportedLora
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.ModuleDict({"proj_out": torch.nn.Linear(4, 4)})])
+            self.proj_out = torch.nn.Linear(4, 4)
+
+    ranks = {"blocks.0.proj_out": 2, "blocks.1.proj_out": 2, "proj_out": 3}  # rank 2 the common one
+    sd = {}
+    for path, r in ranks.items():
+        sd[f"{path}.lora_A.weight"], sd[f"{path}.lora_B.weight"] = torch.zeros(r, 4), torch.zeros(4, r)
+    lora = ImportedLora(source="test", layout="peft", components={"": sd}, alphas={"": dict(ranks)},
+                        targets={"": list(ranks)}, alpha_source="file")
+    cfg = lora.config()
+    assert list(cfg["rank_pattern"]) == ["^proj_out"]
+    net = Net()
+    net.blocks.append(torch.nn.ModuleDict({"proj_out": torch.nn.Linear(4, 4)}))
+    net = inject_adapter_in_model(LoraConfig(**cfg), net)
+    assert net.proj_out.lora_A["default"].weight.shape[0] == 3
+    assert [b["proj_out"].lora_A["default"].weight.shape[0] for b in net.blocks] == [2, 2]

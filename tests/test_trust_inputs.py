@@ -10,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from difftune.data import DataError, LoadImage, ToAbsolutePath, UnifiedDataset
@@ -567,3 +568,44 @@ def test_stage2_refuses_changed_sources_and_notes_absent_ones(tmp_path, tiny_rep
     said = capsys.readouterr().out
     assert "note: 2 of the 2 source files" in said and "not on this machine" in said and "image_1.png" in said
     assert list((tmp_path / "out4").glob("*.safetensors"))
+
+
+# -- .pth weight files (Wan-AI ships its T5, VAE and CLIP weights so) ------------------------------------
+
+def test_a_pth_state_dict_reads_like_safetensors(tmp_path):
+    from difftune.models.detect import read_header
+    from difftune.models.files import iter_tensors
+
+    state = {"a.weight": torch.randn(3, 2), "b.bias": torch.arange(4, dtype=torch.bfloat16)}
+    torch.save(state, tmp_path / "w.pth")
+    assert read_header(tmp_path / "w.pth") == {"a.weight": (3, 2), "b.bias": (4,)}
+    back = dict(iter_tensors(tmp_path / "w.pth"))
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+
+
+class _Payload:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+@pytest.mark.parametrize("content", [{"w": _Payload()}, {"w": torch.zeros(1), "step": 3}, [torch.zeros(1)]],
+                         ids=["code", "not-a-tensor", "not-a-dict"])
+def test_a_pth_that_is_not_a_plain_state_dict_is_refused_in_one_line(tmp_path, content):
+    from difftune.errors import UserError
+    from difftune.models.detect import read_header
+
+    torch.save(content, tmp_path / "bad.pth")
+    with pytest.raises(UserError) as err:
+        read_header(tmp_path / "bad.pth")
+    assert "bad.pth" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_other_pickle_suffixes_stay_refused(tmp_path):
+    from difftune.errors import UserError
+    from difftune.models.detect import read_header
+
+    torch.save({"w": torch.zeros(1)}, tmp_path / "model.ckpt")
+    with pytest.raises(UserError, match="refusing to load a pickle"):
+        read_header(tmp_path / "model.ckpt")

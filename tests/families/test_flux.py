@@ -232,6 +232,15 @@ def test_sample_command_on_a_flux_repository(repo, tmp_path):
     want = np.asarray(load_pipe(repo)("a red circle", height=32, width=32, num_inference_steps=2, seed=3,
                                       embedded_guidance=2.0, progress=False))
     assert got.shape == (32, 32, 3) and np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    # FLUX.1 Kontext: --kontext_images (repeatable) gives the pipeline's kontext_images
+    ref = tmp_path / "ref.png"
+    Image.fromarray((np.random.RandomState(0).rand(32, 48, 3) * 255).astype("uint8")).save(ref)
+    assert main([str(a) for a in argv] + ["--kontext_images", str(ref)]) == 0
+    got = np.asarray(Image.open(out))
+    want = np.asarray(load_pipe(repo)("a red circle", height=32, width=32, num_inference_steps=2, seed=3,
+                                      embedded_guidance=2.0, kontext_images=[Image.open(ref).convert("RGB")],
+                                      progress=False))
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
 
 
 def test_validation_images_during_flux_training(repo, tmp_path):
@@ -618,3 +627,347 @@ def test_kohya_bfl_lora_via_the_commands(repo, tmp_path):
     pipe.load_lora(pipe.dit, str(path))
     want = np.asarray(pipe("a red circle", height=32, width=32, num_inference_steps=2, seed=3, progress=False))
     assert np.abs(plain - lora).max() > 0 and np.abs(lora - want.astype(int)).max() <= 1
+
+
+# -- FLUX.1 Kontext -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def kontext_pipe(repo):
+    from diffusers import FluxKontextPipeline
+
+    p = FluxKontextPipeline.from_pretrained(str(repo), dtype=torch.float32)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def _noise_image(w, h, seed=0):
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
+
+
+@pytest.mark.parametrize("ref_size,cfg", [((48, 32), 1.0), ((37, 50), 2.0)])
+def test_kontext_sampling_parity_with_diffusers(pipe, kontext_pipe, ref_size, cfg):
+    """kontext_images gives FluxKontextPipeline's image (same CPU seed, steps, guidance; its auto-resize off and
+    max_area = the image's area, so it keeps the size): a reference of another size than the output, and one
+    whose sides are not multiples of 16 (both floor them and resize)."""
+    ref = _noise_image(*ref_size)
+    kwargs = dict(height=32, width=48, num_inference_steps=3)
+    ours = pipe("a red circle", negative_prompt="blurry", cfg_scale=cfg, kontext_images=ref, embedded_guidance=2.5,
+                seed=3, progress=False, output_type="pt", **kwargs)
+    theirs = kontext_pipe(prompt="a red circle", negative_prompt="blurry", true_cfg_scale=cfg, image=ref,
+                          guidance_scale=2.5, generator=torch.Generator().manual_seed(3), output_type="pt",
+                          max_area=32 * 48, _auto_resize=False, **kwargs).images
+    diff = (ours - theirs).abs().max().item()
+    print(f"flux kontext parity ref {ref_size} cfg={cfg}: max pixel difference {diff:.3e}")
+    assert ours.shape == theirs.shape == (1, 3, 32, 48)
+    assert diff <= 1e-4
+    plain = pipe("a red circle", negative_prompt="blurry", cfg_scale=cfg, embedded_guidance=2.5, seed=3,
+                 progress=False, output_type="pt", **kwargs)
+    assert (ours - plain).abs().max().item() > 1e-3  # the reference image is used
+
+
+def test_kontext_tokens_and_ids(pipe):
+    """Each reference image: VAE latents (FLUX shift/scale) packed 2x2, ids (1, row, column) from 0; several
+    follow one another; one set of references serves every prompt of a batch."""
+    from difftune.core.latents import pack_latents
+    from difftune.families.flux.units import FluxKontextEmbedder, vae_encode
+    from difftune.media.image import images_to_tensor
+
+    a, b = _noise_image(32, 48, 1), _noise_image(64, 16, 2)
+    values = {"kontext_images": [a, b], "batch_size": 2}
+    run_unit(pipe, FluxKontextEmbedder(), values)
+    lat, ids = values["kontext_latents"], values["kontext_ids"]
+    assert lat.shape == (2, 3 * 2 + 1 * 4, 64) and ids.shape == (2, 10, 3)
+    want_a = pack_latents(vae_encode(pipe, images_to_tensor(a)))[0]
+    assert torch.equal(lat[0, :6], want_a) and torch.equal(lat[1, :6], want_a)
+    assert torch.equal(ids[0, :6], torch.tensor([[1., r, c] for r in range(3) for c in range(2)]))
+    assert torch.equal(ids[0, 6:], torch.tensor([[1., 0, c] for c in range(4)]))
+    # a list per sample (stage-1 batches): each sample its own references
+    values = {"kontext_images": [[a], [_noise_image(32, 48, 3)]], "batch_size": 2}
+    run_unit(pipe, FluxKontextEmbedder(), values)
+    assert torch.allclose(values["kontext_latents"][0], want_a, atol=1e-6)  # encoded in one batch of 2
+    assert not torch.allclose(values["kontext_latents"][1], want_a)
+
+
+def test_kontext_model_output_is_only_the_image_tokens(pipe):
+    """The denoiser sees the reference tokens but returns (and a loss compares) only the noisy image's."""
+    values = {"kontext_images": _noise_image(32, 32), "batch_size": 1}
+    run_unit(pipe, next(u for u in pipe.units if type(u).__name__ == "FluxKontextEmbedder"), values)
+    latents = torch.randn(1, 16, 4, 6)
+    kw = dict(timestep=torch.tensor([500.0]), prompt_embeds=torch.randn(1, 7, 32),
+              pooled_prompt_embeds=torch.randn(1, 32), guidance=torch.tensor([1.0]))
+    out = pipe.model_fn(latents=latents, kontext_latents=values["kontext_latents"],
+                        kontext_ids=values["kontext_ids"], **kw)
+    assert out.shape == latents.shape
+    assert (out - pipe.model_fn(latents=latents, **kw)).abs().max() > 1e-4
+
+
+def test_kontext_images_not_loaded_as_files_are_refused(repo, tmp_path):
+    """A kontext_images column named by no flag reaches the family as text: refused in one line, not ignored.
+    (Named by --extra_inputs alone, its file names are loaded as images, as --data_file_keys would.)"""
+    import json
+
+    from conftest import run_train
+    from difftune.errors import UserError
+    from difftune.testing import write_kontext_dataset
+
+    meta = write_kontext_dataset(tmp_path / "data")
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    with pytest.raises(UserError, match="kontext_images.*--data_file_keys"):
+        run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+                  "--output_path", tmp_path / "out", "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+                  "--max_steps", 1, "--no_progress", "--enable_tensorboard_log", "false", "--max_pixels", 4096,
+                  "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--lora_rank", 4)
+
+
+@pytest.mark.parametrize("references", [1, 2])
+def test_kontext_lora_split_equals_one_stage(repo, tmp_path, references):
+    """A DiT LoRA on Kontext data: split training (the kontext latents cached in stage 1, no VAE in stage 2)
+    equals one-stage training (<= 1e-5), batch 2 included; one reference per row (csv) or two (json lists)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from difftune.testing import write_kontext_dataset
+
+    meta = write_kontext_dataset(tmp_path / "data", n=2, size=(48, 32), kontext_size=(32, 32),
+                                 references=references)
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    common = ["--model_paths", json.dumps(paths), "--torch_dtype", "float32", "--learning_rate", 1e-3,
+              "--dataset_repeat", 2, "--num_epochs", 1, "--seed", 5, "--no_progress", "--enable_tensorboard_log",
+              "false", "--max_pixels", 4096, "--lora_base_model", "dit", "--lora_target_modules", "to_q,to_v,proj_mlp",
+              "--lora_rank", 4, "--batch_size", 2,
+              "--data_file_keys", "image,kontext_images", "--extra_inputs", "kontext_images"]
+    data = ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta]
+    run_train("--task", "sft", *data, "--output_path", tmp_path / "one", *common)
+    run_train("--task", "sft:data_process", *data, "--output_path", tmp_path / "cache", *common)
+    cached = load_file(str(next((tmp_path / "cache").rglob("*.safetensors"))))
+    assert any("kontext_latents" in k for k in cached), sorted(cached)[:10]
+    run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
+              *common)
+    a = load_file(str(tmp_path / "one" / "epoch-0.safetensors"))
+    b = load_file(str(tmp_path / "two" / "epoch-0.safetensors"))
+    assert a.keys() == b.keys() and a
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"flux kontext ({references} reference(s)) split vs one-stage: max LoRA difference {diff:.2e}")
+    assert diff <= 1e-5
+
+
+# -- LoRA files difftune writes: diffusers (every key used), kohya and ComfyUI in BFL's names ------------------
+
+def _diffusers_lora(repo, targets, rank=4, alphas=None, seed=11):
+    """A random LoRA on the tiny transformer's `targets` (diffusers module paths): canonical sd, alpha per path."""
+    from difftune.families.flux import FAMILY
+    from difftune.models.load import load_component
+
+    dit = load_component(tiny_flux_paths(repo)["transformer"], FAMILY.components, torch_dtype="float32").module
+    g = torch.Generator().manual_seed(seed)
+    sd, al = {}, {}
+    for i, path in enumerate(targets):
+        lin = dit.get_submodule(path)
+        r = rank + (i % 2)  # ranks differ between modules, and between the parts of a fused layer
+        sd[f"{path}.lora_A.weight"] = torch.randn(r, lin.in_features, generator=g) * 0.1
+        sd[f"{path}.lora_B.weight"] = torch.randn(lin.out_features, r, generator=g) * 0.1
+        al[path] = (alphas or {}).get(path, float(r))
+    return sd, al
+
+
+EXPORT_TARGETS = ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.to_v",  # k left out: zero rows
+                  "transformer_blocks.0.attn.add_q_proj", "transformer_blocks.0.attn.add_k_proj",
+                  "transformer_blocks.0.attn.add_v_proj", "transformer_blocks.0.attn.to_out.0",
+                  "transformer_blocks.0.ff_context.net.2", "transformer_blocks.0.norm1.linear",
+                  "single_transformer_blocks.0.attn.to_q", "single_transformer_blocks.0.attn.to_k",
+                  "single_transformer_blocks.0.attn.to_v", "single_transformer_blocks.0.proj_mlp",
+                  "single_transformer_blocks.0.proj_out", "single_transformer_blocks.0.norm.linear",
+                  "norm_out.linear", "proj_out", "x_embedder", "time_text_embed.guidance_embedder.linear_1"]
+
+
+@pytest.mark.parametrize("layout,first_key", [
+    ("kohya", "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"),
+    ("comfyui", "diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight")])
+def test_kohya_and_comfyui_files_are_written_in_bfl_names_and_read_back_exactly(repo, tmp_path, layout, first_key):
+    """`--lora_format kohya|comfyui` for FLUX writes BFL's module names (what kohya tools and ComfyUI's FLUX
+    read): q, k, v (and the single blocks' MLP) re-fused into one adapter (downs stacked, up block-diagonal),
+    the final modulation's rows swapped. Read back through difftune's importer, it fuses to the weights the
+    LoRA it was written from fuses to (<= 1e-6), with alphas that differ between the fused parts too."""
+    import re
+
+    from safetensors.torch import load_file
+
+    from difftune.families.flux import FAMILY
+    from difftune.lora import fuse_lora, load_lora_file, save_lora
+    from difftune.models.load import load_component
+
+    alphas = {"transformer_blocks.0.attn.add_k_proj": 2.0, "single_transformer_blocks.0.proj_mlp": 16.0}
+    sd, al = _diffusers_lora(repo, EXPORT_TARGETS, alphas=alphas)
+    config = {"r": 4, "lora_alpha": 4.0, "target_modules": EXPORT_TARGETS,
+              # anchored: a bare "proj_out" pattern would also match the single blocks' proj_out
+              "rank_pattern": {"^" + re.escape(p): sd[f"{p}.lora_A.weight"].shape[0] for p in EXPORT_TARGETS},
+              "alpha_pattern": {"^" + re.escape(p): a for p, a in al.items()}}
+    out = tmp_path / f"{layout}.safetensors"
+    save_lora(out, {"dit": sd}, {"dit": config}, layout=layout, native_names=FAMILY.lora_native_names)
+    written = load_file(str(out))
+    assert first_key in written
+    sep = "_" if layout == "kohya" else "."
+    bfl_modules = {k.rsplit(".", 2 if k.endswith(".weight") else 1)[0] for k in written}
+    assert len(bfl_modules) == 12  # 18 diffusers modules: img qkv (2 parts), txt qkv (3), linear1 (4) fused
+    assert not any("transformer_blocks" in k or "to_q" in k for k in written)
+    qkv = "lora_unet_double_blocks_0_img_attn_qkv" if layout == "kohya" else \
+        "diffusion_model.double_blocks.0.img_attn.qkv"
+    down, up = written[f"{qkv}{'.lora_down.weight' if layout == 'kohya' else '.lora_A.weight'}"], \
+        written[f"{qkv}{'.lora_up.weight' if layout == 'kohya' else '.lora_B.weight'}"]
+    w = up.shape[0] // 3
+    assert down.shape[0] == 4 + 5 and up[w:2 * w].abs().max() == 0  # q (rank 4) + v (rank 5); k's rows zero
+    assert sep in first_key
+    # every module is a weight of BFL's transformer with that shape: what ComfyUI's FLUX (BFL keys,
+    # `diffusion_model.<key>` / `lora_unet_<key with _>`) and kohya tools map a LoRA module to
+    from difftune.families.flux.bfl import bfl_transformer_from_diffusers
+
+    dit = load_component(tiny_flux_paths(repo)["transformer"], FAMILY.components, torch_dtype="float32").module
+    bfl = {k[: -len(".weight")]: v.shape for k, v in bfl_transformer_from_diffusers(dit.state_dict()).items()
+           if k.endswith(".weight") and v.dim() == 2}
+    names = {("lora_unet_" + k.replace(".", "_")) if layout == "kohya" else "diffusion_model." + k: k for k in bfl}
+    for module in bfl_modules:
+        a, b = (".lora_down.weight", ".lora_up.weight") if layout == "kohya" else (".lora_A.weight", ".lora_B.weight")
+        assert module in names, module
+        assert (written[module + b].shape[0], written[module + a].shape[1]) == bfl[names[module]], module
+
+    def fused(lora):
+        dit = load_component(tiny_flux_paths(repo)["transformer"], FAMILY.components, torch_dtype="float32").module
+        fuse_lora(dit, lora, component="transformer")
+        return dit.state_dict()
+
+    want = fused(load_lora_file(_write_diffusers(tmp_path, sd, config)))
+    got = fused(load_lora_file(out, converters=FAMILY.lora_converters))
+    base = fused(load_lora_file(_write_diffusers(tmp_path, {k: v * 0 for k, v in sd.items()}, config, "zero")))
+    changed = [k for k in want if not torch.equal(want[k], base[k])]
+    assert len(changed) == len(EXPORT_TARGETS)
+    diff = max((want[k] - got[k]).abs().max().item() for k in want)
+    print(f"flux {layout} export (BFL names) read back: max weight difference {diff:.2e}")
+    assert diff <= 1e-6
+
+
+def _write_diffusers(tmp_path, sd, config, name="diffusers"):
+    from difftune.lora import save_lora
+
+    return save_lora(tmp_path / f"{name}.safetensors", {"dit": sd}, {"dit": config})
+
+
+def test_lora_format_kohya_from_the_command(repo, tmp_path):
+    """`difftune train --lora_format kohya` on FLUX writes BFL's kohya names, which load back at the trained
+    strength: the fused weights equal those of the same run saved in diffusers' layout."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from difftune.families.flux import FAMILY
+    from difftune.lora import fuse_lora, load_lora_file
+    from difftune.models.load import load_component
+    from difftune.testing import write_example_dataset
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    saved = {}
+    for layout in ("diffusers", "kohya"):
+        run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+                  "--output_path", tmp_path / layout, "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+                  "--learning_rate", 1e-2, "--max_steps", 2, "--seed", 5, "--no_progress",
+                  "--enable_tensorboard_log", "false", "--max_pixels", 4096, "--lora_base_model", "dit",
+                  "--lora_target_modules", REFERENCE_TARGETS, "--lora_rank", 4, "--lora_format", layout)
+        saved[layout] = next((tmp_path / layout).glob("*.safetensors"))
+    keys = load_file(str(saved["kohya"])).keys()
+    assert "lora_unet_single_blocks_0_linear1.lora_down.weight" in keys
+    assert "lora_unet_double_blocks_0_txt_attn_qkv.alpha" in keys
+    assert all(k.startswith(("lora_unet_double_blocks_", "lora_unet_single_blocks_", "lora_unet_final_layer_"))
+               for k in keys)
+
+    def fused(path):
+        dit = load_component(tiny_flux_paths(repo)["transformer"], FAMILY.components, torch_dtype="float32").module
+        fuse_lora(dit, load_lora_file(path, converters=FAMILY.lora_converters), component="transformer")
+        return dit.state_dict()
+
+    a, b = fused(saved["diffusers"]), fused(saved["kohya"])
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+
+
+def test_saved_lora_uses_every_key_in_diffusers(repo, tmp_path):
+    """diffusers' FluxPipeline.load_lora_weights takes every tensor of the LoRA difftune writes (default FLUX
+    targets + a CLIP LoRA in one file is not possible: one model per run, so the DiT's): each lora_A/lora_B
+    lands in the transformer unchanged, no key is left over or missing, and no warning is logged."""
+    import json
+    import logging
+
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from diffusers import FluxPipeline
+    from difftune.families.flux.components import LORA_TARGET_MODULES
+    from difftune.testing import write_example_dataset
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
+    run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+              "--learning_rate", 1e-2, "--max_steps", 2, "--seed", 5, "--no_progress", "--enable_tensorboard_log",
+              "false", "--max_pixels", 4096, "--lora_base_model", "dit", "--lora_target_modules",
+              LORA_TARGET_MODULES, "--lora_rank", 4, "--lora_alpha", 8)
+    path = tmp_path / "out" / "epoch-0.safetensors" if (tmp_path / "out" / "epoch-0.safetensors").exists() else \
+        next((tmp_path / "out").glob("*.safetensors"))
+    saved = load_file(str(path))
+    pipe = FluxPipeline.from_pretrained(str(repo), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = dict(height=32, width=32, num_inference_steps=2, guidance_scale=3.5, output_type="pt")
+    base = pipe("a red circle", generator=torch.Generator().manual_seed(0), **kwargs).images
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("diffusers").addHandler(handler)
+    try:
+        pipe.load_lora_weights(str(path), adapter_name="ours")
+    finally:
+        logging.getLogger("diffusers").removeHandler(handler)
+    assert not [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    loaded = {k: v for k, v in pipe.transformer.state_dict().items() if ".lora_" in k}
+    as_file = {"transformer." + k.replace(".ours.", "."): v for k, v in loaded.items()}
+    assert as_file.keys() == saved.keys()  # every key used, none missing
+    assert all(torch.equal(as_file[k], saved[k]) for k in saved)
+    assert pipe.transformer.peft_config["ours"].lora_alpha == pipe.transformer.peft_config["ours"].r  # folded
+    with_lora = pipe("a red circle", generator=torch.Generator().manual_seed(0), **kwargs).images
+    assert (with_lora - base).abs().max().item() > 1e-3
+
+
+def test_kohya_export_reads_in_diffusers_at_flux_size():
+    """At FLUX.1-dev's widths (3072; diffusers' kohya reader fixes them), the kohya file difftune writes is read by
+    diffusers' own `_convert_kohya_flux_lora_to_diffusers` to the same per-module updates (alpha/r)·B·A as the
+    LoRA it was written from: fused img/txt qkv and linear1 (q, k, v, MLP), parts of unequal ranks included."""
+    from diffusers.loaders.lora_conversion_utils import _convert_kohya_flux_lora_to_diffusers
+
+    from difftune.families.flux.bfl import bfl_lora_from_diffusers
+    from difftune.lora import to_kohya
+
+    w = 3072
+    shapes = {"transformer_blocks.0.attn.to_q": (w, w), "transformer_blocks.0.attn.to_k": (w, w),
+              "transformer_blocks.0.attn.to_v": (w, w), "transformer_blocks.0.attn.add_q_proj": (w, w),
+              "transformer_blocks.0.attn.add_k_proj": (w, w), "transformer_blocks.0.attn.add_v_proj": (w, w),
+              "single_transformer_blocks.1.attn.to_q": (w, w), "single_transformer_blocks.1.attn.to_k": (w, w),
+              "single_transformer_blocks.1.attn.to_v": (w, w), "single_transformer_blocks.1.proj_mlp": (w, 4 * w),
+              "transformer_blocks.0.ff.net.2": (4 * w, w)}
+    g = torch.Generator().manual_seed(0)
+    sd, alphas = {}, {}
+    for i, (path, (fan_in, fan_out)) in enumerate(shapes.items()):
+        r = 2 if path.startswith("transformer_blocks") else 2 + i % 2  # linear1's parts: unequal ranks
+        sd[f"{path}.lora_A.weight"] = torch.randn(r, fan_in, generator=g)
+        sd[f"{path}.lora_B.weight"] = torch.randn(fan_out, r, generator=g)
+        alphas[path] = 1.0 if path.startswith("single") else 4.0
+    bfl, bfl_alphas = bfl_lora_from_diffusers(sd, alphas)
+    theirs = _convert_kohya_flux_lora_to_diffusers(to_kohya(bfl, bfl_alphas))
+    for path, (fan_in, _) in shapes.items():
+        a, b = theirs[f"transformer.{path}.lora_A.weight"], theirs[f"transformer.{path}.lora_B.weight"]
+        x = torch.randn(fan_in, 3, generator=g)  # the updates compared on random inputs (no 12288x3072 products)
+        ours = sd[f"{path}.lora_B.weight"] @ (sd[f"{path}.lora_A.weight"] @ x)
+        ours = ours * (alphas[path] / sd[f"{path}.lora_A.weight"].shape[0])
+        assert torch.allclose(b @ (a @ x), ours, atol=1e-3, rtol=1e-4), path

@@ -187,7 +187,8 @@ def check_training_args(args) -> None:
     _check_numbers(args)
     if getattr(args, "align_to_opensource_format", False):
         print("note: --align_to_opensource_format is not needed: difftune saves LoRAs in the open diffusers layout "
-              "(FluxPipeline.load_lora_weights reads them; --lora_format picks another)")
+              "(FluxPipeline.load_lora_weights reads them; --lora_format picks another: for FLUX, "
+              "--lora_format kohya writes BFL's kohya names, the layout this flag gives in DiffSynth-Studio)")
     if args.offload_models:
         print(f"note: --offload_models {args.offload_models} is not needed: each stage loads only the models it "
               f"uses (the rest are never loaded)")

@@ -38,6 +38,8 @@ def sample_parser() -> argparse.ArgumentParser:
                         "template).")
     p.add_argument("--edit_plus", action="store_true",
                    help="The multi-image template (Edit-2509/2511) even for one --edit_image.")
+    p.add_argument("--kontext_images", action="append", default=None,
+                   help="FLUX.1 Kontext: a reference image (repeat for several).")
     p.add_argument("--lora", action="append", default=[], help="A LoRA file to apply (repeatable).")
     p.add_argument("--lora_alpha", type=float, action="append", default=[], help="Strength per --lora (default 1).")
     p.add_argument("--output", default="sample.png", help="Output PNG (several prompts: NAME-<i>.png).")
@@ -107,7 +109,8 @@ def main(argv: list[str]) -> int:
     edit = [load(p) for p in args.edit_image or []]
     edit = edit if len(edit) > 1 or args.edit_plus else edit[0] if edit else None  # a list: Edit-Plus
     extra = {"input_image": load(args.input_image), "edit_image": edit,
-             "embedded_guidance": args.embedded_guidance}
+             "embedded_guidance": args.embedded_guidance,
+             "kontext_images": [load(p) for p in args.kontext_images] if args.kontext_images else None}
     accepted = inspect.signature(pipe.__call__).parameters
     for name, value in extra.items():
         if value is not None:

@@ -62,6 +62,10 @@ class FamilySpec:
     # LoRA file translators for layouts only this family has (FLUX: kohya files in BFL's fused-qkv names):
     # tensors -> diffusers-layout tensors, or None when the file is not theirs (see `load_lora_file`).
     lora_converters: tuple[Callable[[dict], dict | None], ...] = ()
+    # The inverse for writing (`--lora_format comfyui|kohya`, whose readers know the model by its original
+    # names): the denoiser's LoRA (module path -> lora_A/B, alphas by path) renamed to those names, e.g. FLUX's
+    # BFL names with q, k, v re-fused; None: the diffusers module names are written.
+    lora_native_names: Callable[[dict, dict], tuple[dict, dict]] | None = None
     data: str = "image"  # what the data operator loads: image | video
     # Run-time settings this family's units read, from the flags (args -> {name: value}); never cached.
     flag_settings: Callable[[Any], dict] | None = None

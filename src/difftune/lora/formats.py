@@ -134,7 +134,7 @@ def lora_layout_problem(layout: str, slots: Iterable[str], denoiser: str | None,
 def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, torch.Tensor]],
               configs: Mapping[str, Any], base_info: Mapping[str, Any] | None = None,
               prefixes: Mapping[str, str] | None = None, layout: str = "diffusers",
-              denoiser: str | None = None) -> Path:
+              denoiser: str | None = None, native_names: Callable | None = None) -> Path:
     """Write one LoRA file that diffusers' `load_lora_weights` and ComfyUI load at the trained strength.
 
     `state_dicts` / `configs` are keyed by component or pipeline slot; `prefixes` maps a slot to its key prefix
@@ -146,7 +146,8 @@ def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, to
     alpha = rank) and `difftune_lora` (per-component rank, trained alpha, targets, `alpha_folded`, the base
     model described by `base_info`). `"comfyui"`: `diffusion_model.<path>.lora_A/B.weight` + `.alpha`;
     `"kohya"`: `lora_unet_<path with _>.lora_down/up.weight` + `.alpha`; both hold the `denoiser` slot only
-    (default: the slot written with the `transformer` prefix).
+    (default: the slot written with the `transformer` prefix), renamed by `native_names` (the family's
+    `lora_native_names`, e.g. FLUX's BFL names) where given.
     """
     from .. import __version__
 
@@ -167,11 +168,12 @@ def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, to
         ours[prefix] = {"model": name, "rank": spec["r"], "alpha": spec["lora_alpha"], "layout": layout,
                         "alpha_folded": layout == "diffusers",
                         **{k: v for k, v in spec.items() if k not in ("r", "lora_alpha")}}
-        if layout == "comfyui":
-            tensors.update(to_comfyui(sd, alphas, prefix=_DENOISER_PREFIX[layout]))
-            continue
-        if layout == "kohya":
-            tensors.update(to_kohya(sd, alphas, prefix=_DENOISER_PREFIX[layout]))
+        if layout in ("comfyui", "kohya"):
+            if native_names is not None:
+                sd, alphas = native_names(sd, alphas)
+                ours[prefix]["names"] = "native"
+            write = to_comfyui if layout == "comfyui" else to_kohya
+            tensors.update(write(sd, alphas, prefix=_DENOISER_PREFIX[layout]))
             continue
         for p in _module_paths(sd):
             scale = alphas[p] / sd[f"{p}.lora_A.weight"].shape[0]
@@ -266,8 +268,10 @@ class ImportedLora:
         r = Counter(ranks.values()).most_common(1)[0][0]
         a = Counter(alphas.values()).most_common(1)[0][0]
         return {"r": r, "lora_alpha": a, "target_modules": list(self.targets[key]),
-                "rank_pattern": {re.escape(p): v for p, v in ranks.items() if v != r},
-                "alpha_pattern": {re.escape(p): v for p, v in alphas.items() if v != a}}
+                # anchored at the start: peft matches a pattern as a suffix, so a bare `proj_out` would also
+                # take every `single_transformer_blocks.N.proj_out`
+                "rank_pattern": {"^" + re.escape(p): v for p, v in ranks.items() if v != r},
+                "alpha_pattern": {"^" + re.escape(p): v for p, v in alphas.items() if v != a}}
 
     def resolved(self, module: nn.Module, component: str | None = None) -> ImportedLora:
         """This LoRA with kohya names replaced by `module`'s module names, checked to fit `module`."""

@@ -30,7 +30,6 @@ import torch
 
 from ..errors import UserError
 from .config import ModelConfig
-from ..util import PICKLE_SUFFIXES
 from .download import missing_shards
 
 
@@ -42,14 +41,17 @@ def _files_desc(files: list[str]) -> str:
 
 
 def read_header(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """{tensor name: shape} of a safetensors file, from its header alone (safetensors checks that the header is
-    valid and that the file covers every tensor it describes, which catches truncation)."""
+    """{tensor name: shape} of a weight file. A safetensors file from its header alone (safetensors checks that
+    the header is valid and that the file covers every tensor it describes, which catches truncation); a `.pth`
+    state dict memory-mapped through `torch.load(weights_only=True)` (models/files.py)."""
     from safetensors import SafetensorError, safe_open
 
+    from .files import is_state_dict_pickle, load_pth, refuse_pickle
+
     path = str(path)
-    if path.lower().endswith(PICKLE_SUFFIXES):
-        raise UserError(f"{path}: refusing to load a pickle checkpoint (loading one can run arbitrary code); "
-                        f"use the model's .safetensors files or convert this one")
+    refuse_pickle(path)
+    if is_state_dict_pickle(path):
+        return {k: tuple(v.shape) for k, v in load_pth(path).items()}
     if os.path.isdir(path):
         raise UserError(f"{path}: is a directory, expected a .safetensors file")
     if not os.path.exists(path):

@@ -90,8 +90,7 @@ def load_component(config: ModelConfig | str | list[str], specs: Sequence[Compon
     Floating tensors are cast to `torch_dtype`; with `config.fp8` (or `--fp8_models <name>`) the Linear
     weights are stored in float8_e4m3fn as they are read (see `fp8.py`).
     """
-    from safetensors import safe_open
-
+    from .files import iter_tensors
     from .fp8 import enable_fp8_storage, fp8_weight_names
 
     config = as_model_config(config)
@@ -120,9 +119,8 @@ def load_component(config: ModelConfig | str | list[str], specs: Sequence[Compon
         return tensor.to(device)
 
     def read(f):
-        with safe_open(f, framework="pt", device="cpu") as sf:
-            for key in sf.keys():
-                yield det.spec.normalize_key(key), sf.get_tensor(key)
+        for key, tensor in iter_tensors(f):
+            yield det.spec.normalize_key(key), tensor
 
     if det.spec.convert_state_dict is not None:
         # fused tensors are split across files' keys: convert the whole checkpoint at once

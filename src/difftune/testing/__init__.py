@@ -23,3 +23,5 @@ from .common import _quiet_hf  # noqa: F401
 from .qwen_image import *  # noqa: F401,F403
 from .flux import *  # noqa: F401,F403
 from .flux import _ldm_vae_from_diffusers  # noqa: F401
+from .scripts import *  # noqa: F401,F403
+from .qwen_image_scripts import write_qwen_image_script_workspace  # noqa: F401

@@ -41,6 +41,13 @@ class TinyFluxSpec:
     t5_hidden: int = 32
     vae_channels: int = 8
     seed: int = 0
+    # encoder depths and widths (the benchmarks' proportional model sets them; the defaults are the tests')
+    clip_layers: int = 2
+    clip_intermediate: int = 37
+    t5_layers: int = 2
+    t5_heads: int = 4
+    t5_d_kv: int = 8
+    t5_d_ff: int = 37
 
 
 def flux_clip_tokenizer():
@@ -94,12 +101,14 @@ def write_tiny_flux(path: str | os.PathLike, spec: TinyFluxSpec | None = None, *
                         shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False)
     torch.manual_seed(spec.seed + 2)
     clip = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(tok1), hidden_size=spec.clip_hidden, intermediate_size=37, num_hidden_layers=2,
+        vocab_size=len(tok1), hidden_size=spec.clip_hidden, intermediate_size=spec.clip_intermediate,
+        num_hidden_layers=spec.clip_layers,
         num_attention_heads=2, max_position_embeddings=77, projection_dim=spec.clip_hidden, hidden_act="quick_gelu",
         bos_token_id=tok1.bos_token_id, eos_token_id=tok1.eos_token_id, pad_token_id=tok1.pad_token_id)).eval()
     torch.manual_seed(spec.seed + 3)
     t5 = T5EncoderModel(T5Config(
-        vocab_size=len(tok2), d_model=spec.t5_hidden, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+        vocab_size=len(tok2), d_model=spec.t5_hidden, d_kv=spec.t5_d_kv, d_ff=spec.t5_d_ff,
+        num_layers=spec.t5_layers, num_heads=spec.t5_heads,
         feed_forward_proj="gated-gelu", relative_attention_num_buckets=8, relative_attention_max_distance=32,
         pad_token_id=tok2.pad_token_id, eos_token_id=tok2.eos_token_id, decoder_start_token_id=0)).eval()
     size = "100KB" if shard else "10GB"
@@ -164,10 +173,13 @@ def _ldm_vae_from_diffusers(state: dict, num_up_blocks: int) -> dict:
     return out
 
 
-def write_tiny_flux_bfl(root: str | os.PathLike, *, prefix: str = "") -> dict[str, str]:
+def write_tiny_flux_bfl(root: str | os.PathLike, *, prefix: str = "", name: str = "flux1-dev.safetensors"
+                        ) -> dict[str, str]:
     """Write the tiny transformer and AE of `write_tiny_flux(root)` (written first if absent) also as BFL's
-    single files at the repository root, as on the hub: `flux1-dev.safetensors` (keys prefixed with `prefix`,
-    e.g. ComfyUI's `model.diffusion_model.`) and `ae.safetensors`. Returns {"transformer": ..., "vae": ...}."""
+    single files at the repository root, as on the hub: `name` (`flux1-dev.safetensors`; Krea and Kontext
+    ship the same layout as `flux1-krea-dev.safetensors`, `flux1-kontext-dev.safetensors`; keys prefixed with
+    `prefix`, e.g. ComfyUI's `model.diffusion_model.`) and `ae.safetensors`. Returns {"transformer": ...,
+    "vae": ...}."""
     from safetensors.torch import load_file, save_file
 
     from ..families.flux.bfl import bfl_transformer_from_diffusers
@@ -180,10 +192,39 @@ def write_tiny_flux_bfl(root: str | os.PathLike, *, prefix: str = "") -> dict[st
     for f in paths["transformer"]:
         dit.update(load_file(f))
     bfl = {prefix + k: v.contiguous() for k, v in bfl_transformer_from_diffusers(dit).items()}
-    save_file(bfl, str(root / "flux1-dev.safetensors"))
+    save_file(bfl, str(root / name))
     vae = load_file(paths["vae"][0])
     save_file({k: v.contiguous() for k, v in _ldm_vae_from_diffusers(vae, 4).items()}, str(root / "ae.safetensors"))
-    return {"transformer": str(root / "flux1-dev.safetensors"), "vae": str(root / "ae.safetensors")}
+    return {"transformer": str(root / name), "vae": str(root / "ae.safetensors")}
+
+
+def write_kontext_dataset(root: str | os.PathLike, n: int = 2, size: tuple[int, int] = (48, 32),
+                          kontext_size: tuple[int, int] | None = None, references: int = 1) -> Path:
+    """A tiny FLUX.1 Kontext data set: the example images (`write_example_dataset`) as targets, each with
+    `references` reference images (`kontext_<i>_<j>.png`, the target's colours swapped, of `kontext_size`).
+    One reference: `metadata.csv` (image,prompt,kontext_images); more: `metadata.json` with a list per row."""
+    from PIL import Image, ImageOps
+
+    root = Path(root)
+    csv = write_example_dataset(root, n=n, size=size)
+    lines = csv.read_text().splitlines()
+    rows = []
+    for i, line in enumerate(lines[1:], 1):
+        image, prompt = line.split(",", 1)
+        refs = []
+        for j in range(references):
+            ref = ImageOps.invert(Image.open(root / image).convert("RGB")).rotate(90 * j, expand=True)
+            ref = ref.resize(kontext_size or ref.size)
+            ref.save(root / f"kontext_{i}_{j + 1}.png")
+            refs.append(f"kontext_{i}_{j + 1}.png")
+        rows.append({"image": image, "prompt": json.loads(prompt), "kontext_images": refs})
+    if references == 1:
+        csv.write_text("image,prompt,kontext_images\n" + "".join(
+            f'{r["image"]},"{r["prompt"]}",{r["kontext_images"][0]}\n' for r in rows))
+        return csv
+    csv.unlink()
+    (root / "metadata.json").write_text(json.dumps(rows, indent=1))
+    return root / "metadata.json"
 
 
 def _tiny_flux(folder: Path) -> TinyFamily:

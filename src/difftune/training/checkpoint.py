@@ -37,12 +37,13 @@ class CheckpointSaver:
 
     def __init__(self, output_path: str, remove_prefix: str | None = "pipe.dit.", base_info: dict | None = None,
                  lora_prefixes: dict[str, str] | None = None, lora_format: str = "diffusers",
-                 denoiser: str | None = None):
+                 denoiser: str | None = None, native_names=None):
         self.output_path = Path(output_path)
         self.remove_prefix = remove_prefix or ""
         self.base_info = base_info or {}
         self.lora_prefixes = dict(lora_prefixes or {})  # slot -> key prefix in the LoRA file (the family's)
         self.lora_format, self.denoiser = lora_format, denoiser  # denoiser: the slot ComfyUI/kohya names
+        self.native_names = native_names  # the family's lora_native_names, for those two layouts
         self.saved: list[Path] = []
 
     def save(self, accelerator, module, name: str) -> list[Path]:
@@ -66,7 +67,7 @@ class CheckpointSaver:
             path = self.output_path / f"{name}.safetensors"
             save_lora(path, {m: canonical_lora_keys(sd) for m, sd in lora.items()},
                       {m: inner.lora_configs[m] for m in lora}, base_info=self.base_info, prefixes=self.lora_prefixes,
-                      layout=self.lora_format, denoiser=self.denoiser)
+                      layout=self.lora_format, denoiser=self.denoiser, native_names=self.native_names)
             written.append(path)
         for model, sd in full.items():
             prefixed = {f"pipe.{model}.{k}": v for k, v in sd.items()}

@@ -111,7 +111,8 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
         validate = Validator(args, models, family, cache_dir=args.dataset_base_path if from_cache else None)
     saver = CheckpointSaver(args.output_path, args.remove_prefix_in_ckpt, lora_prefixes=dict(family.lora_prefixes),
                             base_info={"family": family.name, "task": args.task}, lora_format=args.lora_format,
-                            denoiser=(family.pipeline.loss_models or (None,))[0])
+                            denoiser=(family.pipeline.loss_models or (None,))[0],
+                            native_names=family.lora_native_names)
     csv = None
     if args.enable_csv_log and accelerator.is_main_process:
         csv = CsvLog(Path(args.output_path) / "loss.csv", resume_step=_resume_step(resume_state))

@@ -168,3 +168,103 @@ def convert_kohya_flux_lora(state: dict[str, torch.Tensor]) -> dict[str, torch.T
         for target, part in zip(targets, parts):
             out[f"transformer.{prefix}{target}.{suffix}"] = part.contiguous()
     return out
+
+
+# -- writing LoRAs in BFL's names (--lora_format kohya / comfyui) ---------------------------------------------
+
+_COMFY_BFL = re.compile(r"^(?:diffusion_model\.)?(?P<path>(?:double_blocks|single_blocks)\.\d+\..+|"
+                        + "|".join(re.escape(k) for k in _GLOBAL) + r")\.(?P<kind>lora_A\.weight|lora_B\.weight|alpha)$")
+
+
+def comfyui_bfl_to_kohya(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """ComfyUI's generic LoRA layout on BFL's module names (`diffusion_model.double_blocks.0.img_attn.qkv.
+    lora_A.weight` + `.alpha`, what `--lora_format comfyui` writes for FLUX) renamed to kohya's; None when the
+    file has no BFL block names."""
+    if not any(k.startswith(("diffusion_model.double_blocks.", "diffusion_model.single_blocks.")) for k in state):
+        return None
+    out = {}
+    for key, t in state.items():
+        m = _COMFY_BFL.match(key)
+        if m is None:
+            return None  # not wholly this layout: left to the other readers (which refuse what they cannot place)
+        kind = {"lora_A.weight": "lora_down.weight", "lora_B.weight": "lora_up.weight"}.get(m["kind"], "alpha")
+        out[f"lora_unet_{m['path'].replace('.', '_')}.{kind}"] = t
+    return out
+
+
+def convert_bfl_named_flux_lora(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """kohya (`lora_unet_double_blocks_...`) or ComfyUI (`diffusion_model.double_blocks....`) LoRAs in BFL's
+    names -> diffusers' layout (see `convert_kohya_flux_lora`); None for other files."""
+    kohya = comfyui_bfl_to_kohya(state)
+    return convert_kohya_flux_lora(kohya if kohya is not None else state)
+
+
+def _bfl_place(path: str) -> tuple[str, int, int] | None:
+    """A diffusers module path -> (BFL module, its part in a fused layer, the number of parts), or None."""
+    head, _, rest = path.partition(".")
+    if head in ("transformer_blocks", "single_transformer_blocks"):
+        index, _, name = rest.partition(".")
+        blocks = "double_blocks" if head == "transformer_blocks" else "single_blocks"
+        fused = _DOUBLE_FUSED if head == "transformer_blocks" else {"linear1": _SINGLE_FUSED}
+        for bfl, parts in fused.items():
+            if name in parts:
+                return f"{blocks}.{index}.{bfl}", parts.index(name), len(parts)
+        old = _rename(name, {v: k for k, v in (_DOUBLE if head == "transformer_blocks" else _SINGLE).items()})
+        return (f"{blocks}.{index}.{old}", 0, 1) if old is not None else None
+    old = _rename(path, {v: k for k, v in _GLOBAL.items()})
+    return (old, 0, 1) if old is not None else None
+
+
+def bfl_lora_from_diffusers(sd: dict[str, torch.Tensor], alphas: dict[str, float]
+                            ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """A transformer LoRA on diffusers' modules (`<path>.lora_A/B.weight`, alpha per path) on BFL's modules
+    instead, at the same strength, for files ComfyUI and kohya tools read in BFL's names.
+
+    The parts of a fused layer (q, k, v; the single blocks' q, k, v + MLP) become one adapter: the downs
+    stacked (rank = the sum of the parts' ranks), the up block-diagonal (zero rows for a part not trained),
+    which is the form kohya's own split-qkv LoRAs have. Its alpha keeps each part's alpha/rank where the parts
+    agree; where they differ the scales are folded into the up blocks and alpha = rank. The final modulation's
+    up rows are swapped into BFL's (shift, scale) order."""
+    groups: dict[str, dict[int, str]] = {}
+    sizes: dict[str, int] = {}
+    for key in sd:
+        if not key.endswith(".lora_A.weight"):
+            continue
+        path = key[: -len(".lora_A.weight")]
+        place = _bfl_place(path)
+        if place is None:
+            raise ValueError(f"{path}: no FLUX.1 module in BFL's layout holds this layer")
+        bfl, part, n = place
+        groups.setdefault(bfl, {})[part] = path
+        sizes[bfl] = n
+    out, out_alphas = {}, {}
+    for bfl, parts in groups.items():
+        n = sizes[bfl]
+        if n == 1:
+            path = parts[0]
+            up = sd[f"{path}.lora_B.weight"]
+            out[f"{bfl}.lora_A.weight"] = sd[f"{path}.lora_A.weight"]
+            out[f"{bfl}.lora_B.weight"] = _swap_halves(up) if bfl == "final_layer.adaLN_modulation.1" else up
+            out_alphas[bfl] = alphas[path]
+            continue
+        present = [parts[i] for i in sorted(parts)]
+        width = sd[f"{present[0]}.lora_A.weight"].shape[1]  # q, k, v: the model's width; the MLP part 4x it
+        widths = [width] * 3 + ([4 * width] if n == 4 else [])
+        ranks = {i: sd[f"{p}.lora_A.weight"].shape[0] for i, p in parts.items()}
+        scales = {i: alphas[p] / ranks[i] for i, p in parts.items()}
+        total = sum(ranks.values())
+        same = len(set(scales.values())) == 1
+        ref = sd[f"{present[0]}.lora_B.weight"]
+        up = torch.zeros(sum(widths), total, dtype=ref.dtype)
+        downs, col = [], 0
+        for i in sorted(parts):
+            p = parts[i]
+            b = sd[f"{p}.lora_B.weight"]
+            row = sum(widths[:i])
+            up[row:row + widths[i], col:col + ranks[i]] = b if same else b * scales[i]
+            downs.append(sd[f"{p}.lora_A.weight"])
+            col += ranks[i]
+        out[f"{bfl}.lora_A.weight"] = torch.cat(downs, dim=0)
+        out[f"{bfl}.lora_B.weight"] = up
+        out_alphas[bfl] = next(iter(scales.values())) * total if same else float(total)
+    return out, out_alphas

@@ -19,7 +19,7 @@ from ...media.image import as_image_list, tensor_to_images
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .model_fn import model_fn_flux
 from .units import (DIVISION_FACTOR, FluxClipEmbedder, FluxEmbeddedGuidance, FluxInputImageEmbedder,
-                    FluxNoiseInitializer, FluxShapeChecker, FluxT5Embedder, vae_decode)
+                    FluxKontextEmbedder, FluxNoiseInitializer, FluxShapeChecker, FluxT5Embedder, vae_decode)
 
 TRAINING_GUIDANCE = 1.0  # the reference's embedded_guidance in training
 
@@ -29,7 +29,8 @@ class FluxImagePipeline(BasePipeline):
     model_names = ("dit", "text_encoder", "text_encoder_2", "vae")
     batch_shared_inputs = ("height", "width", "embedded_guidance")  # kept once in a stage-1 batch
     settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload"})
-    model_fn_inputs = ("prompt_embeds", "pooled_prompt_embeds", "guidance")
+    model_fn_inputs = ("prompt_embeds", "pooled_prompt_embeds", "guidance", "kontext_latents", "kontext_ids")
+    data_inputs = ("image", "prompt", "seed", "kontext_images", "num_inference_steps", "height", "width")
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
     loss_models = ("dit",)
     decode_models = ("vae",)
@@ -44,8 +45,8 @@ class FluxImagePipeline(BasePipeline):
         self.scheduler = scheduler or self.default_scheduler()
         self.tokenizer_1 = None
         self.tokenizer_2 = None
-        self.units = [FluxShapeChecker(), FluxNoiseInitializer(), FluxInputImageEmbedder(), FluxClipEmbedder(),
-                      FluxT5Embedder(), FluxEmbeddedGuidance()]
+        self.units = [FluxShapeChecker(), FluxNoiseInitializer(), FluxInputImageEmbedder(), FluxKontextEmbedder(),
+                      FluxClipEmbedder(), FluxT5Embedder(), FluxEmbeddedGuidance()]
 
     @staticmethod
     def default_scheduler():
@@ -55,8 +56,10 @@ class FluxImagePipeline(BasePipeline):
 
         return FlowMatchScheduler(training_mu=TRAINING_MU, **SCHEDULER_CONFIG)
 
-    def model_fn(self, latents, timestep, prompt_embeds, pooled_prompt_embeds, guidance=None, **settings):
-        return model_fn_flux(self.dit, latents, timestep, prompt_embeds, pooled_prompt_embeds, guidance, **settings)
+    def model_fn(self, latents, timestep, prompt_embeds, pooled_prompt_embeds, guidance=None, kontext_latents=None,
+                 kontext_ids=None, **settings):
+        return model_fn_flux(self.dit, latents, timestep, prompt_embeds, pooled_prompt_embeds, guidance,
+                             kontext_latents, kontext_ids, **settings)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return vae_decode(self, latents)
@@ -69,8 +72,15 @@ class FluxImagePipeline(BasePipeline):
         prompt = data.get("prompt", "")
         if prompt is None or (isinstance(prompt, float) and math.isnan(prompt)):
             prompt = ""
+        kontext = data.get("kontext_images")
+        if kontext is not None:
+            kontext = [kontext] if isinstance(kontext, Image.Image) else kontext
+            if not isinstance(kontext, list) or not kontext or \
+                    not all(isinstance(k, Image.Image) for k in kontext):
+                raise UserError(f"row {data.get('_row', -1) + 1}: 'kontext_images' must be image file(s) listed in "
+                                f"--data_file_keys (e.g. --data_file_keys image,kontext_images), got {kontext!r:.60}")
         return {
-            "prompt": prompt, "negative_prompt": "", "input_image": image,
+            "prompt": prompt, "negative_prompt": "", "input_image": image, "kontext_images": kontext,
             "height": image.size[1] if image is not None else data.get("height"),
             "width": image.size[0] if image is not None else data.get("width"),
             "seed": data.get("seed"), "batch_size": 1, "embedded_guidance": TRAINING_GUIDANCE,
@@ -79,15 +89,19 @@ class FluxImagePipeline(BasePipeline):
 
     @staticmethod
     def batch_signature(sample: dict[str, Any]) -> tuple:
-        image = sample.get("image")
-        return (image.size if isinstance(image, Image.Image) else None,)
+        def size(v):
+            return v.size if isinstance(v, Image.Image) else tuple(map(size, v)) if isinstance(v, list) else None
+
+        return (size(sample.get("image")), size(sample.get("kontext_images")))
 
     # -- inference ------------------------------------------------------------------------------------
     @torch.no_grad()
     def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "", cfg_scale: float = 1.0,
                  embedded_guidance: float = 3.5, height: int | None = 1024, width: int | None = 1024,
                  num_inference_steps: int = 30, seed: int | None = None, input_image=None,
-                 denoising_strength: float = 1.0, progress: bool = True, output_type: str = "pil"):
+                 denoising_strength: float = 1.0, kontext_images=None, progress: bool = True,
+                 output_type: str = "pil"):
+        """`kontext_images` (FLUX.1 Kontext): a reference image, a list of them, or one list per prompt."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
         if input_image is not None and (height is None or width is None):
@@ -95,6 +109,7 @@ class FluxImagePipeline(BasePipeline):
         values: dict[str, Any] = {
             "prompt": prompts, "negative_prompt": negatives, "height": height, "width": width, "seed": seed,
             "batch_size": len(prompts), "input_image": input_image, "embedded_guidance": embedded_guidance,
+            "kontext_images": kontext_images,
         }
         h, w = (-(-int(s) // DIVISION_FACTOR) for s in (height, width))
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength, image_seq_len=h * w)

@@ -1,0 +1,69 @@
+"""Reading weight files: safetensors, and the `.pth` files some official repositories ship instead (Wan-AI's
+T5, VAE and CLIP weights).
+
+A `.pth` is a pickle, and unpickling can run code: it is read only with `torch.load(weights_only=True)`, which
+rebuilds tensors and plain containers and refuses everything else, and it must hold a flat {name: tensor}
+state dict. Every other pickle format (.bin, .ckpt, .pt, ...) is refused outright.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import torch
+
+from ..errors import UserError
+from ..util import PICKLE_SUFFIXES, first_line
+
+STATE_DICT_PICKLES = (".pth",)
+
+
+def is_state_dict_pickle(path: str | os.PathLike) -> bool:
+    return str(path).lower().endswith(STATE_DICT_PICKLES)
+
+
+def load_pth(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A `.pth` plain tensor state dict, memory-mapped where the file allows it."""
+    path = str(path)
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: no such file")
+    try:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:  # the legacy (non-zip) format cannot be memory-mapped
+            if "mmap" not in str(e):
+                raise
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure here is the file's
+        raise UserError(f"{path}: not a plain tensor state dict that can be read safely "
+                        f"(torch.load with weights_only=True refused it: {first_line(e)})") from None
+    if isinstance(obj, dict) and len(obj) == 1 and next(iter(obj)) in ("model_state", "state_dict") and \
+            isinstance(next(iter(obj.values())), dict):  # some releases wrap the state dict once
+        obj = next(iter(obj.values()))
+    if not isinstance(obj, dict) or not obj or \
+            not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        raise UserError(f"{path}: holds a {type(obj).__name__}, not a plain {{name: tensor}} state dict")
+    return obj
+
+
+def refuse_pickle(path: str) -> None:
+    if path.lower().endswith(PICKLE_SUFFIXES) and not is_state_dict_pickle(path):
+        raise UserError(f"{path}: refusing to load a pickle checkpoint (loading one can run arbitrary code); "
+                        f"use the model's .safetensors files or convert this one")
+
+
+def iter_tensors(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of a weight file, read one at a time where the format allows."""
+    path = str(path)
+    refuse_pickle(path)
+    if is_state_dict_pickle(path):
+        yield from load_pth(path).items()
+        return
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt", device="cpu") as f:
+        for key in f.keys():
+            yield key, f.get_tensor(key)

@@ -1,0 +1,89 @@
+"""A tiny workspace where every Qwen-Image-family script of the reference runs with only its script path
+changed: `./models/<hub id>/` for every repository the scripts name (hub ids resolve there without a
+download) and `./data/diffsynth_example_dataset/qwen_image/<name>/` in each data set's format."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from .common import populate_offline_hub
+from .qwen_image import write_tiny_qwen_image
+
+DATA = Path("data") / "diffsynth_example_dataset" / "qwen_image"
+COLORS = [(220, 40, 40), (40, 60, 220), (40, 180, 70), (230, 220, 50)]
+
+
+def _picture(path: Path, i: int, size=(32, 32), mode="RGB") -> str:
+    img = Image.new(mode, size, COLORS[(i + 1) % 4] + ((255,) if mode == "RGBA" else ()))
+    w, h = size
+    ImageDraw.Draw(img).ellipse((w // 4, h // 4, 3 * w // 4, 3 * h // 4), fill=COLORS[i % 4])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+    return path.name
+
+
+def _csv(folder: Path, rows: list[dict]) -> None:
+    cols = list(rows[0])
+    lines = [",".join(cols)] + [",".join(f'"{r[c]}"' if isinstance(r[c], str) else str(r[c]) for c in cols)
+                                for r in rows]
+    (folder / "metadata.csv").write_text("\n".join(lines) + "\n")
+
+
+def _json(folder: Path, rows: list[dict]) -> None:
+    (folder / "metadata.json").write_text(json.dumps(rows, indent=1))
+
+
+def text_to_image(folder: Path, n: int = 2) -> None:
+    _csv(folder, [{"image": _picture(folder / f"image_{i}.png", i), "prompt": f"a circle number {i}"}
+                  for i in range(n)])
+
+
+def distill(folder: Path) -> None:
+    _csv(folder, [{"image": _picture(folder / "image_0.png", 0), "prompt": "a circle", "seed": 0,
+                   "rand_device": "cpu", "num_inference_steps": 2, "cfg_scale": 4}])
+
+
+def edit(folder: Path) -> None:
+    _csv(folder, [{"image": _picture(folder / f"image_{i}.png", i), "prompt": "make it blue",
+                   "edit_image": _picture(folder / f"edit_{i}.png", i + 1)} for i in range(2)])
+
+
+def multi_edit(folder: Path) -> None:
+    """Edit-Plus rows: `edit_image` lists two pictures of different sizes."""
+    rows = [{"image": _picture(folder / f"image_{i}.png", i), "prompt": "put the two together",
+             "edit_image": [_picture(folder / f"edit_{i}_a.png", i + 1),
+                            _picture(folder / f"edit_{i}_b.png", i + 2, size=(48, 32))]} for i in range(2)]
+    _json(folder, rows)
+
+
+# data set folder -> writer; a feature adds its own
+DATASETS = {
+    "Qwen-Image": text_to_image, "Qwen-Image-2512": text_to_image, "Qwen-Image-Distill-Full": text_to_image,
+    "Qwen-Image-Distill-LoRA": distill, "Qwen-Image-Edit": edit, "Qwen-Image-Edit-2509": multi_edit,
+    "Qwen-Image-Edit-2511": multi_edit, "FireRed-Image-Edit-1.0": multi_edit, "FireRed-Image-Edit-1.1": multi_edit,
+}
+
+
+def write_qwen_image_script_workspace(root: str | os.PathLike) -> Path:
+    root = Path(root)
+    src = root / ".tiny"
+    base = write_tiny_qwen_image(src / "qwen_image")
+    edit_repo = write_tiny_qwen_image(src / "qwen_image_edit", edit=True)
+    models = root / "models"
+    for repo_id in ("Qwen/Qwen-Image", "Qwen/Qwen-Image-2512"):
+        populate_offline_hub(models, repo_id, base)
+    for repo_id in ("Qwen/Qwen-Image-Edit", "Qwen/Qwen-Image-Edit-2509", "Qwen/Qwen-Image-Edit-2511",
+                    "FireRedTeam/FireRed-Image-Edit-1.0", "FireRedTeam/FireRed-Image-Edit-1.1"):
+        populate_offline_hub(models, repo_id, edit_repo)
+    # DiffSynth-Studio/Qwen-Image-Distill-Full keeps the transformer's files at the top of the repository.
+    shutil.copytree(base / "transformer", models / "DiffSynth-Studio" / "Qwen-Image-Distill-Full", dirs_exist_ok=True)
+    for name, write in DATASETS.items():
+        folder = root / DATA / name
+        folder.mkdir(parents=True, exist_ok=True)
+        write(folder)
+    return root
