@@ -205,6 +205,17 @@ def test_a_list_of_one_edit_image_stays_edit_plus_through_the_cache(pipe):
         assert edit_groups(back, 1) is not None
 
 
+def test_edit_image_file_names_nobody_loaded_are_no_input(pipe, capsys, monkeypatch):
+    """As the reference: without --extra_inputs edit_image the column is not an input (Edit-2509-LoRA-NPU.sh);
+    said once."""
+    monkeypatch.setattr(edit_plus, "_noted", set())
+    a = pictures()[0]
+    for value in (["edit_1.png", "edit_2.png"], "edit_1.png"):
+        assert pipe.training_inputs({"image": a, "prompt": "x", "edit_image": value})["edit_image"] is None
+    assert capsys.readouterr().out.count("'edit_image' column is not used") == 1
+    assert pipe.training_inputs({"image": a, "prompt": "x", "edit_image": [a]})["edit_image"] == [a]
+
+
 def write_edit_plus_data(root, rows):
     make_image_dataset(root, n=len(rows), size=(32, 32))
     colors = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40)]

@@ -57,6 +57,22 @@ def edit_groups(edit_image, batch_size: int | None) -> list[list[Image.Image]] |
     return groups
 
 
+_noted: set[str] = set()
+
+
+def loaded_edit_image(value):
+    """A data row's `edit_image`, or None when it holds file names nobody loaded: like the reference, a column that
+    --extra_inputs does not name is no input (Qwen-Image-Edit-2509-LoRA-NPU.sh trains so). Said once, not silent."""
+    names = [value] if isinstance(value, str) else value if isinstance(value, list) else None
+    if not names or not all(isinstance(n, str) for n in names):
+        return value
+    if "edit_image" not in _noted:
+        _noted.add("edit_image")
+        print("note: the metadata's 'edit_image' column is not used: its files were not loaded (the reference "
+              "trains without it unless --extra_inputs names it; name it there to train editing)")
+    return None
+
+
 def per_prompt_edit_images(edit_image, prompts: int):
     """A pipeline call's `edit_image`: a list of images is Edit-Plus for every prompt (as the reference)."""
     if isinstance(edit_image, (list, tuple)) and not any(isinstance(i, (list, tuple)) for i in edit_image):

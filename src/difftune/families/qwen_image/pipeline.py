@@ -19,7 +19,7 @@ from ...core.pipeline import BasePipeline
 from ...errors import UserError
 from ...media.image import as_image_list, tensor_to_images
 from ...core.latents import pack_latents, unpack_latents
-from .edit_plus import per_prompt_edit_images
+from .edit_plus import loaded_edit_image, per_prompt_edit_images
 from .model_fn import model_fn_qwen_image
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .units import (DIVISION_FACTOR, QwenImageEditImageEmbedder, QwenImageInputImageEmbedder,
@@ -112,7 +112,8 @@ class QwenImagePipeline(BasePipeline):
             "height": image.size[1] if image is not None else data.get("height"),
             "width": image.size[0] if image is not None else data.get("width"),
             "seed": data.get("seed"), "rand_device": data.get("rand_device", "cpu"), "batch_size": 1,
-            "edit_image": data.get("edit_image"), "num_inference_steps": data.get("num_inference_steps"),
+            "edit_image": loaded_edit_image(data.get("edit_image")),
+            "num_inference_steps": data.get("num_inference_steps"),
         }
         if values["prompt"] is None or (isinstance(values["prompt"], float) and math.isnan(values["prompt"])):
             values["prompt"] = ""
@@ -126,7 +127,8 @@ class QwenImagePipeline(BasePipeline):
             return v.size if isinstance(v, Image.Image) else \
                 tuple(getattr(i, "size", i) for i in v) if isinstance(v, list) else v
 
-        return (size(sample.get("image")), size(sample.get("edit_image")), sample.get("rand_device", "cpu"))
+        return (size(sample.get("image")), size(loaded_edit_image(sample.get("edit_image"))),
+                sample.get("rand_device", "cpu"))
 
     def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         values = super().training_inputs_batch(samples)
