@@ -245,7 +245,7 @@ def max_diff(a_path, b_path):
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-@pytest.mark.parametrize("zero_cond_t", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("zero_cond_t", [False, True])
 def test_dit_lora_split_equals_one_stage_with_two_edit_images(tmp_path, repo, zero_cond_t):
     """Edit-2509 (and 2511 with --zero_cond_t): two samples with two edit images of different sizes share
     batches of 2, a third with one image (a list of one: Edit-Plus) is its own bucket; stage 1 encodes in batches."""
@@ -276,7 +276,6 @@ def test_an_edit_image_list_naming_a_missing_file_is_one_line(tmp_path, repo):
     assert "\n" not in message and "row 2" in message and "missing.png" in message and "edit_image" in message
 
 
-@pytest.mark.slow
 def test_text_encoder_lora_split_equals_one_stage_with_two_edit_images(tmp_path, repo):
     """The prompt unit in stage 2: the cache holds each sample's edit images (of different sizes) as images."""
     meta = write_edit_plus_data(tmp_path / "data", [[(32, 48), (48, 32)], [(48, 48)]])
@@ -294,7 +293,6 @@ def test_text_encoder_lora_split_equals_one_stage_with_two_edit_images(tmp_path,
     assert "edit_image" in manifest["frontier"] and "prompt_embeds" not in manifest["frontier"]
 
 
-@pytest.mark.slow
 def test_sample_command_takes_several_edit_images(tmp_path, repo, pipe, monkeypatch, capsys):
     import numpy as np
     from difftune.cli.main import main
