@@ -91,11 +91,11 @@ def test_offload_models_is_accepted_with_a_note(tmp_path, tiny_repo, capsys):
     assert (out / "epoch-0.safetensors").exists()
 
 
-@pytest.mark.parametrize("flag,value", [("--extra_inputs", "context_image"), ("--data_file_keys", "image,mask")])
+@pytest.mark.parametrize("flag,value", [("--extra_inputs", "style_image"), ("--data_file_keys", "image,mask")])
 def test_a_column_the_family_never_reads_is_refused_not_dropped(tmp_path, tiny_repo, capsys, flag, value):
     meta = make_image_dataset(tmp_path / "data", n=2)
     lines = meta.read_text().splitlines()  # a column of that name is there: it would be loaded, then dropped
-    meta.write_text("\n".join([lines[0] + ",context_image,mask"] + [f"{l},image_1.png,image_1.png" for l in lines[1:]]))
+    meta.write_text("\n".join([lines[0] + ",style_image,mask"] + [f"{l},image_1.png,image_1.png" for l in lines[1:]]))
     out = tmp_path / "out"
     code = cli("train", *base(meta, out, tiny_repo), flag, value)
     err = capsys.readouterr().err.strip().splitlines()

@@ -23,7 +23,7 @@ def names(units):
 def test_lora_on_dit_puts_every_unit_in_stage_1():
     s = qwen_split(["dit"])
     assert names(s.stage2) == []
-    assert len(s.stage1) == 5
+    assert len(s.stage1) == 8
     # only what the loss reads is cached; noise, latents, images, settings are not
     assert s.frontier == ("edit_latents", "input_latents", "prompt_embeds", "prompt_embeds_mask")
     assert s.stage1_models == ("text_encoder", "vae") and s.stage2_models == ("dit",)
@@ -31,9 +31,11 @@ def test_lora_on_dit_puts_every_unit_in_stage_1():
 
 def test_lora_on_text_encoder_moves_prompt_encoding_and_caches_the_prompt():
     s = qwen_split(["dit", "text_encoder"])
-    assert names(s.stage2) == ["QwenImagePromptEmbedder"]
-    # the prompt string (data) and the resized edit image (stage-1 output) are cached instead of embeddings
-    assert s.frontier == ("edit_image", "edit_latents", "input_latents", "prompt")
+    assert names(s.stage2) == ["QwenImageEntityControl", "QwenImagePromptEmbedder"]
+    # the prompt string (data) and the resized edit image (stage-1 output) are cached instead of embeddings;
+    # EliGen's entity prompts and masks too, with the size their masks are taken at
+    assert s.frontier == ("edit_image", "edit_latents", "eligen_entity_masks", "eligen_entity_prompts", "height",
+                          "input_latents", "prompt", "width")
     assert s.stage2_models == ("dit", "text_encoder")
     assert s.stage1_models == ("vae",)
 
@@ -41,7 +43,9 @@ def test_lora_on_text_encoder_moves_prompt_encoding_and_caches_the_prompt():
 def test_trainable_vae_moves_encoders_and_their_readers():
     s = qwen_split(["vae"])
     # the prompt embedder reads edit_image, which the (now stage-2) edit embedder writes
-    assert names(s.stage2) == ["QwenImageInputImageEmbedder", "QwenImageEditImageEmbedder", "QwenImagePromptEmbedder"]
+    assert names(s.stage2) == ["QwenImageInputImageEmbedder", "QwenImageEditImageEmbedder",
+                               "QwenImageContextImageEmbedder", "QwenImageBlockwiseControlNetEmbedder",
+                               "QwenImagePromptEmbedder"]
     assert "input_image" in s.frontier and "noise" in s.frontier and "prompt" in s.frontier
     assert "rand_device" not in s.frontier and "edit_image_auto_resize" not in s.frontier
 

@@ -36,7 +36,7 @@ def workspace(tmp_path_factory):
 
 # Scripts whose feature is still being built (issue 13); strict, so a script that starts working must leave.
 PENDING = {s for s in QWEN_SCRIPTS if any(k in s for k in (
-    "ControlNet", "Layered", "EliGen", "In-Context", "bitsandbytes"))}
+    "Layered", "bitsandbytes"))}
 
 
 @pytest.mark.slow

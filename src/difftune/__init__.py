@@ -11,6 +11,7 @@ _API = (
     "ModelLogger", "PipelineUnit", "QwenImagePipeline", "Split", "TokenizerSpec", "UnifiedDataset", "UserError",
     "detect_component", "direct_distill_loss", "gradient_checkpoint_forward", "images_to_tensor", "launch_training_task",
     "load_component", "register_family", "sample_generator", "sft_loss", "split_units",
+    "read_video", "save_video",  # clips as lists of PIL frames (difftune.media.video)
 )
 
 

@@ -33,6 +33,7 @@ from .data import UnifiedDataset
 from .errors import UserError
 from .families.qwen_image import QwenImagePipeline
 from .media.image import images_to_tensor
+from .media.video import read_video, save_video
 from .core.family import detect_component, load_component
 from .models import ComponentSpec, ModelConfig
 from .schedulers import FlowMatchScheduler
@@ -173,4 +174,6 @@ __all__ = [
     # a model family
     "BasePipeline", "ComponentSpec", "FamilySpec", "PipelineUnit", "Split", "TokenizerSpec", "UserError", "detect_component",
     "gradient_checkpoint_forward", "images_to_tensor", "load_component", "register_family", "split_units",
+    # video data
+    "read_video", "save_video",
 ]

@@ -35,7 +35,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--height", type=int, default=None, help="Fixed height; leave height and width empty for dynamic resolution.")
     g.add_argument("--width", type=int, default=None, help="Fixed width.")
     g.add_argument("--max_pixels", type=int, default=1024 * 1024, help="Dynamic resolution: larger images are scaled down to this area.")
-    g.add_argument("--num_frames", type=int, default=None, help="Video frames (video families; the reference's default is 81).")
+    g.add_argument("--num_frames", type=int, default=None, help="Video families: frames per clip, the first ones (4k+1 for Wan; default 81, as the reference); a shorter clip is cut to the largest 4k+1 it has.")
 
     g = parser.add_argument_group("models")
     g.add_argument("--model_paths", default=None, help="JSON list of model files (an entry may be a list of shards).")
@@ -110,6 +110,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--validation_steps", type=int, default=None, help="Render validation samples every N optimizer steps.")
     g.add_argument("--validation_size", type=int, default=None, help="Height and width of validation samples.")
     g.add_argument("--validation_inference_steps", type=int, default=20)
+    g.add_argument("--validation_num_frames", type=int, default=None, help="Video families: frames of each validation clip (4k+1; default: --num_frames).")
     g.add_argument("--no_progress", action="store_true", help="No progress bar.")
     g = parser.add_argument_group("reference flags difftune refuses (not implemented yet: a run that names one stops)")
     for name, (kind, why) in REFUSED.items():
@@ -148,7 +149,7 @@ _AT_LEAST = {
     "save_steps": (1, "at least 1 optimizer step (leave it out to save once per epoch)"),
     "save_state_steps": (1, "at least 1 optimizer step"), "validation_steps": (1, "at least 1 optimizer step"),
     "validation_size": (1, "at least 1 pixel"), "validation_inference_steps": (1, "at least 1"),
-    "height": (1, "at least 1 pixel"), "width": (1, "at least 1 pixel"), "max_pixels": (1, "at least 1 pixel"),
+    "num_frames": (1, "at least 1 frame"), "validation_num_frames": (1, "at least 1 frame"), "height": (1, "at least 1 pixel"), "width": (1, "at least 1 pixel"), "max_pixels": (1, "at least 1 pixel"),
     "data_process_batch_size": (1, "at least 1"), "cache_commit_every": (1, "at least 1 sample"),
     "dataset_num_workers": (0, "0 or more"), "lr_warmup_steps": (0, "0 or more"),
     "keep_last_states": (0, "0 (keep every state) or more"),
@@ -182,8 +183,6 @@ def check_training_args(args) -> None:
     for name, (_, why) in REFUSED.items():
         if getattr(args, name, None) is not None:
             raise UserError(f"--{name}: not supported by difftune: {why}")
-    if args.num_frames is not None:
-        raise UserError("--num_frames: not used: no video family is implemented yet (difftune trains image families)")
     _check_numbers(args)
     if getattr(args, "align_to_opensource_format", False):
         print("note: --align_to_opensource_format is not needed: difftune saves LoRAs in the open diffusers layout "

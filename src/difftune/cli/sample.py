@@ -1,4 +1,4 @@
-"""`difftune sample`: generate images from the shell, optionally with trained LoRAs."""
+"""`difftune sample`: generate images (or, with a video family, clips) from the shell, optionally with trained LoRAs."""
 
 from __future__ import annotations
 
@@ -42,7 +42,11 @@ def sample_parser() -> argparse.ArgumentParser:
                    help="FLUX.1 Kontext: a reference image (repeat for several).")
     p.add_argument("--lora", action="append", default=[], help="A LoRA file to apply (repeatable).")
     p.add_argument("--lora_alpha", type=float, action="append", default=[], help="Strength per --lora (default 1).")
-    p.add_argument("--output", default="sample.png", help="Output PNG (several prompts: NAME-<i>.png).")
+    p.add_argument("--num_frames", type=int, default=None,
+                   help="Video families: frames of the clip (4k+1; default: the family's, 81).")
+    p.add_argument("--fps", type=float, default=16, help="Video families: frame rate of the written clip.")
+    p.add_argument("--output", default=None, help="Output file (several prompts: NAME-<i>.EXT); default sample.png, or "
+                   "sample.mp4 for a video family (.mp4/.mov/.mkv/.avi/.webm, or an animated .gif/.webp).")
     return p
 
 
@@ -82,6 +86,8 @@ def main(argv: list[str]) -> int:
     args.initialize_model_on_cpu = False
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     family, models = resolve_models(args)
+    video = family.data == "video"
+    output = _output(args, family, video)  # refused before any model is loaded
     pipe = build_pipeline(family, args, models, None, device)
     by_prefix = {family.lora_prefix(slot): slot for slot in family.slots}
     for i, path in enumerate(args.lora):
@@ -117,12 +123,38 @@ def main(argv: list[str]) -> int:
             if name not in accepted:
                 raise UserError(f"--{name}: the {family.name} family does not take it")
             call[name] = value
-    if args.input_image is not None:
+    if args.input_image is not None and "denoising_strength" in accepted:
         call["denoising_strength"] = args.denoising_strength
+    if video:
+        from ..training.builders import frame_settings
+
+        call["num_frames"] = frame_settings(args, family)["num_frames"]
     images = pipe(args.prompt, **call)
-    root, ext = os.path.splitext(args.output)
-    outputs = [args.output] if len(images) == 1 else [f"{root}-{i}{ext or '.png'}" for i in range(len(images))]
+    root, ext = os.path.splitext(output)
+    outputs = [output] if len(images) == 1 else [f"{root}-{i}{ext}" for i in range(len(images))]
     for image, out in zip(images, outputs):
-        atomic_save_image(image, out)  # in the format the name's extension says
+        if video:
+            from ..media.video import write_video
+
+            write_video(image, out, fps=args.fps)
+        else:
+            atomic_save_image(image, out)  # in the format the name's extension says
         print(out)
     return 0
+
+
+def _output(args, family, video: bool) -> str:
+    """The output name, its extension checked against what the family makes."""
+    from ..media.video import VIDEO_EXTENSIONS, WRITABLE_EXTENSIONS
+    from ..training.builders import frame_settings
+
+    frame_settings(args, family)  # --num_frames: refused for an image family, 4k+1 for a video family
+    output = args.output or ("sample.mp4" if video else "sample.png")
+    ext = os.path.splitext(output)[1].lower()
+    if video and ext not in WRITABLE_EXTENSIONS:
+        raise UserError(f"--output {output}: the {family.name} family makes clips: name a "
+                        f"{'/'.join(WRITABLE_EXTENSIONS)} file")
+    if not video and ext in VIDEO_EXTENSIONS:
+        raise UserError(f"--output {output}: the {family.name} family makes images: name an image file "
+                        f"(.png, .jpg, ...)")
+    return output if ext else output + ".png"

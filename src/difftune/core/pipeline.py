@@ -37,6 +37,15 @@ class BasePipeline:
     decode_models: tuple[str, ...] = ()
     # Training images are cropped so both sides are multiples of this.
     division_factor: int = 1
+    # Video families (`FamilySpec.data == "video"`): a clip trains on `--num_frames` frames (default
+    # `default_num_frames`), which must be time_division_factor * k + time_division_remainder (Wan: 4k+1);
+    # a shorter clip is cut to the largest such count it has.
+    default_num_frames: int = 81
+    time_division_factor: int = 4
+    time_division_remainder: int = 1
+    # --extra_inputs taken from a clip's frames when the metadata has no such column: name -> (clip column,
+    # frame index), e.g. {"input_image": ("video", 0), "end_image": ("video", -1)} (the reference's Wan script).
+    frame_inputs: Mapping[str, tuple[str, int]] = {}
     # The family's name (`FamilySpec.name`): how the shared code finds its spec.
     family: str = ""
     # Latent layout, for the loss and sampling: latents (B, C, [frames,] H, W) are cut into patch_size^2 tokens.

@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
+from ..media.video import DEFAULT_NUM_FRAMES, VIDEO_EXTENSIONS
 from ..util import names
 from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension,
                         ToAbsolutePath, compose, one_line)
 
-FILE_EXTENSIONS = IMAGE_EXTENSIONS  # what makes an --extra_inputs column a file column (video later)
+FILE_EXTENSIONS = IMAGE_EXTENSIONS + VIDEO_EXTENSIONS  # what makes an --extra_inputs column a file column
 PROMPT_KEY = "prompt"
 # Always text, whatever they look like: a prompt "1984" or "False" is words, not a number or a flag.
 TEXT_COLUMNS = (PROMPT_KEY, "negative_prompt")
@@ -134,16 +135,25 @@ def _looks_like_files(rows: list[dict], key: str) -> bool:
                               for v in flat)
 
 
+def _is_clip(value) -> bool:
+    from PIL import Image
+
+    return isinstance(value, list) and bool(value) and all(isinstance(v, Image.Image) for v in value)
+
+
 class UnifiedDataset(torch.utils.data.Dataset):
     def __init__(self, base_path, metadata_path, repeat: int = 1, data_file_keys=("image",),
                  main_data_operator=None, special_operator_map: dict | None = None, extra_inputs=(),
                  on_bad_sample: str = "error", present_keys_only: bool = False, allow_empty_prompts: bool = False,
-                 precheck: bool = True, progress: bool = True):
+                 precheck: bool = True, progress: bool = True, frame_inputs: dict | None = None):
         """`base_path` None means the metadata file's folder. `present_keys_only` drops listed file keys
         the metadata lacks (for the CLI default "image,video"), as long as one is left. Metadata without a
         `prompt` column is refused unless `allow_empty_prompts` (every sample would train on "").
         `precheck`: check every row's files now (see `precheck`); `progress`: its progress bar (shown from
-        PROGRESS_ROWS rows on)."""
+        PROGRESS_ROWS rows on). `frame_inputs` ({name: (clip column, frame index)}, e.g. {"input_image":
+        ("video", 0), "end_image": ("video", -1)}): an `extra_inputs` name listed there that the metadata has
+        no column for is that frame of the row's clip (as the reference's Wan script takes them); where the
+        metadata has the column, its file is loaded, a one-frame clip as the frame itself."""
         if metadata_path is None:
             raise DataError("--dataset_metadata_path is required")
         if on_bad_sample not in ("error", "skip"):
@@ -159,7 +169,16 @@ class UnifiedDataset(torch.utils.data.Dataset):
         self.columns = list(dict.fromkeys(c for r in self.rows for c in r))
         if present_keys_only:
             keys = [k for k in keys if k in self.columns] or keys
-        for flag, listed in (("--data_file_keys", keys), ("--extra_inputs", extra)):
+        self.frame_inputs = dict(frame_inputs or {})
+        # extra inputs taken from a clip's frames: name -> (column, frame index)
+        self.derived = {k: tuple(self.frame_inputs[k]) for k in extra
+                        if k in self.frame_inputs and k not in self.columns}
+        for name, (column, _) in self.derived.items():
+            if column not in keys:
+                raise DataError(f"--extra_inputs {name}: it is a frame of the '{column}' clip, but '{column}' is "
+                                f"not loaded (name it in --data_file_keys, or give the metadata a '{name}' column)")
+        named = [k for k in extra if k not in self.derived]
+        for flag, listed in (("--data_file_keys", keys), ("--extra_inputs", named)):
             for key in listed:
                 if key not in self.columns:
                     raise DataError(f"{self.metadata_path}: no column '{key}' (named by {flag}); "
@@ -168,7 +187,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
             raise DataError(f"{self.metadata_path}: no '{PROMPT_KEY}' column (its columns are "
                             f"{', '.join(self.columns)}), so every sample would train on an empty prompt; name the "
                             f"caption column '{PROMPT_KEY}', or pass --allow_empty_prompts if empty prompts are meant")
-        self.data_file_keys = keys + [k for k in extra if k not in keys and _looks_like_files(self.rows, k)]
+        self.data_file_keys = keys + [k for k in extra if k not in keys and k not in self.derived
+                                      and _looks_like_files(self.rows, k)]
         self.extra_inputs = extra
         self.main_data_operator = (compose(main_data_operator) if main_data_operator is not None
                                    else self.default_image_operator(self.base_path))
@@ -188,6 +208,18 @@ class UnifiedDataset(torch.utils.data.Dataset):
         """Path -> RGB image, cropped and resized (fixed size, or dynamic under max_pixels)."""
         return (ToAbsolutePath(base_path) >> RouteByExtension({IMAGE_EXTENSIONS: LoadImage()})
                 >> ImageCropAndResize(height, width, max_pixels, height_division_factor, width_division_factor))
+
+    @staticmethod
+    def default_video_operator(base_path, height: int | None = None, width: int | None = None,
+                               max_pixels: int = 1024 * 1024, height_division_factor: int = 16,
+                               width_division_factor: int = 16, num_frames: int | None = DEFAULT_NUM_FRAMES,
+                               time_division_factor: int = 4, time_division_remainder: int = 1) -> DataOperator:
+        """Path -> list of RGB frames (a clip's leading `num_frames`, or the largest 4k+1 a shorter one has;
+        a still image is a one-frame clip), each cropped and resized as `default_image_operator` would."""
+        from .video import video_operator
+
+        return video_operator(base_path, height, width, max_pixels, height_division_factor, width_division_factor,
+                              num_frames, time_division_factor, time_division_remainder)
 
     @staticmethod
     def _row_hash(row: dict) -> str:
@@ -235,9 +267,27 @@ class UnifiedDataset(torch.utils.data.Dataset):
                 err.key, err.file = key, context.get("file")  # for bad_samples
                 raise
             item[key] = loaded if isinstance(value, list) else loaded[0]
+            if key in self.frame_inputs:
+                item[key] = self._one_frame(item[key], row, key, context.get("file"))
+        for name, (column, index) in self.derived.items():
+            clip = item[column]
+            if not _is_clip(clip):
+                what = "several files" if isinstance(clip, list) else type(clip).__name__
+                raise DataError(f"{self.metadata_path} row {row + 1}: --extra_inputs {name} is a frame of "
+                                f"'{column}', which is not one clip here (got {what})")
+            item[name] = clip[index]
         item["_row"] = row
         item["_id"] = self._ids[row]
         return item
+
+    def _one_frame(self, value, row: int, key: str, file):
+        """A frame input given as its own column: a still (a one-frame clip) is the frame itself."""
+        if _is_clip(value):
+            if len(value) != 1:
+                raise DataError(f"{self.metadata_path} row {row + 1} '{key}': expected one image, got a clip of "
+                                f"{len(value)} frames: {file}")
+            return value[0]
+        return value
 
     def _record(self, row: int, key: str | None, file: str | None, reason: str) -> None:
         self.bad_samples.append({"row": row + 1, "id": self._ids[row], "key": key, "file": file, "reason": reason})
@@ -274,6 +324,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
                 return ("unreadable", row)  # found bad when loaded (skipped, or the error stops the run)
             if any(s is UNKNOWN for s in sizes):
                 return self._loaded_shape(row)
+            if key in self.frame_inputs:  # loaded as the frame itself (see `_one_frame`)
+                sizes = tuple(s[:2] if isinstance(s, tuple) and s[2:] == (1,) else s for s in sizes)
             parts.append((key, sizes))
         return tuple(parts)
 
@@ -284,10 +336,14 @@ class UnifiedDataset(torch.utils.data.Dataset):
             return ("unreadable", row)
 
         def size(v):
+            if _is_clip(v):  # (width, height, frames), as the headers give it
+                return (*v[0].size, len(v))
             return tuple(v.size) if hasattr(v, "size") and not callable(v.size) else \
                 tuple(v.shape) if hasattr(v, "shape") else repr(type(v))
 
-        return tuple((key, tuple(size(v) for v in (item[key] if isinstance(item[key], list) else [item[key]])))
+        # a list value in the metadata is several files; a clip alone is one value
+        return tuple((key, tuple(size(v) for v in (item[key] if isinstance(self.rows[row].get(key), list)
+                                                    else [item[key]])))
                      for key in self.data_file_keys)
 
     def bucket_keys(self, columns=()) -> list:

@@ -4,8 +4,8 @@ An operator is called as `op(value, context)`; `context` (optional) says where t
 (`where`: "metadata.csv row 3", `key`: the column, `file`: the resolved path) so every error names the
 row and the file. Operators compose with `>>` or as a list.
 
-Images are PIL images and a video is a list of PIL frames: `ImageCropAndResize` takes either, and a
-video loader is one more entry in `RouteByExtension`, with nothing else to change.
+Images are PIL images and a video is a list of PIL frames: `ImageCropAndResize` takes either, and the
+video loader (`data/video.py`) is one more entry in `RouteByExtension`.
 
 `check(value, context)` is the cheap half of loading (exists, not empty, header readable, not cut short);
 the dataset uses it to pre-check every row before training. It returns the value for the next operator,
@@ -391,9 +391,10 @@ class ImageCropAndResize(DataOperator):
         return w, h
 
     def shape(self, value, context=None):
-        if isinstance(value, tuple) and len(value) == 2:
+        """(width, height) -> the cropped size; (width, height, frames) of a clip keeps its frame count."""
+        if isinstance(value, tuple) and len(value) in (2, 3):
             return target_size(value[0], value[1], self.height, self.width, self.max_pixels,
-                               self.height_division_factor, self.width_division_factor)
+                               self.height_division_factor, self.width_division_factor) + value[2:]
         return UNKNOWN
 
     def __call__(self, value, context=None):

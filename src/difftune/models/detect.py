@@ -110,6 +110,17 @@ class ComponentSpec:
     # Whole-checkpoint layout conversion (normalised keys -> model keys) for layouts that cannot be mapped key by
     # key (fused tensors split). It must work on meta tensors: recognition runs it on the header's shapes.
     convert_state_dict: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    # For a model whose every size shows in its weights: {model key: shape} -> its config (None: not this model).
+    # Tried after `known_configs`, so bare files of any depth/width are recognised.
+    infer_config: Callable[[dict[str, tuple[int, ...]]], dict | None] | None = None
+
+    def candidate_configs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, dict]:
+        """label -> config to match weights of normalised {key: shape} against."""
+        configs = dict(self.known_configs)
+        inferred = self.infer_config(shapes) if self.infer_config is not None else None
+        if inferred is not None and inferred not in configs.values():
+            configs["the sizes in the weights"] = inferred
+        return configs
 
     def model_class(self):
         return getattr(importlib.import_module(self.library), self.class_name)
@@ -189,7 +200,7 @@ def match_header(header: dict[str, Any], specs: Sequence[ComponentSpec]) -> Head
         mapped = spec.model_shapes(shapes) if spec.convert_state_dict else mapped
         if mapped is None:
             continue
-        for label, config in spec.known_configs.items():
+        for label, config in spec.candidate_configs(mapped).items():
             if spec.fits(config, mapped):
                 return HeaderMatch(spec, label, config)
     return None

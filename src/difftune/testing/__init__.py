@@ -10,14 +10,6 @@ bit-identical files.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-from dataclasses import dataclass, field
-from pathlib import Path
-
-import torch
-
 from .common import *  # noqa: F401,F403
 from .common import _quiet_hf  # noqa: F401
 from .qwen_image import *  # noqa: F401,F403
@@ -25,3 +17,4 @@ from .flux import *  # noqa: F401,F403
 from .flux import _ldm_vae_from_diffusers  # noqa: F401
 from .scripts import *  # noqa: F401,F403
 from .qwen_image_scripts import write_qwen_image_script_workspace  # noqa: F401
+from .video import *  # noqa: F401,F403

@@ -3,13 +3,11 @@ and the registry the family contract suite reads (`register_tiny`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 
 def _quiet_hf():
     import diffusers
@@ -69,6 +67,8 @@ class TinyFamily:
     flags: tuple = ()  # more flags every run needs (sizes, ...)
     # Other trainable sets to check split == one-stage on: name -> flags.
     trainable_cases: dict = field(default_factory=dict)
+    # Slots only some runs fill (an add-on model such as a ControlNet): the tiny models may leave them empty.
+    optional_slots: tuple = ()
 
 
 _TINY: dict = {}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch

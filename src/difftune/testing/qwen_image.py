@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,9 +227,106 @@ def _tiny_qwen_image(folder: Path) -> TinyFamily:
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
                       flags=("--max_pixels", "4096"),
                       trainable_cases={"text_encoder_lora": (
-                          "--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj")})
+                          "--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj")},
+                      optional_slots=("blockwise_controlnet",))
 
 
 register_tiny("qwen_image", _tiny_qwen_image)
 
 
+
+
+# -- In-Context control, EliGen and the Blockwise ControlNet --------------------------------------------------
+
+def write_tiny_blockwise_controlnet(path: str | os.PathLike, spec: TinyQwenImageSpec | None = None, *,
+                                    inpaint: bool = False, zero_init: bool = False, seed: int = 7) -> Path:
+    """A tiny Blockwise ControlNet for the tiny DiT of `spec`, laid out as DiffSynth-Studio's
+    Qwen-Image-Blockwise-ControlNet-* repositories: one bare `model.safetensors` with the released key names
+    (`img_in.*`, `controlnet_blocks.<i>.*`). `zero_init`: as the reference initialises one for training."""
+    from safetensors.torch import save_file
+
+    from ..families.qwen_image.controlnet import INPAINT_EXTRA_DIM, QwenImageBlockwiseControlNet
+
+    spec = spec or TinyQwenImageSpec()
+    torch.manual_seed(seed)
+    net = QwenImageBlockwiseControlNet(num_layers=spec.num_layers, additional_in_dim=INPAINT_EXTRA_DIM if inpaint else 0,
+                                       dim=spec.num_attention_heads * spec.attention_head_dim)
+    if zero_init:
+        net.zero_init()
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(root / "model.safetensors"))
+    return root / "model.safetensors"
+
+
+def write_tiny_dit_lora(path: str | os.PathLike, rank: int, target_modules: str,
+                        spec: TinyQwenImageSpec | None = None, seed: int = 0) -> Path:
+    """A LoRA for the tiny DiT in the layout the reference saves (`<module>.lora_A.default.weight`, no prefix),
+    as DiffSynth-Studio's released LoRAs (e.g. Qwen-Image-EliGen-V2) that scripts continue from."""
+    from safetensors.torch import save_file
+
+    dit = tiny_qwen_transformer(spec or TinyQwenImageSpec())
+    targets = target_modules.split(",")
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, module in dit.named_modules():
+        if isinstance(module, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
+            state[f"{name}.lora_A.default.weight"] = torch.randn(rank, module.in_features, generator=generator) / 100
+            state[f"{name}.lora_B.default.weight"] = torch.randn(module.out_features, rank, generator=generator) / 100
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path))
+    return path
+
+
+def _shapes_image(size, boxes, back=(30, 30, 30), fore=(230, 230, 230)):
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", size, back)
+    for box in boxes:
+        ImageDraw.Draw(img).rectangle(box, fill=fore)
+    return img
+
+
+def write_control_dataset(root: str | os.PathLike, kind: str, n: int = 2, size: tuple[int, int] = (48, 32)) -> Path:
+    """A tiny data set of the example image data set plus the columns of one control `kind`:
+    `context` (context_image, metadata.csv), `controlnet` (blockwise_controlnet_image), `inpaint` (also
+    blockwise_controlnet_inpaint_mask) or `eligen` (metadata.json with eligen_entity_prompts and eligen_entity_masks,
+    a list of mask files each)."""
+    import csv
+
+    root = Path(root)
+    write_example_dataset(root, n=n, size=size)
+    with open(root / "metadata.csv") as f:
+        rows = list(csv.DictReader(f))
+    w, h = size
+    for i, row in enumerate(rows):
+        left = (0, 0, w // 2 - 1, h - 1)
+        right = (w // 2, 0, w - 1, h - 1)
+        if kind == "context":
+            _shapes_image(size, [(w // 4, h // 4, 3 * w // 4, 3 * h // 4)]).save(root / f"context_{i}.png")
+            row["context_image"] = f"context_{i}.png"
+        elif kind in ("controlnet", "inpaint"):
+            _shapes_image(size, [(2 + i, 2, w // 2 + i, h - 3)]).save(root / f"control_{i}.png")
+            row["blockwise_controlnet_image"] = f"control_{i}.png"
+            if kind == "inpaint":
+                _shapes_image(size, [right], back=(0, 0, 0), fore=(255, 255, 255)).save(root / f"mask_{i}.png")
+                row["blockwise_controlnet_inpaint_mask"] = f"mask_{i}.png"
+        elif kind == "eligen":
+            masks = []
+            for j, box in enumerate([left, right][: 1 + (i % 2)]):
+                _shapes_image(size, [box], back=(0, 0, 0), fore=(255, 255, 255)).save(root / f"entity_{i}_{j}.png")
+                masks.append(f"entity_{i}_{j}.png")
+            row["eligen_entity_prompts"] = ["a red circle" + " with a dot" * i, "a blue square"][: len(masks)]
+            row["eligen_entity_masks"] = masks
+        else:
+            raise ValueError(f"unknown control data kind {kind!r}")
+    if kind == "eligen":
+        (root / "metadata.json").write_text(json.dumps(rows, indent=1))
+        (root / "metadata.csv").unlink()
+        return root / "metadata.json"
+    with open(root / "metadata.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return root / "metadata.csv"

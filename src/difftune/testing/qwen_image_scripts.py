@@ -12,7 +12,9 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from .common import populate_offline_hub
-from .qwen_image import write_tiny_qwen_image
+from ..families.qwen_image.components import LORA_TARGET_MODULES
+from .qwen_image import (write_control_dataset, write_tiny_blockwise_controlnet, write_tiny_dit_lora,
+                         write_tiny_qwen_image)
 
 DATA = Path("data") / "diffsynth_example_dataset" / "qwen_image"
 COLORS = [(220, 40, 40), (40, 60, 220), (40, 180, 70), (230, 220, 50)]
@@ -61,8 +63,17 @@ def multi_edit(folder: Path) -> None:
     _json(folder, rows)
 
 
+def _control(kind: str):
+    return lambda folder: write_control_dataset(folder, kind)
+
+
 # data set folder -> writer; a feature adds its own
 DATASETS = {
+    "Qwen-Image-EliGen": _control("eligen"), "Qwen-Image-EliGen-Poster": _control("eligen"),
+    "Qwen-Image-In-Context-Control-Union": _control("context"),
+    "Qwen-Image-Blockwise-ControlNet-Canny": _control("controlnet"),
+    "Qwen-Image-Blockwise-ControlNet-Depth": _control("controlnet"),
+    "Qwen-Image-Blockwise-ControlNet-Inpaint": _control("inpaint"),
     "Qwen-Image": text_to_image, "Qwen-Image-2512": text_to_image, "Qwen-Image-Distill-Full": text_to_image,
     "Qwen-Image-Distill-LoRA": distill, "Qwen-Image-Edit": edit, "Qwen-Image-Edit-2509": multi_edit,
     "Qwen-Image-Edit-2511": multi_edit, "FireRed-Image-Edit-1.0": multi_edit, "FireRed-Image-Edit-1.1": multi_edit,
@@ -82,6 +93,13 @@ def write_qwen_image_script_workspace(root: str | os.PathLike) -> Path:
         populate_offline_hub(models, repo_id, edit_repo)
     # DiffSynth-Studio/Qwen-Image-Distill-Full keeps the transformer's files at the top of the repository.
     shutil.copytree(base / "transformer", models / "DiffSynth-Studio" / "Qwen-Image-Distill-Full", dirs_exist_ok=True)
+    for variant in ("Canny", "Depth", "Inpaint"):
+        write_tiny_blockwise_controlnet(models / "DiffSynth-Studio" / f"Qwen-Image-Blockwise-ControlNet-{variant}",
+                                        inpaint=variant == "Inpaint")
+    # the released LoRAs that lora/Qwen-Image-EliGen-Poster.sh and -In-Context-Control-Union.sh continue from
+    for repo_id, rank in (("DiffSynth-Studio/Qwen-Image-EliGen-V2", 32),
+                          ("DiffSynth-Studio/Qwen-Image-In-Context-Control-Union", 64)):
+        write_tiny_dit_lora(models / repo_id / "model.safetensors", rank, LORA_TARGET_MODULES)
     for name, write in DATASETS.items():
         folder = root / DATA / name
         folder.mkdir(parents=True, exist_ok=True)

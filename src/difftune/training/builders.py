@@ -167,23 +167,48 @@ def compute_split(family: FamilySpec, args, task: TaskSpec):
                        loss_models=pipe_cls.loss_models)
 
 
+def frame_settings(args, family: FamilySpec) -> dict | None:
+    """A video family's frame settings from the flags (None for an image family): `num_frames` (the family's
+    default where --num_frames is not given) and the time division clips are cut to. Refuses --num_frames
+    for an image family, and a count the family's VAE cannot take, in one line."""
+    pipe = family.pipeline
+    if family.data != "video":
+        for flag in ("num_frames", "validation_num_frames"):
+            if getattr(args, flag, None) is not None:
+                raise UserError(f"--{flag}: not used: the {family.name} family trains on images "
+                                f"(--{flag} is for video families)")
+        return None
+    factor, remainder = pipe.time_division_factor, pipe.time_division_remainder
+    num_frames = args.num_frames if getattr(args, "num_frames", None) is not None else pipe.default_num_frames
+    checked = (("num_frames", num_frames), ("validation_num_frames", getattr(args, "validation_num_frames", None)))
+    for flag, value in checked:
+        if value is not None and (value < 1 or value % factor != remainder % factor):
+            examples = ", ".join(str(remainder + factor * k) for k in range(4) if remainder + factor * k >= 1)
+            raise UserError(f"--{flag} {value}: the {family.name} family takes {factor}k+{remainder} frames "
+                            f"({examples}, ...)")
+    return {"num_frames": int(num_frames), "time_division_factor": factor, "time_division_remainder": remainder}
+
+
 def make_dataset(args, family: FamilySpec):
     from ..data import UnifiedDataset
 
     if not args.dataset_metadata_path:
         raise UserError("--dataset_metadata_path is required (only --task *:train reads a cache without metadata)")
-    if family.data != "image":
-        raise UserError(f"the {family.name} family reads {family.data} data, which this difftune cannot load yet")
+    if family.data not in ("image", "video"):
+        raise UserError(f"the {family.name} family reads {family.data} data, which this difftune cannot load")
     check_data_columns(args, family)
     factor = family.pipeline.division_factor
-    operator = UnifiedDataset.default_image_operator(
-        base_path=args.dataset_base_path, height=args.height, width=args.width, max_pixels=args.max_pixels,
-        height_division_factor=factor, width_division_factor=factor)
+    size = dict(base_path=args.dataset_base_path, height=args.height, width=args.width, max_pixels=args.max_pixels,
+                height_division_factor=factor, width_division_factor=factor)
+    frames = frame_settings(args, family)
+    operator = (UnifiedDataset.default_video_operator(**size, **frames) if frames is not None
+                else UnifiedDataset.default_image_operator(**size))
     return UnifiedDataset(base_path=args.dataset_base_path, metadata_path=args.dataset_metadata_path,
                           repeat=args.dataset_repeat, data_file_keys=names(args.data_file_keys),
                           main_data_operator=operator, extra_inputs=names(args.extra_inputs),
                           on_bad_sample=args.on_bad_sample, present_keys_only=True,
-                          allow_empty_prompts=args.allow_empty_prompts, progress=not args.no_progress)
+                          allow_empty_prompts=args.allow_empty_prompts, progress=not args.no_progress,
+                          frame_inputs=dict(family.pipeline.frame_inputs) if frames is not None else None)
 
 
 def check_data_columns(args, family: FamilySpec) -> None:
@@ -268,6 +293,8 @@ def load_full_weights(pipe, path: str, remove_prefix: str | None) -> None:
     state = load_file(path)
     prefix = remove_prefix or "pipe.dit."
     model_name = prefix.split(".")[1] if prefix.startswith("pipe.") else "dit"
+    inner = prefix[len(f"pipe.{model_name}."):] if prefix.startswith("pipe.") else ""
+    state = {inner + k: v for k, v in state.items()}  # e.g. pipe.blockwise_controlnet.models.0.: the rest goes back
     model = pipe.models.get(model_name)
     if model is None:
         raise UserError(f"--resume_from_checkpoint {path}: model '{model_name}' is not loaded")

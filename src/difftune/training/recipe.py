@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from .builders import (TaskSpec, bad_samples_of_all_processes, build_pipeline, compute_split, ensure_writable,
-                       find_resume, loop_config, main_process_log, make_accelerator, make_dataset, resolve_models,
-                       stage_settings, training_mode_kwargs, write_json)
+                       find_resume, frame_settings, loop_config, main_process_log, make_accelerator, make_dataset,
+                       resolve_models, stage_settings, training_mode_kwargs, write_json)
 
 
 def run(args) -> dict:
@@ -38,6 +38,7 @@ def run(args) -> dict:
 
 def _run(args, task, accelerator, log, stop) -> dict:
     family, models = resolve_models(args, log=log)
+    frame_settings(args, family)  # --num_frames refused or checked before any work
     if task.stage != "data_process":
         check_lora_format(args, family)
     split = compute_split(family, args, task)

@@ -8,19 +8,17 @@ which stages a task runs.
 from __future__ import annotations
 
 import gc
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .. import __version__
 from ..core.batch import split_batch
 from ..errors import UserError
 from ..media.image import IMAGE_MARK, images_to_cache
-from .builders import (bad_samples_of_all_processes, build_pipeline, ensure_writable, main_process_log,
-                       make_dataset, stage_settings, write_json)
+from .builders import (bad_samples_of_all_processes, build_pipeline, ensure_writable, frame_settings,
+                       main_process_log, make_dataset, stage_settings, write_json)
 
 CACHE_SUBDIR = "cache"
 
@@ -47,6 +45,7 @@ def stage1_fingerprint(args, family, split, components) -> dict:
         "metadata": data_files,
         "data_root": os.path.abspath(root),
         "preprocessing": {"height": args.height, "width": args.width, "max_pixels": args.max_pixels,
+                          **(frame_settings(args, family) or {}),  # video families only: image caches keep theirs
                           "data_file_keys": args.data_file_keys, "extra_inputs": args.extra_inputs,
                           # the settings stage 1's units read (run-time settings of stage 2 stay out)
                           **{k: v for k, v in stage_settings(args, family).items()

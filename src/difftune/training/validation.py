@@ -4,7 +4,10 @@ The family's prompt units (those that read `prompt`) encode the prompts; its `no
 `decode` do the rest, with the models `decode_models` names. Split training keeps the prompt encoders out of
 stage 2, so stage 1 runs the prompt units on the validation prompts once and stores their outputs beside the
 cache (`<cache>/validation/`), together with where the decoder's weights are; stage 2 loads the decoder only
-when it renders and frees it afterwards. Images go to `<output_path>/validation/` and to TensorBoard.
+when it renders and frees it afterwards. Images go to `<output_path>/validation/` and to TensorBoard. A video
+family renders clips (`decode` gives (B, 3, F, H, W); `noise_shape` takes `num_frames`): an animated preview
+(`step-<n>.gif`, the prompts side by side) and a frame grid (`step-<n>.png`, one row per prompt) that also goes
+to TensorBoard.
 Rendering uses its own seeded generator and no_grad, so it does not change training.
 """
 
@@ -20,6 +23,7 @@ from ..core.batch import collate_values, split_batch
 from ..core.units import run_unit
 from ..io import atomic_save_image, atomic_save_safetensors, atomic_write_text
 from ..media.image import tensor_to_images
+from ..media.video import DEFAULT_FPS, frame_grid, tensor_to_clips, write_animation
 
 VALIDATION_DIR = "validation"
 NEGATIVE = "negative"
@@ -88,6 +92,20 @@ class Validator:
         self.embeds = None
         self.seed = args.seed
         self.warned = False
+        self.num_frames = None  # video families: frames per validation clip
+        if getattr(family, "data", "image") == "video":
+            from .builders import frame_settings
+
+            settings = frame_settings(args, family)  # checks --validation_num_frames too
+            self.num_frames = getattr(args, "validation_num_frames", None) or settings["num_frames"]
+            noise_shape = getattr(getattr(family, "pipeline", None), "noise_shape", None)
+            if noise_shape is not None and not _takes_frames(noise_shape):
+                if getattr(args, "validation_num_frames", None) is not None:
+                    from ..errors import UserError
+
+                    raise UserError(f"--validation_num_frames: not used: the {family.name} family's validation "
+                                    f"renders stills (its noise_shape takes no num_frames)")
+                self.num_frames = None
 
     def _cached(self, name: str):
         path = Path(self.cache_dir) / VALIDATION_DIR / name if self.cache_dir else None
@@ -138,6 +156,11 @@ class Validator:
         values = collate_values([values], pipe.batching)
         return {k: v.to(pipe.device, pipe.torch_dtype if v.is_floating_point() else v.dtype) for k, v in values.items()}
 
+    def _noise_shape(self, pipe) -> tuple[int, ...]:
+        if self.num_frames is not None and _takes_frames(pipe.noise_shape):
+            return pipe.noise_shape(self.height, self.width, num_frames=self.num_frames)
+        return pipe.noise_shape(self.height, self.width)
+
     def render(self, pipe, step: int, accelerator=None):
         embeds = self._embeddings(pipe)
         temporary = self._decoders(pipe) if embeds is not None else None
@@ -156,18 +179,25 @@ class Validator:
         try:
             for i, _ in enumerate(self.prompts):
                 g = torch.Generator("cpu").manual_seed(self.seed + i)
-                latents = torch.randn(1, *pipe.noise_shape(self.height, self.width), generator=g)
+                latents = torch.randn(1, *self._noise_shape(pipe), generator=g)
                 latents = latents.to(pipe.device, pipe.torch_dtype)
                 pipe.scheduler.set_timesteps(self.steps, image_seq_len=pipe.seq_len(latents))
                 values = {"latents": latents, **self._values(pipe, embeds, f"p{i}")}
                 latents = pipe.denoise(values, cfg_scale=self.cfg_scale, progress=False)
-                images.extend(tensor_to_images(pipe.decode(latents)))
+                decoded = pipe.decode(latents)
+                images.extend(tensor_to_clips(decoded) if decoded.dim() == 5 else tensor_to_images(decoded))
         finally:
             pipe.scheduler.sigmas, pipe.scheduler.timesteps = saved_sched
             denoiser.train(was_training)
             for slot in temporary:
                 pipe.models[slot] = None
-        grid = make_grid(images)
+        if all(isinstance(i, list) for i in images):  # clips
+            frames = min(len(c) for c in images)
+            write_animation([make_grid([c[t] for c in images]) for t in range(frames)],
+                            self.out_dir / f"step-{step:06d}.gif", fps=DEFAULT_FPS)
+            grid = make_grid([frame_grid(c, columns=min(len(c), 8), max_frames=8) for c in images], columns=1)
+        else:
+            grid = make_grid(images)
         path = atomic_save_image(grid, self.out_dir / f"step-{step:06d}.png")
         if accelerator is not None:
             try:
@@ -178,6 +208,12 @@ class Validator:
             except Exception:  # no TensorBoard tracker configured
                 pass
         return path
+
+
+def _takes_frames(noise_shape) -> bool:
+    import inspect
+
+    return "num_frames" in inspect.signature(noise_shape).parameters
 
 
 def make_grid(images, columns: int | None = None):

@@ -4,6 +4,8 @@ from ...core.family import FamilySpec, TokenizerSpec
 from ...models.load import load_tokenizer
 from ...util import names
 from .components import DIT, LORA_TARGET_MODULES, TEXT_ENCODER, VAE
+from .control_inputs import ControlNetInput
+from .controlnet import BLOCKWISE_CONTROLNET
 from .pipeline import QwenImagePipeline
 from .processor import load_processor
 
@@ -15,7 +17,7 @@ def _wants_edit(args) -> bool:
 FAMILY = FamilySpec(
     name="qwen_image",
     pipeline=QwenImagePipeline,
-    components=(DIT, TEXT_ENCODER, VAE),
+    components=(DIT, TEXT_ENCODER, VAE, BLOCKWISE_CONTROLNET),
     tokenizers=(
         TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
                       flag="tokenizer_path"),
@@ -34,4 +36,4 @@ FAMILY = FamilySpec(
     description="Qwen-Image, Qwen-Image-Edit (diffusers QwenImageTransformer2DModel, Qwen2.5-VL, Qwen-Image VAE)",
 )
 
-__all__ = ["FAMILY", "QwenImagePipeline"]
+__all__ = ["FAMILY", "ControlNetInput", "QwenImagePipeline"]

@@ -21,6 +21,9 @@ from ...media.image import as_image_list, tensor_to_images
 from ...core.latents import pack_latents, unpack_latents
 from .edit_plus import loaded_edit_image, per_prompt_edit_images
 from .model_fn import model_fn_qwen_image
+from .control_inputs import (CONTROL_DATA_INPUTS, CONTROL_MODEL_FN_INPUTS, QwenImageBlockwiseControlNetEmbedder,
+                             QwenImageContextImageEmbedder, QwenImageEntityControl, check_controlnet_fed,
+                             control_call_inputs, control_training_inputs)
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .units import (DIVISION_FACTOR, QwenImageEditImageEmbedder, QwenImageInputImageEmbedder,
                     QwenImageNoiseInitializer, QwenImagePromptEmbedder, QwenImageShapeChecker, template_drop_count,
@@ -29,16 +32,17 @@ from .units import (DIVISION_FACTOR, QwenImageEditImageEmbedder, QwenImageInputI
 
 class QwenImagePipeline(BasePipeline):
     family = "qwen_image"
-    model_names = ("dit", "text_encoder", "vae")
+    model_names = ("dit", "text_encoder", "vae", "blockwise_controlnet")
     batch_shared_inputs = ("height", "width", "rand_device")  # kept once in a stage-1 batch
     settings = frozenset({"rand_device", "batch_size", "edit_image_auto_resize", "use_gradient_checkpointing",
                           "use_gradient_checkpointing_offload", "zero_cond_t"})
     model_fn_settings = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload", "zero_cond_t")
-    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "edit_latents")
-    data_inputs = ("image", "prompt", "seed", "rand_device", "edit_image", "num_inference_steps", "height", "width")
+    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "edit_latents", *CONTROL_MODEL_FN_INPUTS)
+    data_inputs = ("image", "prompt", "seed", "rand_device", "edit_image", "num_inference_steps", "height", "width",
+                   *CONTROL_DATA_INPUTS)
     # direct_distill samples a whole batch in lockstep, so a batch shares its step count
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
-    loss_models = ("dit",)
+    loss_models = ("dit", "blockwise_controlnet")  # model_fn runs the ControlNet (when one is loaded)
     decode_models = ("vae",)
     division_factor = DIVISION_FACTOR
 
@@ -53,7 +57,8 @@ class QwenImagePipeline(BasePipeline):
         self.processor = None
         self._drops: dict[str, int] = {}
         self.units = [QwenImageShapeChecker(), QwenImageNoiseInitializer(), QwenImageInputImageEmbedder(),
-                      QwenImageEditImageEmbedder(), QwenImagePromptEmbedder()]
+                      QwenImageEditImageEmbedder(), QwenImageContextImageEmbedder(),
+                      QwenImageBlockwiseControlNetEmbedder(), QwenImageEntityControl(), QwenImagePromptEmbedder()]
 
     @staticmethod
     def default_scheduler():
@@ -87,8 +92,10 @@ class QwenImagePipeline(BasePipeline):
 
     # -- model_fn -------------------------------------------------------------------------------------
     def model_fn(self, latents, timestep, prompt_embeds, prompt_embeds_mask=None, edit_latents=None, **settings):
+        controlnet = self.models.get("blockwise_controlnet")
+        check_controlnet_fed(controlnet, settings.get("blockwise_controlnet_conditioning"))
         return model_fn_qwen_image(self.dit, latents, timestep, prompt_embeds, prompt_embeds_mask, edit_latents,
-                                   **settings)
+                                   blockwise_controlnet=controlnet, **settings)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return vae_decode(self, latents)
@@ -114,6 +121,7 @@ class QwenImagePipeline(BasePipeline):
             "seed": data.get("seed"), "rand_device": data.get("rand_device", "cpu"), "batch_size": 1,
             "edit_image": loaded_edit_image(data.get("edit_image")),
             "num_inference_steps": data.get("num_inference_steps"),
+            **control_training_inputs(data),
         }
         if values["prompt"] is None or (isinstance(values["prompt"], float) and math.isnan(values["prompt"])):
             values["prompt"] = ""
@@ -142,7 +150,10 @@ class QwenImagePipeline(BasePipeline):
                  height: int | None = 1328, width: int | None = 1328, num_inference_steps: int = 30,
                  seed: int | None = None, input_image=None, denoising_strength: float = 1.0, edit_image=None,
                  edit_image_auto_resize: bool = True, rand_device: str = "cpu", progress: bool = True,
-                 output_type: str = "pil", zero_cond_t: bool = False):
+                 output_type: str = "pil", zero_cond_t: bool = False, context_image=None,
+                 eligen_entity_prompts=None, eligen_entity_masks=None, eligen_enable_on_negative: bool = False,
+                 blockwise_controlnet_image=None, blockwise_controlnet_inpaint_mask=None,
+                 blockwise_controlnet_inputs=None):
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
         if input_image is not None and (height is None or width is None):
@@ -152,6 +163,9 @@ class QwenImagePipeline(BasePipeline):
             "rand_device": rand_device, "batch_size": len(prompts), "input_image": input_image,
             "edit_image": per_prompt_edit_images(edit_image, len(prompts)),
             "edit_image_auto_resize": edit_image_auto_resize,
+            **control_call_inputs(len(prompts), negatives, context_image, eligen_entity_prompts, eligen_entity_masks,
+                                  eligen_enable_on_negative, blockwise_controlnet_image,
+                                  blockwise_controlnet_inpaint_mask, blockwise_controlnet_inputs),
         }
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength,
                                      image_seq_len=(-(-height // DIVISION_FACTOR)) * (-(-width // DIVISION_FACTOR)))

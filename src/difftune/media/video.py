@@ -1,0 +1,346 @@
+"""Clips as lists of PIL frames: reading (PyAV's bundled FFmpeg; GIF through Pillow) and writing (mp4 and
+other containers through PyAV, animated GIF/WebP previews through Pillow).
+
+The frame rule follows the reference's video loader: a clip gives its first `num_frames` frames; a clip
+with fewer is cut to the largest `factor * k + remainder` it has (4k+1 for Wan's VAE), never padded.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from PIL import Image, ImageSequence
+
+from ..errors import UserError
+
+# Containers PyAV reads (GIF is read with Pillow: see ANIMATED_IMAGE_EXTENSIONS).
+VIDEO_EXTENSIONS = (".mp4", ".mov", ".m4v", ".webm", ".avi", ".mkv", ".wmv", ".flv")
+ANIMATED_IMAGE_EXTENSIONS = (".gif",)
+PREVIEW_EXTENSIONS = (".gif", ".webp")  # what `write_animation` writes
+DEFAULT_NUM_FRAMES = 81  # the reference's --num_frames default
+DEFAULT_FPS = 16  # Wan's frame rate
+
+
+class VideoError(UserError):
+    """A clip that cannot be read. `reason` is the problem without the path, so the data set can put the
+    row in front of it; the message is `reason: path`."""
+
+    def __init__(self, reason: str, path: str = ""):
+        self.reason, self.path = " ".join(str(reason).split()), os.fspath(path)
+        super().__init__(f"{self.reason}: {self.path}" if self.path else self.reason)
+
+
+class VideoInfo(NamedTuple):
+    width: int
+    height: int
+    frames: int | None  # what the header says; None where the container does not say (webm, mkv)
+    fps: float | None
+    codec: str
+
+
+def frames_to_keep(available: int, num_frames: int | None, time_division_factor: int = 4,
+                   time_division_remainder: int = 1) -> int:
+    """How many leading frames a clip of `available` frames gives: `num_frames` if it has that many, else the
+    largest `factor * k + remainder` <= available (1 at least, if it has a frame). `num_frames` None: every
+    frame, cut the same way."""
+    if available <= 0:
+        return 0
+    if num_frames is not None and available >= num_frames:
+        return num_frames
+    n = available
+    while n > 1 and n % time_division_factor != time_division_remainder:
+        n -= 1
+    return n
+
+
+def _file_problem(path: str) -> str | None:
+    if not os.path.exists(path):
+        return "file not found"
+    if os.path.isdir(path):
+        return "is a folder, not a file"
+    if os.path.getsize(path) == 0:
+        return "file is empty (0 bytes)"
+    return None
+
+
+def _ffmpeg_reason(err: BaseException) -> str:
+    # PyAV's messages end with the file name in quotes; the caller names the file itself
+    text = getattr(err, "strerror", None) or str(err)
+    return " ".join(str(text).split()) or type(err).__name__
+
+
+def _av():
+    try:
+        import av
+    except ImportError:  # pragma: no cover - a dependency of difftune
+        raise UserError("reading and writing video needs PyAV: pip install av") from None
+    # PyAV leaves FFmpeg's log off by default; turning it on (av.logging.set_level) installs a Python callback
+    # that can deadlock with FFmpeg's decoding threads, so it is never touched here
+    return av
+
+
+def _open(path: str):
+    """(container, its first video stream); VideoError for whatever keeps a clip from being decoded."""
+    av = _av()
+    problem = _file_problem(path)
+    if problem:
+        raise VideoError(problem, path)
+    try:
+        container = av.open(path)
+    except (av.error.FFmpegError, OSError, ValueError, EOFError) as err:
+        raise VideoError(f"unreadable or corrupt video ({_ffmpeg_reason(err)})", path) from None
+    if not container.streams.video:
+        what = "only audio" if container.streams.audio else "no stream at all"
+        container.close()
+        raise VideoError(f"no video stream (the file holds {what}: truncated, or not a video)", path)
+    stream = container.streams.video[0]
+    if stream.codec_context is None:
+        container.close()
+        raise VideoError("unreadable codec (the FFmpeg bundled with PyAV has no decoder for this clip's codec)", path)
+    stream.thread_type = "AUTO"
+    return container, stream
+
+
+def _rgb(frame) -> Image.Image:
+    """A decoded frame as RGB, turned as its display matrix says (a phone's portrait clip stands up)."""
+    img = frame.to_image()
+    angle = int(getattr(frame, "rotation", 0) or 0)
+    return img.rotate(angle, expand=True) if angle % 360 else img  # both counter-clockwise
+
+
+def probe_video(path: str | os.PathLike) -> VideoInfo:
+    """Size, header frame count, frame rate and codec from the header (no decoding); Pillow reads GIFs and stills."""
+    path = os.fspath(path)
+    if os.path.splitext(path)[1].lower() not in VIDEO_EXTENSIONS:  # GIF, or a still: one frame
+        with _open_image(path) as img:
+            duration = img.info.get("duration") or 0
+            return VideoInfo(img.width, img.height, getattr(img, "n_frames", 1),
+                             1000.0 / duration if duration else None, (img.format or "").lower())
+    container, stream = _open(path)
+    with container:
+        cc = stream.codec_context
+        rate = stream.average_rate or stream.guessed_rate
+        return VideoInfo(cc.width, cc.height, int(stream.frames) or None, float(rate) if rate else None, cc.name)
+
+
+def _open_image(path: str) -> Image.Image:
+    from PIL import UnidentifiedImageError
+
+    problem = _file_problem(path)
+    if problem:
+        raise VideoError(problem, path)
+    try:
+        return Image.open(path)
+    except UnidentifiedImageError:
+        raise VideoError("not an image (PIL cannot read its format)", path) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as err:
+        raise VideoError(f"unreadable or corrupt image ({' '.join(str(err).split())})", path) from None
+
+
+def _read_animated(path: str, limit: int | None) -> list[Image.Image]:
+    from ..data.operators import to_rgb  # one frame reads as the same file read as an image would
+
+    frames = []
+    with _open_image(path) as img:
+        try:
+            for frame in ImageSequence.Iterator(img):
+                frames.append(to_rgb(frame.copy(), path))
+                if limit is not None and len(frames) >= limit:
+                    break
+        except (OSError, SyntaxError, ValueError, EOFError) as err:
+            raise VideoError(f"corrupt animation: decoding stopped after {len(frames)} frame(s) "
+                             f"({' '.join(str(err).split())})", path) from None
+    return frames
+
+
+def _read_stream(path: str, limit: int | None) -> list[Image.Image]:
+    av = _av()
+    container, stream = _open(path)
+    frames: list[Image.Image] = []
+    with container:
+        try:
+            for frame in container.decode(stream):
+                frames.append(_rgb(frame))
+                if limit is not None and len(frames) >= limit:
+                    return frames
+        except (av.error.FFmpegError, OSError, ValueError, EOFError) as err:
+            raise VideoError(f"corrupt video: decoding stopped after {len(frames)} frame(s) "
+                             f"({_ffmpeg_reason(err)})", path) from None
+        listed = int(stream.frames or 0)
+    # a header's count can be a frame or two off what decodes (edit lists); more missing is a cut-off file
+    if frames and listed - len(frames) > max(2, listed // 20):
+        raise VideoError(f"truncated video: its header lists {listed} frames, only {len(frames)} decode", path)
+    return frames
+
+
+def read_video(path: str | os.PathLike, num_frames: int | None = None, time_division_factor: int = 4,
+               time_division_remainder: int = 1) -> list[Image.Image]:
+    """The clip's leading frames as RGB PIL images (see `frames_to_keep`): a video container by PyAV, a GIF
+    by Pillow, any other image as a one-frame clip. `num_frames` None keeps every frame (cut to
+    factor*k+remainder). A clip that cannot be decoded, or has no frame, raises VideoError."""
+    path = os.fspath(path)
+    if num_frames is not None and num_frames < 1:
+        raise UserError(f"num_frames must be at least 1, got {num_frames}")
+    ext = os.path.splitext(path)[1].lower()
+    if ext in VIDEO_EXTENSIONS:
+        frames = _read_stream(path, num_frames)
+    elif ext in ANIMATED_IMAGE_EXTENSIONS:
+        frames = _read_animated(path, num_frames)
+    else:  # a still: read exactly as the image path reads it (EXIF orientation, every PIL mode)
+        from ..data.operators import LoadImage
+
+        frames = [LoadImage()(path)]
+    if not frames:
+        raise VideoError("no frames (the file holds no decodable picture)", path)
+    return frames[:frames_to_keep(len(frames), num_frames, time_division_factor, time_division_remainder)]
+
+
+def check_video(path: str | os.PathLike) -> VideoInfo:
+    """The cheap check the data set runs on every row before training: the header parses, a video stream
+    with a known codec is there, and its first frame decodes."""
+    path = os.fspath(path)
+    info = probe_video(path)
+    read_video(path, num_frames=1)
+    return info
+
+
+# -- writing ---------------------------------------------------------------------------------------------
+
+def _frames(frames) -> list[Image.Image]:
+    frames = [frames] if isinstance(frames, Image.Image) else list(frames)
+    if not frames:
+        raise UserError("no frames to write")
+    first = frames[0].size
+    if any(f.size != first for f in frames):
+        raise UserError(f"every frame of a clip must have one size, got {sorted({f.size for f in frames})}")
+    return [f if f.mode == "RGB" else f.convert("RGB") for f in frames]
+
+
+def write_animation(frames: Sequence[Image.Image], path: str | os.PathLike, fps: float = DEFAULT_FPS) -> Path:
+    """An animated GIF or WebP (by extension) that loops: a preview any browser or TensorBoard shows."""
+    path = Path(path)
+    ext = path.suffix.lower()
+    if ext not in PREVIEW_EXTENSIONS:
+        raise UserError(f"{path}: an animated preview is .gif or .webp, not '{ext or '(no extension)'}'")
+    frames = _frames(frames)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    duration = max(1, round(1000 / fps))  # GIF stores hundredths: 16 fps is 60 ms a frame
+    options = {"lossless": False, "quality": 90} if ext == ".webp" else {}
+    tmp = path.with_name(f".{path.name}.partial{ext}")  # a crash leaves no half-written preview under the name
+    frames[0].save(tmp, save_all=True, append_images=frames[1:], duration=duration, loop=0, **options)
+    os.replace(tmp, path)
+    return path
+
+
+# container extension -> codecs to try, best first; mpeg4 is FFmpeg's own, so always there
+_CODECS = {".mp4": ("libx264", "mpeg4"), ".m4v": ("libx264", "mpeg4"), ".mov": ("libx264", "mpeg4"),
+           ".mkv": ("libx264", "mpeg4"), ".avi": ("mpeg4",), ".webm": ("libvpx-vp9", "libvpx")}
+WRITABLE_EXTENSIONS = (*_CODECS, *PREVIEW_EXTENSIONS)  # what `write_video` writes
+
+
+def video_codec(ext: str) -> str:
+    """The codec `write_video` uses for a container extension (H.264 where the bundled FFmpeg has libx264)."""
+    av = _av()
+    for codec in _CODECS.get(ext.lower(), ()):
+        if codec in av.codecs_available:
+            return codec
+    raise UserError(f"cannot write '{ext}' video: none of {', '.join(_CODECS.get(ext.lower(), ()))} is in PyAV's "
+                    f"FFmpeg (write .mp4, .mkv, .mov, .avi, .webm, or a .gif / .webp preview)")
+
+
+def _even(img: Image.Image) -> Image.Image:
+    # 4:2:0 chroma needs even sides: repeat the last row/column rather than drop picture
+    w, h = img.size
+    if w % 2 == 0 and h % 2 == 0:
+        return img
+    out = Image.new("RGB", (w + w % 2, h + h % 2))
+    out.paste(img, (0, 0))
+    if w % 2:
+        out.paste(img.crop((w - 1, 0, w, h)), (w, 0))
+    if h % 2:
+        out.paste(out.crop((0, h - 1, w + w % 2, h)), (0, h))
+    return out
+
+
+def write_video(frames: Sequence[Image.Image], path: str | os.PathLike, fps: float = DEFAULT_FPS,
+                quality: float = 9) -> Path:
+    """Write a clip. .mp4/.mov/.mkv/.m4v: H.264 (yuv420p, plays everywhere; FFmpeg's mpeg4 if the bundled
+    FFmpeg lacks libx264), .avi: mpeg4, .webm: VP9, .gif/.webp: an animated preview (`write_animation`).
+    `quality` 0..10 as the reference's save_video (10 best; H.264 CRF = (1 - quality/10) * 51). Frames with
+    an odd side get one repeated row/column (4:2:0 needs even sides)."""
+    path = Path(path)
+    ext = path.suffix.lower()
+    if ext in PREVIEW_EXTENSIONS:
+        return write_animation(frames, path, fps)
+    if ext not in _CODECS:
+        raise UserError(f"{path}: cannot write video as '{ext or '(no extension)'}' "
+                        f"(use {', '.join(WRITABLE_EXTENSIONS)})")
+    if not 0 <= quality <= 10:
+        raise UserError(f"video quality {quality}: must be 0..10 (10 best)")
+    frames = [_even(f) for f in _frames(frames)]
+    av = _av()
+    codec = video_codec(ext)
+    from fractions import Fraction
+
+    rate = Fraction(fps).limit_denominator(1001)
+    width, height = frames[0].size
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial{ext}")  # a crash leaves no half-written clip under the name
+    crf = int((1 - quality / 10) * 51)
+    with av.open(str(tmp), "w") as out:
+        if codec == "libx264":
+            options = {"crf": str(crf)}
+        elif codec.startswith("libvpx"):
+            options = {"crf": str(min(63, crf + 10)), "b": "0"}
+        else:  # mpeg4: a fixed quantiser 2 (best) .. 31, in FFmpeg's lambda units (118 per step)
+            options = {"flags": "+qscale", "global_quality": str(118 * max(2, min(31, round(31 - quality * 2.9))))}
+        stream = out.add_stream(codec, rate=rate, options=options)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for img in frames:
+            for packet in stream.encode(av.VideoFrame.from_image(img)):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    os.replace(tmp, path)
+    return path
+
+
+def save_video(frames: Sequence[Image.Image], save_path: str | os.PathLike, fps: float = DEFAULT_FPS,
+               quality: float = 9) -> Path:
+    """The reference's `save_video(frames, save_path, fps, quality)`: `write_video`."""
+    return write_video(frames, save_path, fps=fps, quality=quality)
+
+
+def tensor_to_clips(x) -> list[list[Image.Image]]:
+    """Float tensor (B, 3, F, H, W) in [-1, 1] (a video VAE's output) -> one list of PIL frames per sample."""
+    from .image import tensor_to_images
+
+    if x.dim() != 5:
+        raise ValueError(f"expected clips (B, 3, F, H, W), got a tensor of shape {tuple(x.shape)}")
+    return [tensor_to_images(clip.transpose(0, 1)) for clip in x]
+
+
+def frame_grid(frames: Sequence[Image.Image], columns: int | None = None, max_frames: int = 16) -> Image.Image:
+    """Up to `max_frames` frames, evenly spread over the clip (first and last included), tiled in one picture
+    (for TensorBoard, which shows still images)."""
+    frames = _frames(frames)
+    if len(frames) > max_frames:
+        step = (len(frames) - 1) / (max_frames - 1)
+        frames = [frames[round(i * step)] for i in range(max_frames)]
+    columns = columns or math.ceil(math.sqrt(len(frames)))
+    rows = math.ceil(len(frames) / columns)
+    w, h = frames[0].size
+    grid = Image.new("RGB", (columns * w, rows * h))
+    for i, frame in enumerate(frames):
+        grid.paste(frame, ((i % columns) * w, (i // columns) * h))
+    return grid
+
+
+__all__ = ["ANIMATED_IMAGE_EXTENSIONS", "DEFAULT_FPS", "DEFAULT_NUM_FRAMES", "PREVIEW_EXTENSIONS", "VIDEO_EXTENSIONS",
+           "WRITABLE_EXTENSIONS",
+           "VideoError", "VideoInfo", "check_video", "frame_grid", "frames_to_keep", "probe_video", "read_video",
+           "save_video", "tensor_to_clips", "video_codec", "write_animation", "write_video"]
