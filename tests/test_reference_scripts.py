@@ -34,14 +34,8 @@ def workspace(tmp_path_factory):
     return write_qwen_image_script_workspace(tmp_path_factory.mktemp("qwen_scripts"))
 
 
-# Scripts whose feature is still being built (issue 13); strict, so a script that starts working must leave.
-PENDING = {s for s in QWEN_SCRIPTS if any(k in s for k in (
-    "Edit-2509", "Edit-2511", "FireRed"))}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="issue 13: in progress"))
-                                    if s in PENDING else s for s in QWEN_SCRIPTS])
+@pytest.mark.parametrize("script", QWEN_SCRIPTS)
 def test_reference_script_runs(script, workspace, monkeypatch, capsys):
     monkeypatch.chdir(workspace)
     monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")

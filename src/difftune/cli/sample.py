@@ -35,7 +35,11 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--input_image", default=None, help="Image-to-image: the starting image.")
     p.add_argument("--denoising_strength", type=float, default=1.0)
-    p.add_argument("--edit_image", default=None, help="Qwen-Image-Edit: the image to edit.")
+    p.add_argument("--edit_image", action="append", default=None,
+                   help="Qwen-Image-Edit: the image to edit; repeat it for several (Edit-2509/2511: the multi-image "
+                        "template).")
+    p.add_argument("--edit_plus", action="store_true",
+                   help="The multi-image template (Edit-2509/2511) even for one --edit_image.")
     p.add_argument("--kontext_images", action="append", default=None,
                    help="FLUX.1 Kontext: a reference image (repeat for several).")
     p.add_argument("--layer_input_image", default=None, help="Qwen-Image-Layered: the image to take apart (RGBA).")
@@ -111,7 +115,11 @@ def main(argv: list[str]) -> int:
     call = {"negative_prompt": args.negative_prompt, "seed": args.seed, **dict(family.sample_defaults)}
     call.update({k: v for k, v in (("cfg_scale", args.cfg_scale), ("height", args.height), ("width", args.width),
                                     ("num_inference_steps", args.num_inference_steps)) if v is not None})
-    extra = {"input_image": load(args.input_image), "edit_image": load(args.edit_image),
+    if args.edit_plus and not args.edit_image:
+        raise UserError("--edit_plus: it needs --edit_image")
+    edit = [load(p) for p in args.edit_image or []]
+    edit = edit if len(edit) > 1 or args.edit_plus else edit[0] if edit else None  # a list: Edit-Plus
+    extra = {"input_image": load(args.input_image), "edit_image": edit,
              "embedded_guidance": args.embedded_guidance, "end_image": load(args.end_image),
              "denoising_strength": args.denoising_strength if args.denoising_strength != 1.0 else None,
              "kontext_images": [load(p) for p in args.kontext_images] if args.kontext_images else None,

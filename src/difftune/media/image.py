@@ -39,19 +39,20 @@ IMAGE_MARK = "__difftune_images__"
 
 
 def images_to_cache(value):
-    """PIL image(s) -> a uint8 tensor (N, H, W, 3), or (N, H, W, 4) when one has alpha (Qwen-Image-Layered's RGBA
-    layers keep it), marked as images; anything else unchanged."""
-    if isinstance(value, Image.Image) or (isinstance(value, list) and value and
-                                          all(isinstance(v, Image.Image) for v in value)):
-        images = as_image_list(value)
-        mode = "RGBA" if any(i.mode == "RGBA" for i in images) else "RGB"
-        return {IMAGE_MARK: torch.from_numpy(np.stack([np.asarray(i.convert(mode)) for i in images])),
-                "single": isinstance(value, Image.Image)}
+    """PIL image(s) marked as images: one image -> a uint8 tensor (1, H, W, C); a list -> one uint8 tensor
+    (H, W, C) per image (the images of one list may differ in size, e.g. Edit-Plus's edit images). C is 4 when an
+    image has alpha (Qwen-Image-Layered's RGBA layers keep it), else 3. Anything else unchanged."""
+    if isinstance(value, Image.Image):
+        mode = "RGBA" if value.mode == "RGBA" else "RGB"
+        return {IMAGE_MARK: torch.from_numpy(np.stack([np.asarray(value.convert(mode))])), "single": True}
+    if isinstance(value, list) and value and all(isinstance(v, Image.Image) for v in value):
+        mode = "RGBA" if any(i.mode == "RGBA" for i in value) else "RGB"
+        return {IMAGE_MARK: [torch.from_numpy(np.array(i.convert(mode))) for i in value], "single": False}
     return value
 
 
 def images_from_cache(value):
     if isinstance(value, dict) and IMAGE_MARK in value:
-        images = [Image.fromarray(a) for a in value[IMAGE_MARK].numpy()]
+        images = [Image.fromarray(a.numpy()) for a in value[IMAGE_MARK]]  # a stacked tensor or a list of them
         return images[0] if value.get("single") else images
     return value

@@ -116,8 +116,9 @@ def tiny_qwen_text_encoder(spec: TinyQwenImageSpec, tok):
 
 
 def write_tiny_qwen_image(path: str | os.PathLike, spec: TinyQwenImageSpec | None = None, *, edit: bool = False,
-                          shard: bool = True) -> Path:
-    """Write a tiny Qwen-Image (or Qwen-Image-Edit with `edit=True`) repository to `path`.
+                          shard: bool = True, edit_plus: bool = False) -> Path:
+    """Write a tiny Qwen-Image (or Qwen-Image-Edit with `edit=True`, Qwen-Image-Edit-2509 with `edit_plus=True`;
+    -2511 is that with `TinyQwenImageSpec(zero_cond_t=True)`) repository to `path`.
 
     Layout, as on the hub: `model_index.json`, `scheduler/`, `tokenizer/`, `transformer/` (sharded
     `diffusion_pytorch_model-0000N-of-0000M.safetensors` + index), `text_encoder/` (sharded
@@ -126,6 +127,7 @@ def write_tiny_qwen_image(path: str | os.PathLike, spec: TinyQwenImageSpec | Non
     """
     _quiet_hf()
     spec = spec or TinyQwenImageSpec()
+    edit = edit or edit_plus
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     tok = qwen_tokenizer()
@@ -140,8 +142,8 @@ def write_tiny_qwen_image(path: str | os.PathLike, spec: TinyQwenImageSpec | Non
     (root / "scheduler").mkdir(exist_ok=True)
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(QWEN_IMAGE_SCHEDULER_CONFIG, indent=2))
     index = {
-        "_class_name": "QwenImageEditPipeline" if edit else "QwenImageLayeredPipeline" if spec.layered
-        else "QwenImagePipeline",
+        "_class_name": "QwenImageEditPlusPipeline" if edit_plus else "QwenImageEditPipeline" if edit else
+                       "QwenImageLayeredPipeline" if spec.layered else "QwenImagePipeline",
         "_diffusers_version": "0.42.1",
         "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
         "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
@@ -160,6 +162,42 @@ def write_tiny_qwen_image(path: str | os.PathLike, spec: TinyQwenImageSpec | Non
     (root / "model_index.json").write_text(json.dumps(index, indent=2))
     (root / "difftune_tiny_spec.json").write_text(json.dumps(spec.__dict__, indent=2, default=list))
     return root
+
+
+def qwen_vl_processor(folder: str | os.PathLike):
+    """transformers' own Qwen2VLProcessor of a `processor/` folder, without its video processor (which needs
+    torchvision): what diffusers' edit pipelines call, for parity tests."""
+    from transformers import Qwen2Tokenizer, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    return ImageOnlyQwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil.from_pretrained(str(folder)),
+                                     tokenizer=Qwen2Tokenizer.from_pretrained(str(folder)), video_processor=None)
+
+
+def diffusers_qwen_image_edit(root: str | os.PathLike, plus: bool = True):
+    """diffusers' QwenImageEditPlusPipeline (or QwenImageEditPipeline) on a repository written by
+    `write_tiny_qwen_image(edit_plus=True)` (or `edit=True`)."""
+    import diffusers
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    root = Path(root)
+    processor = qwen_vl_processor(root / "processor")
+    cls = diffusers.QwenImageEditPlusPipeline if plus else diffusers.QwenImageEditPipeline
+    pipe = cls(
+        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(str(root / "scheduler")),
+        vae=AutoencoderKLQwenImage.from_pretrained(str(root / "vae")),
+        text_encoder=Qwen2_5_VLForConditionalGeneration.from_pretrained(str(root / "text_encoder")).eval(),
+        tokenizer=processor.tokenizer, processor=processor,
+        transformer=QwenImageTransformer2DModel.from_pretrained(str(root / "transformer")).eval())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 def tiny_qwen_image_paths(root: str | os.PathLike) -> dict[str, list[str]]:

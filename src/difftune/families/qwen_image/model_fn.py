@@ -9,6 +9,7 @@ import torch
 from ...core.checkpointing import set_gradient_checkpointing
 from ...core.latents import pack_latents, unpack_latents
 from .context import append_context
+from .edit_plus import edit_latent_batches
 from .eligen import ENTITY_OUTPUTS
 from .forward import controlled_forward
 
@@ -26,7 +27,7 @@ def set_zero_cond_t(dit, enabled: bool) -> None:
 
 
 def model_fn_qwen_image(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
-                        prompt_embeds_mask: torch.Tensor | None = None, edit_latents: torch.Tensor | None = None,
+                        prompt_embeds_mask: torch.Tensor | None = None, edit_latents=None,
                         use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
                         zero_cond_t: bool = False, context_latents: torch.Tensor | None = None,
                         blockwise_controlnet=None, blockwise_controlnet_conditioning: torch.Tensor | None = None,
@@ -44,11 +45,9 @@ def model_fn_qwen_image(dit, latents: torch.Tensor, timestep: torch.Tensor, prom
     image_len = tokens.shape[1]
     shapes = [(1, h // 2, w // 2)]
     tokens, shapes = append_context(tokens, shapes, context_latents)  # before edit images, as the reference
-    if edit_latents is not None:
-        edits = edit_latents if isinstance(edit_latents, (list, tuple)) else [edit_latents]
-        for e in edits:
-            tokens = torch.cat([tokens, pack_latents(e.to(tokens.dtype))], dim=1)
-            shapes.append((1, e.shape[-2] // 2, e.shape[-1] // 2))
+    for e in edit_latent_batches(edit_latents, b, tokens):  # one entry of img_shapes per edit image
+        tokens = torch.cat([tokens, pack_latents(e)], dim=1)
+        shapes.append((1, e.shape[-2] // 2, e.shape[-1] // 2))
     set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
     set_zero_cond_t(dit, zero_cond_t)
     timestep = timestep.to(device=latents.device, dtype=latents.dtype).expand(b)

@@ -18,6 +18,7 @@ from ...core.pipeline import BasePipeline
 from ...errors import UserError
 from ...media.image import as_image_list, tensor_to_images
 from ...core.latents import pack_latents, unpack_latents
+from .edit_plus import loaded_edit_image, per_prompt_edit_images
 from .layered import (QwenImageLayerInputEmbedder, QwenImageLayerStackEmbedder, is_layered, is_layered_dit,
                       layered_training_inputs, model_fn_qwen_image_layered, sample_layered)
 from .model_fn import model_fn_qwen_image
@@ -129,7 +130,8 @@ class QwenImagePipeline(BasePipeline):
             "height": image.size[1] if image is not None else data.get("height"),
             "width": image.size[0] if image is not None else data.get("width"),
             "seed": data.get("seed"), "rand_device": data.get("rand_device", "cpu"), "batch_size": 1,
-            "edit_image": data.get("edit_image"), "num_inference_steps": data.get("num_inference_steps"),
+            "edit_image": loaded_edit_image(data.get("edit_image")),
+            "num_inference_steps": data.get("num_inference_steps"),
             **control_training_inputs(data),
         }
         if values["prompt"] is None or (isinstance(values["prompt"], float) and math.isnan(values["prompt"])):
@@ -142,9 +144,18 @@ class QwenImagePipeline(BasePipeline):
         if is_layered(sample):
             return None
         def size(v):
-            return v.size if isinstance(v, Image.Image) else tuple(i.size for i in v) if isinstance(v, list) else v
+            # a list (Edit-Plus) never shares a batch with one image (Edit), even of the same size
+            return v.size if isinstance(v, Image.Image) else \
+                tuple(getattr(i, "size", i) for i in v) if isinstance(v, list) else v
 
-        return (size(sample.get("image")), size(sample.get("edit_image")), sample.get("rand_device", "cpu"))
+        return (size(sample.get("image")), size(loaded_edit_image(sample.get("edit_image"))),
+                sample.get("rand_device", "cpu"))
+
+    def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        values = super().training_inputs_batch(samples)
+        if len(samples) == 1 and isinstance(values.get("edit_image"), list):
+            values["edit_image"] = [values["edit_image"]]  # the sample axis, so one image's list stays a list
+        return values
 
     # -- inference ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -170,7 +181,8 @@ class QwenImagePipeline(BasePipeline):
         values: dict[str, Any] = {
             "prompt": prompts, "negative_prompt": negatives, "height": height, "width": width, "seed": seed,
             "rand_device": rand_device, "batch_size": len(prompts), "input_image": input_image,
-            "edit_image": edit_image, "edit_image_auto_resize": edit_image_auto_resize,
+            "edit_image": per_prompt_edit_images(edit_image, len(prompts)),
+            "edit_image_auto_resize": edit_image_auto_resize,
             **control_call_inputs(len(prompts), negatives, context_image, eligen_entity_prompts, eligen_entity_masks,
                                   eligen_enable_on_negative, blockwise_controlnet_image,
                                   blockwise_controlnet_inpaint_mask, blockwise_controlnet_inputs),

@@ -10,7 +10,7 @@ import math
 import torch
 from PIL import Image
 
-from ...core.batch import Pad
+from ...core.batch import LIST, Pad
 from ...core.latents import seeded_noise
 from ...core.common_units import InputImageEmbedder, ShapeChecker
 from ...core.units import PipelineUnit
@@ -105,19 +105,26 @@ class QwenImageInputImageEmbedder(InputImageEmbedder):
 class QwenImageEditImageEmbedder(PipelineUnit):
     """Qwen-Image-Edit: resize the edit image to about 1 MP (unless told not to) and encode it."""
 
-    inputs = ("edit_image", "edit_image_auto_resize")
+    inputs = ("edit_image", "edit_image_auto_resize", "batch_size")
     outputs = ("edit_image", "edit_latents")
     models = ("vae",)
+    batching = {"edit_latents": LIST}  # Edit-Plus: a list of latents per sample
 
-    def process(self, pipe, edit_image, edit_image_auto_resize):
+    def process(self, pipe, edit_image, edit_image_auto_resize, batch_size):
         if edit_image is None:
             return {}
+        from .edit_plus import edit_groups, encode_edit_groups
+
+        groups = edit_groups(edit_image, batch_size)
+        if groups is not None:  # Edit-Plus: each image at its own size; the originals stay for the prompt
+            return {"edit_latents": encode_edit_groups(pipe, groups, edit_image_auto_resize)}
         images = as_image_list(edit_image)
         if edit_image_auto_resize is not False:
             w, h = edit_image_size(*images[0].size)
             images = [img.convert("RGB").resize((w, h), Image.LANCZOS) for img in images]
         latents = vae_encode(pipe, images_to_tensor(images))
-        return {"edit_image": images, "edit_latents": latents}
+        # one image stays one image: a list would read as Edit-Plus to the prompt
+        return {"edit_image": images[0] if isinstance(edit_image, Image.Image) else images, "edit_latents": latents}
 
 
 class QwenImagePromptEmbedder(PipelineUnit):
@@ -135,7 +142,13 @@ class QwenImagePromptEmbedder(PipelineUnit):
             return {}
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         encoder = pipe.text_encoder
-        if edit_image is None:
+        from .edit_plus import EDIT_PLUS_PROMPT_TEMPLATE, edit_groups, edit_plus_vl_inputs
+
+        groups = edit_groups(edit_image, len(prompts))
+        if groups is not None:  # Edit-Plus: "Picture i" per image
+            template = EDIT_PLUS_PROMPT_TEMPLATE
+            tokens, extra = edit_plus_vl_inputs(pipe, prompts, groups)
+        elif edit_image is None:
             template = PROMPT_TEMPLATE
             tokens = pipe.tokenizer([template.format(p) for p in prompts], max_length=TOKENIZER_MAX_LENGTH +
                                     pipe.template_drop(template), padding=True, truncation=True, return_tensors="pt")
@@ -153,7 +166,9 @@ class QwenImagePromptEmbedder(PipelineUnit):
         hidden = backbone(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
                           **extra).last_hidden_state
         drop = pipe.template_drop(template)
-        pieces = [h[m.bool()][drop:][:MAX_SEQUENCE_LENGTH] for h, m in zip(hidden, tokens["attention_mask"])]
+        # Only text prompts are cut (as diffusers): an edit prompt's image tokens come first and often pass it.
+        limit = MAX_SEQUENCE_LENGTH if edit_image is None else None
+        pieces = [h[m.bool()][drop:][:limit] for h, m in zip(hidden, tokens["attention_mask"])]
         length = max(p.shape[0] for p in pieces)
         embeds = torch.stack([torch.nn.functional.pad(p, (0, 0, 0, length - p.shape[0])) for p in pieces])
         mask = torch.stack([torch.arange(length, device=embeds.device) < p.shape[0] for p in pieces]).long()
