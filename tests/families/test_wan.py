@@ -443,6 +443,60 @@ def test_original_files_load_as_the_diffusers_layout(original):
         assert mine.keys() == want.keys() and all(torch.equal(mine[k], want[k]) for k in want), slot
 
 
+@pytest.mark.parametrize("variant", ["i2v", "ti2v"])
+def test_original_clip_and_wan22_vae_load_as_the_diffusers_layout(variant, tmp_path, monkeypatch):
+    """The CLIP .pth (open-clip names, text tower dropped) and Wan2.2_VAE.pth are recognised from their tensors
+    and load to exactly the diffusers layout's tensors (the CLIP's projection head is the file's own)."""
+    from difftune.core.family import recognise
+    from difftune.families.wan.components import (DIT_ORIGINAL, IMAGE_ENCODER_ORIGINAL, TEXT_ENCODER_ORIGINAL,
+                                                  VAE22_ORIGINAL, VAE_ORIGINAL)
+    from difftune.models import load_component
+    from difftune.testing import write_tiny_wan_original
+
+    root, reference = write_tiny_wan_original(tmp_path / variant, variant)
+    vae_spec = VAE22_ORIGINAL if variant == "ti2v" else VAE_ORIGINAL
+    for spec, folder in ((DIT_ORIGINAL, "transformer"), (TEXT_ENCODER_ORIGINAL, "text_encoder"), (vae_spec, "vae"),
+                         (IMAGE_ENCODER_ORIGINAL, "image_encoder")):
+        if (reference / folder).is_dir():
+            monkeypatch.setitem(spec.known_configs, "tiny",
+                                json.loads((reference / folder / "config.json").read_text()))
+    files = {"dit": root / "diffusion_pytorch_model.safetensors", "text_encoder": root / "models_t5_umt5-xxl-enc-bf16.pth",
+             "vae": root / ("Wan2.2_VAE.pth" if variant == "ti2v" else "Wan2.1_VAE.pth")}
+    if variant == "i2v":
+        files["image_encoder"] = root / "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
+    spec, found = recognise([ModelConfig(str(f)) for f in files.values()], None, log=lambda *a: None)
+    assert spec.name == "wan" and [slot for slot, _, _ in found] == list(files)
+    twins = {"dit": "transformer", "text_encoder": "text_encoder", "vae": "vae", "image_encoder": "image_encoder"}
+    for slot, config, det in found:
+        mine = load_component(config, spec.components, torch_dtype=torch.float32).module
+        want = load_component(ModelConfig(tiny_wan_paths(reference)[twins[slot]][0]), spec.components,
+                              torch_dtype=torch.float32).module.state_dict()
+        got = mine.state_dict()
+        if slot == "image_encoder":
+            assert type(mine).__name__ == "CLIPVisionModelWithProjection"
+            assert got["visual_projection.weight"].shape == (32, 32)
+            got = {k.removeprefix("vision_model."): v for k, v in got.items() if k != "visual_projection.weight"}
+        if slot == "vae" and variant == "ti2v":
+            assert mine.config.z_dim == 48 and mine.config.is_residual
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), slot
+
+
+def test_official_clip_processor_squashes_to_the_encoder_size():
+    """Without an image_processor/ folder (the original .pth) the CLIP input is the whole image resized to the
+    encoder's size, bicubic, normalised with CLIP's mean / std (Wan's own preprocessing)."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from difftune.families.wan.units import official_clip_processor
+
+    processor = official_clip_processor(SimpleNamespace(config=SimpleNamespace(image_size=224)))
+    pixels = processor(images=[Image.new("RGB", (832, 480), (255, 0, 0))], return_tensors="pt").pixel_values
+    assert pixels.shape == (1, 3, 224, 224)
+    want = torch.tensor([(1 - 0.48145466) / 0.26862954, -0.4578275 / 0.26130258, -0.40821073 / 0.27577711])
+    assert torch.allclose(pixels[0, :, 100, 100], want, atol=1e-5)
+
+
 def test_reference_a14b_command_on_original_files(original, tmp_path):
     """The reference's Wan2.2-I2V-A14B high-noise run, its files named as its script names them, trains the same
     LoRA as the same run on the diffusers layout: the same losses, and weights equal up to float round-off (the

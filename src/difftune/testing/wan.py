@@ -142,18 +142,24 @@ def tiny_wan_paths(root: str | os.PathLike) -> dict[str, list[str]]:
     return out
 
 
+CLIP_PTH = "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
+
+
 def write_tiny_wan_original(path: str | os.PathLike, variant: str = "t2v") -> tuple[Path, Path]:
     """A tiny Wan repository in Wan-AI's ORIGINAL layout, as the reference's commands name its files:
     `diffusion_pytorch_model.safetensors` (Wan's key names) with Wan's own `config.json` (class WanModel) — for
     the A14B variants in `high_noise_model/` and `low_noise_model/` —, `models_t5_umt5-xxl-enc-bf16.pth`,
-    `Wan2.1_VAE.pth` and the tokenizer in `google/umt5-xxl/`. Written from a diffusers-layout repository of
-    the same tensors (returned second) through the inverse of the converters the family loads them with."""
+    `Wan2.1_VAE.pth` (`Wan2.2_VAE.pth` for ti2v), for i2v the CLIP `.pth` (vision tower, with a random
+    projection head as open-clip's file has, and a stand-in text-tower tensor that loading drops), and the
+    tokenizer in `google/umt5-xxl/`. Written from a diffusers-layout repository of the same tensors (returned
+    second) through the inverse of the converters the family loads them with."""
     from safetensors.torch import load_file, save_file
 
-    from .wan_original import umt5_to_wan, wan_dit_to_original, wan_vae_to_original
+    from .wan_original import (clip_vision_to_wan, umt5_to_wan, wan22_vae_to_original, wan_dit_to_original,
+                               wan_vae_to_original)
 
-    if variant not in ("t2v", "a14b", "i2v_a14b"):
-        raise ValueError("the original layout is written for t2v, a14b and i2v_a14b (no CLIP, Wan2.1 VAE)")
+    if variant not in ("t2v", "i2v", "a14b", "i2v_a14b", "ti2v"):
+        raise ValueError("the original layout is written for t2v, i2v, a14b, i2v_a14b and ti2v")
     root = Path(path)
     reference = write_tiny_wan(root / "diffusers", variant, TinyWanSpec(vae_res_blocks=2, vae_dim_mult=(1, 2, 4, 4)))
     paths = tiny_wan_paths(reference)
@@ -172,8 +178,22 @@ def write_tiny_wan_original(path: str | os.PathLike, variant: str = "t2v") -> tu
             "model_type": "i2v" if config["in_channels"] != config["out_channels"] else "t2v"}))
     torch.save({k: v.contiguous() for k, v in umt5_to_wan(load_file(paths["text_encoder"][0])).items()},
                root / "models_t5_umt5-xxl-enc-bf16.pth")
-    torch.save({k: v.contiguous() for k, v in wan_vae_to_original(load_file(paths["vae"][0])).items()},
-               root / "Wan2.1_VAE.pth")
+    vae = load_file(paths["vae"][0])
+    if variant == "ti2v":
+        torch.save({k: v.contiguous() for k, v in wan22_vae_to_original(vae, num_res_blocks=1).items()},
+                   root / "Wan2.2_VAE.pth")
+    else:
+        torch.save({k: v.contiguous() for k, v in wan_vae_to_original(vae).items()}, root / "Wan2.1_VAE.pth")
+    if "image_encoder" in paths:
+        # CLIPVisionModel's names lack the `vision_model.` that CLIPVisionModelWithProjection's have
+        clip = clip_vision_to_wan({k if k.startswith("vision_model.") else f"vision_model.{k}": v
+                                   for k, v in load_file(paths["image_encoder"][0]).items()})
+        hidden = clip["visual.pre_norm.weight"].shape[0]
+        generator = torch.Generator().manual_seed(5)
+        clip["visual.head"] = torch.randn(hidden, hidden, generator=generator) * 0.02
+        clip["textual.token_embedding.weight"] = torch.zeros(4, 8)  # the text tower Wan does not use
+        clip["log_scale"] = torch.tensor(4.6)
+        torch.save(clip, root / CLIP_PTH)
     flux_t5_tokenizer().save_pretrained(root / "google" / "umt5-xxl")
     return root, reference
 

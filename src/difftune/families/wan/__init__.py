@@ -2,21 +2,28 @@
 
 from ...core.family import FamilySpec, TokenizerSpec
 from ...models.load import load_tokenizer
-from .components import (DIT, DIT_ORIGINAL, IMAGE_ENCODER, IMAGE_ENCODER_PROJ, LORA_TARGET_MODULES,
-                         REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_ORIGINAL, VAE, VAE_ORIGINAL,
-                         load_repo_scheduler)
+from .components import (DIT, DIT_ORIGINAL, IMAGE_ENCODER, IMAGE_ENCODER_ORIGINAL, IMAGE_ENCODER_PROJ,
+                         LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_ORIGINAL, VAE,
+                         VAE22_ORIGINAL, VAE_ORIGINAL, load_repo_scheduler)
 from .lora_names import convert_original_wan_lora, wan_native_names
 from .pipeline import WanVideoPipeline
 
 
 def load_image_processor(path_or_config):
-    """CLIP's image processor from an image_processor/ folder."""
+    """CLIP's image processor from an image_processor/ folder; None where a hub repository has none (Wan-AI's
+    original repositories: the I2V unit then uses the official settings, `official_clip_processor`)."""
     from transformers import CLIPImageProcessor
 
     from ...errors import UserError
+    from ...models import ModelConfig
     from ...models.load import _directory
     from ...util import first_line
 
+    if isinstance(path_or_config, ModelConfig) and path_or_config.model_id:
+        try:
+            path_or_config.resolve()
+        except UserError:
+            return None
     path = _directory(path_or_config, "image processor")
     try:
         return CLIPImageProcessor.from_pretrained(str(path))
@@ -28,12 +35,14 @@ FAMILY = FamilySpec(
     name="wan",
     pipeline=WanVideoPipeline,
     components=(DIT, TEXT_ENCODER, VAE, IMAGE_ENCODER, IMAGE_ENCODER_PROJ, DIT_ORIGINAL, TEXT_ENCODER_ORIGINAL,
-                VAE_ORIGINAL),
+                VAE22_ORIGINAL, VAE_ORIGINAL, IMAGE_ENCODER_ORIGINAL),
     tokenizers=(
         TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
                       flag="tokenizer_path", default="Wan-AI/Wan2.1-T2V-1.3B:google/umt5-xxl/"),
+        # an image_processor/ folder beside the CLIP (diffusers layout); none beside Wan-AI's original .pth:
+        # the official settings (units.official_clip_processor)
         TokenizerSpec(attr="image_processor", slot="image_encoder", folder="image_processor",
-                      load=load_image_processor),
+                      load=load_image_processor, required=False),
         # the repository's sampling scheduler (diffusers layout), beside the DiT; none for bare files
         TokenizerSpec(attr="repo_scheduler", slot="dit", folder="scheduler", load=load_repo_scheduler,
                       required=False, needed=lambda args: False),

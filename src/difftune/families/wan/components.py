@@ -2,8 +2,8 @@
 holds, the reference's LoRA target names, and the repository's sampling scheduler.
 
 Weights with a config.json beside them (diffusers' `_class_name`, transformers' `architectures`) are recognised
-from it. The original Wan-AI files (.pth UMT5 / VAE / CLIP, DiT safetensors in Wan's own key names) are not
-mapped yet.
+from it. The original Wan-AI files (.pth UMT5 / VAE / CLIP, DiT safetensors in Wan's own key names) are
+recognised from their tensors against the official configs below.
 """
 
 from __future__ import annotations
@@ -114,6 +114,28 @@ WAN_DIT_CONFIGS = {
 WAN21_VAE_CONFIG = {"_class_name": "AutoencoderKLWan", "base_dim": 96, "z_dim": 16, "dim_mult": [1, 2, 4, 4],
                     "num_res_blocks": 2, "attn_scales": [], "temperal_downsample": [False, True, True],
                     "dropout": 0.0}
+# Wan2.2's VAE (TI2V-5B), as diffusers' Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json: 48 channels over 2x2
+# pixel patches (x16), residual shortcuts, a wider decoder, and its own latents mean / std.
+WAN22_VAE_CONFIG = {
+    "_class_name": "AutoencoderKLWan", "base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2, "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0,
+    "is_residual": True, "in_channels": 12, "out_channels": 12, "patch_size": 2, "scale_factor_temporal": 4,
+    "scale_factor_spatial": 16, "clip_output": False,
+    "latents_mean": [-0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813,
+                     0.0891, 0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108,
+                     -0.2158, 0.2502, -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230, -0.0313,
+                     -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944,
+                     0.3573, -0.0548, -0.1681, -0.0667],
+    "latents_std": [0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
+                    0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+                    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
+                    0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744],
+}
+# The vision tower of open-clip's XLM-RoBERTa ViT-H/14 (Wan2.1 I2V 14B's models_clip_...pth).
+CLIP_VIT_H14_CONFIG = {"architectures": ["CLIPVisionModelWithProjection"], "model_type": "clip_vision_model",
+                       "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
+                       "num_attention_heads": 16, "patch_size": 14, "image_size": 224, "projection_dim": 1024,
+                       "hidden_act": "gelu", "layer_norm_eps": 1e-5, "num_channels": 3}
 UMT5_XXL_CONFIG = {"architectures": ["UMT5EncoderModel"], "model_type": "umt5", "vocab_size": 256384,
                    "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24, "num_heads": 64,
                    "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
@@ -141,6 +163,18 @@ def _vae_from_original(state):
     return convert_wan_vae_to_diffusers(dict(state))
 
 
+def _vae22_from_original(state):
+    from .original_layout import wan22_vae_from_original
+
+    return wan22_vae_from_original(state)
+
+
+def _clip_from_original(state):
+    from .original_layout import clip_vision_from_wan
+
+    return clip_vision_from_wan(state)
+
+
 def _umt5_from_original(state):
     from .original_layout import umt5_from_wan
 
@@ -158,6 +192,21 @@ VAE_ORIGINAL = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKLWan", known_configs={"Wan2.1 VAE": WAN21_VAE_CONFIG},
     marker_keys=("encoder.conv1.weight", "decoder.middle.0.residual.0.gamma", "conv1.weight"),
     convert_state_dict=_vae_from_original, description="Wan2.1 VAE, Wan-AI's original layout (Wan2.1_VAE.pth)")
+
+VAE22_ORIGINAL = ComponentSpec(
+    name="vae", library="diffusers", class_name="AutoencoderKLWan", known_configs={"Wan2.2 VAE": WAN22_VAE_CONFIG},
+    marker_keys=("encoder.downsamples.0.downsamples.0.residual.0.gamma",
+                 "decoder.upsamples.0.upsamples.0.residual.0.gamma", "conv1.weight"),
+    convert_state_dict=_vae22_from_original,
+    description="Wan2.2 VAE (TI2V-5B), Wan-AI's original layout (Wan2.2_VAE.pth)")
+
+IMAGE_ENCODER_ORIGINAL = ComponentSpec(
+    name="image_encoder", library="transformers", class_name="CLIPVisionModelWithProjection",
+    config_class_name="CLIPVisionConfig", known_configs={"CLIP ViT-H/14 (open-clip xlm-roberta)": CLIP_VIT_H14_CONFIG},
+    marker_keys=("visual.patch_embedding.weight", "visual.cls_embedding", "visual.transformer.0.attn.to_qkv.weight"),
+    convert_state_dict=_clip_from_original,
+    description="CLIP ViT-H/14 image encoder, Wan-AI's original layout "
+                "(models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth; its text tower is not used)")
 
 TEXT_ENCODER_ORIGINAL = ComponentSpec(
     name="text_encoder", library="transformers", class_name="UMT5EncoderModel", config_class_name="UMT5Config",

@@ -160,14 +160,13 @@ class WanImageEmbedderCLIP(PipelineUnit):
     def process(self, pipe, input_image, end_image, height, width, batch_size):
         if input_image is None or pipe.models.get("image_encoder") is None:
             return {}
-        if getattr(pipe, "image_processor", None) is None:
-            raise UserError("no CLIP image processor: pass image_processor_config (an image_processor/ folder)")
+        processor = getattr(pipe, "image_processor", None) or official_clip_processor(pipe.image_encoder)
         n = int(batch_size or 1)
 
         def embed(images):
             images = [im.convert("RGB") if im.size == (width, height) else im.convert("RGB").resize((width, height))
                       for im in images]
-            pixels = pipe.image_processor(images=images, return_tensors="pt").pixel_values
+            pixels = processor(images=images, return_tensors="pt").pixel_values
             hidden = pipe.image_encoder(pixel_values=pixels.to(pipe.device, pipe.image_encoder.dtype),
                                         output_hidden_states=True).hidden_states[-2]
             return hidden.to(pipe.torch_dtype)
@@ -176,6 +175,17 @@ class WanImageEmbedderCLIP(PipelineUnit):
         if end_image is not None:
             out["end_image_embeds"] = embed(_per_sample(end_image, n))
         return out
+
+
+def official_clip_processor(image_encoder):
+    """Wan's own CLIP preprocessing, for weights with no image_processor/ folder (Wan-AI's original .pth): the
+    whole image resized (not cropped) to the encoder's input size, bicubic, normalised with CLIP's mean / std."""
+    from transformers import CLIPImageProcessor
+
+    side = int(image_encoder.config.image_size)
+    return CLIPImageProcessor(size={"height": side, "width": side}, do_center_crop=False, resample=3,
+                              image_mean=[0.48145466, 0.4578275, 0.40821073],
+                              image_std=[0.26862954, 0.26130258, 0.27577711])
 
 
 class WanImageEmbedderVAE(PipelineUnit):
