@@ -31,9 +31,11 @@ class WanVideoPipeline(BasePipeline):
     model_names = ("dit", "dit2", "text_encoder", "vae", "image_encoder")
     settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload"})
     model_fn_inputs = ("prompt_embeds", "image_embeds", "condition", "first_frame_latents", "end_image_embeds")
-    data_inputs = ("video", "image", "prompt", "seed", "input_image", "end_image", "num_inference_steps")
-    input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "num_frames": SAME}
-    batch_shared_inputs = ("height", "width", "num_frames")
+    data_inputs = ("video", "image", "prompt", "seed", "rand_device", "input_image", "end_image",
+                   "num_inference_steps")
+    input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "num_frames": SAME,
+                      "rand_device": SAME}
+    batch_shared_inputs = ("height", "width", "num_frames", "rand_device")
     loss_models = ("dit",)
     decode_models = ("vae",)
     division_factor = 16  # x8 VAE and 2x2 patches (TI2V-5B's x16 VAE: its shape check rounds to 32)
@@ -162,13 +164,14 @@ class WanVideoPipeline(BasePipeline):
         width, height = frames[0].size
         return {"prompt": prompt, "negative_prompt": "", "input_video": frames, "height": height, "width": width,
                 "num_frames": len(frames), "input_image": images["input_image"], "end_image": images["end_image"],
-                "seed": data.get("seed"), "batch_size": 1, "num_inference_steps": data.get("num_inference_steps")}
+                "seed": data.get("seed"), "rand_device": data.get("rand_device", "cpu"), "batch_size": 1,
+                "num_inference_steps": data.get("num_inference_steps")}
 
     @staticmethod
     def batch_signature(sample: dict[str, Any]) -> tuple:
         frames = frames_of(sample.get("video") if sample.get("video") is not None else sample.get("image"))
         return (frames[0].size if frames else None, len(frames), sample.get("input_image") is not None,
-                sample.get("end_image") is not None)
+                sample.get("end_image") is not None, sample.get("rand_device", "cpu"))
 
     # -- inference ------------------------------------------------------------------------------------
     @torch.no_grad()

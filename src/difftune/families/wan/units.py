@@ -93,16 +93,20 @@ class WanShapeChecker(PipelineUnit):
 
 
 class WanNoiseInitializer(PipelineUnit):
-    """Initial noise (B, C, (F-1)/4+1, H/s, W/s) from `seed`, drawn on the CPU in float32 as diffusers draws it."""
+    """Initial noise (B, C, (F-1)/4+1, H/s, W/s) from `seed`, drawn in float32 on `rand_device` (the CPU unless
+    a data row names another, as the reference's distillation rows do), as diffusers draws it."""
 
-    inputs = ("height", "width", "num_frames", "seed", "batch_size")
+    inputs = ("height", "width", "num_frames", "seed", "rand_device", "batch_size")
     outputs = ("noise",)
     models = ("vae",)
 
-    def process(self, pipe, height, width, num_frames, seed, batch_size):
+    def process(self, pipe, height, width, num_frames, seed, rand_device, batch_size):
+        rand_device = rand_device or "cpu"
+        if isinstance(rand_device, (list, tuple)):  # one per sample; batches share it (batch_signature)
+            rand_device = rand_device[0]
         channels, spatial, temporal = vae_scales(pipe.vae)
         shape = (channels, latent_frames(num_frames, temporal), height // spatial, width // spatial)
-        return {"noise": seeded_noise(shape, seed, batch_size).to(pipe.device)}
+        return {"noise": seeded_noise(shape, seed, batch_size, str(rand_device)).to(pipe.device)}
 
 
 class WanInputVideoEmbedder(PipelineUnit):
