@@ -179,3 +179,25 @@ def test_a_wrapped_pth_state_dict_is_unwrapped(tmp_path):
 
     torch.save({"model_state": {"conv1.weight": torch.zeros(2, 2)}}, tmp_path / "vae.pth")
     assert read_header(tmp_path / "vae.pth") == {"conv1.weight": (2, 2)}
+
+
+def test_official_clip_and_wan22_vae_configs_recognise_full_size_original_headers():
+    """Headers shaped as the real files (built on meta tensors from the official configs, then renamed to the
+    original layout) are recognised as the CLIP ViT-H/14 and the Wan2.2 VAE, not as the Wan2.1 VAE."""
+    from difftune.families.wan import FAMILY
+    from difftune.families.wan.components import CLIP_VIT_H14_CONFIG, IMAGE_ENCODER_ORIGINAL, VAE22_ORIGINAL, \
+        WAN22_VAE_CONFIG
+    from difftune.models.detect import match_header
+    from difftune.testing.wan_original import clip_vision_to_wan, wan22_vae_to_original
+
+    vae = VAE22_ORIGINAL.build(WAN22_VAE_CONFIG).state_dict()
+    header = {k: tuple(v.shape) for k, v in wan22_vae_to_original(vae).items()}
+    match = match_header(header, FAMILY.components)
+    assert match is not None and match.spec is VAE22_ORIGINAL and match.label == "Wan2.2 VAE"
+    assert len(WAN22_VAE_CONFIG["latents_mean"]) == len(WAN22_VAE_CONFIG["latents_std"]) == 48
+    clip = IMAGE_ENCODER_ORIGINAL.build(CLIP_VIT_H14_CONFIG).state_dict()
+    header = {k: tuple(v.shape) for k, v in clip_vision_to_wan(clip).items()}
+    header["textual.token_embedding.weight"] = (250002, 1024)  # the text tower the file also holds
+    assert header["visual.pos_embedding"] == (1, 257, 1280) and header["visual.head"] == (1280, 1024)
+    match = match_header(header, FAMILY.components)
+    assert match is not None and match.spec is IMAGE_ENCODER_ORIGINAL
