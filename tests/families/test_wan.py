@@ -460,7 +460,8 @@ def test_original_clip_and_wan22_vae_load_as_the_diffusers_layout(variant, tmp_p
         if (reference / folder).is_dir():
             monkeypatch.setitem(spec.known_configs, "tiny",
                                 json.loads((reference / folder / "config.json").read_text()))
-    files = {"dit": root / "diffusion_pytorch_model.safetensors", "text_encoder": root / "models_t5_umt5-xxl-enc-bf16.pth",
+    files = {"dit": root / "diffusion_pytorch_model.safetensors",
+             "text_encoder": root / "models_t5_umt5-xxl-enc-bf16.pth",
              "vae": root / ("Wan2.2_VAE.pth" if variant == "ti2v" else "Wan2.1_VAE.pth")}
     if variant == "i2v":
         files["image_encoder"] = root / "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
