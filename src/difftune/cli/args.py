@@ -99,6 +99,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--lora_target_modules", default="", help="Comma-separated module names for LoRA.")
     g.add_argument("--lora_rank", type=int, default=32)
     g.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank, as the reference).")
+    g.add_argument("--full_format", choices=("diffusers", "original"), default="diffusers", help="Key names of a fully trained model's checkpoint (--trainable_models): diffusers (the class's own) or original (the model's original release, where the family has a map: Wan's DiT in Wan-AI's names); keys are then prefixed and --remove_prefix_in_ckpt applies as usual.")
     g.add_argument("--lora_format", choices=("diffusers", "comfyui", "kohya"), default="diffusers", help="Layout of saved LoRA checkpoints: diffusers (transformer.<module>.lora_A/B, alpha folded into lora_B: loads in diffusers, ComfyUI and difftune at the trained strength), comfyui (diffusion_model.<module> + .alpha) or kohya (lora_unet_<module> + .alpha); the last two hold the denoiser's LoRA only.")
     g.add_argument("--lora_checkpoint", default=None, help="Start from this LoRA (difftune, diffusers/PEFT, ComfyUI, kohya or DiffSynth layout).")
     g.add_argument("--preset_lora_path", default=None, help="A LoRA merged into the base before training (differential LoRA).")

@@ -41,6 +41,7 @@ def _run(args, task, accelerator, log, stop) -> dict:
     frame_settings(args, family)  # --num_frames refused or checked before any work
     if task.stage != "data_process":
         check_lora_format(args, family)
+        full_converters(args, family)
     split = compute_split(family, args, task)
     stage1 = None
     if task.stage in ("data_process", "split"):
@@ -70,6 +71,24 @@ def check_lora_format(args, family) -> None:
                                   dict(family.lora_prefixes))
     if problem:
         raise UserError(f"--lora_format {args.lora_format}: {problem}")
+
+
+def full_converters(args, family) -> dict:
+    """`--full_format original`: each fully trained model's key renamer, refused before any model loads where the
+    family has none for it."""
+    from ..errors import UserError
+    from ..util import names
+
+    if getattr(args, "full_format", "diffusers") != "original":
+        return {}
+    trained = names(args.trainable_models)
+    if not trained:
+        raise UserError("--full_format original: no model is fully trained (set --trainable_models)")
+    missing = [m for m in trained if m not in family.full_native_keys]
+    if missing:
+        raise UserError(f"--full_format original: {family.name} has no original key names for "
+                        f"{', '.join(missing)} (use --full_format diffusers)")
+    return {m: family.full_native_keys[m] for m in trained}
 
 
 def train_stage(args, task, family, models, split, accelerator, from_cache: bool, stop=None) -> dict:
@@ -120,7 +139,8 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
     saver = CheckpointSaver(args.output_path, args.remove_prefix_in_ckpt, lora_prefixes=dict(family.lora_prefixes),
                             base_info={"family": family.name, "task": args.task}, lora_format=args.lora_format,
                             denoiser=(family.pipeline.loss_models or (None,))[0],
-                            native_names=family.lora_native_names)
+                            native_names=family.lora_native_names,
+                            full_converters=full_converters(args, family))
     csv = None
     if args.enable_csv_log and accelerator.is_main_process:
         csv = CsvLog(Path(args.output_path) / "loss.csv", resume_step=_resume_step(resume_state))
