@@ -70,6 +70,9 @@ class FamilySpec:
     # Slot -> its state dict in the model's original key names, for `--full_format original` (a fully trained
     # model saved where the original checkpoints load, e.g. Wan's DiT in Wan-AI's names).
     full_native_keys: Mapping[str, Callable[[dict], dict]] = field(default_factory=dict)
+    # A pair of denoiser slots that share the timesteps (high-noise expert first: Wan2.2 A14B's dit, dit2), for
+    # `--train_experts both`; () for one denoiser.
+    experts: tuple[str, ...] = ()
     data: str = "image"  # what the data operator loads: image | video
     # Data operators of particular columns (args -> {column: DataOperator}), e.g. Qwen-Image-Layered's RGBA layers;
     # every other file column is loaded by the default operator (RGB images).

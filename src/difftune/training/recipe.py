@@ -42,6 +42,13 @@ def _run(args, task, accelerator, log, stop) -> dict:
     if task.stage != "data_process":
         check_lora_format(args, family)
         full_converters(args, family)
+    if getattr(args, "train_experts", None):
+        return _run_experts(args, task, family, models, accelerator, stop)
+    if getattr(args, "expert_boundary", None) is not None:
+        from ..errors import UserError
+
+        raise UserError("--expert_boundary: only with --train_experts both (one expert per run takes "
+                        "--max_timestep_boundary / --min_timestep_boundary)")
     split = compute_split(family, args, task)
     stage1 = None
     if task.stage in ("data_process", "split"):
@@ -58,6 +65,30 @@ def _run(args, task, accelerator, log, stop) -> dict:
                           stop=stop)
     if stage1 is not None:
         summary["stage1"] = stage1
+    return summary
+
+
+def _run_experts(args, task, family, models, accelerator, stop) -> dict:
+    """`--train_experts both`: stage 1 once (unless training from a cache), then stage 2 per expert."""
+    from .experts import check_experts, expert_runs
+
+    high, low = check_experts(args, family, models, task)
+    runs = expert_runs(args, models, high, low)
+    split = compute_split(family, runs[0][1], task)
+    summary = {}
+    if task.stage != "train":  # one stage (sft) and split alike: the pair trains from one cache
+        from .stage1 import CACHE_SUBDIR, run_stage1
+
+        cache = os.path.join(args.output_path, CACHE_SUBDIR)
+        summary["stage1"] = run_stage1(args, family, runs[0][2], split, accelerator, cache)
+        gc.collect()
+        for _, a, _ in runs:
+            a.dataset_base_path, a.dataset_metadata_path = cache, None
+    for folder, a, chosen in runs:
+        os.makedirs(a.output_path, exist_ok=True)
+        summary[folder] = train_stage(a, task, family, chosen, split, accelerator, from_cache=True, stop=stop)
+        if summary[folder].get("stopped"):
+            break
     return summary
 
 

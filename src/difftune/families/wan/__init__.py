@@ -45,6 +45,7 @@ FAMILY = FamilySpec(
     lora_converters=(convert_original_wan_lora,),
     lora_native_names=wan_native_names,
     full_native_keys={"dit": dit_to_original},
+    experts=("dit", "dit2"),
     data="video",  # clips (a still image is a one-frame clip); input_image / end_image from their frames
     sample_defaults={"height": 480, "width": 832, "num_inference_steps": 50, "cfg_scale": 5.0},
     description="Wan2.1 / Wan2.2 video (diffusers WanTransformer3DModel, AutoencoderKLWan, UMT5, CLIP vision)",
