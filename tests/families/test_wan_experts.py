@@ -72,14 +72,15 @@ def test_both_experts_equal_the_reference_two_runs(pair, tmp_path, task):
 
 
 def test_both_experts_from_an_existing_cache(pair, tmp_path):
-    """*:train --train_experts both reads one stage-1 cache for both experts."""
+    """*:train --train_experts both reads one stage-1 cache for both experts; without --expert_boundary, the
+    I2V-A14B pair takes the reference's 0.358."""
     paths, meta = pair
     rest = [paths["text_encoder"], paths["vae"]]
     run_train("--task", "sft:data_process", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
               "--output_path", tmp_path / "cache", *flags(rest))
     both = [paths["transformer"], paths["transformer_2"]]
     run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
-              *flags(both, "--train_experts", "both", "--expert_boundary", 0.358))
+              *flags(both, "--train_experts", "both"))
     run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "low",
               *flags([paths["transformer_2"]], "--max_timestep_boundary", 1, "--min_timestep_boundary", 0.358))
     want = load_file(str(tmp_path / "low" / "epoch-0.safetensors"))
@@ -88,9 +89,20 @@ def test_both_experts_from_an_existing_cache(pair, tmp_path):
     assert (tmp_path / "two" / "high_noise" / "epoch-0.safetensors").is_file()
 
 
+def test_expert_boundary_default_is_the_reference_one(pair, tmp_path):
+    from difftune.families.wan.dit_keys import expert_boundary
+    from difftune.models import ModelConfig
+
+    paths, _ = pair
+    t2v = tiny_wan_paths(write_tiny_wan(tmp_path / "a14b", "a14b"))
+    assert expert_boundary([("dit", ModelConfig(paths["transformer"]))]) == 0.358  # Wan2.2-I2V-A14B.sh
+    assert expert_boundary([("dit", ModelConfig(t2v["transformer"][0]))]) == 0.417  # Wan2.2-T2V-A14B.sh
+    ti2v = tiny_wan_paths(write_tiny_wan(tmp_path / "ti2v", "ti2v"))
+    assert expert_boundary([("dit", ModelConfig(ti2v["transformer"][0]))]) is None  # not an expert
+
+
 @pytest.mark.parametrize("which, more, message", [
     ("one", ["--train_experts", "both", "--expert_boundary", 0.358], "name both experts' weights"),
-    ("both", ["--train_experts", "both"], "--expert_boundary None: --train_experts both needs"),
     ("both", ["--train_experts", "both", "--expert_boundary", 1.0], "in \\(0, 1\\)"),
     ("both", ["--train_experts", "both", "--expert_boundary", 0.358, "--max_timestep_boundary", 0.5],
      "not with --train_experts both"),

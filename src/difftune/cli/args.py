@@ -83,7 +83,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--train_experts", choices=("both",), default=None,
                    help="Train both experts of a pair that share the timesteps (Wan2.2 A14B: both DiTs in --model_paths, the high-noise one first) in one command: stage 1 once, then each expert from the cache with its share of the timesteps (--expert_boundary), into <output_path>/high_noise/ and low_noise/.")
     g.add_argument("--expert_boundary", type=float, default=None,
-                   help="With --train_experts both: where the experts meet, as --max_timestep_boundary's fraction (the reference's 0.358 for Wan2.2-I2V-A14B, 0.417 for T2V-A14B).")
+                   help="With --train_experts both: where the experts meet, as --max_timestep_boundary's fraction (default: the reference's for the pair, 0.358 for Wan2.2-I2V-A14B, 0.417 for T2V-A14B).")
     g.add_argument("--rebuild_cache", action="store_true", help="*:data_process: rebuild a cache made with other settings.")
     g.add_argument("--data_process_batch_size", type=int, default=8, help="*:data_process: samples of equal size encoded together.")
     g.add_argument("--cache_commit_every", type=int, default=64, help="*:data_process: commit the cache every N samples (what a crash can lose).")

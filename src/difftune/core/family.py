@@ -73,6 +73,9 @@ class FamilySpec:
     # A pair of denoiser slots that share the timesteps (high-noise expert first: Wan2.2 A14B's dit, dit2), for
     # `--train_experts both`; () for one denoiser.
     experts: tuple[str, ...] = ()
+    # (slot, ModelConfig) list -> the boundary between the experts that these weights were released with (read
+    # from file headers, nothing loaded), or None: the default of --expert_boundary.
+    expert_boundary: Callable[[list], float | None] | None = None
     data: str = "image"  # what the data operator loads: image | video
     # Data operators of particular columns (args -> {column: DataOperator}), e.g. Qwen-Image-Layered's RGBA layers;
     # every other file column is loaded by the default operator (RGB images).

@@ -16,7 +16,7 @@ from ..util import names
 EXPERT_FOLDERS = ("high_noise", "low_noise")
 
 
-def check_experts(args, family, models, task) -> tuple[str, str]:
+def check_experts(args, family, models, task, log=print) -> tuple[str, str]:
     """The pair's slots (high noise first), or a one-line refusal before any model loads."""
     if not family.experts:
         raise UserError(f"--train_experts both: the {family.name} family has no pair of expert denoisers")
@@ -26,6 +26,11 @@ def check_experts(args, family, models, task) -> tuple[str, str]:
         raise UserError(f"--train_experts both: name both experts' weights in --model_paths (found "
                         f"{', '.join(s for s in (high, low) if s in given) or 'neither'}; the high-noise one first)")
     boundary = getattr(args, "expert_boundary", None)
+    if boundary is None and family.expert_boundary is not None:
+        boundary = family.expert_boundary(models)
+        if boundary is not None:
+            log(f"note: --expert_boundary {boundary} (the reference's for this pair; pass the flag to change it)")
+            args.expert_boundary = boundary
     if boundary is None or not 0.0 < boundary < 1.0:
         raise UserError(f"--expert_boundary {boundary}: --train_experts both needs the fraction of the training "
                         f"timestep table where the experts meet, in (0, 1) (Wan2.2-I2V-A14B 0.358, T2V-A14B 0.417)")

@@ -72,7 +72,8 @@ def _run_experts(args, task, family, models, accelerator, stop) -> dict:
     """`--train_experts both`: stage 1 once (unless training from a cache), then stage 2 per expert."""
     from .experts import check_experts, expert_runs
 
-    high, low = check_experts(args, family, models, task)
+    args = copy.copy(args)  # the boundary may be filled in
+    high, low = check_experts(args, family, models, task, log=main_process_log(accelerator))
     runs = expert_runs(args, models, high, low)
     split = compute_split(family, runs[0][1], task)
     summary = {}

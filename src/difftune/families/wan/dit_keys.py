@@ -41,3 +41,25 @@ def dit_to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             new = new.replace(a, b)
         out[new] = value
     return out
+
+
+# the reference's boundaries between Wan2.2 A14B's experts (Wan2.2-*-A14B.sh), by the DiT's input channels
+_BOUNDARY_BY_IN_CHANNELS = {16: 0.417, 36: 0.358}  # T2V-A14B; I2V-A14B (16 + 4 mask + 16 condition)
+
+
+def expert_boundary(models: list) -> float | None:
+    """--expert_boundary's default for the pair: T2V-A14B's 0.417 or I2V-A14B's 0.358, told apart by the DiT's
+    `patch_embedding` input channels in its file header (nothing loaded); None when it cannot tell."""
+    from ...models.detect import header_shapes, read_header
+
+    for slot, config in models:
+        if slot != "dit":
+            continue
+        files = config.resolve()
+        for f in [files] if isinstance(files, str) else files:
+            if not str(f).endswith(".safetensors"):
+                return None
+            for key, shape in header_shapes(read_header(str(f))).items():
+                if key.endswith("patch_embedding.weight") and len(shape) == 5:
+                    return _BOUNDARY_BY_IN_CHANNELS.get(shape[1])
+    return None
