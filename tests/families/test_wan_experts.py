@@ -107,6 +107,7 @@ def test_expert_boundary_default_is_the_reference_one(pair, tmp_path):
     ("both", ["--train_experts", "both", "--expert_boundary", 0.358, "--max_timestep_boundary", 0.5],
      "not with --train_experts both"),
     ("both", ["--expert_boundary", 0.358], "only with --train_experts both"),
+    ("both", ["--train_experts", "both", "--timestep_sampling", "logit_normal"], "uniform only"),
 ])
 def test_train_experts_refusals(pair, tmp_path, which, more, message):
     paths, meta = pair

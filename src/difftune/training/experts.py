@@ -34,6 +34,9 @@ def check_experts(args, family, models, task, log=print) -> tuple[str, str]:
     if boundary is None or not 0.0 < boundary < 1.0:
         raise UserError(f"--expert_boundary {boundary}: --train_experts both needs the fraction of the training "
                         f"timestep table where the experts meet, in (0, 1) (Wan2.2-I2V-A14B 0.358, T2V-A14B 0.417)")
+    if getattr(args, "timestep_sampling", "uniform") != "uniform":  # found now, not after stage 1
+        raise UserError("--train_experts both: the experts' timestep ranges work with --timestep_sampling uniform "
+                        "only")
     if (args.min_timestep_boundary, args.max_timestep_boundary) != (0.0, 1.0):
         raise UserError("--max_timestep_boundary / --min_timestep_boundary: not with --train_experts both, which "
                         "sets each expert's range from --expert_boundary")
