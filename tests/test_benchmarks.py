@@ -83,3 +83,11 @@ def test_flux_split_vs_unsplit_quick(tmp_path):
     assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio",
                       "peak_rss_above_baseline_ratio"])
     assert set(r["params"]) == {"transformer", "text_encoder", "text_encoder_2", "vae"}
+
+
+def test_wan_split_vs_unsplit_quick(tmp_path):
+    r = run_quick("wan_split_vs_unsplit.py", tmp_path)
+    assert r["benchmark"] == "wan_split_vs_unsplit" and r["steps"] == 4 and r["num_frames"] == 5
+    assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x100", "step_time_ratio", "peak_rss_ratio",
+                      "vae_share_of_one_stage_step", "umt5_share_of_one_stage_step"])
+    assert set(r["params"]) == {"transformer", "text_encoder", "vae"} and r["params"]["transformer"] > 0

@@ -80,6 +80,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "0.358 ~ t=900 at shift 5); with --min_timestep_boundary, one Wan2.2 A14B expert per run.")
     g.add_argument("--min_timestep_boundary", type=float, default=0.0,
                    help="Train on the timesteps from this fraction of the training table on (see --max_timestep_boundary).")
+    g.add_argument("--train_experts", choices=("both",), default=None,
+                   help="Train both experts of a pair that share the timesteps (Wan2.2 A14B: both DiTs in --model_paths, the high-noise one first) in one command: stage 1 once, then each expert from the cache with its share of the timesteps (--expert_boundary), into <output_path>/high_noise/ and low_noise/.")
+    g.add_argument("--expert_boundary", type=float, default=None,
+                   help="With --train_experts both: where the experts meet, as --max_timestep_boundary's fraction (default: the reference's for the pair, 0.358 for Wan2.2-I2V-A14B, 0.417 for T2V-A14B).")
     g.add_argument("--rebuild_cache", action="store_true", help="*:data_process: rebuild a cache made with other settings.")
     g.add_argument("--data_process_batch_size", type=int, default=8, help="*:data_process: samples of equal size encoded together.")
     g.add_argument("--cache_commit_every", type=int, default=64, help="*:data_process: commit the cache every N samples (what a crash can lose).")
@@ -99,6 +103,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--lora_target_modules", default="", help="Comma-separated module names for LoRA.")
     g.add_argument("--lora_rank", type=int, default=32)
     g.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank, as the reference).")
+    g.add_argument("--full_format", choices=("diffusers", "original"), default="diffusers", help="Key names of a fully trained model's checkpoint (--trainable_models): diffusers (the class's own) or original (the model's original release, where the family has a map: Wan's DiT in Wan-AI's names); keys are then prefixed and --remove_prefix_in_ckpt applies as usual.")
     g.add_argument("--lora_format", choices=("diffusers", "comfyui", "kohya"), default="diffusers", help="Layout of saved LoRA checkpoints: diffusers (transformer.<module>.lora_A/B, alpha folded into lora_B: loads in diffusers, ComfyUI and difftune at the trained strength), comfyui (diffusion_model.<module> + .alpha) or kohya (lora_unet_<module> + .alpha); the last two hold the denoiser's LoRA only.")
     g.add_argument("--lora_checkpoint", default=None, help="Start from this LoRA (difftune, diffusers/PEFT, ComfyUI, kohya or DiffSynth layout).")
     g.add_argument("--preset_lora_path", default=None, help="A LoRA merged into the base before training (differential LoRA).")

@@ -67,6 +67,15 @@ class FamilySpec:
     # names): the denoiser's LoRA (module path -> lora_A/B, alphas by path) renamed to those names, e.g. FLUX's
     # BFL names with q, k, v re-fused; None: the diffusers module names are written.
     lora_native_names: Callable[[dict, dict], tuple[dict, dict]] | None = None
+    # Slot -> its state dict in the model's original key names, for `--full_format original` (a fully trained
+    # model saved where the original checkpoints load, e.g. Wan's DiT in Wan-AI's names).
+    full_native_keys: Mapping[str, Callable[[dict], dict]] = field(default_factory=dict)
+    # A pair of denoiser slots that share the timesteps (high-noise expert first: Wan2.2 A14B's dit, dit2), for
+    # `--train_experts both`; () for one denoiser.
+    experts: tuple[str, ...] = ()
+    # (slot, ModelConfig) list -> the boundary between the experts that these weights were released with (read
+    # from file headers, nothing loaded), or None: the default of --expert_boundary.
+    expert_boundary: Callable[[list], float | None] | None = None
     data: str = "image"  # what the data operator loads: image | video
     # Data operators of particular columns (args -> {column: DataOperator}), e.g. Qwen-Image-Layered's RGBA layers;
     # every other file column is loaded by the default operator (RGB images).

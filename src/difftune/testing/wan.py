@@ -45,6 +45,11 @@ class TinyWanSpec:
     vae_res_blocks: int = 1
     vae_dim_mult: tuple = (1, 1, 1, 1)
     boundary_ratio: float = 0.875
+    # UMT5 encoder size (the benchmark scales it against the DiT)
+    t5_layers: int = 2
+    t5_heads: int = 4
+    t5_d_kv: int = 8
+    t5_d_ff: int = 37
     seed: int = 0
 
 
@@ -100,7 +105,8 @@ def write_tiny_wan(path: str | os.PathLike, variant: str = "t2v", spec: TinyWanS
     _vae(variant, spec, spec.seed + 1).save_pretrained(root / "vae")
     torch.manual_seed(spec.seed + 2)
     UMT5EncoderModel(UMT5Config(
-        vocab_size=len(tok), d_model=spec.text_dim, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+        vocab_size=len(tok), d_model=spec.text_dim, d_kv=spec.t5_d_kv, d_ff=spec.t5_d_ff, num_layers=spec.t5_layers,
+        num_heads=spec.t5_heads,
         feed_forward_proj="gated-gelu", relative_attention_num_buckets=8, relative_attention_max_distance=32,
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, decoder_start_token_id=0,
     )).eval().save_pretrained(root / "text_encoder")

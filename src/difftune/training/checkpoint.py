@@ -37,13 +37,14 @@ class CheckpointSaver:
 
     def __init__(self, output_path: str, remove_prefix: str | None = "pipe.dit.", base_info: dict | None = None,
                  lora_prefixes: dict[str, str] | None = None, lora_format: str = "diffusers",
-                 denoiser: str | None = None, native_names=None):
+                 denoiser: str | None = None, native_names=None, full_converters: dict | None = None):
         self.output_path = Path(output_path)
         self.remove_prefix = remove_prefix or ""
         self.base_info = base_info or {}
         self.lora_prefixes = dict(lora_prefixes or {})  # slot -> key prefix in the LoRA file (the family's)
         self.lora_format, self.denoiser = lora_format, denoiser  # denoiser: the slot ComfyUI/kohya names
         self.native_names = native_names  # the family's lora_native_names, for those two layouts
+        self.full_converters = dict(full_converters or {})  # slot -> state dict renamer (--full_format original)
         self.saved: list[Path] = []
 
     def save(self, accelerator, module, name: str) -> list[Path]:
@@ -70,6 +71,8 @@ class CheckpointSaver:
                       layout=self.lora_format, denoiser=self.denoiser, native_names=self.native_names)
             written.append(path)
         for model, sd in full.items():
+            if model in self.full_converters:
+                sd = self.full_converters[model](sd)
             prefixed = {f"pipe.{model}.{k}": v for k, v in sd.items()}
             out = {(k[len(self.remove_prefix):] if self.remove_prefix and k.startswith(self.remove_prefix) else k): v
                    for k, v in prefixed.items()}

@@ -41,6 +41,14 @@ def _run(args, task, accelerator, log, stop) -> dict:
     frame_settings(args, family)  # --num_frames refused or checked before any work
     if task.stage != "data_process":
         check_lora_format(args, family)
+        full_converters(args, family)
+    if getattr(args, "train_experts", None):
+        return _run_experts(args, task, family, models, accelerator, stop)
+    if getattr(args, "expert_boundary", None) is not None:
+        from ..errors import UserError
+
+        raise UserError("--expert_boundary: only with --train_experts both (one expert per run takes "
+                        "--max_timestep_boundary / --min_timestep_boundary)")
     split = compute_split(family, args, task)
     stage1 = None
     if task.stage in ("data_process", "split"):
@@ -60,6 +68,31 @@ def _run(args, task, accelerator, log, stop) -> dict:
     return summary
 
 
+def _run_experts(args, task, family, models, accelerator, stop) -> dict:
+    """`--train_experts both`: stage 1 once (unless training from a cache), then stage 2 per expert."""
+    from .experts import check_experts, expert_runs
+
+    args = copy.copy(args)  # the boundary may be filled in
+    high, low = check_experts(args, family, models, task, log=main_process_log(accelerator))
+    runs = expert_runs(args, models, high, low)
+    split = compute_split(family, runs[0][1], task)
+    summary = {}
+    if task.stage != "train":  # one stage (sft) and split alike: the pair trains from one cache
+        from .stage1 import CACHE_SUBDIR, run_stage1
+
+        cache = os.path.join(args.output_path, CACHE_SUBDIR)
+        summary["stage1"] = run_stage1(args, family, runs[0][2], split, accelerator, cache)
+        gc.collect()
+        for _, a, _ in runs:
+            a.dataset_base_path, a.dataset_metadata_path = cache, None
+    for folder, a, chosen in runs:
+        os.makedirs(a.output_path, exist_ok=True)
+        summary[folder] = train_stage(a, task, family, chosen, split, accelerator, from_cache=True, stop=stop)
+        if summary[folder].get("stopped"):
+            break
+    return summary
+
+
 def check_lora_format(args, family) -> None:
     """Before any model is loaded: `--lora_format comfyui|kohya` names only the denoiser's LoRA."""
     from ..errors import UserError
@@ -70,6 +103,24 @@ def check_lora_format(args, family) -> None:
                                   dict(family.lora_prefixes))
     if problem:
         raise UserError(f"--lora_format {args.lora_format}: {problem}")
+
+
+def full_converters(args, family) -> dict:
+    """`--full_format original`: each fully trained model's key renamer, refused before any model loads where the
+    family has none for it."""
+    from ..errors import UserError
+    from ..util import names
+
+    if getattr(args, "full_format", "diffusers") != "original":
+        return {}
+    trained = names(args.trainable_models)
+    if not trained:
+        raise UserError("--full_format original: no model is fully trained (set --trainable_models)")
+    missing = [m for m in trained if m not in family.full_native_keys]
+    if missing:
+        raise UserError(f"--full_format original: {family.name} has no original key names for "
+                        f"{', '.join(missing)} (use --full_format diffusers)")
+    return {m: family.full_native_keys[m] for m in trained}
 
 
 def train_stage(args, task, family, models, split, accelerator, from_cache: bool, stop=None) -> dict:
@@ -120,7 +171,8 @@ def train_stage(args, task, family, models, split, accelerator, from_cache: bool
     saver = CheckpointSaver(args.output_path, args.remove_prefix_in_ckpt, lora_prefixes=dict(family.lora_prefixes),
                             base_info={"family": family.name, "task": args.task}, lora_format=args.lora_format,
                             denoiser=(family.pipeline.loss_models or (None,))[0],
-                            native_names=family.lora_native_names)
+                            native_names=family.lora_native_names,
+                            full_converters=full_converters(args, family))
     csv = None
     if args.enable_csv_log and accelerator.is_main_process:
         csv = CsvLog(Path(args.output_path) / "loss.csv", resume_step=_resume_step(resume_state))

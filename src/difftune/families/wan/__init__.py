@@ -5,6 +5,7 @@ from ...models.load import load_tokenizer
 from .components import (DIT, DIT_ORIGINAL, IMAGE_ENCODER, IMAGE_ENCODER_ORIGINAL, IMAGE_ENCODER_PROJ,
                          LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_ORIGINAL, VAE,
                          VAE22_ORIGINAL, VAE_ORIGINAL, load_repo_scheduler)
+from .dit_keys import dit_to_original, expert_boundary
 from .lora_names import convert_original_wan_lora, wan_native_names
 from .pipeline import WanVideoPipeline
 
@@ -52,6 +53,9 @@ FAMILY = FamilySpec(
     lora_target_aliases={"dit": REFERENCE_LORA_TARGETS, "dit2": REFERENCE_LORA_TARGETS},
     lora_converters=(convert_original_wan_lora,),
     lora_native_names=wan_native_names,
+    full_native_keys={"dit": dit_to_original},
+    experts=("dit", "dit2"),
+    expert_boundary=expert_boundary,
     data="video",  # clips (a still image is a one-frame clip); input_image / end_image from their frames
     sample_defaults={"height": 480, "width": 832, "num_inference_steps": 50, "cfg_scale": 5.0},
     description="Wan2.1 / Wan2.2 video (diffusers WanTransformer3DModel, AutoencoderKLWan, UMT5, CLIP vision)",
