@@ -9,6 +9,7 @@ import torch
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...media.image import as_image_list, images_to_tensor
+from .encoding import encode_rgba, vae_encode
 
 
 class QwenImageContextImageEmbedder(PipelineUnit):
@@ -22,11 +23,7 @@ class QwenImageContextImageEmbedder(PipelineUnit):
         if context_image is None:
             return {}
         if getattr(pipe.vae.config, "input_channels", 3) == 4:  # Qwen-Image-Layered's RGBA VAE (Layered-Control)
-            from .layered import _encode_rgba
-
-            return {"context_latents": _encode_rgba(pipe, as_image_list(context_image), height, width)}
-        from .units import vae_encode
-
+            return {"context_latents": encode_rgba(pipe, as_image_list(context_image), height, width)}
         images = images_to_tensor(as_image_list(context_image), height, width)
         return {"context_latents": vae_encode(pipe, images)}
 

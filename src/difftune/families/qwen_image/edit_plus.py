@@ -20,7 +20,7 @@ from PIL import Image
 
 from ...errors import UserError
 from ...media.image import images_to_tensor
-from .units import EDIT_IMAGE_AREA, EDIT_PROMPT_TEMPLATE, edit_image_size, vae_encode
+from .encoding import EDIT_IMAGE_AREA, EDIT_PROMPT_TEMPLATE, edit_image_size, vae_encode
 
 CONDITION_IMAGE_AREA = 384 * 384  # what the VL encoder sees of each image
 VAE_IMAGE_AREA = EDIT_IMAGE_AREA  # what the transformer sees of each, with edit_image_auto_resize

@@ -26,7 +26,7 @@ from ...core.batch import Pad
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
-from .units import VAE_SCALE
+from .encoding import VAE_SCALE
 
 ENTITY_OUTPUTS = ("entity_prompt_embeds", "entity_prompt_embeds_mask", "entity_token_ids", "entity_masks",
                   "entity_masks_mask")
@@ -70,7 +70,7 @@ class QwenImageEntityControl(PipelineUnit):
             return dict.fromkeys(ENTITY_OUTPUTS)  # explicit None: the negative side has no entities
         if eligen_entity_masks is None:
             raise UserError("eligen_entity_prompts are given without eligen_entity_masks")
-        from .units import QwenImagePromptEmbedder
+        from .prompt import QwenImagePromptEmbedder  # (prompt -> edit_plus: not at import time)
 
         n = batch_size or 1
         prompts = _per_sample(entity_prompts, n, "eligen_entity_prompts")

@@ -29,9 +29,8 @@ from ...core.checkpointing import set_gradient_checkpointing
 from ...core.latents import pack_latents, seeded_noise, unpack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...media.image import as_image_list, images_to_tensor, tensor_to_images
-from .model_fn import set_zero_cond_t
-from .units import DIVISION_FACTOR, VAE_SCALE, vae_decode, vae_encode
+from ...media.image import as_image_list, tensor_to_images
+from .encoding import DIVISION_FACTOR, VAE_SCALE, encode_rgba, set_zero_cond_t, vae_decode
 
 LAYER_COLUMNS = ("layer_input_image", "layer_num")
 
@@ -56,13 +55,6 @@ def _layer_count(value, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise UserError(f"{where}: layer_num must be a whole number >= 0 (the layers besides the first), got {value!r}")
     return value
-
-
-def _check_rgba_vae(pipe) -> None:
-    channels = getattr(pipe.vae.config, "input_channels", 3)
-    if channels != 4:
-        raise UserError(f"Qwen-Image-Layered needs its RGBA VAE (Qwen/Qwen-Image-Layered:vae/...); the VAE loaded "
-                        f"reads {channels} channels")
 
 
 # -- data -----------------------------------------------------------------------------------------------------------
@@ -118,12 +110,6 @@ def layered_noise(pipe, height, width, seed, rand_device, batch_size, layer_num)
     return noise.permute(0, 2, 1, 3, 4).contiguous().to(device=pipe.device, dtype=pipe.torch_dtype)
 
 
-def _encode_rgba(pipe, images, height, width) -> torch.Tensor:
-    _check_rgba_vae(pipe)
-    # one image at a time, as the reference encodes a stack (a stack of large layers is a large batch)
-    return torch.cat([vae_encode(pipe, images_to_tensor([img], height, width, mode="RGBA")) for img in images])
-
-
 class QwenImageLayerStackEmbedder(PipelineUnit):
     """Training on Qwen-Image-Layered: the clean latents of the layer stack, each RGBA layer encoded with the RGBA VAE:
     input_latents (1, 16, layers + 1, h, w)."""
@@ -135,7 +121,7 @@ class QwenImageLayerStackEmbedder(PipelineUnit):
     def process(self, pipe, layer_images, height, width):
         if layer_images is None:
             return {}
-        latents = _encode_rgba(pipe, as_image_list(layer_images), height, width)
+        latents = encode_rgba(pipe, as_image_list(layer_images), height, width)
         return {"input_latents": latents.permute(1, 0, 2, 3).unsqueeze(0)}
 
 
@@ -150,7 +136,7 @@ class QwenImageLayerInputEmbedder(PipelineUnit):
     def process(self, pipe, layer_input_image, height, width, batch_size):
         if layer_input_image is None:
             return {}
-        latents = _encode_rgba(pipe, as_image_list(layer_input_image), height, width)
+        latents = encode_rgba(pipe, as_image_list(layer_input_image), height, width)
         if latents.shape[0] == 1 and (batch_size or 1) > 1:  # one image for several prompts
             latents = latents.expand(batch_size, *latents.shape[1:])
         return {"layer_input_latents": latents}

@@ -10,20 +10,9 @@ from ...core.checkpointing import set_gradient_checkpointing
 from ...core.latents import pack_latents, unpack_latents
 from .context import append_context
 from .edit_plus import edit_latent_batches
+from .encoding import set_zero_cond_t
 from .eligen import ENTITY_OUTPUTS
 from .forward import controlled_forward
-
-
-def set_zero_cond_t(dit, enabled: bool) -> None:
-    """Turn diffusers' own zero_cond_t handling on in the transformer and its blocks (it changes no weight, so
-    bare Edit-2511 files, loaded with the Qwen-Image config, need it from the flag)."""
-    want = bool(enabled) or bool(getattr(getattr(dit, "config", None), "zero_cond_t", False))
-    if getattr(dit, "_difftune_zero_cond_t", None) == want:
-        return
-    for module in dit.modules():
-        if hasattr(module, "zero_cond_t"):
-            module.zero_cond_t = want
-    dit._difftune_zero_cond_t = want
 
 
 def model_fn_qwen_image(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
