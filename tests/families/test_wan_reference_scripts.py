@@ -76,8 +76,6 @@ def _run(argv, capsys) -> tuple[float, str]:
     seconds = time.perf_counter() - start
     out = capsys.readouterr()
     assert code == 0, f"`difftune {' '.join(argv)}` exited {code}: {out.err.strip()[-2000:]}"
-    with capsys.disabled():
-        print(f"\n{flag_value(argv, '--output_path')}: {seconds:.1f} s")
     return seconds, out.out + out.err
 
 
