@@ -1,7 +1,9 @@
-"""Small pieces several layers share: comma-separated name lists, dtype names, pickle file suffixes, and the
-one-line form of an exception (for the one-line errors users see)."""
+"""Small pieces several layers share: comma-separated name lists, dtype names, pickle file suffixes, the
+one-line form of an exception (for the one-line errors users see), and why a data file cannot be opened."""
 
 from __future__ import annotations
+
+import os
 
 # Files that are (or may be) pickles: difftune never unpickles what a user hands it.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -39,3 +41,14 @@ def torch_dtype(value):
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"{value!r} is not a torch dtype (e.g. bfloat16, float16, float32)")
     return dtype
+
+
+def file_problem(path: str) -> str | None:
+    """Why a data file cannot be read at all (missing, a folder, empty), or None; the readers say the rest."""
+    if not os.path.exists(path):
+        return "file not found"
+    if os.path.isdir(path):
+        return "is a folder, not a file"
+    if os.path.getsize(path) == 0:
+        return "file is empty (0 bytes)"
+    return None

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import UserError
+from ..util import file_problem
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 CHECKED = object()  # returned by `check` when the rest can only be checked by loading
@@ -147,16 +148,6 @@ class ToAbsolutePath(DataOperator):
     check = shape = __call__
 
 
-def _file_problem(path: str) -> str | None:
-    if not os.path.exists(path):
-        return "file not found"
-    if os.path.isdir(path):
-        return "is a folder, not a file"
-    if os.path.getsize(path) == 0:
-        return "file is empty (0 bytes)"
-    return None
-
-
 ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
 INT16_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 EXIF_IN_HEADER = ("JPEG", "MPO", "TIFF", "WEBP")
@@ -241,7 +232,7 @@ class LoadImage(DataOperator):
 
     def _open(self, path, context, decode: bool):
         """decode=False: the header only (format, size, mode), returns the format; else the picture."""
-        problem = _file_problem(path)
+        problem = file_problem(path)
         if problem:
             raise DataError(f"{_where(context)}: {problem}: {path}")
         try:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from PIL import Image, ImageSequence
 
 from ..errors import UserError
+from ..util import file_problem
 
 # Containers PyAV reads (GIF is read with Pillow: see ANIMATED_IMAGE_EXTENSIONS).
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".m4v", ".webm", ".avi", ".mkv", ".wmv", ".flv")
@@ -57,16 +58,6 @@ def frames_to_keep(available: int, num_frames: int | None, time_division_factor:
     return n
 
 
-def _file_problem(path: str) -> str | None:
-    if not os.path.exists(path):
-        return "file not found"
-    if os.path.isdir(path):
-        return "is a folder, not a file"
-    if os.path.getsize(path) == 0:
-        return "file is empty (0 bytes)"
-    return None
-
-
 def _ffmpeg_reason(err: BaseException) -> str:
     # PyAV's messages end with the file name in quotes; the caller names the file itself
     text = getattr(err, "strerror", None) or str(err)
@@ -86,7 +77,7 @@ def _av():
 def _open(path: str):
     """(container, its first video stream); VideoError for whatever keeps a clip from being decoded."""
     av = _av()
-    problem = _file_problem(path)
+    problem = file_problem(path)
     if problem:
         raise VideoError(problem, path)
     try:
@@ -130,7 +121,7 @@ def probe_video(path: str | os.PathLike) -> VideoInfo:
 def _open_image(path: str) -> Image.Image:
     from PIL import UnidentifiedImageError
 
-    problem = _file_problem(path)
+    problem = file_problem(path)
     if problem:
         raise VideoError(problem, path)
     try:

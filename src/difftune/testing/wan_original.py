@@ -13,11 +13,11 @@ import torch
 
 # the DiT's map is the family's (a full DiT can be saved in Wan's names); tests import it from here too
 from ..families.wan.dit_keys import dit_to_original as wan_dit_to_original  # noqa: E402,F401
+from ..families.wan.original_layout import _RESIDUAL
 
 
-_RESNET = {"norm1.gamma": "residual.0.gamma", "conv1.weight": "residual.2.weight", "conv1.bias": "residual.2.bias",
-           "norm2.gamma": "residual.3.gamma", "conv2.weight": "residual.6.weight", "conv2.bias": "residual.6.bias",
-           "conv_shortcut.weight": "shortcut.weight", "conv_shortcut.bias": "shortcut.bias"}
+# diffusers' residual-block tensor -> Wan's (the inverse of the family's map; both VAEs name them so)
+_RESNET = {v: k for k, v in _RESIDUAL.items()}
 
 
 def wan_vae_to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -94,18 +94,14 @@ def clip_vision_to_wan(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 def wan22_vae_to_original(state: dict[str, torch.Tensor], num_res_blocks: int = 2) -> dict[str, torch.Tensor]:
     """Wan2.2's VAE (TI2V-5B) in its original nested names."""
-    residual = {v: k for k, v in {"residual.0.gamma": "norm1.gamma", "residual.2.weight": "conv1.weight",
-                                  "residual.2.bias": "conv1.bias", "residual.3.gamma": "norm2.gamma",
-                                  "residual.6.weight": "conv2.weight", "residual.6.bias": "conv2.bias",
-                                  "shortcut.weight": "conv_shortcut.weight", "shortcut.bias": "conv_shortcut.bias"}.items()}
     out = {}
     for key, value in state.items():
         if m := re.fullmatch(r"encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(.+)", key):
-            new = f"encoder.downsamples.{m[1]}.downsamples.{m[2]}.{residual[m[3]]}"
+            new = f"encoder.downsamples.{m[1]}.downsamples.{m[2]}.{_RESNET[m[3]]}"
         elif m := re.fullmatch(r"encoder\.down_blocks\.(\d+)\.downsampler\.(.+)", key):
             new = f"encoder.downsamples.{m[1]}.downsamples.{num_res_blocks}.{m[2]}"
         elif m := re.fullmatch(r"decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.+)", key):
-            new = f"decoder.upsamples.{m[1]}.upsamples.{m[2]}.{residual[m[3]]}"
+            new = f"decoder.upsamples.{m[1]}.upsamples.{m[2]}.{_RESNET[m[3]]}"
         elif m := re.fullmatch(r"decoder\.up_blocks\.(\d+)\.upsampler\.(.+)", key):
             new = f"decoder.upsamples.{m[1]}.upsamples.{num_res_blocks + 1}.{m[2]}"
         else:  # middle, head, conv_in, quant convs: Wan2.1's names
