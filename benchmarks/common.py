@@ -390,6 +390,67 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
+# -- split vs one stage -----------------------------------------------------------------------------
+
+MIB = 1024.0
+
+
+def param_counts(repo: Path, folders: dict[str, str]) -> dict[str, int]:
+    """Parameters per component ({name: glob of its files under `repo`}), from the safetensors headers alone."""
+    from safetensors import safe_open
+
+    counts = {}
+    for name, pattern in folders.items():
+        total = 0
+        for path in sorted(repo.glob(pattern)):
+            with safe_open(str(path), "pt") as f:
+                for key in f.keys():
+                    n = 1
+                    for d in f.get_slice(key).get_shape():
+                        n *= d
+                    total += n
+        counts[name] = total
+    return counts
+
+
+def split_figures(one: dict, s1: dict, s2: dict, warmup: int, ref_steps: int, tag: str) -> dict:
+    """What a split-vs-one-stage benchmark reports from its three runs (one stage, stage 1, stage 2): totals, step
+    times, peak RSS and their ratios, and `projected_total_time_ratio_<tag>`: the total-time ratio at the
+    reference's `ref_steps` optimizer steps, each run's fixed cost (loading, stage 1, saving) plus that many steps
+    at its measured step time."""
+    t1, t2 = step_time(one, warmup), step_time(s2, warmup)
+    total_one, total_split = one["run_seconds"], s1["run_seconds"] + s2["run_seconds"]
+    fixed_one, fixed_two = total_one - one["steps"] * t1, total_split - s2["steps"] * t2
+    net_one, net_two = one["vmhwm_kb"] - one["rss_before_kb"], s2["vmhwm_kb"] - s2["rss_before_kb"]
+    return {
+        "total_time_one_stage_s": total_one, "total_time_split_s": total_split,
+        "stage1_seconds": s1["run_seconds"], "stage2_seconds": s2["run_seconds"],
+        "total_time_ratio": ratio(total_split, total_one),
+        f"projected_total_time_ratio_{tag}": ratio(fixed_two + ref_steps * t2, fixed_one + ref_steps * t1),
+        "step_time_one_stage_s": t1, "step_time_stage2_s": t2, "step_time_ratio": ratio(t2, t1),
+        "peak_rss_one_stage_mib": one["vmhwm_kb"] / MIB, "peak_rss_stage1_mib": s1["vmhwm_kb"] / MIB,
+        "peak_rss_stage2_mib": s2["vmhwm_kb"] / MIB, "peak_rss_ratio": ratio(s2["vmhwm_kb"], one["vmhwm_kb"]),
+        "baseline_rss_mib": one["rss_before_kb"] / MIB, "peak_rss_above_baseline_ratio": ratio(net_two, net_one),
+    }
+
+
+def split_rows(r: dict, samples: str, ref_repeat: int, tag: str) -> list[list]:
+    """The table rows of `split_figures` (`samples`: what one epoch is, e.g. "4 images")."""
+    n = int(samples.split()[0])
+    return [
+        [f"total time (s), {samples} x repeat {r['repeat']} = {r['steps']} steps; split = stage 1 + stage 2",
+         r["total_time_one_stage_s"], r["total_time_split_s"], r["total_time_ratio"]],
+        [f"projected to --num_epochs 5 --dataset_repeat {ref_repeat} ({n * 5 * ref_repeat} steps)", "", "",
+         r[f"projected_total_time_ratio_{tag}"]],
+        ["step time (s, median after warm-up)", r["step_time_one_stage_s"], r["step_time_stage2_s"],
+         r["step_time_ratio"]],
+        ["peak RSS (MiB, VmHWM)", r["peak_rss_one_stage_mib"], r["peak_rss_stage2_mib"], r["peak_rss_ratio"]],
+        [f"peak RSS above the {r['baseline_rss_mib']:.0f} MiB interpreter+libraries baseline",
+         r["peak_rss_one_stage_mib"] - r["baseline_rss_mib"], r["peak_rss_stage2_mib"] - r["baseline_rss_mib"],
+         r["peak_rss_above_baseline_ratio"]],
+    ]
+
+
 # -- machine, doc ------------------------------------------------------------------------------------
 
 def machine(threads: int) -> dict:

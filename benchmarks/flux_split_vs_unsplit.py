@@ -18,10 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (base_parser, emit, fresh, machine, machine_line, ratio, resolve_doc, run_difftune,  # noqa: E402
-                    step_time, table, update_doc, workdir_of, write_images)
+from common import (base_parser, emit, fresh, machine, machine_line, param_counts, resolve_doc,  # noqa: E402
+                    run_difftune, split_figures, split_rows, table, update_doc, workdir_of, write_images)
 
-MIB = 1024.0
 COMPONENTS = ("transformer", "text_encoder", "text_encoder_2", "vae")
 REAL = {"text_encoder_2": 4.7e9, "text_encoder": 0.123e9, "vae": 0.084e9, "transformer": 11.9e9}
 
@@ -70,23 +69,6 @@ def model_paths(repo: Path, components) -> str:
     return json.dumps([paths[c] if len(paths[c]) > 1 else paths[c][0] for c in components])
 
 
-def param_counts(repo: Path) -> dict:
-    from safetensors import safe_open
-
-    counts = {}
-    for name in COMPONENTS:
-        total = 0
-        for path in sorted(repo.glob(f"{name}/*.safetensors")):
-            with safe_open(str(path), "pt") as f:
-                for key in f.keys():
-                    n = 1
-                    for d in f.get_slice(key).get_shape():
-                        n *= d
-                    total += n
-        counts[name] = total
-    return counts
-
-
 def flags(repo, metadata, cfg, task, output, *, dataset=None, epochs=1, repeat=1, components=COMPONENTS) -> list:
     from difftune.families.flux.components import LORA_TARGET_MODULES
 
@@ -116,33 +98,20 @@ def main(argv=None) -> dict:
     info = machine(args.threads)
     with workdir_of(args) as wd:
         repo, metadata = prepare(wd, cfg, n)
-        params = param_counts(repo)
+        params = param_counts(repo, {c: f"{c}/*.safetensors" for c in COMPONENTS})
         one = run_difftune(flags(repo, metadata, cfg, "sft", wd / "one", repeat=repeat), isolated, args.threads)
         s1 = run_difftune(flags(repo, metadata, cfg, "sft:data_process", wd / "cache",
                                 components=("text_encoder", "text_encoder_2", "vae")), isolated, args.threads)
         s2 = run_difftune(flags(repo, metadata, cfg, "sft:train", wd / "two", dataset=wd / "cache", repeat=repeat,
                                 components=("transformer",)), isolated, args.threads)
-    t1, t2 = step_time(one, warmup), step_time(s2, warmup)
-    total_one, total_split = one["run_seconds"], s1["run_seconds"] + s2["run_seconds"]
-    net_one, net_two = one["vmhwm_kb"] - one["rss_before_kb"], s2["vmhwm_kb"] - s2["rss_before_kb"]
-    # the reference's FLUX.1-dev.sh trains --num_epochs 5 --dataset_repeat 50: each run's fixed cost (loading,
-    # stage 1, saving) plus that many steps at the measured step time
-    steps, ref_steps = one["steps"], n * 5 * 50
-    fixed_one, fixed_two = total_one - steps * t1, total_split - s2["steps"] * t2
-    projected = ratio(fixed_two + ref_steps * t2, fixed_one + ref_steps * t1)
+    # the reference's FLUX.1-dev.sh trains --num_epochs 5 --dataset_repeat 50
+    figures = split_figures(one, s1, s2, warmup, ref_steps=n * 5 * 50, tag="5x50")
     dit = params["transformer"]
     result = {
         "benchmark": "flux_split_vs_unsplit", "config": cfg.name, "resolution": cfg.resolution, "images": n,
         "repeat": repeat, "steps": one["steps"], "warmup_steps": warmup, "isolated_processes": isolated,
         "params": params, "params_over_dit": {k: v / dit for k, v in params.items()},
-        "real_params_over_dit": {k: v / REAL["transformer"] for k, v in REAL.items()},
-        "total_time_one_stage_s": total_one, "total_time_split_s": total_split,
-        "stage1_seconds": s1["run_seconds"], "stage2_seconds": s2["run_seconds"],
-        "total_time_ratio": ratio(total_split, total_one), "projected_total_time_ratio_5x50": projected,
-        "step_time_one_stage_s": t1, "step_time_stage2_s": t2, "step_time_ratio": ratio(t2, t1),
-        "peak_rss_one_stage_mib": one["vmhwm_kb"] / MIB, "peak_rss_stage1_mib": s1["vmhwm_kb"] / MIB,
-        "peak_rss_stage2_mib": s2["vmhwm_kb"] / MIB, "peak_rss_ratio": ratio(s2["vmhwm_kb"], one["vmhwm_kb"]),
-        "baseline_rss_mib": one["rss_before_kb"] / MIB, "peak_rss_above_baseline_ratio": ratio(net_two, net_one),
+        "real_params_over_dit": {k: v / REAL["transformer"] for k, v in REAL.items()}, **figures,
         "machine": info,
     }
     update_doc(resolve_doc(args), "flux_split_vs_unsplit", render(result))
@@ -156,18 +125,7 @@ def main(argv=None) -> dict:
 
 def render(r: dict) -> str:
     p, q = r["params"], r["params_over_dit"]
-    rows = [
-        [f"total time (s), {r['images']} images x repeat {r['repeat']} = {r['steps']} steps; split = stage 1 + "
-         f"stage 2", r["total_time_one_stage_s"], r["total_time_split_s"], r["total_time_ratio"]],
-        [f"projected to --num_epochs 5 --dataset_repeat 50 ({r['images'] * 250} steps)", "", "",
-         r["projected_total_time_ratio_5x50"]],
-        ["step time (s, median after warm-up)", r["step_time_one_stage_s"], r["step_time_stage2_s"],
-         r["step_time_ratio"]],
-        ["peak RSS (MiB, VmHWM)", r["peak_rss_one_stage_mib"], r["peak_rss_stage2_mib"], r["peak_rss_ratio"]],
-        [f"peak RSS above the {r['baseline_rss_mib']:.0f} MiB interpreter+libraries baseline",
-         r["peak_rss_one_stage_mib"] - r["baseline_rss_mib"], r["peak_rss_stage2_mib"] - r["baseline_rss_mib"],
-         r["peak_rss_above_baseline_ratio"]],
-    ]
+    rows = split_rows(r, f"{r['images']} images", ref_repeat=50, tag="5x50")
     head = (f"Config `{r['config']}` at {r['resolution']}x{r['resolution']}: DiT {p['transformer'] / 1e6:.2f}M, "
             f"T5 {p['text_encoder_2'] / 1e6:.2f}M ({q['text_encoder_2']:.3f}x the DiT; FLUX.1-dev "
             f"{r['real_params_over_dit']['text_encoder_2']:.3f}x), CLIP {p['text_encoder'] / 1e6:.3f}M "

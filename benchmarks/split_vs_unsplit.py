@@ -14,29 +14,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common  # noqa: E402
 from common import (base_parser, cache_bytes, data_wait_share, emit, machine, machine_line, prepare,  # noqa: E402
-                    proportional, quick, ratio, resolve_doc, run_difftune, step_time, table, train_flags,
+                    proportional, quick, ratio, resolve_doc, run_difftune, split_figures, table, train_flags,
                     update_doc, verdict, workdir_of)
-
-MIB = 1024.0
 
 
 def param_counts(repo: Path) -> dict:
     """Parameters per component, from the safetensors headers of the files the runs load."""
-    from safetensors import safe_open
-
-    counts = {}
-    for name, pattern in (("dit", "transformer/*.safetensors"), ("text_encoder", "text_encoder/*.safetensors"),
-                          ("vae", "vae/*.safetensors")):
-        total = 0
-        for path in sorted(repo.glob(pattern)):
-            with safe_open(str(path), "pt") as f:
-                for key in f.keys():
-                    n = 1
-                    for d in f.get_slice(key).get_shape():
-                        n *= d
-                    total += n
-        counts[name] = total
+    counts = common.param_counts(repo, {"dit": "transformer/*.safetensors", "text_encoder": "text_encoder/*.safetensors",
+                                        "vae": "vae/*.safetensors"})
     counts["text_encoder_over_dit"] = counts["text_encoder"] / counts["dit"]
     counts["vae_over_dit"] = counts["vae"] / counts["dit"]
     return counts
@@ -66,29 +53,13 @@ def main(argv=None) -> dict:
                                       repeat=repeat, components=("transformer",)), isolated, args.threads)
         cb = cache_bytes(wd / "cache")
 
-    t1, t2 = step_time(one, warmup), step_time(s2, warmup)
-    steps = one["steps"]
-    total_one, total_split = one["run_seconds"], s1["run_seconds"] + s2["run_seconds"]
-    # Projection to the reference's --num_epochs 5 --dataset_repeat 50 from the measured parts: each run's
-    # fixed cost (loading, stage 1, saving) plus its steps at the measured step time.
-    fixed_one, fixed_two = total_one - steps * t1, s1["run_seconds"] + s2["run_seconds"] - s2["steps"] * t2
-    ref_steps = n * 5 * 50
-    projected = ratio(fixed_two + ref_steps * t2, fixed_one + ref_steps * t1)
-    net_one = one["vmhwm_kb"] - one["rss_before_kb"]
-    net_two = s2["vmhwm_kb"] - s2["rss_before_kb"]
+    # the reference's --num_epochs 5 --dataset_repeat 50
+    figures = split_figures(one, s1, s2, warmup, ref_steps=n * 5 * 50, tag="5x50")
     result = {
         "benchmark": "split_vs_unsplit", "config": cfg.name, "resolution": cfg.resolution, "images": n,
-        "epochs": epochs, "repeat": repeat, "steps": steps, "warmup_steps": warmup, "isolated_processes": isolated,
-        "params": params,
-        "step_time_one_stage_s": t1, "step_time_stage2_s": t2, "step_time_ratio": ratio(t2, t1),
-        "peak_rss_one_stage_mib": one["vmhwm_kb"] / MIB, "peak_rss_stage1_mib": s1["vmhwm_kb"] / MIB,
-        "peak_rss_stage2_mib": s2["vmhwm_kb"] / MIB, "peak_rss_ratio": ratio(s2["vmhwm_kb"], one["vmhwm_kb"]),
-        "baseline_rss_mib": one["rss_before_kb"] / MIB, "peak_rss_above_baseline_ratio": ratio(net_two, net_one),
-        "total_time_one_stage_s": total_one, "total_time_split_s": total_split,
-        "total_time_ratio": ratio(total_split, total_one),
+        "epochs": epochs, "repeat": repeat, "steps": one["steps"], "warmup_steps": warmup,
+        "isolated_processes": isolated, "params": params, **figures,
         "process_wall_ratio": ratio(s1["wall_seconds"] + s2["wall_seconds"], one["wall_seconds"]),
-        "projected_total_time_ratio_5x50": projected,
-        "stage1_seconds": s1["run_seconds"],
         "cache_bytes_per_sample": cb["disk_bytes"] / max(1, cb["samples"]),
         "cached_tensor_bytes_per_sample": cb["tensor_bytes"] / max(1, cb["samples"]),
         "cache_bytes_ratio": ratio(cb["disk_bytes"], cb["tensor_bytes"]),

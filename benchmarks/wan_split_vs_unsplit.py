@@ -21,10 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (base_parser, emit, fresh, machine, machine_line, ratio, resolve_doc, run_difftune,  # noqa: E402
-                    step_time, table, update_doc, workdir_of)
+from common import (base_parser, emit, fresh, machine, machine_line, param_counts, ratio, resolve_doc,  # noqa: E402
+                    run_difftune, split_figures, split_rows, table, update_doc, workdir_of)
 
-MIB = 1024.0
 COMPONENTS = ("transformer", "text_encoder", "vae")
 REAL = {"transformer": 1.3e9, "text_encoder": 5.7e9, "vae": 0.13e9}  # Wan2.1-T2V-1.3B
 
@@ -65,23 +64,6 @@ def prepare(workdir: Path, cfg: WanBench, n: int) -> tuple[Path, Path]:
     if not metadata.is_file():
         write_example_video_dataset(data, n, cfg.num_frames, (cfg.resolution, cfg.resolution))
     return repo, metadata
-
-
-def param_counts(repo: Path) -> dict:
-    from safetensors import safe_open
-
-    counts = {}
-    for name in COMPONENTS:
-        total = 0
-        for path in sorted(repo.glob(f"{name}/*.safetensors")):
-            with safe_open(str(path), "pt") as f:
-                for key in f.keys():
-                    n = 1
-                    for d in f.get_slice(key).get_shape():
-                        n *= d
-                    total += n
-        counts[name] = total
-    return counts
 
 
 def flags(repo, metadata, cfg, task, output, *, dataset=None, repeat=1, components=COMPONENTS) -> list:
@@ -143,39 +125,28 @@ def main(argv=None) -> dict:
     info = machine(args.threads)
     with workdir_of(args) as wd:
         repo, metadata = prepare(wd, cfg, n)
-        params = param_counts(repo)
+        params = param_counts(repo, {c: f"{c}/*.safetensors" for c in COMPONENTS})
         one = run_difftune(flags(repo, metadata, cfg, "sft", wd / "one", repeat=repeat), isolated, args.threads)
         s1 = run_difftune(flags(repo, metadata, cfg, "sft:data_process", wd / "cache",
                                 components=("text_encoder", "vae")), isolated, args.threads)
         s2 = run_difftune(flags(repo, metadata, cfg, "sft:train", wd / "two", dataset=wd / "cache", repeat=repeat,
                                 components=("transformer",)), isolated, args.threads)
         enc = encode_times(repo, cfg, args.threads)
-    t1, t2 = step_time(one, warmup), step_time(s2, warmup)
-    total_one, total_split = one["run_seconds"], s1["run_seconds"] + s2["run_seconds"]
-    net_one, net_two = one["vmhwm_kb"] - one["rss_before_kb"], s2["vmhwm_kb"] - s2["rss_before_kb"]
     # the reference's Wan2.1-T2V-1.3B.sh trains --num_epochs 5 --dataset_repeat 100
-    steps, ref_steps = one["steps"], n * 5 * 100
-    fixed_one, fixed_two = total_one - steps * t1, total_split - s2["steps"] * t2
+    figures = split_figures(one, s1, s2, warmup, ref_steps=n * 5 * 100, tag="5x100")
+    t1 = figures["step_time_one_stage_s"]
     dit = params["transformer"]
     result = {
         "benchmark": "wan_split_vs_unsplit", "config": cfg.name, "resolution": cfg.resolution,
-        "num_frames": cfg.num_frames, "clips": n, "repeat": repeat, "steps": steps, "warmup_steps": warmup,
+        "num_frames": cfg.num_frames, "clips": n, "repeat": repeat, "steps": one["steps"], "warmup_steps": warmup,
         "isolated_processes": isolated, "params": params, "params_over_dit": {k: v / dit for k, v in params.items()},
-        "real_params_over_dit": {k: v / REAL["transformer"] for k, v in REAL.items()},
-        "total_time_one_stage_s": total_one, "total_time_split_s": total_split,
-        "stage1_seconds": s1["run_seconds"], "stage2_seconds": s2["run_seconds"],
-        "total_time_ratio": ratio(total_split, total_one),
-        "projected_total_time_ratio_5x100": ratio(fixed_two + ref_steps * t2, fixed_one + ref_steps * t1),
-        "step_time_one_stage_s": t1, "step_time_stage2_s": t2, "step_time_ratio": ratio(t2, t1),
+        "real_params_over_dit": {k: v / REAL["transformer"] for k, v in REAL.items()}, **figures,
         "vae_encode_s": enc["vae_encode_s"], "umt5_encode_s": enc["umt5_encode_s"],
         "vae_share_of_one_stage_step": ratio(enc["vae_encode_s"], t1),
         "umt5_share_of_one_stage_step": ratio(enc["umt5_encode_s"], t1),
         # what stage 2 no longer does, from the two runs' step times; and the VAE's part of it, from the apart timings
-        "cached_share_of_one_stage_step": 1.0 - t2 / t1,
+        "cached_share_of_one_stage_step": 1.0 - figures["step_time_stage2_s"] / t1,
         "vae_share_of_cached_work": ratio(enc["vae_encode_s"], enc["vae_encode_s"] + enc["umt5_encode_s"]),
-        "peak_rss_one_stage_mib": one["vmhwm_kb"] / MIB, "peak_rss_stage1_mib": s1["vmhwm_kb"] / MIB,
-        "peak_rss_stage2_mib": s2["vmhwm_kb"] / MIB, "peak_rss_ratio": ratio(s2["vmhwm_kb"], one["vmhwm_kb"]),
-        "baseline_rss_mib": one["rss_before_kb"] / MIB, "peak_rss_above_baseline_ratio": ratio(net_two, net_one),
         "machine": info,
     }
     update_doc(resolve_doc(args), "wan_split_vs_unsplit", render(result))
@@ -190,18 +161,7 @@ def main(argv=None) -> dict:
 
 def render(r: dict) -> str:
     p, q, real = r["params"], r["params_over_dit"], r["real_params_over_dit"]
-    rows = [
-        [f"total time (s), {r['clips']} clips x repeat {r['repeat']} = {r['steps']} steps; split = stage 1 + "
-         f"stage 2", r["total_time_one_stage_s"], r["total_time_split_s"], r["total_time_ratio"]],
-        [f"projected to --num_epochs 5 --dataset_repeat 100 ({r['clips'] * 500} steps)", "", "",
-         r["projected_total_time_ratio_5x100"]],
-        ["step time (s, median after warm-up)", r["step_time_one_stage_s"], r["step_time_stage2_s"],
-         r["step_time_ratio"]],
-        ["peak RSS (MiB, VmHWM)", r["peak_rss_one_stage_mib"], r["peak_rss_stage2_mib"], r["peak_rss_ratio"]],
-        [f"peak RSS above the {r['baseline_rss_mib']:.0f} MiB interpreter+libraries baseline",
-         r["peak_rss_one_stage_mib"] - r["baseline_rss_mib"], r["peak_rss_stage2_mib"] - r["baseline_rss_mib"],
-         r["peak_rss_above_baseline_ratio"]],
-    ]
+    rows = split_rows(r, f"{r['clips']} clips", ref_repeat=100, tag="5x100")
     head = (f"Config `{r['config']}`, {r['num_frames']}-frame clips at {r['resolution']}x{r['resolution']}: DiT "
             f"{p['transformer'] / 1e6:.2f}M, UMT5 {p['text_encoder'] / 1e6:.2f}M ({q['text_encoder']:.2f}x the "
             f"DiT; Wan2.1-T2V-1.3B {real['text_encoder']:.2f}x), VAE {p['vae'] / 1e6:.3f}M ({q['vae']:.3f}x; real "
