@@ -223,12 +223,12 @@ def check_data_columns(args, family: FamilySpec) -> None:
     named = [("--extra_inputs", n) for n in names(args.extra_inputs)]
     if args.data_file_keys != DEFAULT_DATA_FILE_KEYS:
         named += [("--data_file_keys", n) for n in names(args.data_file_keys)]
-    if "direct_distill" in (getattr(args, "task", "") or "") and ("--extra_inputs", "cfg_scale") in named:
-        # The reference's distillation data records the teacher's guidance; its loss samples the student at
-        # cfg 1 and never reads it. Same here, said once rather than refused.
-        named.remove(("--extra_inputs", "cfg_scale"))
-        print("note: --extra_inputs cfg_scale: direct_distill trains the student at cfg 1 (as the reference); "
-              "the metadata's cfg_scale (the teacher's guidance) is not used")
+    from .losses import UNREAD_INPUTS
+
+    for name, why in UNREAD_INPUTS.get((getattr(args, "task", "") or "").split(":")[0], {}).items():
+        if ("--extra_inputs", name) in named:
+            named.remove(("--extra_inputs", name))
+            print(f"note: --extra_inputs {name}: {why}")
     for flag, name in named:
         if name not in reads:
             raise UserError(f"{flag} {name}: the {family.name} family does not use an input called '{name}' "

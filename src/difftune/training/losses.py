@@ -79,3 +79,7 @@ def direct_distill_loss(pipe, values: dict[str, Any], generators: Sequence[torch
 
 
 LOSSES = {"sft": (flow_match_sft_loss, SFT_READS), "direct_distill": (direct_distill_loss, DIRECT_DISTILL_READS)}
+# Data columns a loss accepts without reading them, and why (said once as a note, instead of refused as unread):
+# the reference's distillation data records the teacher's guidance; its loss samples the student at cfg 1.
+UNREAD_INPUTS = {"direct_distill": {"cfg_scale": "direct_distill trains the student at cfg 1 (as the reference); "
+                                                 "the metadata's cfg_scale (the teacher's guidance) is not used"}}

@@ -191,10 +191,10 @@ class QwenImagePipeline(BasePipeline):
                                      image_seq_len=(-(-height // DIVISION_FACTOR)) * (-(-width // DIVISION_FACTOR)))
         self.run_units(values, cfg=cfg_scale != 1.0)
         latents = self.denoise(values, cfg_scale=cfg_scale, progress=progress, settings={"zero_cond_t": zero_cond_t})
+        if output_type == "latent":  # before decoding: the caller wants no image
+            return latents
         images = vae_decode(self, latents)
         if output_type == "pt":
             return (images.float() / 2 + 0.5).clamp(0, 1)
-        if output_type == "latent":
-            return latents
         pil = tensor_to_images(images)
         return pil[0] if isinstance(prompt, str) else pil
