@@ -32,6 +32,12 @@ class PipelineUnit:
     cfg_inputs: Mapping[str, tuple[str, str]] = {}
     cfg_outputs: Mapping[str, tuple[str, str]] = {}
     models: tuple[str, ...] = ()
+    # The feature this unit serves (core/features.py): "base" units run in every run, the others only when the run
+    # uses their feature.
+    feature: str = "base"
+    # Units (by class name) this one stands in for when its feature is active, e.g. an edit prompt encoder for the
+    # plain one: both write the same values, only one runs.
+    replaces: tuple[str, ...] = ()
     # How the values this unit writes batch (core/batch.py: STACK, Pad(mask), SCALAR, LIST, SAME); a cfg output
     # is named by its argument name and the rule applies to both sides. Undeclared tensors stack.
     batching: Mapping[str, Any] = {}
