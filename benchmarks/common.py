@@ -216,7 +216,7 @@ def _instrumented(record: dict):
     """Stamp optimizer steps, loader waits in the training loop and stage-1 cache writes into `record`."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    import difftune.training.loop as loop
+    import difftune.training.fit as loop  # where the training data loader is built
     from difftune.cache import CacheWriter
 
     steps, waits, writes = record["step_stamps"], record["loader_waits"], record["write_stamps"]
@@ -320,7 +320,7 @@ def run_difftune(argv: list[str], isolated: bool = True, threads: int = 1) -> di
 
 def reset_accelerate() -> None:
     """Accelerate's state is process-global; in-process runs start from a clean one."""
-    from difftune.training.builders import reset_accelerate_state
+    from difftune.training.setup import reset_accelerate_state
 
     reset_accelerate_state()
 

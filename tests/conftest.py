@@ -60,7 +60,7 @@ def model_paths_json(repo, components=("transformer", "text_encoder", "vae")):
 def _fresh_accelerate_state():
     """Accelerator state is process-global; each in-process training run starts from a clean one."""
     yield
-    from difftune.training.builders import reset_accelerate_state
+    from difftune.training.setup import reset_accelerate_state
 
     reset_accelerate_state()
 
@@ -77,3 +77,16 @@ def run_train(*argv):
     from difftune.training.recipe import run
 
     return run(train_args(*argv))
+
+
+def setup_run(*argv):
+    """A training command set up from its flags (nothing loaded): its family, pipeline class, features and split."""
+    from difftune.training.config import RunConfig
+    from difftune.training.setup import make_accelerator, reset_accelerate_state, setup
+
+    config = RunConfig.from_namespace(train_args(*argv))
+    reset_accelerate_state()
+    try:
+        return setup(config, make_accelerator(config, None), log=lambda *a, **k: None)
+    finally:
+        reset_accelerate_state()  # a run in the same test starts from a clean accelerator

@@ -18,7 +18,7 @@ from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_tra
 from difftune import (DiffusionTrainingModule, ModelConfig, ModelLogger, QwenImagePipeline, UnifiedDataset,
                       launch_training_task, load_component, sample_generator, sft_loss)
 from difftune.errors import UserError
-from difftune.training.builders import reset_accelerate_state
+from difftune.training.setup import reset_accelerate_state
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "qwen_image" / "simple_train.py"
 

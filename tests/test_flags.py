@@ -108,15 +108,14 @@ def test_a_column_the_family_never_reads_is_refused_not_dropped(tmp_path, tiny_r
 def test_cfg_scale_is_noted_for_direct_distill_and_refused_for_sft(capsys):
     """The reference's distillation data names cfg_scale, which its loss never reads: noted there, refused
     elsewhere as any unread column."""
-    from argparse import Namespace
-
     from difftune.core.family import get_family
     from difftune.errors import UserError
-    from difftune.training.builders import DEFAULT_DATA_FILE_KEYS, check_data_columns
+    from difftune.training.builders import check_data_columns
+    from difftune.training.config import RunConfig
 
-    family = get_family("qwen_image")
-    args = Namespace(extra_inputs="seed,cfg_scale", data_file_keys=DEFAULT_DATA_FILE_KEYS, task="direct_distill")
-    check_data_columns(args, family)
+    pipeline = get_family("qwen_image").pipeline
+    config = RunConfig(dataset_base_path=".", extra_inputs="seed,cfg_scale", task="direct_distill")
+    check_data_columns(config, pipeline, "qwen_image")
     assert "note: --extra_inputs cfg_scale: direct_distill trains the student at cfg 1" in capsys.readouterr().out
     with pytest.raises(UserError, match="--extra_inputs cfg_scale: the qwen_image family does not use"):
-        check_data_columns(Namespace(**{**vars(args), "task": "sft"}), family)
+        check_data_columns(config.replace(task="sft"), pipeline, "qwen_image")

@@ -4,51 +4,72 @@ from difftune.core.units import PipelineUnit
 from difftune.core.graph import split_units
 from difftune.families.qwen_image import QwenImagePipeline
 
-SFT_LOSS_READS = ("input_latents", "prompt_embeds", "prompt_embeds_mask", "edit_latents", "layer_input_latents")
+from difftune.families.qwen_image import QwenImageLayeredPipeline  # noqa: E402
+
+ENTITY = ("entity_masks", "entity_masks_mask", "entity_prompt_embeds", "entity_prompt_embeds_mask", "entity_token_ids")
 
 
 def U(name, reads=(), writes=(), models=()):
     return type(name, (PipelineUnit,), {"inputs": tuple(reads), "outputs": tuple(writes), "models": tuple(models)})()
 
 
-def qwen_split(trainable):
-    pipe = QwenImagePipeline()
-    return split_units(pipe.units, trainable, SFT_LOSS_READS, settings=pipe.settings, loss_models=("dit",))
+def qwen_split(trainable, features=None, cls=QwenImagePipeline):
+    """The split of `cls`'s units for the sft loss with `features` active (None: every feature of the class)."""
+    pipe = cls()
+    pipe.activate(pipe.feature_names() if features is None else features)
+    reads = ("input_latents",) + pipe.active_model_fn_inputs
+    return split_units(pipe.units, trainable, reads, settings=pipe.settings, loss_models=("dit",))
 
 
 def names(units):
     return [u.name for u in units]
 
 
+def test_a_text_to_image_run_has_only_its_own_units_and_values():
+    s = qwen_split(["dit"], features=())
+    assert names(s.stage1) == ["QwenImageShapeChecker", "QwenImageNoiseInitializer", "QwenImageInputImageEmbedder",
+                               "QwenImagePromptEmbedder"]
+    assert s.frontier == ("input_latents", "prompt_embeds", "prompt_embeds_mask")
+
+
 def test_lora_on_dit_puts_every_unit_in_stage_1():
     s = qwen_split(["dit"])
     assert names(s.stage2) == []
-    assert len(s.stage1) == 10
+    assert len(s.stage1) == 8  # the edit prompt unit stands in for the plain one
     # only what the loss reads is cached; noise, latents, images, settings are not
-    assert s.frontier == ("edit_latents", "input_latents", "layer_input_latents", "prompt_embeds", "prompt_embeds_mask")
+    assert s.frontier == ("blockwise_controlnet_conditioning", "context_latents", "edit_latents", *ENTITY,
+                          "input_latents", "prompt_embeds", "prompt_embeds_mask")
     assert s.stage1_models == ("text_encoder", "vae") and s.stage2_models == ("dit",)
+    assert qwen_split(["dit"], features=["edit"]).frontier == ("edit_latents", "input_latents", "prompt_embeds",
+                                                                "prompt_embeds_mask")
 
 
 def test_lora_on_text_encoder_moves_prompt_encoding_and_caches_the_prompt():
     s = qwen_split(["dit", "text_encoder"])
-    assert names(s.stage2) == ["QwenImageEntityControl", "QwenImagePromptEmbedder"]
+    assert names(s.stage2) == ["QwenImageEntityControl", "QwenImageEditPromptEmbedder"]
     # the prompt string (data) and the resized edit image (stage-1 output) are cached instead of embeddings;
     # EliGen's entity prompts and masks too, with the size their masks are taken at
-    assert s.frontier == ("edit_image", "edit_latents", "eligen_entity_masks", "eligen_entity_prompts", "height",
-                          "input_latents", "layer_input_latents", "prompt", "width")
+    assert s.frontier == ("blockwise_controlnet_conditioning", "context_latents", "edit_image", "edit_latents",
+                          "eligen_entity_masks", "eligen_entity_prompts", "height", "input_latents", "prompt", "width")
     assert s.stage2_models == ("dit", "text_encoder")
     assert s.stage1_models == ("vae",)
+    # without EliGen data, a text-encoder LoRA moves the prompt unit alone
+    assert names(qwen_split(["dit", "text_encoder"], features=["edit"]).stage2) == ["QwenImageEditPromptEmbedder"]
 
 
 def test_trainable_vae_moves_encoders_and_their_readers():
     s = qwen_split(["vae"])
     # the prompt embedder reads edit_image, which the (now stage-2) edit embedder writes
-    assert names(s.stage2) == ["QwenImageInputImageEmbedder", "QwenImageLayerStackEmbedder",
-                               "QwenImageEditImageEmbedder", "QwenImageLayerInputEmbedder",
+    assert names(s.stage2) == ["QwenImageInputImageEmbedder", "QwenImageEditImageEmbedder",
                                "QwenImageContextImageEmbedder", "QwenImageBlockwiseControlNetEmbedder",
-                               "QwenImagePromptEmbedder"]
+                               "QwenImageEditPromptEmbedder"]
     assert "input_image" in s.frontier and "noise" in s.frontier and "prompt" in s.frontier
     assert "rand_device" not in s.frontier and "edit_image_auto_resize" not in s.frontier
+    layered = qwen_split(["vae"], cls=QwenImageLayeredPipeline)
+    assert names(layered.stage2) == ["QwenImageInputImageEmbedder", "QwenImageLayerStackEmbedder",
+                                     "QwenImageEditImageEmbedder", "QwenImageLayerInputEmbedder",
+                                     "QwenImageLayeredContextImageEmbedder", "QwenImageEditPromptEmbedder"]
+    assert {"layer_images", "layer_input_image", "noise"} <= set(layered.frontier)
 
 
 def test_write_after_read_forces_stage_2():

@@ -133,7 +133,7 @@ def test_fsdp_config_fully_shards_each_qwen_image_block(monkeypatch, tiny_repo):
 
 
 def test_accumulation_from_an_accelerate_config_that_disagrees_with_the_flag_is_refused(monkeypatch, tmp_path):
-    from difftune.training.builders import make_accelerator
+    from difftune.training.setup import make_accelerator
 
     # The reference's ZeRO-2 config carries gradient_accumulation_steps: 1; accelerate's DeepSpeed launcher
     # exports it, and Accelerator() then ignores its own gradient_accumulation_steps argument.

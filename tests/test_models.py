@@ -403,7 +403,9 @@ def test_unknown_architecture(tmp_path):
     f = tmp_path / "mystery.safetensors"
     save_file({"encoder.weight": torch.zeros(4, 4), "head.bias": torch.zeros(4)}, f)
     msg = user_error(load_component, str(f))
-    assert str(f) in msg and "unknown architecture" in msg and "QwenImageTransformer2DModel" in msg
+    # the expected classes of a family are named, and every family that was tried
+    assert str(f) in msg and "unknown architecture" in msg and "expected one of dit: " in msg
+    assert "tried the families flux, qwen_image, " in msg
 
 
 def test_missing_shard_is_named(paths, repo, tmp_path):

@@ -140,24 +140,21 @@ def test_full_training_of_a_quantised_model_is_refused(quant_repo, tmp_path, bnb
 
 
 def test_a_quantised_stage_1_model_is_part_of_the_cache_fingerprint(tiny_repo, tmp_path):
-    from conftest import train_args
+    from conftest import setup_run
 
-    from difftune.core.family import get_family
     from difftune.models import parse_model_configs
-    from difftune.training.builders import compute_split, TaskSpec
     from difftune.training.stage1 import stage1_fingerprint
 
     paths = tiny_qwen_image_paths(tiny_repo)
     meta = make_image_dataset(tmp_path / "data", n=1)
-    args = train_args("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--lora_base_model", "dit",
-                      "--task", "sft:data_process", "--output_path", tmp_path / "cache")
-    family = get_family("qwen_image")
-    split = compute_split(family, args, TaskSpec.parse(args.task))
+    run = setup_run("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--lora_base_model", "dit",
+                    "--task", "sft:data_process", "--output_path", tmp_path / "cache", "--model_paths",
+                    json.dumps([paths["text_encoder"]]))
     models = json.dumps([paths["text_encoder"]])
 
     def fingerprint(quant):
         configs = parse_model_configs(models, quant_options=quant)
-        return stage1_fingerprint(args, family, split, [("text_encoder", c) for c in configs])
+        return stage1_fingerprint(run.replace(models=[("text_encoder", c) for c in configs]))
 
     plain, nf4 = fingerprint(None), fingerprint(f"{tiny_repo / 'text_encoder'}:bitsandbytes_nf4/lm_head")
     assert "storage" not in plain and nf4["storage"] == {"text_encoder": "bitsandbytes_nf4/lm_head"}

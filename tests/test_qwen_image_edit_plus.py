@@ -197,7 +197,7 @@ def test_a_list_of_one_edit_image_stays_edit_plus_through_the_cache(pipe):
     """Stage 1 encodes a batch of one sample as that sample's own values: a list of one edit image must come out
     of the split (into the cache) as a list, not as the bare image that would read as Qwen-Image-Edit."""
     from difftune.core.batch import split_batch
-    from difftune.media.image import images_from_cache, images_to_cache
+    from difftune.cache.codec import images_from_cache, images_to_cache
 
     a, b = pictures()
     for group in ([a], [a, b]):

@@ -125,32 +125,33 @@ def test_sampling_equals_diffusers_layered_pipeline(pipe, repo, tmp_path, monkey
 
 
 def test_dataset_keeps_the_alpha_of_rgba_layers(tmp_path):
-    from difftune.cli.args import training_parser
-    from difftune.core.family import get_family
-    from difftune.media.image import images_from_cache, images_to_cache
+    from conftest import setup_run
+
+    from difftune.cache.codec import images_from_cache, images_to_cache
     from difftune.training.builders import make_dataset
 
     meta = write_layered_dataset(tmp_path, n=1, size=(32, 32), layer_num=2)
-    args = training_parser().parse_args(
-        ["--dataset_base_path", str(tmp_path), "--dataset_metadata_path", str(meta), "--data_file_keys",
-         "image,layer_input_image", "--extra_inputs", "layer_num,layer_input_image", "--output_path",
-         str(tmp_path / "out")])
-    item = make_dataset(args, get_family("qwen_image"))[0]
+    flags = ["--dataset_base_path", str(tmp_path), "--family", "qwen_image", "--output_path", str(tmp_path / "out")]
+    run = setup_run(*flags, "--dataset_metadata_path", str(meta), "--data_file_keys", "image,layer_input_image",
+                    "--extra_inputs", "layer_num,layer_input_image")
+    assert run.pipeline.__name__ == "QwenImageLayeredPipeline"  # the layer columns choose it
+    item = make_dataset(run)[0]
     layers = item["image"]
     assert [i.mode for i in layers] == ["RGBA"] * 3 and item["layer_input_image"].mode == "RGBA"
     on_disk = np.asarray(Image.open(tmp_path / "sample_1" / "layer_2.png"))
     assert np.array_equal(np.asarray(layers[2]), on_disk)
     assert {0, 195} <= set(np.unique(on_disk[..., 3]).tolist())  # transparent around a 195-alpha shape
     # every layer and the input image are the row's source files (a stale cache is found by them)
-    dataset = make_dataset(args, get_family("qwen_image"))
+    dataset = make_dataset(run)
     assert sorted(Path(f).relative_to(tmp_path).as_posix() for f in dataset.source_files(0)) == [
         "sample_1/input.png", "sample_1/layer_0.png", "sample_1/layer_1.png", "sample_1/layer_2.png"]
     back = images_from_cache(images_to_cache(layers))
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(back, layers))
     # a single `image` (plain Qwen-Image) is still loaded as RGB
     (tmp_path / "one.csv").write_text("image,prompt\nsample_1/layer_0.png,a\n")
-    args.dataset_metadata_path, args.data_file_keys, args.extra_inputs = str(tmp_path / "one.csv"), "image", None
-    assert make_dataset(args, get_family("qwen_image"))[0]["image"].mode == "RGB"
+    run = setup_run(*flags, "--dataset_metadata_path", str(tmp_path / "one.csv"), "--data_file_keys", "image")
+    assert run.pipeline.__name__ == "QwenImagePipeline"
+    assert make_dataset(run)[0]["image"].mode == "RGB"
 
 
 def test_units_encode_the_stack_and_the_input_image(pipe, tmp_path):
@@ -190,11 +191,18 @@ def test_bad_layered_rows_are_one_line_errors(pipe):
 def test_layered_data_with_an_rgb_vae_is_refused(tmp_path):
     repo = write_tiny_qwen_image(tmp_path / "plain")
     paths = tiny_qwen_image_paths(repo)
-    plain = QwenImagePipeline.from_pretrained(torch_dtype=torch.float32, model_configs=[ModelConfig(paths["vae"][0])])
+    from difftune.families.qwen_image import QwenImageLayeredPipeline
+
+    # weights alone give the plain pipeline; the layered one named on purpose refuses the RGB VAE
+    assert type(QwenImagePipeline.from_pretrained(torch_dtype=torch.float32, model_configs=[
+        ModelConfig(paths["vae"][0])])) is QwenImagePipeline
+    plain = QwenImageLayeredPipeline.from_pretrained(torch_dtype=torch.float32,
+                                                     model_configs=[ModelConfig(paths["vae"][0])])
     layer = Image.new("RGBA", (32, 32))
     values = {"layer_images": [layer, layer], "height": 32, "width": 32}
+    stack = next(u for u in plain.units if u.name == "QwenImageLayerStackEmbedder")
     with pytest.raises(UserError, match="needs its RGBA VAE .* reads 3 channels"):
-        run_unit(plain, plain.units[3], values)
+        run_unit(plain, stack, values)
 
 
 def test_layer_stacks_with_a_plain_transformer_are_refused(pipe, tmp_path):

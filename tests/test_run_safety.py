@@ -208,13 +208,13 @@ def test_sigterm_before_training_releases_the_lock(tmp_path, tiny_repo, capsys, 
     import difftune.training.recipe as recipe
 
     meta = make_image_dataset(tmp_path / "data", n=2)
-    real = recipe.resolve_models
+    real = recipe.setup
 
     def killed_while_loading(*a, **k):
         os.kill(os.getpid(), signal.SIGTERM)
         return real(*a, **k)
 
-    monkeypatch.setattr(recipe, "resolve_models", killed_while_loading)
+    monkeypatch.setattr(recipe, "setup", killed_while_loading)
     assert cli(*base_args(meta, tmp_path / "out", tiny_repo)) == 143
     assert capsys.readouterr().err.strip().splitlines()[-1] == "stopped by SIGTERM"
     assert not (tmp_path / "out" / ".difftune.lock").exists()

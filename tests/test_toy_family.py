@@ -10,11 +10,11 @@ from safetensors.torch import load_file
 
 import difftune.models as models_pkg
 import toy_family
-from conftest import make_image_dataset, run_train, train_args
+from conftest import make_image_dataset, run_train, setup_run, train_args
 from difftune import gradient_checkpoint_forward, load_component
 from difftune.core.family import families
 from difftune.errors import UserError
-from difftune.training.builders import TaskSpec, compute_split
+from difftune.training.config import TaskSpec
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_split_follows_the_declarations(case):
     flags, stage2, frontier, stage1_models, stage2_models, _ = CASES[case]
-    split = compute_split(toy_family.FAMILY, train_args("--dataset_base_path", ".", "--family", "toy", *flags),
-                          TaskSpec("sft", ""))
+    split = setup_run("--dataset_base_path", ".", "--family", "toy", *flags).split
     assert tuple(u.name for u in split.stage2) == stage2
     assert split.frontier == frontier
     assert split.stage1_models == stage1_models
@@ -175,3 +174,82 @@ def test_unknown_family_is_a_one_line_error(tmp_path, toy_data):
     with pytest.raises(UserError, match=r"--family toyy: unknown family \(known: .*qwen_image.*toy"):
         run_train("--family", "toyy", "--dataset_base_path", toy_data.parent, "--dataset_metadata_path", toy_data,
                   "--output_path", tmp_path / "out")
+
+
+# -- features ---------------------------------------------------------------------------------------------------
+
+def _reference_data(folder):
+    """The toy data set with a reference image column."""
+    from PIL import Image
+
+    meta = make_image_dataset(folder, n=2, size=(32, 24))
+    Image.new("RGB", (32, 24), (10, 200, 90)).save(folder / "reference.png")
+    rows = [line.split(",", 1) for line in meta.read_text().splitlines()[1:]]
+    path = folder / "with_reference.csv"
+    path.write_text("image,reference_image,prompt\n" + "".join(f"{i},reference.png,{p}\n" for i, p in rows))
+    return path
+
+
+def test_a_feature_runs_and_is_cached_only_when_the_data_uses_it(tmp_path, toy_models):
+    meta = _reference_data(tmp_path / "data")
+    flags = ["--trainable_models", "denoiser"]
+    plain = setup_run("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta.parent / "metadata.csv",
+                      *common(toy_models, flags))
+    assert plain.features == {"base"} and "ToyReferenceUnit" not in [u.name for u in plain.split.stage1]
+    assert plain.split.frontier == ("input_latents", "prompt_emb")
+    with_ref = setup_run("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--data_file_keys",
+                         "image,reference_image", "--extra_inputs", "reference_image", *common(toy_models, flags))
+    assert with_ref.features == {"base", "reference"}
+    assert "ToyReferenceUnit" in [u.name for u in with_ref.split.stage1]
+    assert with_ref.split.frontier == ("input_latents", "prompt_emb", "reference_latents")
+    # the reference image changes what is trained: the feature's values reach model_fn
+    out = {}
+    for name, extra in (("plain", ["--dataset_metadata_path", meta.parent / "metadata.csv"]),
+                        ("reference", ["--dataset_metadata_path", meta, "--data_file_keys", "image,reference_image",
+                                       "--extra_inputs", "reference_image"])):
+        run_train("--task", "sft", "--dataset_base_path", meta.parent, *extra, "--output_path", tmp_path / name,
+                  *common(toy_models, flags), "--num_epochs", 1)
+        out[name] = load_file(str(tmp_path / name / "epoch-0.safetensors"))
+    assert max((out["plain"][k] - out["reference"][k]).abs().max().item() for k in out["plain"]) > 1e-4
+
+
+def test_adding_a_feature_to_a_family_leaves_its_existing_caches_valid(tmp_path, toy_models, toy_data, monkeypatch,
+                                                                      capsys):
+    """A cache made before the family gained a feature (a unit and a model_fn input of its own) is still the cache
+    of runs that do not use it: stage 1 finds it complete, stage 2 trains from it."""
+    import dataclasses
+
+    import difftune.core.family as family_mod
+    from difftune.core.features import Feature
+
+    flags = ["--trainable_models", "denoiser"]
+    data = ["--dataset_base_path", toy_data.parent, "--dataset_metadata_path", toy_data]
+    run_train("--task", "sft:data_process", *data, "--output_path", tmp_path / "cache", *common(toy_models, flags))
+    before = json.loads((tmp_path / "cache" / "manifest.json").read_text())["fingerprint_hash"]
+
+    class Mask(toy_family.ToyReferenceUnit):  # a new feature: its own column, unit and model_fn input
+        inputs = ("mask_image", "height", "width")
+        outputs = ("mask_latents",)
+        feature = "mask"
+
+        def process(self, pipe, mask_image, height, width):
+            return {} if mask_image is None else super().process(pipe, mask_image, height, width)
+
+    grown = type("ToyPipeline", (toy_family.ToyPipeline,), {
+        "features": (*toy_family.ToyPipeline.features, Feature("mask", columns=("mask_image",),
+                                                               model_fn_inputs=("mask_latents",))),
+        "__init__": lambda self, *a, **k: (toy_family.ToyPipeline.__init__(self, *a, **k),
+                                           setattr(self, "units", [*self.all_units, Mask()]))[0]})
+    monkeypatch.setattr(family_mod, "_REGISTERED", dict(family_mod._REGISTERED))
+    family_mod.register_family(dataclasses.replace(toy_family.FAMILY, pipeline=grown))
+    try:
+        assert "mask" in setup_run(*data, "--family", "toy").pipeline.feature_names()
+        capsys.readouterr()
+        run_train("--task", "sft:data_process", *data, "--output_path", tmp_path / "cache", *common(toy_models, flags))
+        assert "resuming stage 1: 2 sample(s) already cached" in capsys.readouterr().out  # nothing re-encoded
+        assert json.loads((tmp_path / "cache" / "manifest.json").read_text())["fingerprint_hash"] == before
+        run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
+                  *common(toy_models, flags))
+        assert (tmp_path / "two" / "epoch-1.safetensors").is_file()
+    finally:
+        family_mod.register_family(toy_family.FAMILY)  # the class attribute `spec` points back at the toy again

@@ -142,7 +142,7 @@ def test_loss_and_lr_reach_tensorboard(tmp_path, tiny_repo):
 
 
 def test_learning_rate_is_constant_by_default():
-    from difftune.training.loop import make_lr_schedule
+    from difftune.training.fit import make_lr_schedule
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-4)
     sched = make_lr_schedule(opt, "constant", 0, 100)

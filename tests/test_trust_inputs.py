@@ -127,7 +127,7 @@ def test_cmyk_and_lab_files(tmp_path):
 
 
 def test_in_memory_modes_convert():
-    from difftune.data.operators import to_rgb
+    from difftune.media.image import to_rgb
 
     ycc = Image.new("RGB", (4, 4), (30, 120, 220)).convert("YCbCr")
     close(np.asarray(to_rgb(ycc)), np.full((4, 4, 3), (30, 120, 220)), tol=2)
@@ -180,7 +180,7 @@ def test_unconvertible_mode_is_refused_in_one_line(tmp_path, monkeypatch):
         return real(self, mode, *a, **k)
 
     monkeypatch.setattr(Image.Image, "convert", convert)
-    import difftune.data.operators as ops
+    import difftune.media.image as ops
 
     ops._unconvertible.cache_clear()
     try:

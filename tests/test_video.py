@@ -17,6 +17,9 @@ RED, BLUE = (200, 30, 60), (40, 60, 220)
 CODEC_TOLERANCE = 12  # per channel, for a flat colour through 4:2:0 H.264/VP9/MPEG-4
 
 
+CUT_4K1 = {"time_division_factor": 4, "time_division_remainder": 1}  # a VAE that takes 4k+1 frames (Wan's)
+
+
 def solid(n, size=(64, 48), color=RED):
     return [Image.new("RGB", size, color) for _ in range(n)]
 
@@ -65,7 +68,8 @@ def test_a_clip_reads_back_with_its_frame_count_size_and_colour(tmp_path, ext, c
 def test_a_gif_reads_back_frame_for_frame(tmp_path):
     frames = moving_circle_frames(7, size=(40, 24))
     frames[0].save(tmp_path / "a.gif", save_all=True, append_images=frames[1:], duration=60, loop=0)
-    read = read_video(tmp_path / "a.gif")
+    assert len(read_video(tmp_path / "a.gif")) == 7  # no time division asked: every frame
+    read = read_video(tmp_path / "a.gif", **CUT_4K1)
     assert len(read) == 5  # 7 frames: the largest 4k+1 is 5
     for want, got in zip(frames, read):  # two colours: a GIF keeps them exactly
         assert got.size == (40, 24) and got.tobytes() == want.tobytes()
@@ -83,7 +87,7 @@ def test_a_still_image_is_a_one_frame_clip(tmp_path):
     (100, 81, 81), (81, 81, 81), (80, 81, 77), (49, 81, 49), (10, 81, 9), (9, 81, 9), (8, 81, 5), (5, 81, 5),
     (4, 81, 1), (2, 81, 1), (1, 81, 1), (0, 81, 0), (10, 4, 4), (10, None, 9), (3, None, 1)])
 def test_frames_to_keep_is_the_prefix_cut_to_4k_plus_1(available, num_frames, kept):
-    assert frames_to_keep(available, num_frames) == kept
+    assert frames_to_keep(available, num_frames, **CUT_4K1) == kept
 
 
 def test_frames_to_keep_follows_the_time_division():
@@ -101,8 +105,9 @@ def test_read_video_takes_the_first_frames(tmp_path):
     for i, img in enumerate(got):
         errors = [np.abs(np.asarray(img, np.int16) - np.asarray(f, np.int16)).mean() for f in frames]
         assert int(np.argmin(errors)) == i
-    assert len(read_video(path, num_frames=81)) == 9  # 12 frames: cut to 4k+1
-    assert len(read_video(path, num_frames=12)) == 12  # enough frames: exactly as asked
+    assert len(read_video(path, num_frames=81, **CUT_4K1)) == 9  # 12 frames: cut to 4k+1
+    assert len(read_video(path, num_frames=81)) == 12  # no time division asked: all it has
+    assert len(read_video(path, num_frames=12, **CUT_4K1)) == 12  # enough frames: exactly as asked
     with pytest.raises(UserError):
         read_video(path, num_frames=0)
 
@@ -213,7 +218,7 @@ def test_a_bad_clip_in_a_data_set_names_the_row_and_is_found_before_training(tmp
 def test_fewer_frames_than_asked_is_cut_not_refused(tmp_path):
     meta = write_example_video_dataset(tmp_path, n=2, num_frames=7, size=(32, 32))
     ds = UnifiedDataset(tmp_path, meta, data_file_keys="video",
-                        main_data_operator=UnifiedDataset.default_video_operator(tmp_path, num_frames=81))
+                        main_data_operator=UnifiedDataset.default_video_operator(tmp_path, num_frames=81, **CUT_4K1))
     assert [len(ds[i]["video"]) for i in range(2)] == [5, 5]
     assert ds.bucket_keys() == [((("video", ((32, 32, 5),)),), ())] * 2
 
@@ -301,7 +306,10 @@ def family(data="video", name="tiny_video", factor=4, remainder=1):
     pipeline = types.SimpleNamespace(time_division_factor=factor, time_division_remainder=remainder,
                                      default_num_frames=81, frame_inputs=FRAME_INPUTS, division_factor=16,
                                      data_inputs=(), units=[])
-    return types.SimpleNamespace(name=name, data=data, pipeline=pipeline, flag_settings=None)
+    from difftune.core.family import FamilySpec
+
+    return FamilySpec(name=name, pipeline=types.new_class("TinyVideoPipeline", (), {}, lambda ns: ns.update(
+        vars(pipeline))), components=(), data=data)
 
 
 def parse(tmp_path, *flags):
@@ -313,18 +321,20 @@ def parse(tmp_path, *flags):
 
 
 def test_num_frames_is_checked_against_the_family(tmp_path):
-    from difftune.training.builders import frame_settings
+    from difftune.training.config import FrameSettings, RunConfig, frame_settings
 
-    assert frame_settings(parse(tmp_path), family())["num_frames"] == 81  # the reference's default
-    assert frame_settings(parse(tmp_path, "--num_frames", "49"), family()) == {
-        "num_frames": 49, "time_division_factor": 4, "time_division_remainder": 1}
+    def settings(*flags, fam=None):
+        return frame_settings(RunConfig.from_namespace(parse(tmp_path, *flags)), fam or family())
+
+    assert settings().num_frames == 81  # the family's default (Wan's: the reference's)
+    assert settings("--num_frames", "49") == FrameSettings(49, 4, 1)
     with pytest.raises(UserError) as err:
-        frame_settings(parse(tmp_path, "--num_frames", "48"), family())
+        settings("--num_frames", "48")
     one_line(err, "--num_frames 48", "4k+1", "1, 5, 9")
     with pytest.raises(UserError) as err:
-        frame_settings(parse(tmp_path, "--num_frames", "49"), family(data="image", name="qwen_image"))
+        settings("--num_frames", "49", fam=family(data="image", name="qwen_image"))
     assert str(err.value).startswith("--num_frames: not used: the qwen_image family trains on images")
-    assert frame_settings(parse(tmp_path), family(data="image")) is None
+    assert settings(fam=family(data="image")) is None
     with pytest.raises(UserError) as err:
         parse(tmp_path, "--num_frames", "0")
     one_line(err, "--num_frames 0", "at least 1 frame")
@@ -332,12 +342,17 @@ def test_num_frames_is_checked_against_the_family(tmp_path):
 
 def test_the_cache_fingerprint_holds_the_frame_settings(tmp_path):
     from difftune.cache import fingerprint_hash
+    from difftune.training.config import RunConfig, frame_settings
     from difftune.training.stage1 import stage1_fingerprint
 
     split = types.SimpleNamespace(stage1_models=set(), stage1=[], frontier=[])
 
     def fingerprint(fam, *flags):
-        return stage1_fingerprint(parse(tmp_path, *flags), fam, split, [])
+        config = RunConfig.from_namespace(parse(tmp_path, *flags))
+        config = config.replace(frames=frame_settings(config, fam), family_options=None)
+        run = types.SimpleNamespace(config=config, split=split, family=fam, models=[], features=frozenset({"base"}),
+                                    pipeline=types.SimpleNamespace(__name__="TinyVideoPipeline"))
+        return stage1_fingerprint(run)
 
     video = family()
     a, b = fingerprint(video, "--num_frames", "49"), fingerprint(video, "--num_frames", "81")
@@ -401,64 +416,75 @@ def test_frame_grid_spreads_the_frames():
 
 
 # -- video outputs: validation clips and `difftune sample` ---------------------------------------------------
-class FakeVideoPipe:
-    """What validation uses of a video family's pipeline: noise (C, F, h, w), denoise, decode to (B, 3, F, H, W)."""
+def fake_video_pipeline():
+    """What validation uses of a video family's pipeline: noise (C, F, h, w) and decoding to clips (B, 3, F, H, W);
+    no timesteps, so the sampling template hands the noise straight to the decoder."""
+    import torch
 
-    decode_models, loss_models, units = (), ("dit",), []
-    device, torch_dtype = "cpu", None
+    from difftune.core.pipeline import BasePipeline
 
-    def __init__(self):
-        import torch
+    class FakeVideoPipe(BasePipeline):
+        model_names = loss_models = ("dit",)
+        output_kind = "clip"
 
-        self.torch_dtype = torch.float32
-        self.models = {"dit": torch.nn.Linear(1, 1)}
-        self.scheduler = types.SimpleNamespace(sigmas=None, timesteps=None, set_timesteps=lambda *a, **k: None)
-        self.frames_asked = []
+        def __init__(self, device="cpu", torch_dtype=torch.float32):
+            super().__init__(device, torch_dtype)
+            self.models["dit"] = torch.nn.Linear(1, 1)
+            self.scheduler = types.SimpleNamespace(sigmas=None, timesteps=[], set_timesteps=lambda *a, **k: None)
+            self.frames_asked = []
 
-    def noise_shape(self, height, width, num_frames=1):
-        self.frames_asked.append(num_frames)
-        return (3, num_frames, height, width)
+        def noise_shape(self, height, width, num_frames=1):
+            self.frames_asked.append(num_frames)
+            return (3, num_frames, height, width)
 
-    def seq_len(self, latents):
-        return 1
+        def decode(self, latents):
+            return latents.clamp(-1, 1)
 
-    def denoise(self, values, cfg_scale, progress):
-        return values["latents"]
+    return FakeVideoPipe
 
-    def decode(self, latents):
-        return latents.clamp(-1, 1)
+
+def validation_run(fam, *flags, tmp_path):
+    from difftune.training.config import RunConfig
+
+    config = RunConfig.from_namespace(parse(tmp_path, *flags))
+    config = config.with_family(fam)
+    return types.SimpleNamespace(config=config, family=fam, pipeline=fam.pipeline, models=[])
 
 
 def test_validation_renders_a_video_family_as_clips(tmp_path):
+    import dataclasses
+
+    from difftune.core.options import NoOptions
     from difftune.training.validation import Validator
 
-    args = parse(tmp_path, "--validation_prompts", "a|b", "--validation_size", "16", "--num_frames", "9",
-                 "--validation_num_frames", "5", "--output_path", str(tmp_path / "out"))
-    video = family()
-    video.pipeline.noise_shape = FakeVideoPipe.noise_shape
-    validator = Validator(args, [], types.SimpleNamespace(**vars(video), sample_defaults={}))
+    pipe_cls = fake_video_pipeline()
+    video = dataclasses.replace(family(), pipeline=pipe_cls)
+    pipe_cls.default_num_frames, pipe_cls.time_division_factor, pipe_cls.time_division_remainder = 81, 4, 1
+    assert video.options is NoOptions
+    validator = Validator(validation_run(video, "--validation_prompts", "a|b", "--validation_size", "16",
+                                         "--num_frames", "9", "--validation_num_frames", "5", "--output_path",
+                                         str(tmp_path / "out"), tmp_path=tmp_path))
     validator._embeddings = lambda pipe: {}
-    validator._values = lambda pipe, embeds, key: {}
-    pipe = FakeVideoPipe()
+    validator._decoders = lambda pipe: {}
+    pipe = pipe_cls()
     png = validator.render(pipe, 3)
     assert pipe.frames_asked == [5, 5]  # --validation_num_frames, per prompt
     assert png == tmp_path / "out" / "validation" / "step-000003.png"
     assert Image.open(png).size == (5 * 16, 2 * 16)  # a row of frames per prompt
     with Image.open(tmp_path / "out" / "validation" / "step-000003.gif") as gif:
         assert gif.n_frames == 5 and gif.size == (2 * 16, 16)  # the prompts side by side
-    args = parse(tmp_path, "--validation_prompts", "a", "--validation_size", "16", "--num_frames", "9")
-    assert Validator(args, [], types.SimpleNamespace(**vars(video), sample_defaults={})).num_frames == 9
+    run = validation_run(video, "--validation_prompts", "a", "--validation_size", "16", "--num_frames", "9",
+                         tmp_path=tmp_path)
+    assert Validator(run).num_frames == 9
     with pytest.raises(UserError) as err:
-        Validator(parse(tmp_path, "--validation_num_frames", "6"), [],
-                  types.SimpleNamespace(**vars(family()), sample_defaults={}))
+        validation_run(video, "--validation_num_frames", "6", tmp_path=tmp_path)
     one_line(err, "--validation_num_frames 6", "4k+1")
-    stills = family()
-    stills.pipeline.noise_shape = lambda height, width: (3, 1, height, width)  # a family that renders stills
+    stills = dataclasses.replace(video, pipeline=type("Stills", (pipe_cls,), {
+        "noise_shape": lambda self, height, width: (3, 1, height, width)}))  # a family that renders stills
     with pytest.raises(UserError) as err:
-        Validator(parse(tmp_path, "--validation_num_frames", "5"), [], types.SimpleNamespace(**vars(stills),
-                                                                                                  sample_defaults={}))
+        Validator(validation_run(stills, "--validation_num_frames", "5", tmp_path=tmp_path))
     one_line(err, "--validation_num_frames: not used", "renders stills")
-    assert Validator(parse(tmp_path), [], types.SimpleNamespace(**vars(stills), sample_defaults={})).num_frames is None
+    assert Validator(validation_run(stills, tmp_path=tmp_path)).num_frames is None
 
 
 def test_sample_output_names_follow_the_family():

@@ -19,6 +19,7 @@ from torch import nn
 from difftune.testing import register_tiny
 from difftune import (BasePipeline, ComponentSpec, FamilySpec, FlowMatchScheduler, PipelineUnit, UserError,
                       gradient_checkpoint_forward, images_to_tensor, register_family)
+from difftune.core.features import Feature
 
 PATCH = 4  # the image encoder's stride: latents are 1/4 of the image
 PROMPT_LENGTH = 16  # prompts are byte-tokenised to a fixed length, so no padding mask is needed
@@ -116,6 +117,21 @@ def tokenize(prompts: list[str]) -> torch.Tensor:
     return torch.tensor([r + [0] * (PROMPT_LENGTH - len(r)) for r in rows])
 
 
+class ToyReferenceUnit(PipelineUnit):
+    """The "reference" feature: an optional reference image, encoded at the output size; model_fn adds it."""
+
+    inputs = ("reference_image", "height", "width")
+    outputs = ("reference_latents",)
+    models = ("image_encoder",)
+    feature = "reference"
+
+    def process(self, pipe, reference_image, height, width):
+        if reference_image is None:
+            return {}
+        images = images_to_tensor(reference_image, height, width).to(pipe.device, pipe.torch_dtype)
+        return {"reference_latents": pipe.image_encoder(images)}
+
+
 class ToyPromptEncoderUnit(PipelineUnit):
     cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
     cfg_outputs = {"prompt_emb": ("prompt_emb", "negative_prompt_emb")}
@@ -130,12 +146,12 @@ class ToyPromptEncoderUnit(PipelineUnit):
 
 # -- model_fn -------------------------------------------------------------------------------------------
 
-def model_fn_toy(denoiser, latents, timestep, prompt_emb, use_gradient_checkpointing=False,
+def model_fn_toy(denoiser, latents, timestep, prompt_emb, reference_latents=None, use_gradient_checkpointing=False,
                  use_gradient_checkpointing_offload=False, **_: Any) -> torch.Tensor:
     """One denoiser call: latents (B, 4, h, w), timestep (B,) in [0, 1000] -> velocity (B, 4, h, w)."""
     t = timestep.to(latents.device, latents.dtype).reshape(-1, 1).expand(latents.shape[0], 1)
     cond = denoiser.time_embed(t / 1000) + prompt_emb.mean(dim=1)
-    x = latents
+    x = latents if reference_latents is None else latents + reference_latents.to(latents.dtype)
     for block in denoiser.blocks:
         x = gradient_checkpoint_forward(block, use_gradient_checkpointing, use_gradient_checkpointing_offload,
                                         x, cond=cond)
@@ -144,39 +160,49 @@ def model_fn_toy(denoiser, latents, timestep, prompt_emb, use_gradient_checkpoin
 
 # -- the pipeline ---------------------------------------------------------------------------------------
 
+REFERENCE = Feature("reference", columns=("reference_image",), model_fn_inputs=("reference_latents",))
+
+
 class ToyPipeline(BasePipeline):
-    family = "toy"
     model_names = ("denoiser", "image_encoder", "prompt_encoder")
     loss_models = ("denoiser",)
     settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload"})
     model_fn_inputs = ("prompt_emb",)
+    features = (REFERENCE,)
+    data_inputs = ("image", "prompt", "seed")
     division_factor = PATCH
+    call_defaults = {"height": 32, "width": 32, "num_inference_steps": 4, "cfg_scale": 1.0}
 
     def __init__(self, device="cpu", torch_dtype=torch.float32):
         super().__init__(device, torch_dtype)
         self.scheduler = FlowMatchScheduler(shift=3.0)  # a static time shift (diffusers' defaults otherwise)
-        self.units = [ToyShapeChecker(), ToyNoiseInitializer(), ToyImageEncoderUnit(), ToyPromptEncoderUnit()]
+        self.units = [ToyShapeChecker(), ToyNoiseInitializer(), ToyImageEncoderUnit(), ToyReferenceUnit(),
+                      ToyPromptEncoderUnit()]
 
-    def model_fn(self, latents, timestep, prompt_emb, **settings):
-        return model_fn_toy(self.denoiser, latents, timestep, prompt_emb, **settings)
+    def model_fn(self, latents, timestep, prompt_emb, reference_latents=None, **settings):
+        return model_fn_toy(self.denoiser, latents, timestep, prompt_emb, reference_latents, **settings)
 
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
         image = data.get("image")
         if not isinstance(image, Image.Image):
             raise UserError(f"row {data.get('_row', '?')}: 'image' must be an image file listed in --data_file_keys")
+        reference = data.get("reference_image")
         return {"prompt": data.get("prompt") or "", "negative_prompt": "", "input_image": image,
+                "reference_image": reference if isinstance(reference, Image.Image) else None,
                 "height": image.size[1], "width": image.size[0], "seed": data.get("seed"), "batch_size": 1}
 
-    @torch.no_grad()
+    def decode(self, latents):
+        """A preview without a decoder model: the first three latent channels, upsampled (validation renders it)."""
+        return torch.nn.functional.interpolate(latents[:, :3].float(), scale_factor=PATCH).tanh()
+
     def __call__(self, prompt: str, height: int = 32, width: int = 32, num_inference_steps: int = 4,
-                 seed: int | None = None, cfg_scale: float = 1.0, input_image=None, denoising_strength: float = 1.0):
-        """Latents (the toy has no decoder)."""
-        values = {"prompt": prompt, "negative_prompt": "", "height": height, "width": width, "seed": seed,
-                  "batch_size": 1, "input_image": input_image}
-        seq_len = (height // PATCH) * (width // PATCH)
-        self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength, image_seq_len=seq_len)
-        self.run_units(values, cfg=cfg_scale != 1.0)
-        return self.denoise(values, cfg_scale=cfg_scale, progress=False)
+                 seed: int | None = None, cfg_scale: float = 1.0, input_image=None, denoising_strength: float = 1.0,
+                 reference_image=None, output_type: str = "latent"):
+        """Latents by default (the toy's decode is only a preview)."""
+        values = {**self.prompt_values(prompt, ""), "height": height, "width": width, "seed": seed,
+                  "input_image": input_image, "reference_image": reference_image}
+        return self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps,
+                             denoising_strength=denoising_strength, progress=False, output_type=output_type)
 
 
 # -- registration ---------------------------------------------------------------------------------------

@@ -8,15 +8,15 @@ __version__ = "0.1.0"
 
 _API = (
     "BasePipeline", "ComponentSpec", "DiffusionTrainingModule", "FamilySpec", "FlowMatchScheduler", "ModelConfig",
-    "ModelLogger", "PipelineUnit", "QwenImagePipeline", "Split", "TokenizerSpec", "UnifiedDataset", "UserError", "WanVideoPipeline",
-    "detect_component", "direct_distill_loss", "gradient_checkpoint_forward", "images_to_tensor", "launch_training_task",
-    "load_component", "register_family", "sample_generator", "sft_loss", "split_units",
+    "ModelLogger", "PipelineUnit", "Split", "TokenizerSpec", "UnifiedDataset", "UserError", "detect_component",
+    "direct_distill_loss", "gradient_checkpoint_forward", "images_to_tensor", "launch_training_task",
+    "load_component", "pipeline_classes", "register_family", "sample_generator", "sft_loss", "split_units",
     "read_video", "save_video",  # clips as lists of PIL frames (difftune.media.video)
 )
 
 
 def __getattr__(name: str):
-    if name in _API:
+    if name in _API or name.endswith("Pipeline"):  # every registered family's pipeline class too
         from . import api
 
         return getattr(api, name)
@@ -24,7 +24,9 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_API))
+    from .api import pipeline_classes
+
+    return sorted(list(globals()) + list(_API) + list(pipeline_classes()))
 
 
 __all__ = ["__version__", *_API]

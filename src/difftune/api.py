@@ -31,8 +31,6 @@ from .core import BasePipeline, FamilySpec, PipelineUnit, Split, TokenizerSpec, 
 from .core.checkpointing import gradient_checkpoint_forward
 from .data import UnifiedDataset
 from .errors import UserError
-from .families.qwen_image import QwenImagePipeline
-from .families.wan import WanVideoPipeline
 from .media.image import images_to_tensor
 from .media.video import read_video, save_video
 from .core.family import detect_component, load_component
@@ -168,10 +166,25 @@ def launch_training_task(accelerator, dataset, model: DiffusionTrainingModule, m
     return summary
 
 
+def pipeline_classes() -> dict[str, type]:
+    """Every registered family's pipeline classes by name (QwenImagePipeline, FluxImagePipeline, WanVideoPipeline,
+    the variants' classes, and any a plugin registers)."""
+    from .core.family import families
+
+    return {cls.__name__: cls for spec in families().values() for cls in spec.pipelines}
+
+
+def __getattr__(name: str):
+    classes = pipeline_classes() if name.endswith("Pipeline") else {}
+    if name in classes:
+        return classes[name]
+    raise AttributeError(f"module 'difftune.api' has no attribute '{name}'")
+
+
 __all__ = [
-    # a training script
-    "DiffusionTrainingModule", "FlowMatchScheduler", "ModelConfig", "ModelLogger", "QwenImagePipeline",
-    "UnifiedDataset", "WanVideoPipeline", "direct_distill_loss", "launch_training_task", "sample_generator", "sft_loss",
+    # a training script (and every registered family's pipeline class: see pipeline_classes)
+    "DiffusionTrainingModule", "FlowMatchScheduler", "ModelConfig", "ModelLogger",
+    "UnifiedDataset", "direct_distill_loss", "pipeline_classes", "launch_training_task", "sample_generator", "sft_loss",
     # a model family
     "BasePipeline", "ComponentSpec", "FamilySpec", "PipelineUnit", "Split", "TokenizerSpec", "UserError", "detect_component",
     "gradient_checkpoint_forward", "images_to_tensor", "load_component", "register_family", "split_units",

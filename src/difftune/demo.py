@@ -242,7 +242,7 @@ def draw_grid(rows: list[tuple[str, list]], columns: list[str], path: Path, scal
 def _train(argv: list[str]) -> dict:
     """The `difftune train` command path: its parser, then `run`."""
     from .cli.args import training_parser
-    from .training.builders import reset_accelerate_state
+    from .training.setup import reset_accelerate_state
     from .training.recipe import run
 
     try:

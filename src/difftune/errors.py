@@ -14,3 +14,25 @@ class UserError(Exception):
 
 class UndeclaredIOError(RuntimeError):
     """A pipeline unit read or wrote a name, or used a model, that it did not declare (a bug in the unit)."""
+
+
+def one_line(text) -> str:
+    return " ".join(str(text).split("\n")).replace("\r", " ").strip()
+
+
+class DataError(UserError):
+    """A bad metadata file or sample: one line naming the file (and the row).
+
+    A DataLoader worker's exception reaches the main process as `DataError(<worker traceback>)` (torch
+    rebuilds it from the formatted traceback), so the constructor recovers the original one-line message
+    from the traceback's last line. Pickling keeps the message (it is the only argument)."""
+
+    def __init__(self, message: str = ""):
+        text = str(message)
+        if text.startswith("Caught ") and "Traceback" in text:
+            last = text.rstrip().splitlines()[-1]
+            marker = f"{type(self).__name__}: "
+            at = last.find(marker)
+            if at >= 0:
+                text = last[at + len(marker):]
+        super().__init__(one_line(text))

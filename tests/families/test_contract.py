@@ -25,7 +25,7 @@ from difftune.core.family import families, get_family, recognise
 from difftune.errors import UserError
 from difftune.models import ModelConfig
 from difftune.testing import tiny_family
-from difftune.training.builders import TaskSpec, compute_split
+from difftune.training.config import TaskSpec
 
 FAMILIES = sorted(families())
 
@@ -78,23 +78,24 @@ def test_recognised_from_its_weights_alone(tiny):
 def test_units_keep_to_their_declarations(tiny):
     """Every unit reaches only its declared models and writes only declared names (the runner raises
     otherwise), in training and inference; declarations name real slots and never write settings."""
+    from difftune.core.build import build_pipeline
     from difftune.data import UnifiedDataset
-    from difftune.training.builders import build_pipeline
 
     spec = get_family(tiny.name)
-    for unit in spec.pipeline().units:
-        assert set(unit.models) <= set(spec.slots), unit
-        assert not set(unit.writes()) & set(spec.pipeline.settings), unit
-    args = _args(tiny)
-    pipe = build_pipeline(spec, args, [(s, c) for s, c, _ in recognise([ModelConfig(p) for p in tiny.model_paths],
-                                                                        tiny.name)[1]], None, "cpu")
+    for cls in spec.pipelines:  # the family's pipeline and its variants' classes
+        instance = cls()
+        for unit in instance.all_units:
+            assert set(unit.models) <= set(cls.model_names), unit
+            assert not set(unit.writes()) & set(cls.settings), unit
+            assert unit.feature in cls.feature_names(), (cls.__name__, unit, unit.feature)
+        written = {n for u in instance.all_units for n in u.writes()}
+        for name in instance.model_fn_inputs_for(cls.feature_names()):
+            assert name in written, f"{cls.__name__}'s model_fn reads {name}, which no unit declares"
+    pipe = build_pipeline(spec, [ModelConfig(p) for p in tiny.model_paths], device="cpu", torch_dtype=torch.float32)
     dataset = UnifiedDataset(base_path=tiny.metadata.parent, metadata_path=tiny.metadata,
                              main_data_operator=UnifiedDataset.default_image_operator(
                                  tiny.metadata.parent, max_pixels=4096, height_division_factor=pipe.division_factor,
                                  width_division_factor=pipe.division_factor))
-    written = {n for u in pipe.units for n in u.writes()}
-    for name in spec.pipeline.model_fn_inputs:
-        assert name in written, f"model_fn reads {name}, which no unit declares"
     pipe.scheduler.set_training()
     values = pipe.training_inputs(dataset[0])
     pipe.run_units(values)  # training
@@ -133,7 +134,10 @@ def test_stage2_builds_only_the_models_it_uses(tiny, tmp_path, monkeypatch):
                         lambda config, *a, **k: built.append(real(config, *a, **k)) or built[-1])
     run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
               *flags(tiny, *case_flags))
-    split = compute_split(get_family(tiny.name), _args(tiny, *case_flags), TaskSpec("sft", "train"))
+    from conftest import setup_run
+
+    split = setup_run("--dataset_base_path", tiny.metadata.parent, "--dataset_metadata_path", tiny.metadata,
+                      *flags(tiny, *case_flags)).split
     assert sorted(c.name for c in built) == sorted(set(split.stage2_models) - set(tiny.optional_slots))
     assert set(split.stage1_models) - set(split.stage2_models)  # there was something to leave out
 

@@ -326,13 +326,10 @@ def test_batched_stage1_matches_one_at_a_time(repo, tmp_path):
 
 @pytest.mark.parametrize("trained,absent", [("text_encoder", "text_encoder_2"), ("text_encoder_2", "text_encoder")])
 def test_a_text_encoder_lora_leaves_the_other_encoder_in_stage_1(trained, absent):
-    from conftest import train_args
-    from difftune.core.family import get_family
-    from difftune.training.builders import TaskSpec, compute_split
+    from conftest import setup_run
 
-    args = train_args("--dataset_base_path", "data", "--family", "flux", "--lora_base_model", trained,
-                      "--lora_target_modules", "q")
-    split = compute_split(get_family("flux"), args, TaskSpec("sft", "train"))
+    split = setup_run("--dataset_base_path", "data", "--family", "flux", "--lora_base_model", trained,
+                      "--lora_target_modules", "q").split
     assert trained in split.stage2_models and "dit" in split.stage2_models
     assert absent not in split.stage2_models and absent in split.stage1_models
 

@@ -23,7 +23,7 @@ from difftune.families.qwen_image.forward import transformer_forward
 from difftune.models import ModelConfig
 from difftune.testing import (TinyQwenImageSpec, tiny_qwen_image_paths, tiny_qwen_transformer,
                               write_control_dataset, write_tiny_blockwise_controlnet, write_tiny_qwen_image)
-from difftune.training.builders import TaskSpec, compute_split
+from difftune.training.config import TaskSpec
 
 FAMILY = get_family("qwen_image")
 SIZE = (48, 32)  # width, height of the tiny data sets: 3 x 2 tokens
@@ -319,11 +319,10 @@ def test_controlnet_loaded_without_control_images_is_refused(ws, tmp_path):
 # -- the split ------------------------------------------------------------------------------------------------
 
 def test_split_of_a_trainable_controlnet(ws):
-    from conftest import train_args
+    from conftest import setup_run
 
-    args = train_args("--trainable_models", "blockwise_controlnet", "--dataset_base_path", ws["data_controlnet"].parent,
-                      *_flags([*ws["base"], ws["controlnet"]], ws["data_controlnet"], "controlnet"))
-    split = compute_split(FAMILY, args, TaskSpec("sft", "train"))
+    split = setup_run("--trainable_models", "blockwise_controlnet", "--dataset_base_path", ws["data_controlnet"].parent,
+                      *_flags([*ws["base"], ws["controlnet"]], ws["data_controlnet"], "controlnet")).split
     assert "QwenImageBlockwiseControlNetEmbedder" in [u.name for u in split.stage1]
     assert split.stage2 == ()
     assert "blockwise_controlnet_conditioning" in split.frontier

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,18 +26,70 @@ def toy_models(tmp_path_factory):
     return toy_family.write_toy_models(tmp_path_factory.mktemp("seam_toy"))
 
 
+SHARED = ("core", "training", "cache", "data", "lora", "models", "media", "cli")
+FAMILY_WORDS = re.compile(r"qwen|flux|\bwan(\b|_|\d)|z_?image|kontext|layered|eligen|umt5|a14b|ti2v|\bi2v", re.I)
+
+
+def _code_words(path):
+    """(line, text) of every identifier and every string in a module's code (docstrings and comments left out)."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node.lineno, node.value
+        elif isinstance(node, ast.Name):
+            yield node.lineno, node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.lineno, node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            yield node.lineno, node.name
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                yield node.lineno, alias.name
+            if isinstance(node, ast.ImportFrom) and node.module:
+                yield node.lineno, node.module
+
+
 def test_shared_code_never_imports_a_family():
-    # api.py and demo.py name the built-in families on purpose; testing/ writes each family's tiny models.
-    shared = [p for p in SRC.rglob("*.py") if "families" not in p.parts and "testing" not in p.parts
-              and p.name not in ("api.py", "demo.py")]
     offenders = []
-    for path in shared:
+    for path in (p for d in SHARED for p in (SRC / d).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if any("families" in (n or "").split(".") for n in names):
                 offenders.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert offenders == []
+
+
+def test_shared_code_names_no_family_flag_or_default():
+    """core, training, cache, data, lora, models, media and cli hold no family's name, pipeline class, flag or
+    model name in their code (identifiers and strings; docstrings and comments may mention them): what is
+    particular to a family is declared by the family."""
+    from difftune.core.family import families
+    from difftune.core.options import flag_fields
+
+    specs = families().values()
+    exact = {cls.__name__ for spec in specs for cls in spec.pipelines}
+    exact |= {f.name for spec in specs for f in flag_fields(spec.options)}
+    offenders = []
+    for path in (p for d in SHARED for p in (SRC / d).rglob("*.py")):
+        for line, text in _code_words(path):
+            if FAMILY_WORDS.search(text) or text in exact or any(f"--{n}" in text for n in exact):
+                offenders.append(f"{path.relative_to(SRC)}:{line}: {text[:60]!r}")
+    assert offenders == []
+
+
+def test_adding_a_family_touches_no_shared_file(tmp_path):
+    """A family is found by its package alone: the built-ins by scanning difftune/families/, so the list of known
+    families is not written anywhere."""
+    from difftune.core.family import builtin_families
+
+    packages = sorted(p.name for p in (SRC / "families").iterdir() if (p / "__init__.py").is_file())
+    assert sorted(builtin_families()) == packages
+    for path in (p for d in SHARED for p in (SRC / d).rglob("*.py")):
+        assert not any(f'"{name}"' in path.read_text() for name in packages), path
 
 
 def test_the_family_is_recognised_from_the_weights_and_logged(toy_models, capsys):
@@ -109,17 +162,28 @@ def test_loss_mask_leaves_masked_elements_out_of_the_loss():
     assert torch.allclose(half, err[..., :3].mean() * weight, atol=1e-6)
 
 
-def test_family_settings_from_flags_reach_the_units_and_the_cache_fingerprint(tmp_path, tiny_repo):
+def test_family_settings_from_flags_reach_the_units_and_the_cache_fingerprint(tmp_path):
+    """A family option (--edit_image_auto_resize) that a stage-1 unit of the run reads is in the cache's fingerprint;
+    a run whose units do not read it (plain text-to-image) keeps it out, so the cache stays valid either way."""
     from conftest import make_image_dataset, model_paths_json
+    from difftune.testing import write_tiny_qwen_image
 
+    repo = write_tiny_qwen_image(tmp_path / "edit_repo", edit=True)
     meta = make_image_dataset(tmp_path / "data", n=2)
-    run_train("--task", "sft:data_process", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
-              "--model_paths", model_paths_json(tiny_repo, ("text_encoder", "vae")), "--output_path",
-              tmp_path / "cache", "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--torch_dtype",
-              "float32", "--max_pixels", 4096, "--edit_image_auto_resize", "false", "--no_progress")
-    manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
+    rows = [line.split(",", 1) for line in meta.read_text().splitlines()[1:]]
+    edit = tmp_path / "data" / "edit.csv"
+    edit.write_text("image,edit_image,prompt\n" + "".join(f"{i},{i},{p}\n" for i, p in rows))
+    common = ["--dataset_base_path", meta.parent, "--model_paths", model_paths_json(repo, ("text_encoder", "vae")),
+              "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--torch_dtype", "float32",
+              "--max_pixels", 4096, "--edit_image_auto_resize", "false", "--no_progress", "--task", "sft:data_process"]
+    run_train(*common, "--dataset_metadata_path", edit, "--data_file_keys", "image,edit_image", "--extra_inputs",
+              "edit_image", "--output_path", tmp_path / "edit_cache")
+    manifest = json.loads((tmp_path / "edit_cache" / "manifest.json").read_text())
     assert manifest["fingerprint"]["preprocessing"]["edit_image_auto_resize"] is False
-    assert manifest["family"] == "qwen_image"
+    assert manifest["family"] == "qwen_image" and manifest["fingerprint"]["features"] == ["base", "edit"]
+    run_train(*common, "--dataset_metadata_path", meta, "--output_path", tmp_path / "plain_cache")
+    plain = json.loads((tmp_path / "plain_cache" / "manifest.json").read_text())["fingerprint"]
+    assert "edit_image_auto_resize" not in plain["preprocessing"] and plain["features"] == ["base"]
 
 
 def test_family_spec_is_needed_to_register():
@@ -127,3 +191,30 @@ def test_family_spec_is_needed_to_register():
         register_family("toy", toy_family.ToyPipeline)
     assert isinstance(toy_family.FAMILY, FamilySpec)
     assert all(isinstance(c, ComponentSpec) for c in toy_family.FAMILY.components)
+
+
+def test_a_package_on_the_families_path_is_found_and_trains(tmp_path, monkeypatch, toy_models):
+    """A family is a package under difftune/families/ and nothing else: one placed on that package's path (here a
+    copy of the toy family under another name) is found by the scan, exported by the API and trains."""
+    import difftune
+    import difftune.families
+
+    package = tmp_path / "families" / "toy_copy"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "import dataclasses\nimport toy_family\n\n"
+        "ToyCopyPipeline = type('ToyCopyPipeline', (toy_family.ToyPipeline,), {})\n"
+        "FAMILY = dataclasses.replace(toy_family.FAMILY, name='toy_copy', pipeline=ToyCopyPipeline)\n")
+    monkeypatch.setattr(difftune.families, "__path__", [*difftune.families.__path__, str(tmp_path / "families")])
+    from difftune.core.family import families
+
+    assert "toy_copy" in families()
+    assert difftune.ToyCopyPipeline.spec.name == "toy_copy"
+    from conftest import make_image_dataset
+
+    data = make_image_dataset(tmp_path / "data", n=2, size=(32, 24))
+    run_train("--family", "toy_copy", "--model_paths", json.dumps(list(toy_models.values())), "--dataset_base_path",
+              data.parent, "--dataset_metadata_path", data, "--trainable_models", "denoiser", "--torch_dtype",
+              "float32", "--max_steps", 1, "--output_path", tmp_path / "out", "--remove_prefix_in_ckpt",
+              "pipe.denoiser.", "--no_progress")
+    assert (tmp_path / "out" / "epoch-0.safetensors").is_file()

@@ -343,8 +343,8 @@ def test_expert_lora_fuses_into_the_low_noise_expert(repos, tmp_path):
 
 
 def test_validation_renders_frames_during_training(repos, tmp_path, capsys):
-    """T2V: validation renders the first frame of a clip per prompt into the grid; I2V: skipped with a note
-    (it would need an input image), and training goes on."""
+    """T2V: validation renders the first frame of a clip per prompt into the grid; I2V: each prompt renders with the
+    input image of the training sample of its index (at that sample's size), and training goes on."""
     meta = write_example_dataset(tmp_path / "data", n=1, size=(48, 32))
     common = ["--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
               "--validation_prompts", "a fox|a cat", "--validation_steps", 1, "--validation_size", 32,
@@ -356,7 +356,9 @@ def test_validation_renders_frames_during_training(repos, tmp_path, capsys):
     meta = with_input_image(meta)
     paths = [p[0] for p in tiny_wan_paths(repos["i2v"]).values()]
     run_train(*common, "--output_path", tmp_path / "i2v", "--extra_inputs", "input_image", *flags(paths))
-    assert "note: no validation images: this Wan DiT is image-to-video" in capsys.readouterr().out
+    assert "validation renders each prompt with the conditioning of the training sample" in capsys.readouterr().out
+    grids = sorted((tmp_path / "i2v").rglob("step-*.png"))
+    assert len(grids) == 1 and Image.open(grids[0]).size == (48, 2 * 32)  # a 48x32 frame per prompt, in rows
     assert any((tmp_path / "i2v").glob("*.safetensors"))  # the run finished and saved
 
 

@@ -32,10 +32,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..data.operators import DataError  # one line, also when raised in a DataLoader worker
+from ..errors import DataError  # one line, also when raised in a DataLoader worker
 from ..errors import UserError
 from ..util import PICKLE_SUFFIXES
 from ..io import atomic_write
+from .codec import (DTYPES, Encoder as _Encoder, content_of, decode_value as decode, merge_spec, spec_of,  # noqa: F401
+                    tensor_refs, tensor_sha256)
 from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest, atomic_write_json,
                        canonical_json, fingerprint_diff, read_manifest_json, source_change, source_identity)
 
@@ -44,9 +46,6 @@ SHARD_RE = re.compile(r"^shard-(\d{6,})\.(safetensors|json)$")
 COMPLETE_NAME = "complete.json"
 RAW_DATA_HINTS = ("metadata.csv", "metadata.json", "metadata.jsonl")
 STAGE1_HINT = "stage 2 needs the output of --task sft:data_process"
-DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
-    torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)}
 
 
 # -- layout -------------------------------------------------------------------------------------------
@@ -117,133 +116,6 @@ def natural_key(sample_id: str):
 
 
 # -- value encoding -----------------------------------------------------------------------------------
-# A value is encoded as {"json": v} | {"tensor": ref} | {"list": [enc...]} | {"dict": {k: enc}}; lists and
-# dicts with no tensor inside collapse to {"json": ...}. The tags make the encoding unambiguous, whatever
-# keys the user's dicts hold.
-
-def _tensor_bytes(t: torch.Tensor):
-    return t.reshape(-1).view(torch.uint8).numpy().data
-
-
-def tensor_sha256(t: torch.Tensor) -> str:
-    return hashlib.sha256(_tensor_bytes(t)).hexdigest()
-
-
-class _Encoder:
-    def __init__(self, sample_id: str, tensors: dict[str, torch.Tensor]):
-        self.sample_id, self.tensors, self.nbytes = sample_id, tensors, 0
-
-    def encode(self, value: Any, where: str) -> dict:
-        if value is None or isinstance(value, (str, bool, int)):
-            return {"json": value}
-        if isinstance(value, float):
-            if not math.isfinite(value):
-                raise ValueError(f"cache value {where!r} of sample {self.sample_id!r} is {value}; JSON cannot "
-                                 "hold NaN/Inf (store it as a tensor if that is intended)")
-            return {"json": value}
-        if isinstance(value, torch.Tensor):
-            return {"tensor": self._tensor(value, where)}
-        if isinstance(value, (list, tuple)):
-            items = [self.encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
-            if all("json" in e for e in items):
-                return {"json": [e["json"] for e in items]}
-            return {"list": items}
-        if isinstance(value, dict):
-            bad = [k for k in value if not isinstance(k, str)]
-            if bad:
-                raise TypeError(f"cache value {where!r} of sample {self.sample_id!r} has a non-string dict key "
-                                f"{bad[0]!r}; JSON keys must be strings")
-            items = {k: self.encode(v, f"{where}.{k}") for k, v in value.items()}
-            if all("json" in e for e in items.values()):
-                return {"json": {k: e["json"] for k, e in items.items()}}
-            return {"dict": items}
-        kind = f"{type(value).__module__}.{type(value).__qualname__}"
-        raise TypeError(f"cache value {where!r} of sample {self.sample_id!r} is a {kind}; the cache stores "
-                        "tensors and JSON values (str, int, float, bool, None, list, dict) only — convert it "
-                        "first (e.g. an image to a uint8 tensor)")
-
-    def _tensor(self, t: torch.Tensor, where: str) -> dict:
-        dtype = str(t.dtype).removeprefix("torch.")
-        if dtype not in DTYPES:
-            raise TypeError(f"cache value {where!r} of sample {self.sample_id!r} has dtype {dtype}; "
-                            f"supported: {', '.join(DTYPES)}")
-        if t.layout != torch.strided or t.is_meta:
-            raise TypeError(f"cache value {where!r} of sample {self.sample_id!r} is a {t.layout} / meta "
-                            "tensor; store dense tensors with data")
-        # A fresh contiguous CPU copy: never a view that pins a whole batch or shares storage with another.
-        t = t.detach().to("cpu", copy=True).contiguous()
-        key = f"{self.sample_id}/{where.replace('[', '/').replace(']', '').replace('.', '/')}"
-        while key in self.tensors:  # only a pathological id/name combination can collide
-            key += "#"
-        self.tensors[key] = t
-        self.nbytes += t.numel() * t.element_size()
-        return {"key": key, "dtype": dtype, "shape": list(t.shape), "sha256": tensor_sha256(t)}
-
-
-def spec_of(enc: dict) -> dict | None:
-    """The frontier spec of an encoded top-level value; None for a None value (fits any spec)."""
-    if "tensor" in enc:
-        return {"kind": "tensor", "dtype": enc["tensor"]["dtype"]}
-    if "json" in enc:
-        return None if enc["json"] is None else {"kind": "json"}
-    return {"kind": "tree"}
-
-
-def decode(enc: dict, get_tensor: Callable[[str], torch.Tensor]) -> Any:
-    if "json" in enc:
-        value = enc["json"]
-        return copy.deepcopy(value) if isinstance(value, (list, dict)) else value
-    if "tensor" in enc:
-        return get_tensor(enc["tensor"]["key"])
-    if "list" in enc:
-        return [decode(e, get_tensor) for e in enc["list"]]
-    if "dict" in enc:
-        return {k: decode(e, get_tensor) for k, e in enc["dict"].items()}
-    raise ValueError(f"unknown value encoding {sorted(enc)}")
-
-
-def tensor_refs(enc: dict, path: str):
-    """(path, tensor ref) for every tensor inside an encoded value."""
-    if "tensor" in enc:
-        yield path, enc["tensor"]
-    elif "list" in enc:
-        for i, e in enumerate(enc["list"]):
-            yield from tensor_refs(e, f"{path}[{i}]")
-    elif "dict" in enc:
-        for k, e in enc["dict"].items():
-            yield from tensor_refs(e, f"{path}.{k}")
-
-
-def content_of(enc: Any) -> Any:
-    """An encoded value without its storage keys: equal content <=> equal result of this."""
-    if isinstance(enc, dict):
-        if "tensor" in enc:
-            return {"tensor": {k: v for k, v in enc["tensor"].items() if k != "key"}}
-        return {k: content_of(v) for k, v in enc.items()}
-    if isinstance(enc, list):
-        return [content_of(v) for v in enc]
-    return enc
-
-
-def merge_spec(frontier: dict[str, dict | None], name: str, spec: dict | None) -> str | None:
-    """Record `spec` for `name` in `frontier`; return a description of the conflict, if any."""
-    have = frontier.get(name)
-    if spec is None:
-        return None
-    if have is None:
-        frontier[name] = spec
-        return None
-    if have != spec:
-        return f"{name!r} is {_describe(spec)} but earlier samples have {_describe(have)}"
-    return None
-
-
-def _describe(spec: dict) -> str:
-    if spec["kind"] == "tensor":
-        return f"a {spec['dtype']} tensor"
-    return {"json": "a JSON value", "tree": "a list/dict of tensors"}[spec["kind"]]
-
-
 # -- shards -------------------------------------------------------------------------------------------
 
 @dataclass

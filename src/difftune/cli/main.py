@@ -15,6 +15,11 @@ from ..training.signals import Terminated
 
 
 def _quiet_libraries() -> None:
+    import logging
+
+    # bitsandbytes (an optional extra) warns at import that an optional CPU kernel package is missing; it falls
+    # back by itself, and the warning would land in every command's output
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         import diffusers
@@ -72,8 +77,8 @@ def cmd_demo(argv: list[str]) -> int:
 
 def cmd_example(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="difftune example-workspace",
-                                     description="Write a tiny Qwen-Image (official layout) under DIR/models/Qwen/Qwen-Image "
-                                                 "and a tiny data set under DIR/data/example_image_dataset, so the "
+                                     description="Write the demo's tiny model (official layout) under DIR/models/ (where its "
+                                                 "hub id resolves) and a tiny data set under DIR/data/, so the "
                                                  "reference's command lines run unchanged in DIR.")
     parser.add_argument("dir")
     args = parser.parse_args(argv)

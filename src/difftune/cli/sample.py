@@ -1,10 +1,16 @@
-"""`difftune sample`: generate images (or, with a video family, clips) from the shell, optionally with trained LoRAs."""
+"""`difftune sample`: generate images (or, with a video family, clips) from the shell, optionally with trained LoRAs.
+
+The shared flags are here; each family declares its own (its tokenizer paths and sample inputs: an edit image, a
+control image, an end frame, ...) in its options, and a flag of another family is refused in one line."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
+from ..core.family import families
+from ..core.options import add_flags, flag_fields, option_names
 from ..errors import UserError
 from ..io import atomic_save_image
 
@@ -14,10 +20,6 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_paths", default=None, help="JSON list of model files, as for training.")
     p.add_argument("--model_id_with_origin_paths", default=None, help="model_id:glob entries, as for training.")
     p.add_argument("--model_dir", default=None, help="A model repository in the official layout (all components).")
-    p.add_argument("--tokenizer_path", default=None)
-    p.add_argument("--processor_path", default=None)
-    p.add_argument("--tokenizer_1_path", default=None, help="FLUX: the CLIP tokenizer (default: tokenizer/ beside it).")
-    p.add_argument("--tokenizer_2_path", default=None, help="FLUX: the T5 tokenizer (default: tokenizer_2/ beside it).")
     p.add_argument("--fp8_models", default=None)
     p.add_argument("--quant_options", default=None, help="Models to run with 4-bit Linear weights, as for training.")
     p.add_argument("--family", default=None)
@@ -25,33 +27,24 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="Default: cuda if available, else cpu.")
     p.add_argument("--prompt", required=True, action="append", help="Repeat for several images.")
     p.add_argument("--negative_prompt", default="")
-    p.add_argument("--cfg_scale", type=float, default=None, help="Default: the family's (Qwen-Image: 4).")
-    p.add_argument("--height", type=int, default=None, help="Default: the family's (Qwen-Image: 1328).")
-    p.add_argument("--width", type=int, default=None, help="Default: the family's (Qwen-Image: 1328).")
-    p.add_argument("--num_inference_steps", type=int, default=None, help="Default: the family's (Qwen-Image: 30).")
-    p.add_argument("--embedded_guidance", type=float, default=None, help="FLUX.1-dev's distilled guidance "
-                   "(default: the family's, 3.5).")
-    p.add_argument("--end_image", default=None, help="Wan I2V: the last frame.")
+    p.add_argument("--cfg_scale", type=float, default=None, help="Default: the family's.")
+    p.add_argument("--height", type=int, default=None, help="Default: the family's.")
+    p.add_argument("--width", type=int, default=None, help="Default: the family's.")
+    p.add_argument("--num_inference_steps", type=int, default=None, help="Default: the family's.")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--input_image", default=None, help="Image-to-image: the starting image.")
+    p.add_argument("--input_image", default=None, help="Image-to-image (image families) or image-to-video: the "
+                                                       "starting image.")
     p.add_argument("--denoising_strength", type=float, default=1.0)
-    p.add_argument("--edit_image", action="append", default=None,
-                   help="Qwen-Image-Edit: the image to edit; repeat it for several (Edit-2509/2511: the multi-image "
-                        "template).")
-    p.add_argument("--edit_plus", action="store_true",
-                   help="The multi-image template (Edit-2509/2511) even for one --edit_image.")
-    p.add_argument("--kontext_images", action="append", default=None,
-                   help="FLUX.1 Kontext: a reference image (repeat for several).")
-    p.add_argument("--layer_input_image", default=None, help="Qwen-Image-Layered: the image to take apart (RGBA).")
-    p.add_argument("--layer_num", type=int, default=None, help="Qwen-Image-Layered: layers besides the first "
-                                                                  "(writes NAME-layer<k>.png per layer).")
     p.add_argument("--lora", action="append", default=[], help="A LoRA file to apply (repeatable).")
     p.add_argument("--lora_alpha", type=float, action="append", default=[], help="Strength per --lora (default 1).")
     p.add_argument("--num_frames", type=int, default=None,
-                   help="Video families: frames of the clip (4k+1; default: the family's, 81).")
+                   help="Video families: frames of the clip (a count the family's VAE takes; default: the family's).")
     p.add_argument("--fps", type=float, default=16, help="Video families: frame rate of the written clip.")
     p.add_argument("--output", default=None, help="Output file (several prompts: NAME-<i>.EXT); default sample.png, or "
                    "sample.mp4 for a video family (.mp4/.mov/.mkv/.avi/.webm, or an animated .gif/.webp).")
+    seen = {a.dest for a in p._actions}
+    for name, spec in sorted(families().items()):
+        add_flags(p, spec.options, "sample", title=f"{name} flags", suppress_defaults=True, seen=seen)
     return p
 
 
@@ -74,72 +67,110 @@ def model_args_from_dir(model_dir: str) -> str:
     return json.dumps(entries)
 
 
+def family_inputs(args, family) -> tuple[object, dict]:
+    """The family's options from the flags given (another family's refused) and its sample inputs as pipeline
+    arguments, image flags read as images."""
+    from ..media.image import load_image
+
+    shared = {a for a in vars(sample_parser_shared())}
+    given = {k: v for k, v in vars(args).items() if k not in shared and v is not None}
+    takes = set(option_names(family.options, "sample"))
+    for name in given:
+        if name not in takes:
+            raise UserError(f"--{name}: the {family.name} family does not take it")
+    options = family.options(**given)
+    images = {}
+    for f in flag_fields(family.options):
+        mode = f.metadata["flag"]["load"]
+        value = getattr(options, f.name)
+        if mode and value is not None:
+            images[f.name] = [load_image(v, mode) for v in value] if isinstance(value, list) else \
+                load_image(value, mode)
+    call = options.call_inputs(images) if hasattr(options, "call_inputs") else \
+        {**{k: v for k, v in images.items() if v is not None},
+         **{f.name: getattr(options, f.name) for f in flag_fields(family.options)
+            if f.metadata["flag"]["sample"] and not f.metadata["flag"]["train"] and not f.metadata["flag"]["load"]
+            and getattr(options, f.name) is not None}}
+    return options, call
+
+
+_SHARED = None
+
+
+def sample_parser_shared():
+    """The shared flags' names (a namespace of defaults), without any family's."""
+    global _SHARED
+    if _SHARED is None:
+        p = sample_parser()
+        names = {a.dest: None for a in p._actions if a.default is not argparse.SUPPRESS}
+        _SHARED = argparse.Namespace(**names)
+    return _SHARED
+
+
 def main(argv: list[str]) -> int:
     import inspect
 
     import torch
-    from PIL import Image
 
+    from ..core.build import build_pipeline
+    from ..core.family import recognise
     from ..lora import load_lora_file
-    from ..training.builders import build_pipeline, resolve_models
+    from ..media.image import load_image
+    from ..models import check_fp8_slots, parse_model_configs
+    from ..training.config import RunConfig, frame_settings
 
     args = sample_parser().parse_args(argv)
     if args.model_dir:
         args.model_paths = model_args_from_dir(args.model_dir)
     if not (args.model_paths or args.model_id_with_origin_paths):
         raise UserError("no model given: use --model_dir, --model_paths or --model_id_with_origin_paths")
-    args.initialize_model_on_cpu = False
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    family, models = resolve_models(args)
+    configs = parse_model_configs(args.model_paths, args.model_id_with_origin_paths, args.fp8_models,
+                                  quant_options=args.quant_options)
+    family, found = recognise(configs, args.family)
+    check_fp8_slots(configs, family.slots)
     video = family.data == "video"
     output = _output(args, family, video)  # refused before any model is loaded
-    pipe = build_pipeline(family, args, models, None, device)
+    options, call_inputs = family_inputs(args, family)
+    call_inputs = {"input_image": load_image(args.input_image) if args.input_image else None, **call_inputs}
+    from ..core.build import context_of
+
+    context = context_of(found, {k for k, v in call_inputs.items() if v is not None}, options)
+    pipeline = family.pipeline_for(context)
+    pipe = build_pipeline(family, [(s, c) for s, c, _ in found], device=device, torch_dtype=args.torch_dtype,
+                          pipeline=pipeline, features=pipeline.resolve_features(context), options=options)
     by_prefix = {family.lora_prefix(slot): slot for slot in family.slots}
     for i, path in enumerate(args.lora):
         alpha = args.lora_alpha[i] if i < len(args.lora_alpha) else 1.0
         # every model the file has a LoRA for
         for prefix in load_lora_file(path, converters=family.lora_converters).components:
-            slot = by_prefix.get(prefix) or family.pipeline.loss_models[0]
+            slot = by_prefix.get(prefix) or pipeline.loss_models[0]
             if pipe.models.get(slot) is None:
                 raise UserError(f"--lora {path}: it holds a LoRA for {slot}, which is not loaded")
             pipe.load_lora(pipe.models[slot], path, alpha=alpha)
 
-    def load(path, mode="RGB"):
-        if path is None:
-            return None
-        try:
-            return Image.open(path).convert(mode)
-        except OSError as err:
-            raise UserError(f"{path}: cannot read image ({err})") from None
-
-    call = {"negative_prompt": args.negative_prompt, "seed": args.seed, **dict(family.sample_defaults)}
+    call = {"negative_prompt": args.negative_prompt, "seed": args.seed}
+    accepted = inspect.signature(pipe.__call__).parameters
+    defaults = {k: v for k, v in pipeline.call_defaults.items() if k in accepted}
+    call.update(defaults)
     call.update({k: v for k, v in (("cfg_scale", args.cfg_scale), ("height", args.height), ("width", args.width),
                                     ("num_inference_steps", args.num_inference_steps)) if v is not None})
-    if args.edit_plus and not args.edit_image:
-        raise UserError("--edit_plus: it needs --edit_image")
-    edit = [load(p) for p in args.edit_image or []]
-    edit = edit if len(edit) > 1 or args.edit_plus else edit[0] if edit else None  # a list: Edit-Plus
-    extra = {"input_image": load(args.input_image), "edit_image": edit,
-             "embedded_guidance": args.embedded_guidance, "end_image": load(args.end_image),
-             "denoising_strength": args.denoising_strength if args.denoising_strength != 1.0 else None,
-             "kontext_images": [load(p) for p in args.kontext_images] if args.kontext_images else None,
-             "layer_input_image": load(args.layer_input_image, "RGBA"), "layer_num": args.layer_num}
-    accepted = inspect.signature(pipe.__call__).parameters
-    for name, value in extra.items():
+    for name, value in call_inputs.items():
         if value is not None:
             if name not in accepted:
-                raise UserError(f"--{name}: the {family.name} family does not take it")
+                raise UserError(f"--{name}: {pipeline.__name__} does not take it")
             call[name] = value
     if args.input_image is not None and "denoising_strength" in accepted:
         call["denoising_strength"] = args.denoising_strength
+    elif args.denoising_strength != 1.0:
+        raise UserError("--denoising_strength: it needs --input_image (image-to-image)")
     if video:
-        from ..training.builders import frame_settings
-
-        call["num_frames"] = frame_settings(args, family)["num_frames"]
+        call["num_frames"] = frame_settings(RunConfig(dataset_base_path=".", num_frames=args.num_frames),
+                                            family).num_frames
     images = pipe(args.prompt, **call)
     root, ext = os.path.splitext(output)
     outputs = [output] if len(images) == 1 else [f"{root}-{i}{ext}" for i in range(len(images))]
-    if not video and images and isinstance(images[0], list):  # a stack of layers per prompt (Qwen-Image-Layered)
+    if pipeline.output_kind == "layers":  # a stack of layers per prompt (Qwen-Image-Layered)
         pairs = [(layer, f"{os.path.splitext(out)[0]}-layer{k}{ext}")
                  for stack, out in zip(images, outputs) for k, layer in enumerate(stack)]
         images, outputs = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -157,9 +188,10 @@ def main(argv: list[str]) -> int:
 def _output(args, family, video: bool) -> str:
     """The output name, its extension checked against what the family makes."""
     from ..media.video import VIDEO_EXTENSIONS, WRITABLE_EXTENSIONS
-    from ..training.builders import frame_settings
+    from ..training.config import RunConfig, frame_settings
 
-    frame_settings(args, family)  # --num_frames: refused for an image family, 4k+1 for a video family
+    # --num_frames: refused for an image family, 4k+1 for a video family
+    frame_settings(dataclasses.replace(RunConfig(dataset_base_path="."), num_frames=args.num_frames), family)
     output = args.output or ("sample.mp4" if video else "sample.png")
     ext = os.path.splitext(output)[1].lower()
     if video and ext not in WRITABLE_EXTENSIONS:

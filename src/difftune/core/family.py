@@ -1,28 +1,36 @@
 """The family seam: a `FamilySpec` says everything that is particular to one model family, and the registry
 finds families by name or from the weights a user hands us.
 
-Shared code reads a family only through its spec (and the pipeline class the spec names); it never imports
-a family package. Built-in families are listed by module path and imported on first use; other packages add
-theirs through the `difftune.families` entry point group or `register_family`.
+Shared code reads a family only through its spec (and the pipeline classes the spec names, whose `spec` attribute
+points back to it); it never imports a family package by name. Built-in families are found by scanning the
+`difftune.families` package (each subpackage whose `FAMILY` is a spec); other packages add theirs through the
+`difftune.families` entry point group or `register_family`.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from ..util import first_line
+from .options import NoOptions
 
 if TYPE_CHECKING:
     from ..models.detect import ComponentSpec, DetectedComponent
 
 ENTRY_POINT_GROUP = "difftune.families"
-# Built-in families: module path of the package whose `FAMILY` is the spec (imported only when needed).
-BUILTIN = {"qwen_image": "difftune.families.qwen_image", "flux": "difftune.families.flux",
-           "wan": "difftune.families.wan"}
+BUILTIN_PACKAGE = "difftune.families"
+
+
+def builtin_families() -> dict[str, str]:
+    """name -> module of every package under difftune/families/ (found, not listed)."""
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    found = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg)
+    return {name: f"{BUILTIN_PACKAGE}.{name}" for name in found}
 
 
 @dataclass(frozen=True)
@@ -38,11 +46,13 @@ class TokenizerSpec:
     slot: str  # the model it serves: loaded only when that model is
     folder: str  # folder beside the model's own folder in the official layout
     load: Callable[[Any], Any]  # a folder or ModelConfig -> the object
-    flag: str | None = None  # the CLI flag that names it (argument name, e.g. "tokenizer_path")
+    flag: str | None = None  # the family option (CLI flag) that names it, e.g. "tokenizer_path"
     default: str | None = None  # model_id:folder/ fallback
     required: bool = True
-    # Whether this run needs it at all (e.g. the edit processor only for edit data): args -> bool.
-    needed: Callable[[Any], bool] | None = None
+    # The feature that needs it (e.g. the edit processor: "edit"); None: every run that loads `slot`. Only a
+    # needed one is fetched from the hub or its `default`; one found beside the weights is always loaded.
+    feature: str | None = None
+    download: bool = True  # False: only ever found beside the weights (e.g. a repository's scheduler/)
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,7 @@ class FamilySpec:
     how the family's files are recognised and loaded and what the `train` and `sample` commands assume."""
 
     name: str
-    pipeline: type
+    pipeline: type  # the family's pipeline class
     components: tuple[ComponentSpec, ...]  # recognisable models; each fills `spec.name` (and `spec.extra_slots`)
     tokenizers: tuple[TokenizerSpec, ...] = ()
     # Slot -> key prefix of that model's weights in LoRA files (diffusers' names).
@@ -77,17 +87,41 @@ class FamilySpec:
     # from file headers, nothing loaded), or None: the default of --expert_boundary.
     expert_boundary: Callable[[list], float | None] | None = None
     data: str = "image"  # what the data operator loads: image | video
-    # Data operators of particular columns (args -> {column: DataOperator}), e.g. Qwen-Image-Layered's RGBA layers;
-    # every other file column is loaded by the default operator (RGB images).
-    data_operators: Callable[[Any], Mapping[str, Any]] | None = None
-    # Run-time settings this family's units read, from the flags (args -> {name: value}); never cached.
-    flag_settings: Callable[[Any], dict] | None = None
-    sample_defaults: Mapping[str, Any] = field(default_factory=dict)  # height, width, steps, cfg_scale, ...
+    # The family's own options: a dataclass whose fields are its flags (core/options.py), e.g. its tokenizer
+    # paths; `difftune train` / `sample` take them, a run receives them as `config.family_options`.
+    options: type = NoOptions
+    # Run-time settings this family's units read, from its options (options -> {name: value}); never cached.
+    unit_settings: Callable[[Any], dict] | None = None
+    # Training losses only this family has (`--task <name>`): name -> (loss function, the names it reads besides
+    # model_fn's), as training/losses.py's table.
+    losses: Mapping[str, tuple[Callable, tuple[str, ...]]] = field(default_factory=dict)
+    # Pipeline classes of variants that change the algorithm (latent layout, model_fn, CFG, sampling), e.g.
+    # Qwen-Image-Layered; each says which runs are its own (`claims`), tried in order before `pipeline`.
+    variants: tuple[type, ...] = ()
     description: str = ""
+
+    def __post_init__(self):
+        for cls in self.pipelines:
+            cls.spec = self  # a pipeline knows its family without a look-up by name
+
+    @property
+    def pipelines(self) -> tuple[type, ...]:
+        return (*self.variants, self.pipeline)
+
+    def pipeline_for(self, context) -> type:
+        """The variant pipeline class whose runs these are (from the weights and data columns), else the family's."""
+        return next((cls for cls in self.variants if cls.claims(context)), self.pipeline)
+
+    def pipeline_named(self, name: str) -> type:
+        for cls in self.pipelines:
+            if cls.__name__ == name:
+                return cls
+        raise UserError(f"the {self.name} family has no pipeline {name} (it has "
+                        f"{', '.join(c.__name__ for c in self.pipelines)})")
 
     @property
     def slots(self) -> tuple[str, ...]:
-        return tuple(self.pipeline.model_names)
+        return tuple(dict.fromkeys(s for cls in self.pipelines for s in cls.model_names))
 
     def lora_prefix(self, slot: str) -> str:
         return self.lora_prefixes.get(slot, slot)
@@ -143,7 +177,7 @@ def families() -> dict[str, FamilySpec]:
     """Built-in families, then packages' `difftune.families` entry points, then `register_family` calls."""
     from importlib.metadata import entry_points
 
-    found = {name: _load(name, target, "module") for name, target in BUILTIN.items()}
+    found = {name: _load(name, target, "module") for name, target in builtin_families().items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         found[ep.name] = _load(ep.name, ep.value, "entry point")
     found.update(_REGISTERED)
@@ -184,8 +218,9 @@ def recognise(configs: Sequence, family: str | None = None, log=print) -> tuple[
         raise UserError(f"the weights fit several families ({', '.join(s.name for s, _ in fits)}): "
                         f"choose one with --family")
     if not fits:
-        # the error of the family that recognised the most models says best what is wrong
-        best = max(known.values(), key=lambda s: _count_recognised(s, configs))
+        # the error of the family that recognised the most models says best what is wrong (on a tie, one that
+        # found a near miss: "looks like a ...")
+        best = max(known.values(), key=lambda s: (_count_recognised(s, configs), "looks like" in errors[s.name]))
         raise UserError(f"{errors[best.name]} (tried the families {', '.join(sorted(known))}; "
                         f"--family names one)")
     spec, detected = fits[0]
@@ -229,5 +264,5 @@ def _slots(spec: FamilySpec, detected) -> list:
     return [(slot, c, by_id[id(c)]) for slot, c in spec.assign_slots(detected)]
 
 
-__all__ = ["ENTRY_POINT_GROUP", "FamilySpec", "TokenizerSpec", "detect_component", "families", "get_family",
+__all__ = ["ENTRY_POINT_GROUP", "FamilySpec", "builtin_families", "TokenizerSpec", "detect_component", "families", "get_family",
            "load_component", "recognise", "register_family"]

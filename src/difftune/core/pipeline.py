@@ -1,5 +1,10 @@
-"""The base pipeline every family subclasses: model slots by name, device and dtype, freezing, the units,
-and the sampling loop (`model_fn` over the scheduler's steps with classifier-free guidance)."""
+"""The base pipeline every family subclasses: model slots by name, device and dtype, freezing, the units and the
+features they serve, and the one sampling template.
+
+Sampling is written once (`generate`): set the timesteps, run the units, denoise (`model_fn` over the scheduler's
+steps with classifier-free guidance), finish and decode. A family fills in hooks (`set_timesteps`, `model_fn`,
+`combine_cfg`, `finish_latents`, `postprocess`) and maps its `__call__` arguments to values; validation during
+training and `direct_distill` call the same pieces (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -10,44 +15,57 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import UserError
+from .features import BASE, Feature, RunContext, model_config, resolve_features
 from .units import PipelineUnit, run_unit
 
 
 class BasePipeline:
-    """Models by name, device and dtype, the units, `freeze_except`, and the sampling loop.
+    """Models by name, device and dtype, the units and features, `freeze_except`, and the sampling template.
 
-    Families subclass it and set `model_names`, `units`, `model_fn` and `model_fn_inputs`.
+    Families subclass it and set `model_names`, the units (`self.units = [...]` in `__init__`), `features`,
+    `model_fn` and `model_fn_inputs`; a variant that changes the algorithm subclasses the family's pipeline and
+    says which runs are its own (`claims`).
     """
 
     model_names: tuple[str, ...] = ()
     # Names that are run-time settings, not data: supplied by each stage's own arguments, never cached.
     settings: frozenset[str] = frozenset()
-    # Names `model_fn` reads from the values besides `latents` and `timestep`.
+    # Names `model_fn` reads from the values besides `latents` and `timestep` in every run; features add theirs.
     model_fn_inputs: tuple[str, ...] = ()
-    # The data columns `training_inputs` reads (empty: not declared, nothing is checked). A column a flag names
-    # (--extra_inputs, --data_file_keys) that the family does not read is refused rather than dropped.
+    # The parts only some runs use (core/features.py).
+    features: tuple[Feature, ...] = ()
+    # The data columns `training_inputs` reads in every run; features add theirs. A column a flag names
+    # (--extra_inputs, --data_file_keys) that no part reads is refused rather than dropped.
     data_inputs: tuple[str, ...] = ()
     # How values that come with the data batch (units declare theirs in `PipelineUnit.batching`).
     input_batching: Mapping[str, Any] = {}
     # Run-time settings the loss hands on to `model_fn` (a family adds its own, e.g. Qwen's zero_cond_t).
     model_fn_settings: tuple[str, ...] = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")
-    # Models `model_fn` uses (the denoiser): stage 2 always loads them.
+    # Models `model_fn` uses (the denoiser first): stage 2 always loads them.
     loss_models: tuple[str, ...] = ()
     # Models `decode` uses (the VAE): validation loads them for a render when the stage has not.
     decode_models: tuple[str, ...] = ()
     # Training images are cropped so both sides are multiples of this.
     division_factor: int = 1
     # Video families (`FamilySpec.data == "video"`): a clip trains on `--num_frames` frames (default
-    # `default_num_frames`), which must be time_division_factor * k + time_division_remainder (Wan: 4k+1);
-    # a shorter clip is cut to the largest such count it has.
-    default_num_frames: int = 81
-    time_division_factor: int = 4
-    time_division_remainder: int = 1
+    # `default_num_frames`), which must be time_division_factor * k + time_division_remainder; a shorter clip is cut
+    # to the largest such count it has.
+    default_num_frames: int | None = None
+    time_division_factor: int = 1
+    time_division_remainder: int = 0
     # --extra_inputs taken from a clip's frames when the metadata has no such column: name -> (clip column,
-    # frame index), e.g. {"input_image": ("video", 0), "end_image": ("video", -1)} (the reference's Wan script).
+    # frame index).
     frame_inputs: Mapping[str, tuple[str, int]] = {}
-    # The family's name (`FamilySpec.name`): how the shared code finds its spec.
-    family: str = ""
+    # Every sampling default of the family, in one place: height, width, num_inference_steps, cfg_scale and the
+    # family's own (FLUX's embedded_guidance, a video family's num_frames, ...). `__call__`, `difftune sample` and
+    # validation read them here.
+    call_defaults: Mapping[str, Any] = {}
+    # Values sampling computes from its own settings, never taken from a training sample (FLUX's embedded guidance).
+    sampling_values: tuple[str, ...] = ()
+    # What a call returns per prompt: "image", "clip" (a list of frames) or "layers" (a list of RGBA images).
+    output_kind: str = "image"
+    # The family's spec (set when its FamilySpec is made): how shared code finds the family of a pipeline.
+    spec = None
     # Latent layout, for the loss and sampling: latents (B, C, [frames,] H, W) are cut into patch_size^2 tokens.
     patch_size: int = 1
     latent_channels: int = 4
@@ -57,8 +75,90 @@ class BasePipeline:
         self.device = torch.device(device)
         self.torch_dtype = torch_dtype
         self.models: dict[str, torch.nn.Module | None] = {name: None for name in self.model_names}
-        self.units: list[PipelineUnit] = []
+        self.all_units: list[PipelineUnit] = []
+        self.active_features: frozenset[str] | None = None  # None: not resolved (each call resolves its own)
         self.scheduler = None
+
+    @property
+    def family(self) -> str:
+        return self.spec.name if self.spec is not None else ""
+
+    # -- variants and features ------------------------------------------------------------------------
+    @classmethod
+    def claims(cls, context: RunContext) -> bool:
+        """Whether a run with this context is this variant's (a variant pipeline class overrides it)."""
+        return False
+
+    @classmethod
+    def check_run(cls, context: RunContext, features: frozenset[str]) -> None:
+        """Refuse, before any work, a run whose models and data do not go together (a family overrides it)."""
+
+    @classmethod
+    def data_operators(cls, config) -> dict:
+        """Data operators of particular columns (column -> DataOperator), e.g. Qwen-Image-Layered's RGBA layers;
+        every other file column is loaded by the default operator."""
+        return {}
+
+    @classmethod
+    def feature_names(cls) -> tuple[str, ...]:
+        return (BASE, *(f.name for f in cls.features))
+
+    @classmethod
+    def all_data_inputs(cls) -> tuple[str, ...]:
+        """Every data column some part of this pipeline reads."""
+        return tuple(dict.fromkeys([*cls.data_inputs, *(c for f in cls.features for c in f.reads())]))
+
+    @classmethod
+    def resolve_features(cls, context: RunContext) -> frozenset[str]:
+        return resolve_features(cls.features, context)
+
+    @property
+    def units(self) -> list[PipelineUnit]:
+        """The units of the run's features (every unit while none are resolved)."""
+        if self.active_features is None:
+            return list(self.all_units)
+        return self.units_for(self.active_features)
+
+    @units.setter
+    def units(self, units: Sequence[PipelineUnit]) -> None:
+        self.all_units = list(units)
+
+    def units_for(self, features: Iterable[str]) -> list[PipelineUnit]:
+        """The units of `features`, in order; a unit an active feature's unit replaces is left out."""
+        features = set(features) | {BASE}
+        chosen = [u for u in self.all_units if u.feature in features]
+        replaced = {name for u in chosen for name in u.replaces}
+        return [u for u in chosen if u.name not in replaced]
+
+    def activate(self, features: Iterable[str]) -> None:
+        """Fix the run's features: `units`, the split and the cache cover these (and base) only."""
+        features = frozenset(features) | {BASE}
+        unknown = features - set(self.feature_names())
+        if unknown:
+            raise UserError(f"{type(self).__name__} has no feature(s) {sorted(unknown)} "
+                            f"(it has {', '.join(self.feature_names())})")
+        self.active_features = features
+
+    def model_fn_inputs_for(self, features: Iterable[str]) -> tuple[str, ...]:
+        features = set(features)
+        return tuple(dict.fromkeys([*self.model_fn_inputs,
+                                    *(n for f in self.features if f.name in features for n in f.model_fn_inputs)]))
+
+    @property
+    def active_model_fn_inputs(self) -> tuple[str, ...]:
+        features = self.active_features if self.active_features is not None else self.feature_names()
+        return self.model_fn_inputs_for(features)
+
+    def context(self, values: Mapping[str, Any] | None = None) -> RunContext:
+        """What a call knows: the inputs it was given (not None) and the loaded models."""
+        given = frozenset(k for k, v in (values or {}).items() if v is not None)
+        return RunContext(columns=given, models={s: model_config(m) for s, m in self.loaded_models().items()})
+
+    def features_for(self, values: Mapping[str, Any] | None = None) -> frozenset[str]:
+        """The run's features, or (none resolved) those the values and the loaded models switch on."""
+        if self.active_features is not None:
+            return self.active_features
+        return self.resolve_features(self.context(values))
 
     @property
     def batching(self) -> dict[str, Any]:
@@ -66,7 +166,7 @@ class BasePipeline:
         from .batch import Pad, normalize
 
         rules = dict(normalize(self.input_batching))
-        for unit in self.units:
+        for unit in self.all_units:
             for name, rule in normalize(unit.batching).items():
                 sides = unit.cfg_outputs.get(name, (name,))
                 for side, out in enumerate(sides):
@@ -88,28 +188,23 @@ class BasePipeline:
     def from_pretrained(cls, torch_dtype=torch.bfloat16, device="cpu", model_configs: Sequence = (),
                         scheduler=None, **configs):
         """Load the models named by `model_configs` (any subset of the family's slots, recognised from the
-        weights) and the tokenizers / processors passed as `<name>_config` (e.g. `tokenizer_config`)."""
-        from ..models.load import load_component
-        from .family import get_family
+        weights) and the tokenizers / processors passed as `<name>_config` (e.g. `tokenizer_config`); tokenizers
+        beside the weights (the official layout) are found without one. Called on the family's pipeline, weights
+        of a variant with its own pipeline class (e.g. Qwen-Image-Layered) give that class."""
+        from .build import build_pipeline
 
-        spec = get_family(cls.family)
-        pipe = cls(device=device, torch_dtype=torch_dtype, scheduler=scheduler)
-        from ..models.detect import detect_component
-
-        detected = [(detect_component(c, spec.components), c) for c in model_configs]
-        by_id = {id(c): d for d, c in detected}
-        for slot, config in spec.assign_slots(detected):
-            setattr(pipe, slot, load_component(config, torch_dtype=torch_dtype, device=device,
-                                               detected=by_id[id(config)]).module)
+        spec = cls.spec
+        if spec is None:
+            raise TypeError(f"{cls.__name__} belongs to no registered family")
         known = {f"{t.attr}_config": t for t in spec.tokenizers}
         unknown = set(configs) - set(known)
         if unknown:
             raise TypeError(f"{cls.__name__}.from_pretrained: unknown argument(s) {sorted(unknown)}; "
                             f"known: {sorted(known)}")
-        for key, config in configs.items():
-            if config is not None:
-                setattr(pipe, known[key].attr, known[key].load(config))
-        return pipe
+        sources = {known[k].attr: v for k, v in configs.items() if v is not None}
+        return build_pipeline(spec, list(model_configs), device=device, torch_dtype=torch_dtype,
+                              tokenizers=sources, scheduler=scheduler,
+                              pipeline=None if cls is spec.pipeline else cls, log=lambda *a, **k: None)
 
     # -- models by name -------------------------------------------------------------------------------
     def __getattr__(self, name: str):
@@ -146,13 +241,28 @@ class BasePipeline:
 
     # -- units ----------------------------------------------------------------------------------------
     def run_units(self, values: dict[str, Any], units: Iterable[PipelineUnit] | None = None,
-                  cfg: bool = False) -> dict[str, Any]:
-        for unit in self.units if units is None else units:
-            run_unit(self, unit, values, cfg=cfg)
+                  cfg: bool = False, given: Iterable[str] = ()) -> dict[str, Any]:
+        """Run `units` (default: the units of the run's features, or of those the values switch on) on `values`.
+
+        `given`: values the caller computed already (e.g. validation's cached prompt embeddings): a unit that would
+        write only given values is skipped, and no unit overwrites one."""
+        given = set(given)
+        if units is None:
+            units = self.units_for(self.features_for(values))
+        for unit in units:
+            if given and set(unit.writes(cfg)) <= given:
+                continue
+            if given:
+                kept = {k: values[k] for k in given if k in values}
+                run_unit(self, unit, values, cfg=cfg)
+                values.update(kept)
+            else:
+                run_unit(self, unit, values, cfg=cfg)
         return values
 
     def model_fn_kwargs(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: values.get(k) for k in self.model_fn_inputs}
+        """What `model_fn` reads of the values: the base inputs and every feature's (None where absent)."""
+        return {k: values.get(k) for k in self.model_fn_inputs_for(self.feature_names())}
 
     def model_fn(self, **kwargs) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -173,34 +283,64 @@ class BasePipeline:
         """Shape of one sample's initial noise for an image of this size (validation draws it)."""
         return (self.latent_channels, height // self.vae_scale, width // self.vae_scale)
 
-    def validation_unavailable(self) -> str | None:
-        """Why validation cannot render from a prompt alone with the loaded models (e.g. an image-to-video
-        denoiser), or None."""
-        return None
+    def size_of(self, latents: torch.Tensor) -> dict[str, int]:
+        """The output size these latents decode to (height, width; a video family adds num_frames)."""
+        return {"height": int(latents.shape[-2]) * self.vae_scale, "width": int(latents.shape[-1]) * self.vae_scale}
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
-        """Latents -> images (B, 3, H, W) in [-1, 1]."""
+        """Latents -> images (B, 3, H, W) or clips (B, 3, F, H, W) in [-1, 1]."""
         raise NotImplementedError(f"{type(self).__name__} cannot decode latents to images")
 
     # -- LoRA -----------------------------------------------------------------------------------------
     def load_lora(self, module, path: str, alpha: float = 1.0) -> None:
         """Fuse a LoRA file (any supported layout) into `module` (e.g. `pipe.dit`) with strength `alpha`."""
         from ..lora import fuse_lora, load_lora_file
-        from .family import get_family
 
         slot = next((n for n, m in self.models.items() if m is module), None)
-        family = get_family(self.family)
-        prefix = family.lora_prefix(slot) if slot else None
-        fuse_lora(module, load_lora_file(path, converters=family.lora_converters), scale=alpha, component=prefix)
+        prefix = self.spec.lora_prefix(slot) if slot else None
+        fuse_lora(module, load_lora_file(path, converters=self.spec.lora_converters), scale=alpha, component=prefix)
 
     def combine_cfg(self, posi: torch.Tensor, nega: torch.Tensor, cfg_scale: float) -> torch.Tensor:
         return nega + cfg_scale * (posi - nega)
 
-    # -- sampling -------------------------------------------------------------------------------------
-    @torch.no_grad()
+    # -- sampling: one template, family hooks ---------------------------------------------------------
+    def call_setting(self, name: str, given=None):
+        """A sampling setting: the caller's value, else the family's default (`call_defaults`)."""
+        if given is not None:
+            return given
+        if name not in self.call_defaults:
+            raise TypeError(f"{type(self).__name__}: no default for {name!r}")
+        return self.call_defaults[name]
+
+    def prompt_values(self, prompt, negative_prompt) -> dict[str, Any]:
+        """A call's prompts as values: lists of prompts and negatives, and the batch size."""
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
+        return {"prompt": prompts, "negative_prompt": negatives, "batch_size": len(prompts)}
+
+    def image_seq_len(self, values: Mapping[str, Any]) -> int:
+        """Tokens the denoiser will see (a dynamic time shift depends on it): from the initial latents when given,
+        else from height and width."""
+        latents = values.get("latents")
+        if isinstance(latents, torch.Tensor):
+            return self.seq_len(latents)
+        f = self.division_factor
+        return (-(-int(values["height"]) // f)) * (-(-int(values["width"]) // f))
+
+    def set_timesteps(self, values: Mapping[str, Any], num_inference_steps: int,
+                      denoising_strength: float = 1.0) -> None:
+        """The sampling timesteps for these values (a family with its own time shift overrides it)."""
+        self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength,
+                                     image_seq_len=self.image_seq_len(values))
+
+    def sampling_settings(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Run-time settings `model_fn` takes while sampling (e.g. where two experts meet)."""
+        return {}
+
     def denoise(self, values: dict[str, Any], cfg_scale: float = 1.0, progress: bool = True,
                 settings: Mapping[str, Any] | None = None) -> torch.Tensor:
-        """The sampling loop: `model_fn` over the scheduler's timesteps, with classifier-free guidance."""
+        """The denoising loop: `model_fn` over the scheduler's timesteps, with classifier-free guidance. Gradients
+        follow the caller's mode (`generate` runs it without; direct distillation through every step)."""
         latents = values["latents"]
         settings = dict(settings or {})
         posi = self.model_fn_kwargs(values)
@@ -216,6 +356,37 @@ class BasePipeline:
                 pred = self.combine_cfg(pred, pred_nega, cfg_scale)
             latents = self.scheduler.step(pred, i, latents)
         return latents
+
+    def finish_latents(self, latents: torch.Tensor, values: Mapping[str, Any]) -> torch.Tensor:
+        """The sampled latents as the decoder takes them (e.g. a clean first frame put back)."""
+        return latents
+
+    def postprocess(self, latents: torch.Tensor, output_type: str = "pil"):
+        """"latent": the latents; "pt": decoded, in [0, 1]; "pil": one image (or one clip: a list of frames) per
+        prompt."""
+        if output_type == "latent":
+            return latents
+        decoded = self.decode(latents)
+        if output_type == "pt":
+            return (decoded.float() / 2 + 0.5).clamp(0, 1)
+        from ..media.image import tensor_to_images
+        from ..media.video import tensor_to_clips
+
+        return tensor_to_clips(decoded) if decoded.dim() == 5 else tensor_to_images(decoded)
+
+    @torch.no_grad()
+    def generate(self, values: dict[str, Any], *, cfg_scale: float, num_inference_steps: int,
+                 denoising_strength: float = 1.0, settings: Mapping[str, Any] | None = None,
+                 given: Iterable[str] = (), progress: bool = True, output_type: str = "pil"):
+        """The sampling template: timesteps -> units -> denoise -> finish -> decode.
+
+        `values` are the call's inputs as values; `given` names values computed already (validation's prompt
+        embeddings and conditioning, the initial latents), which the units neither recompute nor overwrite."""
+        self.set_timesteps(values, num_inference_steps, denoising_strength)
+        self.run_units(values, cfg=cfg_scale != 1.0, given=given)
+        settings = {**self.sampling_settings(values), **dict(settings or {})}
+        latents = self.denoise(values, cfg_scale=cfg_scale, progress=progress, settings=settings)
+        return self.postprocess(self.finish_latents(latents, values), output_type)
 
     # -- training data (families override `training_inputs`; the rest have working defaults) ---------
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - abstract
@@ -243,16 +414,14 @@ class BasePipeline:
         values["batch_size"] = len(per)
         return values
 
-    def from_cache_values(self, sample: dict[str, Any]) -> dict[str, Any]:
-        """Values read back from a stage-1 cache: images come back as PIL, bookkeeping keys are dropped."""
-        from ..media.image import images_from_cache
-
-        return {k: images_from_cache(v) for k, v in sample.items() if not k.startswith("_")}
-
     def negative_name(self, name: str) -> str:
         """The namespace name of the negative-prompt version of a model_fn input."""
-        for unit in self.units:
+        for unit in self.all_units:
             for pair in unit.cfg_outputs.values():
                 if pair[0] == name:
                     return pair[1]
         return name
+
+    def prompt_outputs(self) -> tuple[str, ...]:
+        """The values the prompt units write (positive side): what a new prompt changes."""
+        return tuple(pair[0] for u in self.units if "prompt" in u.cfg_inputs for pair in u.cfg_outputs.values())

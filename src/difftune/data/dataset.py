@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..media.video import DEFAULT_NUM_FRAMES, VIDEO_EXTENSIONS
+from ..media.video import VIDEO_EXTENSIONS
 from ..util import names
 from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension, RouteByListing,
                         ToAbsolutePath, compose, one_line)
@@ -213,10 +213,11 @@ class UnifiedDataset(torch.utils.data.Dataset):
     @staticmethod
     def default_video_operator(base_path, height: int | None = None, width: int | None = None,
                                max_pixels: int = 1024 * 1024, height_division_factor: int = 16,
-                               width_division_factor: int = 16, num_frames: int | None = DEFAULT_NUM_FRAMES,
-                               time_division_factor: int = 4, time_division_remainder: int = 1) -> DataOperator:
-        """Path -> list of RGB frames (a clip's leading `num_frames`, or the largest 4k+1 a shorter one has;
-        a still image is a one-frame clip), each cropped and resized as `default_image_operator` would."""
+                               width_division_factor: int = 16, num_frames: int | None = None,
+                               time_division_factor: int = 1, time_division_remainder: int = 0) -> DataOperator:
+        """Path -> list of RGB frames (a clip's leading `num_frames`, or the largest
+        `time_division_factor * k + time_division_remainder` a shorter one has; a still image is a one-frame clip),
+        each cropped and resized as `default_image_operator` would."""
         from .video import video_operator
 
         return video_operator(base_path, height, width, max_pixels, height_division_factor, width_division_factor,

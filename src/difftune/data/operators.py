@@ -20,37 +20,15 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 
-from ..errors import UserError
-from ..util import file_problem
+from ..errors import DataError, UserError, one_line  # noqa: F401  (DataError: re-exported, data's error)
+from ..media.image import check_image, image_size, load_image, to_rgb  # noqa: F401  (to_rgb: re-exported)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 CHECKED = object()  # returned by `check` when the rest can only be checked by loading
 UNKNOWN = object()  # returned by `shape` when the size can only be known by loading
 URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)  # http(s)://, s3://, gs://, ...
-
-
-def one_line(text) -> str:
-    return " ".join(str(text).split("\n")).replace("\r", " ").strip()
-
-
-class DataError(UserError):
-    """A bad metadata file or sample: one line naming the file (and the row).
-
-    A DataLoader worker's exception reaches the main process as `DataError(<worker traceback>)` (torch
-    rebuilds it from the formatted traceback), so the constructor recovers the original one-line message
-    from the traceback's last line. Pickling keeps the message (it is the only argument)."""
-
-    def __init__(self, message: str = ""):
-        text = str(message)
-        if text.startswith("Caught ") and "Traceback" in text:
-            last = text.rstrip().splitlines()[-1]
-            marker = f"{type(self).__name__}: "
-            at = last.find(marker)
-            if at >= 0:
-                text = last[at + len(marker):]
-        super().__init__(one_line(text))
 
 
 def _where(context: dict | None) -> str:
@@ -148,158 +126,25 @@ class ToAbsolutePath(DataOperator):
     check = shape = __call__
 
 
-ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
-INT16_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
-EXIF_IN_HEADER = ("JPEG", "MPO", "TIFF", "WEBP")
-BACKGROUND = (255, 255, 255)  # transparent pixels become white, as an image viewer on a white page shows them
-
-
-def _as_uint8(values, path: str, context) -> Image.Image:
-    """An 8-bit grey image from the pixel values of a 16-bit, 32-bit integer or float image.
-
-    - 16-bit integer (I;16*): 0..65535 -> 0..255 (x / 257).
-    - 32-bit integer (I): 0..65535 is taken as 16-bit (PIL opens 16-bit PNG/TIFF/PGM files as I in some
-      versions); any other range (negative values, or above 65535) is stretched from its min..max.
-    - float (F): 0..1 -> x 255; else 0..255 as is; else stretched from its min..max. NaN/Inf is refused.
-    """
-    import numpy as np
-
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.size and not np.isfinite(arr).all():
-        raise DataError(f"{_where(context)}: image has NaN or infinite pixel values (mode {values.mode}): {path}")
-    lo, hi = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
-    if values.mode in INT16_MODES or (values.mode == "I" and lo >= 0 and hi <= 65535):
-        arr = arr / 257.0
-    elif values.mode == "F" and lo >= 0 and hi <= 1:
-        arr = arr * 255.0
-    elif not (values.mode == "F" and lo >= 0 and hi <= 255):
-        arr = (arr - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(arr)
-    return Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), mode="L")
-
-
-def _convert(img: Image.Image, path: str, context, mode: str) -> Image.Image:
-    if img.mode in INT16_MODES or img.mode in ("I", "F"):
-        img = _as_uint8(img, path, context)
-    if img.mode == "La":  # premultiplied: PIL converts it to RGBA only through LA
-        img = img.convert("LA")
-    if mode in ("RGB", "L") and (img.mode in ALPHA_MODES or "transparency" in img.info):
-        rgba = img.convert("RGBA")
-        img = Image.alpha_composite(Image.new("RGBA", rgba.size, BACKGROUND + (255,)), rgba)
-    return img if img.mode == mode else img.convert(mode)
-
-
-def to_rgb(img: Image.Image, path: str = "", context: dict | None = None, mode: str = "RGB") -> Image.Image:
-    """The picture an image viewer shows, as 8-bit `mode` (RGB by default): 16/32-bit and float pixels
-    scaled to 0..255 (see `_as_uint8`), transparency (alpha, or a palette/colour key) composited on white
-    unless `mode` keeps alpha, CMYK/YCbCr/LAB/HSV/1-bit/palette converted. A mode PIL cannot convert is
-    refused in one line naming the file and the mode. EXIF orientation is applied by the caller."""
-    try:
-        return _convert(img, path, context, mode)
-    except ValueError as err:
-        raise DataError(f"{_where(context)}: cannot convert image mode {img.mode!r} to {mode} "
-                        f"({one_line(err)}): {path}") from None
-
-
-@functools.lru_cache(maxsize=None)
-def _unconvertible(mode: str, target: str) -> str | None:
-    """None if images of `mode` convert to `target`, else PIL's reason (tried on a 1x1 image)."""
-    try:
-        _convert(Image.new(mode, (1, 1)), "", None, target)
-    except ValueError as err:
-        return one_line(err)
-    return None
-
-
-def _orient(img: Image.Image, path: str, context, apply: bool = True) -> Image.Image:
-    """The image turned as its EXIF orientation says (a camera's portrait photo stands up). EXIF that PIL
-    cannot parse is refused: the picture might be sideways."""
-    try:
-        if not apply:
-            img.getexif()
-            return img
-        return ImageOps.exif_transpose(img)
-    except Exception as err:  # PIL's EXIF parser raises struct, key, value and type errors alike
-        raise DataError(f"{_where(context)}: unreadable EXIF data ({type(err).__name__}: {one_line(err)}), so its "
-                        f"orientation is unknown; remove the EXIF data (e.g. re-save the image): {path}") from None
-
-
 class LoadImage(DataOperator):
-    """Open an image file as the picture a viewer shows (EXIF orientation applied, every PIL mode decoded
-    to 8-bit `mode`, RGB by default: see `to_rgb`); every failure names the row and the file."""
+    """Open an image file as the picture a viewer shows (media.image.load_image: EXIF orientation applied, every PIL
+    mode decoded to 8-bit `mode`, RGB by default); every failure names the row and the file."""
 
     def __init__(self, mode: str = "RGB"):
         self.mode = mode
 
-    def _open(self, path, context, decode: bool):
-        """decode=False: the header only (format, size, mode), returns the format; else the picture."""
-        problem = file_problem(path)
-        if problem:
-            raise DataError(f"{_where(context)}: {problem}: {path}")
-        try:
-            with Image.open(path) as img:
-                if not decode:
-                    why = _unconvertible(img.mode, self.mode)  # the mode is in the header: refuse it here already
-                    if why:
-                        raise DataError(f"{_where(context)}: cannot convert image mode {img.mode!r} to "
-                                        f"{self.mode} ({why}): {path}")
-                    if img.format in EXIF_IN_HEADER:  # (a PNG's may follow its pixels: found when loaded)
-                        _orient(img, path, context, apply=False)
-                    return img.format
-                img.load()  # decode now, so a truncated file fails here with its row and file named
-                return to_rgb(_orient(img, path, context), path, context, self.mode)
-        except UnidentifiedImageError:
-            raise DataError(f"{_where(context)}: not an image (PIL cannot read its format): {path}") from None
-        except Image.DecompressionBombError:
-            raise DataError(f"{_where(context)}: image too large (over PIL's pixel limit): {path}") from None
-        except (OSError, SyntaxError, ValueError, EOFError) as err:
-            raise DataError(f"{_where(context)}: unreadable or corrupt image ({one_line(err)}): {path}") from None
-
     def __call__(self, path, context=None):
-        return self._open(os.fspath(path), context, decode=True)
+        return load_image(os.fspath(path), self.mode, where=_where(context))
 
     def shape(self, path, context=None):
         """(width, height) as loaded, from the header: EXIF orientations 5-8 stand the picture on its side."""
-        path = os.fspath(path)
-        try:
-            with Image.open(path) as img:
-                size = img.size
-                orientation = img.getexif().get(0x0112)  # (a PNG's EXIF after its pixels is not seen here)
-        except Exception:  # the pre-check and the load report what is wrong with the file
-            return UNKNOWN
-        return (size[1], size[0]) if orientation in (5, 6, 7, 8) else size
+        size = image_size(os.fspath(path))
+        return UNKNOWN if size is None else size
 
     def check(self, path, context=None):
-        """Header, mode and the format's end marker: a few hundred bytes per file. A file whose end marker
-        is missing (truncated, or trailing bytes after it) is decoded to tell, so the check rejects only
-        what loading rejects and skipping never drops a row that error mode would train on."""
-        path = os.fspath(path)
-        if not _looks_whole(path, self._open(path, context, decode=False)):
-            self._open(path, context, decode=True)
+        """Header, mode and the format's end marker: a few hundred bytes per file (media.image.check_image)."""
+        check_image(os.fspath(path), self.mode, where=_where(context))
         return CHECKED
-
-
-PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
-
-
-def _looks_whole(path: str, fmt: str | None) -> bool:
-    """Does the file end where its format says (PNG IEND, JPEG EOI, GIF trailer, RIFF/BMP length)? True
-    for formats without a cheap end check (TIFF): their header is all the check reads."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(12)
-        f.seek(max(0, size - 12))
-        tail = f.read()
-    if fmt == "PNG":
-        return tail.endswith(PNG_END)
-    if fmt in ("JPEG", "MPO"):
-        return tail.endswith(b"\xff\xd9")
-    if fmt == "GIF":
-        return tail.endswith(b";")
-    if fmt == "WEBP":
-        return int.from_bytes(head[4:8], "little") + 8 == size
-    if fmt == "BMP":
-        return int.from_bytes(head[2:6], "little") in (0, size)  # some writers leave it 0
-    return True
 
 
 class RouteByExtension(DataOperator):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..media.video import (ANIMATED_IMAGE_EXTENSIONS, DEFAULT_NUM_FRAMES, VIDEO_EXTENSIONS, VideoError, probe_video,
+from ..media.video import (ANIMATED_IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, VideoError, probe_video,
                            read_video)
 from .operators import (CHECKED, IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage,
                         RouteByExtension, ToAbsolutePath, _where)
@@ -23,8 +23,8 @@ class LoadVideo(DataOperator):
     """A clip file -> its leading frames (RGB PIL images): `num_frames` of them, or, from a shorter clip, the
     largest `time_division_factor * k + time_division_remainder` it has. `num_frames` None: every frame."""
 
-    def __init__(self, num_frames: int | None = DEFAULT_NUM_FRAMES, time_division_factor: int = 4,
-                 time_division_remainder: int = 1):
+    def __init__(self, num_frames: int | None = None, time_division_factor: int = 1,
+                 time_division_remainder: int = 0):
         if num_frames is not None and num_frames < 1:
             raise DataError(f"--num_frames {num_frames}: must be at least 1 frame")
         self.num_frames = num_frames
@@ -74,8 +74,8 @@ class ToClip(DataOperator):
 
 def video_operator(base_path, height: int | None = None, width: int | None = None, max_pixels: int = 1024 * 1024,
                    height_division_factor: int = 16, width_division_factor: int = 16,
-                   num_frames: int | None = DEFAULT_NUM_FRAMES, time_division_factor: int = 4,
-                   time_division_remainder: int = 1) -> DataOperator:
+                   num_frames: int | None = None, time_division_factor: int = 1,
+                   time_division_remainder: int = 0) -> DataOperator:
     """Path -> list of RGB frames, each cropped and resized as an image would be (fixed size, or dynamic
     under max_pixels): clips and GIFs by `LoadVideo`, stills as one-frame clips."""
     return (ToAbsolutePath(base_path)

@@ -22,8 +22,7 @@ from ..util import file_problem
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".m4v", ".webm", ".avi", ".mkv", ".wmv", ".flv")
 ANIMATED_IMAGE_EXTENSIONS = (".gif",)
 PREVIEW_EXTENSIONS = (".gif", ".webp")  # what `write_animation` writes
-DEFAULT_NUM_FRAMES = 81  # the reference's --num_frames default
-DEFAULT_FPS = 16  # Wan's frame rate
+DEFAULT_FPS = 16  # a preview's frame rate where the caller names none
 
 
 class VideoError(UserError):
@@ -43,8 +42,8 @@ class VideoInfo(NamedTuple):
     codec: str
 
 
-def frames_to_keep(available: int, num_frames: int | None, time_division_factor: int = 4,
-                   time_division_remainder: int = 1) -> int:
+def frames_to_keep(available: int, num_frames: int | None, time_division_factor: int = 1,
+                   time_division_remainder: int = 0) -> int:
     """How many leading frames a clip of `available` frames gives: `num_frames` if it has that many, else the
     largest `factor * k + remainder` <= available (1 at least, if it has a frame). `num_frames` None: every
     frame, cut the same way."""
@@ -133,7 +132,7 @@ def _open_image(path: str) -> Image.Image:
 
 
 def _read_animated(path: str, limit: int | None) -> list[Image.Image]:
-    from ..data.operators import to_rgb  # one frame reads as the same file read as an image would
+    from .image import to_rgb  # one frame reads as the same file read as an image would
 
     frames = []
     with _open_image(path) as img:
@@ -168,8 +167,8 @@ def _read_stream(path: str, limit: int | None) -> list[Image.Image]:
     return frames
 
 
-def read_video(path: str | os.PathLike, num_frames: int | None = None, time_division_factor: int = 4,
-               time_division_remainder: int = 1) -> list[Image.Image]:
+def read_video(path: str | os.PathLike, num_frames: int | None = None, time_division_factor: int = 1,
+               time_division_remainder: int = 0) -> list[Image.Image]:
     """The clip's leading frames as RGB PIL images (see `frames_to_keep`): a video container by PyAV, a GIF
     by Pillow, any other image as a one-frame clip. `num_frames` None keeps every frame (cut to
     factor*k+remainder). A clip that cannot be decoded, or has no frame, raises VideoError."""
@@ -182,9 +181,9 @@ def read_video(path: str | os.PathLike, num_frames: int | None = None, time_divi
     elif ext in ANIMATED_IMAGE_EXTENSIONS:
         frames = _read_animated(path, num_frames)
     else:  # a still: read exactly as the image path reads it (EXIF orientation, every PIL mode)
-        from ..data.operators import LoadImage
+        from .image import load_image
 
-        frames = [LoadImage()(path)]
+        frames = [load_image(path)]
     if not frames:
         raise VideoError("no frames (the file holds no decodable picture)", path)
     return frames[:frames_to_keep(len(frames), num_frames, time_division_factor, time_division_remainder)]
@@ -331,7 +330,7 @@ def frame_grid(frames: Sequence[Image.Image], columns: int | None = None, max_fr
     return grid
 
 
-__all__ = ["ANIMATED_IMAGE_EXTENSIONS", "DEFAULT_FPS", "DEFAULT_NUM_FRAMES", "PREVIEW_EXTENSIONS", "VIDEO_EXTENSIONS",
+__all__ = ["ANIMATED_IMAGE_EXTENSIONS", "DEFAULT_FPS", "PREVIEW_EXTENSIONS", "VIDEO_EXTENSIONS",
            "WRITABLE_EXTENSIONS",
            "VideoError", "VideoInfo", "check_video", "frame_grid", "frames_to_keep", "probe_video", "read_video",
            "save_video", "tensor_to_clips", "video_codec", "write_animation", "write_video"]

@@ -154,7 +154,7 @@ def parse_model_configs(model_paths_json: str | None = None, model_id_with_origi
         model_id, sep, pattern = item.partition(":")
         if not sep or not model_id.strip() or not pattern.strip():
             raise UserError(f"--model_id_with_origin_paths: entry {item!r} is not model_id:file_pattern, e.g. "
-                            f"Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors")
+                            f"owner/model:transformer/diffusion_pytorch_model*.safetensors")
         configs.append(ModelConfig(model_id=model_id.strip(), origin_file_pattern=pattern.strip()))
     apply_fp8(configs, fp8_models, slots)
     if quant_options:

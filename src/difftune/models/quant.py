@@ -44,7 +44,7 @@ def parse_quant_options(text: str | None) -> list[tuple[str, QuantOption]]:
         model, sep, spec = entry.rpartition(":")
         if not sep or not model:
             raise UserError(f"--quant_options: {entry!r} is not <model entry>:<method>[/<layers kept in full "
-                            f"precision>], e.g. Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safetensors:"
+                            f"precision>], e.g. owner/model:transformer/diffusion_pytorch_model*.safetensors:"
                             f"bitsandbytes_nf4/img_in,proj_out")
         method, _, keep = spec.partition("/")
         if method not in METHODS:

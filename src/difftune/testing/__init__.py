@@ -1,21 +1,46 @@
-"""Tiny, randomly initialised model repositories in the official on-disk layouts.
+"""Test support: tiny, randomly initialised models in the official on-disk layouts, and the tools the tests use.
 
-No weights can be downloaded where difftune is tested, so every test builds a tiny model with the
-real architecture (diffusers / transformers classes) and saves it exactly as the official hub
-repository is laid out: sharded safetensors with their index, `config.json` beside the weights,
-`tokenizer/`, `scheduler/` and `model_index.json`. Everything is deterministic across processes
-(fixed seeds, a hand-built tokenizer vocabulary), so two processes writing the same repository get
-bit-identical files.
+No weights can be downloaded where difftune is tested, so every test builds a tiny model with the real
+architecture (diffusers / transformers classes) and saves it exactly as the official hub repository is laid
+out: sharded safetensors with their index, `config.json` beside the weights, `tokenizer/`, `scheduler/` and
+`model_index.json`. Everything is deterministic across processes (fixed seeds, hand-built tokenizer
+vocabularies), so two processes writing the same repository get bit-identical files.
+
+What every family shares is here (the offline hub, example data sets, clips, tokenizers, the reference's scripts,
+the contract suite's registry); each family's writers live in its own package (`difftune.families.<name>.testing`)
+and are reachable from here by name (`difftune.testing.write_tiny_qwen_image`).
 """
 
 from __future__ import annotations
 
+
 from .common import *  # noqa: F401,F403
 from .common import _quiet_hf  # noqa: F401
-from .qwen_image import *  # noqa: F401,F403
-from .flux import *  # noqa: F401,F403
-from .flux import _ldm_vae_from_diffusers  # noqa: F401
-from .wan import *  # noqa: F401,F403
 from .scripts import *  # noqa: F401,F403
-from .qwen_image_scripts import write_qwen_image_script_workspace  # noqa: F401
+from .tokenizers import *  # noqa: F401,F403
 from .video import *  # noqa: F401,F403
+
+
+def family_testing_modules() -> list:
+    """Every registered family's test-support package (importing one registers its tiny models)."""
+    from .common import family_testing_module
+    from ..core.family import families
+
+    found = [family_testing_module(spec) for spec in families().values()]
+    return [m for m in found if m is not None]
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    for module in family_testing_modules():
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise AttributeError(f"module 'difftune.testing' has no attribute '{name}' (nor has any family's testing "
+                         f"package)")
+
+
+def __dir__():
+    return sorted(set(globals()) | {n for m in family_testing_modules() for n in dir(m) if not n.startswith("_")})
+
+

@@ -79,7 +79,30 @@ def register_tiny(family: str, make) -> None:
     _TINY[family] = make
 
 
+def family_testing_module(spec):
+    """The test-support package beside a family's pipeline (`<family package>.testing`), imported (which registers
+    its tiny models), or None if it has none."""
+    import importlib
+    import sys
+
+    package = getattr(sys.modules.get(spec.pipeline.__module__), "__package__", None)
+    if not package:
+        return None
+    try:
+        return importlib.import_module(f"{package}.testing")
+    except ModuleNotFoundError as err:
+        if err.name != f"{package}.testing":
+            raise
+        return None
+
+
 def tiny_family(family: str, folder: str | os.PathLike) -> TinyFamily:
+    if family not in _TINY:
+        from ..core.family import families
+
+        spec = families().get(family)
+        if spec is not None:
+            family_testing_module(spec)
     if family not in _TINY:
         raise KeyError(f"family {family!r} registers no tiny models for the contract suite "
                        f"(difftune.testing.register_tiny)")

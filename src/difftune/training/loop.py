@@ -1,4 +1,5 @@
-"""The training loop on accelerate: a recipe that fits on a screen.
+"""The training loop on accelerate: it only loops (forward, backward, step, log, hooks); `fit.py` builds what it
+loops over (the epoch plan, the optimizer and LR schedule, the prepared module, the resumed position, the loader).
 
 Policy that differs from the reference on purpose: the learning-rate schedule is stepped once per
 optimizer step by us (accelerate would step a prepared scheduler once per process, and the reference's
@@ -9,17 +10,12 @@ duplicate samples) but by `EpochPlan`, so any layout of processes and accumulati
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-
-from .sampler import EpochPlan
 
 
 @dataclass
@@ -80,63 +76,6 @@ class Hooks:
         return None
 
 
-def _list_collate(items):
-    return items
-
-
-class _EpochBatches:
-    """A batch sampler whose batches are replaced each epoch (it is iterated in the main process)."""
-
-    def __init__(self):
-        self.batches: list[list[int]] = []
-
-    def __iter__(self):
-        return iter(list(self.batches))
-
-    def __len__(self):
-        return len(self.batches)
-
-
-class _Indexed(torch.utils.data.Dataset):
-    """Yields (index, sample) so the loss knows which sample (and so which noise) it has."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, i):
-        return i, self.dataset[i]
-
-
-def make_optimizer(params, config: LoopConfig):
-    if config.customized_optimizer:
-        import importlib
-
-        module_name, _, cls_name = config.customized_optimizer.rpartition(".")
-        cls = getattr(importlib.import_module(module_name), cls_name)
-        return cls(params, lr=config.learning_rate, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
-
-
-def make_lr_schedule(optimizer, name: str, warmup: int, total: int):
-    def factor(step: int) -> float:
-        if name == "constant":
-            return 1.0
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if name == "constant_with_warmup":
-            return 1.0
-        progress = (step - warmup) / max(1, total - warmup)
-        progress = min(max(progress, 0.0), 1.0)
-        if name == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
 def stop_everywhere(accelerator, stop) -> int:
     """The signal number every process stops for (0: go on), agreed by all processes so they stop at one step."""
     if stop is None:
@@ -148,68 +87,30 @@ def stop_everywhere(accelerator, stop) -> int:
     return signum
 
 
-def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None = None,
-          on_step: Callable[[int, float], None] | None = None, stop=None) -> dict:
-    """Train `module` (forward(samples, indices, epoch) -> loss) on `dataset`; returns a summary dict.
+def loop(training, hooks: Hooks | None = None, on_step: Callable[[int, float], None] | None = None,
+         stop=None) -> dict:
+    """Train over `training` (fit.Training); returns a summary dict.
 
     `stop` (a `signals.StopSignals`): checked after each optimizer step; when set, `hooks.on_stop` saves and
     the loop returns early with `summary["stopped"]` = the signal number."""
-    from ..errors import UserError
-    from .state import exactness_settings, load_training_state
-
     hooks = hooks or Hooks()
-    world, rank = accelerator.num_processes, accelerator.process_index
-    plan = EpochPlan(len(dataset), config.seed, world, rank, config.batch_size, config.gradient_accumulation_steps,
-                     shuffle=config.shuffle, keys=bucket_keys(dataset, module))
-    if plan.steps_per_epoch() == 0:
-        raise UserError("the dataset is empty: nothing to train on")
-    total_steps = plan.steps_per_epoch() * config.num_epochs
-    if config.max_steps is not None:
-        total_steps = min(total_steps, config.max_steps)
-    if accelerator.is_main_process:
-        print(f"batches: {plan.describe()}")
-
-    params = module.trainable_modules()
-    if not params:
-        raise UserError("nothing to train: set --trainable_models or --lora_base_model")
-    optimizer = make_optimizer(params, config)
-    schedule = make_lr_schedule(optimizer, config.lr_scheduler, config.lr_warmup_steps, total_steps)
-    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
-        # No DataLoader goes through prepare(), so DeepSpeed cannot read the micro-batch size from one.
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size
-    module, optimizer = accelerator.prepare(module, optimizer)
-    state = LoopState(accelerator, module, optimizer, schedule, exactness_settings(config, world, len(dataset)))
+    t = training
+    accelerator, module, optimizer, schedule, state, config = (t.accelerator, t.module, t.optimizer, t.schedule,
+                                                               t.state, t.config)
+    world = accelerator.num_processes
     inner = state.inner
-
-    start_epoch, start_step = 0, 0
-    if config.resume_from is not None:
-        position = load_training_state(config.resume_from, accelerator, module, optimizer, schedule,
-                                       state.exactness, force=config.force_resume)
-        state.step, start_epoch, start_step = position["global_step"], position["epoch"], position["step_in_epoch"]
-        if start_step >= plan.steps_per_epoch():
-            start_epoch, start_step = start_epoch + 1, 0
-        if accelerator.is_main_process:
-            print(f"resumed from {config.resume_from}: step {state.step}, epoch {start_epoch}, "
-                  f"{start_step} step(s) into the epoch")
-
-    # One loader for the whole run (workers start once); the batches of each epoch are swapped in.
-    batches = _EpochBatches()
-    workers = min(config.num_workers, os.cpu_count() or 1)  # more workers than cores only slows loading
-    loader = DataLoader(_Indexed(dataset), batch_sampler=batches, collate_fn=_list_collate,
-                        num_workers=workers, persistent_workers=workers > 0)
-    bar = tqdm(total=total_steps, initial=state.step, disable=not (config.progress and accelerator.is_main_process),
-               desc="training", dynamic_ncols=True)
+    bar = tqdm(total=t.total_steps, initial=state.step,
+               disable=not (config.progress and accelerator.is_main_process), desc="training", dynamic_ncols=True)
     losses, started, ema, stopped = [], time.perf_counter(), None, 0
-    for epoch in range(start_epoch, config.num_epochs):
-        if state.step >= total_steps or stopped:
+    for epoch in range(t.start_epoch, config.num_epochs):
+        if state.step >= t.total_steps or stopped:
             break
         inner.epoch = state.epoch = epoch
-        first = start_step if epoch == start_epoch else 0
-        plan_batches = list(plan.micro_batches(epoch, start_step=first))
-        batches.batches = [idx for _, _, idx, _ in plan_batches]
+        first = t.start_step if epoch == t.start_epoch else 0
+        plan_batches = list(t.plan.micro_batches(epoch, start_step=first))
+        t.batches.batches = [idx for _, _, idx, _ in plan_batches]
         micro_losses = []
-        for (step_in_epoch, _, _, in_step), items in zip(plan_batches, loader):
+        for (step_in_epoch, _, _, in_step), items in zip(plan_batches, t.loader):
             indices = [i for i, _ in items]
             samples = [s for _, s in items]
             with accelerator.accumulate(module):
@@ -222,7 +123,7 @@ def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None 
                 accelerator.backward(weighted)
                 micro_losses.append(loss.detach().float() * len(items))
                 if accelerator.sync_gradients and config.max_grad_norm:
-                    accelerator.clip_grad_norm_(params, config.max_grad_norm)
+                    accelerator.clip_grad_norm_(t.params, config.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             if not accelerator.sync_gradients:
@@ -244,7 +145,7 @@ def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None 
             if stopped:
                 hooks.on_stop(state)
                 break
-            if state.step >= total_steps:
+            if state.step >= t.total_steps:
                 break
         if stopped:
             break
@@ -257,6 +158,14 @@ def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None 
     if stopped:
         summary["stopped"] = stopped
     return summary
+
+
+def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None = None,
+          on_step: Callable[[int, float], None] | None = None, stop=None) -> dict:
+    """Prepare (fit.prepare) and loop: train `module` (forward(samples, indices, epoch) -> loss) on `dataset`."""
+    from .fit import prepare
+
+    return loop(prepare(accelerator, dataset, module, config), hooks, on_step=on_step, stop=stop)
 
 
 def bucket_keys(dataset, module) -> list | None:

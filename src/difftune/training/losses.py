@@ -58,9 +58,9 @@ def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch
 def direct_distill_loss(pipe, values: dict[str, Any], generators: Sequence[torch.Generator],
                         settings: dict[str, Any]) -> torch.Tensor:
     """The reference's direct distillation: sample for the metadata's `num_inference_steps` from the
-    seeded noise (cfg 1) with gradients through every step, MSE against the teacher image's latents."""
+    seeded noise (cfg 1) with gradients through every step, MSE against the teacher image's latents. The
+    sampling is the pipeline's own (its timesteps and denoising loop), as inference runs it."""
     target = values["input_latents"]
-    latents = values["latents"]
     steps = values.get("num_inference_steps")
     if isinstance(steps, (list, tuple)):  # one per sample: the batch samples in lockstep, so they must agree
         if len(set(steps)) > 1:
@@ -68,13 +68,8 @@ def direct_distill_loss(pipe, values: dict[str, Any], generators: Sequence[torch
                             f"{sorted(set(steps))}; batch them apart (the pipeline's input_batching) or use batch 1")
         steps = steps[0]
     steps = int(steps if steps is not None else 4)
-    scheduler = pipe.scheduler
-    scheduler.set_timesteps(steps, image_seq_len=pipe.seq_len(latents))
-    kwargs = pipe.model_fn_kwargs(values)
-    for i in range(steps):
-        t = scheduler.timesteps[i].expand(latents.shape[0]).to(latents.device)
-        pred = pipe.model_fn(latents=latents, timestep=t, **kwargs, **settings)
-        latents = scheduler.step(pred, i, latents)
+    pipe.set_timesteps(values, steps)
+    latents = pipe.denoise(values, cfg_scale=1.0, progress=False, settings=settings)
     return torch.nn.functional.mse_loss(latents.float(), target.float())
 
 
@@ -83,3 +78,14 @@ LOSSES = {"sft": (flow_match_sft_loss, SFT_READS), "direct_distill": (direct_dis
 # the reference's distillation data records the teacher's guidance; its loss samples the student at cfg 1.
 UNREAD_INPUTS = {"direct_distill": {"cfg_scale": "direct_distill trains the student at cfg 1 (as the reference); "
                                                  "the metadata's cfg_scale (the teacher's guidance) is not used"}}
+
+
+def all_losses() -> dict:
+    """The shared losses and every registered family's own (FamilySpec.losses), by task name."""
+    from ..core.family import families
+
+    table = dict(LOSSES)
+    for spec in families().values():
+        for name, entry in dict(getattr(spec, "losses", {}) or {}).items():
+            table.setdefault(name, entry)
+    return table

@@ -16,15 +16,13 @@ import torch
 from ..core.batch import collate_values, split_batch
 from ..errors import UserError
 from ..util import names as _names
-from .losses import LOSSES, sample_generator
+from .losses import all_losses, sample_generator
 
 
 def lora_targets(pipe, slot: str, targets: list[str]) -> list[str]:
     """`--lora_target_modules` with the family's aliases for `slot` expanded (the reference's own module names,
     e.g. FLUX's fused `a_to_qkv`, onto the diffusers modules that hold those weights)."""
-    from ..core.family import families
-
-    family = families().get(getattr(pipe, "family", None))
+    family = getattr(pipe, "spec", None)
     aliases = dict((getattr(family, "lora_target_aliases", None) or {}).get(slot, {}))
     out = []
     for t in targets:
@@ -38,18 +36,15 @@ def lora_targets(pipe, slot: str, targets: list[str]) -> list[str]:
 
 def lora_prefix(pipe, slot: str) -> str:
     """The key prefix of `slot`'s LoRA in files: the family's, or the reference's default naming."""
-    from ..core.family import families
     from ..lora import component_prefix
 
-    family = families().get(getattr(pipe, "family", None))
+    family = getattr(pipe, "spec", None)
     return family.lora_prefix(slot) if family is not None else component_prefix(slot)
 
 
 def lora_converters(pipe) -> tuple:
     """The family's translators for LoRA layouts only it has (FamilySpec.lora_converters)."""
-    from ..core.family import families
-
-    family = families().get(getattr(pipe, "family", None))
+    family = getattr(pipe, "spec", None)
     return family.lora_converters if family is not None else ()
 
 
@@ -131,9 +126,10 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         super().__init__()
         self.pipe = pipe
         self.task = task.split(":")[0]
-        if self.task not in LOSSES:
-            raise UserError(f"--task {task}: unknown task (known: {sorted(LOSSES)})")
-        self.loss_fn, self.loss_reads = LOSSES[self.task]
+        losses = all_losses()
+        if self.task not in losses:
+            raise UserError(f"--task {task}: unknown task (known: {sorted(losses)})")
+        self.loss_fn, self.loss_reads = losses[self.task]
         self.units = list(units)
         self.seed = seed
         self.settings = dict(settings or {})
@@ -143,13 +139,15 @@ class PipelineTrainingModule(DiffusionTrainingModule):
 
     @property
     def needed(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(self.loss_reads + self.pipe.model_fn_inputs))
+        return tuple(dict.fromkeys(tuple(self.loss_reads) + self.pipe.active_model_fn_inputs))
 
-    def prepare_sample(self, sample: dict[str, Any]) -> dict[str, Any]:
-        """One sample through this module's units; returns what the loss needs (no batch dimension)."""
+    def prepare_sample(self, sample: dict[str, Any], names: Sequence[str] | None = None) -> dict[str, Any]:
+        """One sample through this module's units; returns what the loss needs (or `names`), no batch dimension."""
+        from ..cache.codec import from_cache
+
         pipe = self.pipe
         if self.from_cache:
-            cached = pipe.from_cache_values(sample)
+            cached = from_cache(sample)
             values = collate_values([cached], pipe.batching)  # tensors get their batch dimension back
             # Everything else stays as `training_inputs` gives it (height 32, not [32]), as in one-stage training.
             values.update({k: v for k, v in cached.items() if not isinstance(v, torch.Tensor)})
@@ -157,7 +155,7 @@ class PipelineTrainingModule(DiffusionTrainingModule):
             values = pipe.training_inputs(sample)
         values.update(self.settings)
         pipe.run_units(values, self.units)
-        return split_batch(values, 1, pipe.batching, self.needed)[0]
+        return split_batch(values, 1, pipe.batching, self.needed if names is None else names)[0]
 
     def forward(self, samples: list[dict[str, Any]], indices: Iterable[int], epoch: int | None = None):
         pipe = self.pipe

@@ -16,95 +16,75 @@ import torch
 
 from ..core.batch import split_batch
 from ..errors import UserError
-from ..media.image import IMAGE_MARK, images_to_cache
-from .builders import (bad_samples_of_all_processes, build_pipeline, ensure_writable, frame_settings,
-                       main_process_log, make_dataset, stage_settings, write_json)
+from ..cache.codec import to_cache
+from .builders import bad_samples_of_all_processes, make_dataset, stage_pipeline, write_json
+from .setup import ensure_writable, main_process_log, stage_settings
 
 CACHE_SUBDIR = "cache"
 
 
-def stage1_fingerprint(args, family, split, components) -> dict:
-    """What produced the cache: the weights of the stage-1 models, pre-processing settings, the unit set."""
+def stage1_fingerprint(run) -> dict:
+    """What produced the cache: the weights of the stage-1 models, pre-processing settings, the pipeline class, the
+    features and the unit set (the run's features' only: adding a feature to a family leaves this cache valid)."""
     from ..cache import file_identity as _file_identity
 
+    config, split = run.config, run.split
     weights = {}
-    for name, config in components:
+    for name, model in run.models:
         if name in split.stage1_models:
-            files = config.resolve()
+            files = model.resolve()
             files = files if isinstance(files, (list, tuple)) else [files]
             weights[name] = [_file_identity(f) for f in files if os.path.isfile(f)]
     data_files = []
-    if args.dataset_metadata_path and os.path.isfile(args.dataset_metadata_path):
-        data_files.append(_file_identity(args.dataset_metadata_path))
+    if config.dataset_metadata_path and os.path.isfile(config.dataset_metadata_path):
+        data_files.append(_file_identity(config.dataset_metadata_path))
     # The metadata's identity holds only its name: the same metadata in another folder names other images.
-    root = args.dataset_base_path or os.path.dirname(args.dataset_metadata_path or "")
+    root = config.dataset_base_path or os.path.dirname(config.dataset_metadata_path or "")
     # how a stage-1 model's weights are stored changes its outputs: FP8, or 4 bits (--quant_options)
-    storage = {name: "fp8" if config.wants_fp8(name) else f"{config.quant.method}/{','.join(config.quant.keep)}"
-               for name, config in components if name in split.stage1_models
-               and (config.wants_fp8(name) or config.quant is not None)}
+    storage = {name: "fp8" if model.wants_fp8(name) else f"{model.quant.method}/{','.join(model.quant.keep)}"
+               for name, model in run.models if name in split.stage1_models
+               and (model.wants_fp8(name) or model.quant is not None)}
     return {
-        "family": family.name,
+        "family": run.family.name,
+        "pipeline": run.pipeline.__name__,
+        "features": sorted(run.features),
         "weights": weights,
         **({"storage": storage} if storage else {}),
-        "torch_dtype": args.torch_dtype,
+        "torch_dtype": config.torch_dtype,
         "metadata": data_files,
         "data_root": os.path.abspath(root),
-        "preprocessing": {"height": args.height, "width": args.width, "max_pixels": args.max_pixels,
-                          **(frame_settings(args, family) or {}),  # video families only: image caches keep theirs
-                          "data_file_keys": args.data_file_keys, "extra_inputs": args.extra_inputs,
+        "preprocessing": {"height": config.height, "width": config.width, "max_pixels": config.max_pixels,
+                          **(config.frames.as_dict() if config.frames else {}),  # video families only
+                          "data_file_keys": config.data_file_keys, "extra_inputs": config.extra_inputs,
                           # the settings stage 1's units read (run-time settings of stage 2 stay out)
-                          **{k: v for k, v in stage_settings(args, family).items()
+                          **{k: v for k, v in stage_settings(config, run.family).items()
                              if k != "batch_size" and any(k in u.reads() for u in split.stage1)}},
         "units": [f"{u.name}@{getattr(u, 'version', 1)}" for u in split.stage1],
         "frontier": list(split.frontier),
-        "task": args.task.split(":")[0],
+        "task": config.task.split(":")[0],
     }
 
 
-def _cacheable(values: dict[str, Any]) -> dict[str, Any]:
-    """Stage-1 values -> what the store accepts: tensors (CPU) and JSON values; images as uint8 tensors."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        value = images_to_cache(value)
-        if isinstance(value, dict) and IMAGE_MARK in value:
-            out[key] = value[IMAGE_MARK]
-            out[f"{key}{IMAGE_MARK}"] = bool(value["single"])
-        elif isinstance(value, torch.Tensor):
-            out[key] = value.detach().to("cpu").contiguous()
-        else:
-            out[key] = value
-    return out
-
-
-def _from_cache(sample: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in sample.items():
-        if key.endswith(IMAGE_MARK):
-            continue
-        flag = sample.get(f"{key}{IMAGE_MARK}")
-        out[key] = {IMAGE_MARK: value, "single": flag} if flag is not None else value
-    return out
-
-
-def run_stage1(args, family, models, split, accelerator, output_path: str) -> dict:
+def run_stage1(run, output_path: str) -> dict:
     """Stage 1: run the stage-1 units over every row once and write the frontier per sample to `output_path`."""
     from ..cache import CacheManifest, CacheWriter
 
+    config, family, split, accelerator = run.config, run.family, run.split, run.accelerator
     ensure_writable(output_path)
     log = main_process_log(accelerator)
     log(f"split: {split.describe()}")
-    dataset = make_dataset(args, family)
+    dataset = make_dataset(run)
     rows = dataset.num_rows
-    if args.dataset_repeat != 1:
+    if config.dataset_repeat != 1:
         log(f"note: stage 1 encodes each of the {rows} rows once; --dataset_repeat applies in stage 2")
-    fingerprint = stage1_fingerprint(args, family, split, models)
+    fingerprint = stage1_fingerprint(run)
     manifest = CacheManifest.new(family=family.name, frontier={}, fingerprint=fingerprint, expected_count=rows)
     writer = CacheWriter(output_path, manifest=manifest, rank=accelerator.process_index,
-                         world_size=accelerator.num_processes, rebuild=args.rebuild_cache,
-                         barrier=accelerator.wait_for_everyone, shard_max_samples=max(1, int(args.cache_commit_every)))
-    pipe = build_pipeline(family, args, models, set(split.stage1_models), accelerator.device, log=log)
+                         world_size=accelerator.num_processes, rebuild=config.rebuild_cache,
+                         barrier=accelerator.wait_for_everyone, shard_max_samples=max(1, int(config.cache_commit_every)))
+    pipe = stage_pipeline(run, set(split.stage1_models))
     pipe.scheduler.set_training()
-    settings = stage_settings(args, family)
+    settings = stage_settings(config, family)
     mine = [i for i in range(rows) if i % accelerator.num_processes == accelerator.process_index]
     # Each sample records its source files' identities; a cached one whose files changed since (replaced
     # images, same metadata) is encoded again, not kept.
@@ -121,7 +101,7 @@ def run_stage1(args, family, models, split, accelerator, output_path: str) -> di
     from tqdm.auto import tqdm
 
     written = 0
-    batch_size = max(1, int(args.data_process_batch_size or 1))
+    batch_size = max(1, int(config.data_process_batch_size or 1))
 
     def encode(samples: list[dict]) -> None:
         nonlocal written
@@ -131,17 +111,17 @@ def run_stage1(args, family, models, split, accelerator, output_path: str) -> di
         pipe.run_units(values, split.stage1)
         for sample, per_sample in zip(samples, split_batch(values, len(samples), pipe.batching, split.frontier)):
             # the sample's bucket as one-stage training sees it, so stage 2 forms the same batches
-            writer.write(sample["_id"], _cacheable(per_sample), info={"bucket": sample["_bucket"]})
+            writer.write(sample["_id"], to_cache(per_sample), info={"bucket": sample["_bucket"]})
             written += 1
 
     # Rows are loaded by DataLoader workers; samples of equal size are encoded together in batches.
     loader = torch.utils.data.DataLoader(_RowSubset(dataset, todo), batch_size=None, shuffle=False,
-                                         num_workers=min(args.dataset_num_workers, os.cpu_count() or 1),
+                                         num_workers=min(config.dataset_num_workers, os.cpu_count() or 1),
                                          collate_fn=lambda x: x)
     buckets: dict[tuple, list[dict]] = {}
     with torch.no_grad():
         for row, sample in tqdm(zip(todo, loader), total=len(todo), desc="stage 1",
-                                disable=args.no_progress or not accelerator.is_main_process):
+                                disable=config.no_progress or not accelerator.is_main_process):
             if sample is None or sample.get("_id") != dataset.sample_id(row):  # a bad row the user asked to skip
                 writer.skip(dataset.sample_id(row), "bad sample (see bad_samples.json)")
                 continue
@@ -157,10 +137,10 @@ def run_stage1(args, family, models, split, accelerator, output_path: str) -> di
             if bucket:
                 encode(bucket)
     writer.close()
-    if args.validation_prompts and accelerator.is_main_process:
+    if config.validation_prompts and accelerator.is_main_process:
         from .validation import write_cached_prompts
 
-        write_cached_prompts(output_path, pipe, args.validation_prompts, models)
+        write_cached_prompts(output_path, pipe, config.validation_prompts, run.models)
     accelerator.wait_for_everyone()
     bad = bad_samples_of_all_processes(accelerator, dataset.bad_samples)
     if bad and accelerator.is_main_process:
@@ -194,7 +174,7 @@ class RepeatedCache(torch.utils.data.Dataset):
         return len(self.reader) * self.repeat
 
     def __getitem__(self, i):
-        return _from_cache(self.reader[i % len(self.reader)])
+        return self.reader[i % len(self.reader)]
 
     def bucket_keys(self, columns=()) -> list:
         """Per sample index: the bucket stage 1 recorded (else the shapes of its cached tensors, which may split
@@ -209,13 +189,14 @@ def _hashable(value):
     return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def open_cache(args, family, split, log=print):
+def open_cache(run, log=print):
     from ..cache import CacheReader
 
-    if args.dataset_metadata_path:
+    config = run.config
+    if config.dataset_metadata_path:
         raise UserError("--task *:train reads the stage-1 cache in --dataset_base_path; remove --dataset_metadata_path")
-    reader = CacheReader(args.dataset_base_path, family=family.name, required=split.frontier, log=log)
-    return RepeatedCache(reader, args.dataset_repeat)
+    reader = CacheReader(config.dataset_base_path, family=run.family.name, required=run.split.frontier, log=log)
+    return RepeatedCache(reader, config.dataset_repeat)
 
 
 __all__ = ["CACHE_SUBDIR", "open_cache", "run_stage1", "stage1_fingerprint"]

@@ -1,14 +1,17 @@
-"""Sample images during training (`--validation_prompts`, `--validation_steps`), for any family.
+"""Sample images (clips, layer stacks) during training (`--validation_prompts`, `--validation_steps`), for any
+family and variant, through the pipeline's own sampling template (`BasePipeline.generate`).
 
-The family's prompt units (those that read `prompt`) encode the prompts; its `noise_shape`, `model_fn` and
-`decode` do the rest, with the models `decode_models` names. Split training keeps the prompt encoders out of
-stage 2, so stage 1 runs the prompt units on the validation prompts once and stores their outputs beside the
-cache (`<cache>/validation/`), together with where the decoder's weights are; stage 2 loads the decoder only
-when it renders and frees it afterwards. Images go to `<output_path>/validation/` and to TensorBoard. A video
-family renders clips (`decode` gives (B, 3, F, H, W); `noise_shape` takes `num_frames`): an animated preview
-(`step-<n>.gif`, the prompts side by side) and a frame grid (`step-<n>.png`, one row per prompt) that also goes
-to TensorBoard.
-Rendering uses its own seeded generator and no_grad, so it does not change training.
+The prompts are encoded by the run's prompt units; split training keeps the prompt encoders out of stage 2, so
+stage 1 encodes the validation prompts once and stores them beside the cache (`<cache>/validation/`), with where
+the decoder's weights are; stage 2 loads the decoder only when it renders and frees it afterwards.
+
+A run whose features condition the denoiser on more than the prompt (an edit image, a control image, the first
+frame of an image-to-video run, the image a layer stack is taken from, ...) renders prompt i with the conditioning
+of training sample i (of the data set, or of the cache in stage 2), at that sample's size: the values its units
+computed are handed to the sampling template as given. Other runs render at --validation_size.
+
+Images go to `<output_path>/validation/step-<n>.png` and TensorBoard; clips also to `step-<n>.gif` (the prompts
+side by side). Rendering uses its own seeded generator and no_grad, so it does not change training.
 """
 
 from __future__ import annotations
@@ -22,8 +25,7 @@ from safetensors.torch import load_file
 from ..core.batch import collate_values, split_batch
 from ..core.units import run_unit
 from ..io import atomic_save_image, atomic_save_safetensors, atomic_write_text
-from ..media.image import tensor_to_images
-from ..media.video import DEFAULT_FPS, frame_grid, tensor_to_clips, write_animation
+from ..media.video import DEFAULT_FPS, frame_grid, write_animation
 
 VALIDATION_DIR = "validation"
 NEGATIVE = "negative"
@@ -75,37 +77,51 @@ def write_cached_prompts(cache_dir: str, pipe, prompts_text: str, models) -> Non
     atomic_write_text(folder / "prompts.json", json.dumps({"prompts": prompts, "decoders": decoders}, indent=1))
 
 
-class Validator:
-    def __init__(self, args, models, family, cache_dir: str | None = None):
-        self.prompts = parse_prompts(args.validation_prompts)
-        size = args.validation_size or args.height or 1024
-        self.height = self.width = size
-        if args.validation_size is None and args.height and args.width:
-            self.height, self.width = args.height, args.width
-        self.steps = args.validation_inference_steps
-        self.out_dir = Path(args.output_path) / VALIDATION_DIR
-        self.models = models
-        self.family = family
-        # the family's sampling guidance (FLUX.1-dev is guidance-distilled: 1, no negative pass)
-        self.cfg_scale = float(dict(getattr(family, "sample_defaults", None) or {}).get("cfg_scale", 4.0))
-        self.cache_dir = cache_dir
-        self.embeds = None
-        self.seed = args.seed
-        self.warned = False
-        self.num_frames = None  # video families: frames per validation clip
-        if getattr(family, "data", "image") == "video":
-            from .builders import frame_settings
+def conditioning_names(pipe) -> list[str]:
+    """What the denoiser reads besides the prompt and what sampling computes itself: the values validation takes
+    from a training sample (none for a plain text-to-image run)."""
+    prompt = set(pipe.prompt_outputs())
+    prompt |= {pipe.negative_name(n) for n in prompt}
+    return [n for n in pipe.active_model_fn_inputs if n not in prompt and n not in pipe.sampling_values]
 
-            settings = frame_settings(args, family)  # checks --validation_num_frames too
-            self.num_frames = getattr(args, "validation_num_frames", None) or settings["num_frames"]
-            noise_shape = getattr(getattr(family, "pipeline", None), "noise_shape", None)
-            if noise_shape is not None and not _takes_frames(noise_shape):
-                if getattr(args, "validation_num_frames", None) is not None:
+
+class Validator:
+    def __init__(self, run, cache_dir: str | None = None, dataset=None):
+        from .setup import stage_settings
+
+        config, family = run.config, run.family
+        self.prompts = parse_prompts(config.validation_prompts)
+        size = config.validation_size or config.height or 1024
+        self.height = self.width = size
+        if config.validation_size is None and config.height and config.width:
+            self.height, self.width = config.height, config.width
+        self.steps = config.validation_inference_steps
+        self.out_dir = Path(config.output_path) / VALIDATION_DIR
+        self.models = run.models
+        self.family = family
+        self.cfg_scale = float(run.pipeline.call_defaults.get("cfg_scale", 1.0))  # the family's sampling guidance
+        self.settings = {k: v for k, v in stage_settings(config, family).items()
+                         if k in run.pipeline.model_fn_settings and not k.startswith("use_gradient_checkpointing")}
+        self.cache_dir = cache_dir
+        self.dataset = dataset  # the training samples whose conditioning a conditioned render takes
+        self.embeds = None
+        self.seed = config.seed
+        self.warned = set()
+        self.num_frames = None  # video families: frames per validation clip
+        if config.frames is not None:
+            self.num_frames = config.validation_num_frames or config.frames.num_frames
+            if not _takes_frames(run.pipeline.noise_shape):
+                if config.validation_num_frames is not None:
                     from ..errors import UserError
 
                     raise UserError(f"--validation_num_frames: not used: the {family.name} family's validation "
                                     f"renders stills (its noise_shape takes no num_frames)")
                 self.num_frames = None
+
+    def _note(self, key: str, text: str) -> None:
+        if key not in self.warned:
+            print(f"note: {text}")
+            self.warned.add(key)
 
     def _cached(self, name: str):
         path = Path(self.cache_dir) / VALIDATION_DIR / name if self.cache_dir else None
@@ -141,69 +157,103 @@ class Validator:
     @torch.no_grad()
     def __call__(self, accelerator, module, step: int) -> None:
         if accelerator.is_main_process:
-            self.render(module.pipe, step, accelerator)
+            self.render(module.pipe, step, accelerator, module)
         accelerator.wait_for_everyone()
 
-    def _values(self, pipe, embeds, key: str) -> dict:
+    def _prompt_values(self, pipe, embeds, key: str) -> dict:
         """The prompt values of one prompt (and the negative prompt) with their batch dimension back."""
         values = {}
         for unit in prompt_units(pipe):
             for posi, nega in unit.cfg_outputs.values():
-                for side, name, prefix in ((0, posi, key), (1, nega, NEGATIVE)):
+                for name, prefix in ((posi, key), (nega, NEGATIVE)):
                     stored = embeds.get(f"{prefix}.{posi}")
                     if stored is not None:
                         values[name] = stored
         values = collate_values([values], pipe.batching)
         return {k: v.to(pipe.device, pipe.torch_dtype if v.is_floating_point() else v.dtype) for k, v in values.items()}
 
-    def _noise_shape(self, pipe) -> tuple[int, ...]:
-        if self.num_frames is not None and _takes_frames(pipe.noise_shape):
-            return pipe.noise_shape(self.height, self.width, num_frames=self.num_frames)
-        return pipe.noise_shape(self.height, self.width)
-
-    def render(self, pipe, step: int, accelerator=None):
-        why = getattr(pipe, "validation_unavailable", lambda: None)()  # a BasePipeline hook; duck-typed pipes lack it
-        if why:
-            if not self.warned:
-                print(f"note: no validation images: {why}")
-                self.warned = True
+    def _conditioning(self, pipe, module, i: int) -> dict | None:
+        """Training sample i's conditioning values (batch of one) and its clean latents, or None when the run needs
+        none; the negative side of a guided value is left empty, as sampling without its negative input does."""
+        names = conditioning_names(pipe)
+        if not names:
             return None
+        if self.dataset is None or module is None or not len(self.dataset):
+            return {}
+        sample, n = None, len(self.dataset)
+        for j in range(n):  # a bad sample the data set skips is None: the next one
+            sample = self.dataset[(i + j) % n]
+            if sample is not None:
+                break
+        prepared = module.prepare_sample(sample, names=(*names, "input_latents"))
+        values = collate_values([prepared], pipe.batching)
+        out = {k: (v.to(pipe.device) if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
+        for name in names:
+            negative = pipe.negative_name(name)
+            if negative != name:
+                out[negative] = None
+        return out
+
+    def render(self, pipe, step: int, accelerator=None, module=None):
         embeds = self._embeddings(pipe)
         temporary = self._decoders(pipe) if embeds is not None else None
         if embeds is None or temporary is None:
-            if not self.warned:
-                print("note: validation images need the prompt encodings (from the prompt encoder or the stage-1 "
-                      f"cache) and the decoder ({', '.join(pipe.decode_models)}); skipping them")
-                self.warned = True
+            self._note("embeds", "validation images need the prompt encodings (from the prompt encoder or the "
+                       f"stage-1 cache) and the decoder ({', '.join(pipe.decode_models)}); skipping them")
             return None
         denoiser = pipe.models[pipe.loss_models[0]]
         was_training = denoiser.training
         denoiser.eval()
-        images = []
+        outputs = []
         saved_sched = (pipe.scheduler.sigmas, pipe.scheduler.timesteps)
         pipe.models.update(temporary)
         try:
             for i, _ in enumerate(self.prompts):
+                condition = self._conditioning(pipe, module, i)
+                if condition == {}:
+                    self._note("condition", "validation images need a training sample's conditioning (this run's "
+                               "features condition the denoiser on more than the prompt); skipping them")
+                    return None
+                values = {**self._prompt_values(pipe, embeds, f"p{i}"), **(condition or {})}
                 g = torch.Generator("cpu").manual_seed(self.seed + i)
-                latents = torch.randn(1, *self._noise_shape(pipe), generator=g)
+                if condition:  # at the sample's own size: its conditioning is laid out for it
+                    clean = values.pop("input_latents")
+                    latents = torch.randn(clean.shape, generator=g)
+                    values.update(pipe.size_of(clean))
+                    self._note("size", f"validation renders each prompt with the conditioning of the training "
+                               f"sample of its index, at that sample's size")
+                else:
+                    shape = pipe.noise_shape(self.height, self.width, **(
+                        {"num_frames": self.num_frames} if self.num_frames is not None else {}))
+                    latents = torch.randn(1, *shape, generator=g)
+                    values.update(height=self.height, width=self.width)
+                    if self.num_frames is not None:
+                        values["num_frames"] = self.num_frames
                 latents = latents.to(pipe.device, pipe.torch_dtype)
-                pipe.scheduler.set_timesteps(self.steps, image_seq_len=pipe.seq_len(latents))
-                values = {"latents": latents, **self._values(pipe, embeds, f"p{i}")}
-                latents = pipe.denoise(values, cfg_scale=self.cfg_scale, progress=False)
-                decoded = pipe.decode(latents)
-                images.extend(tensor_to_clips(decoded) if decoded.dim() == 5 else tensor_to_images(decoded))
+                values.update(latents=latents, noise=latents, seed=self.seed + i, batch_size=1)
+                given = [k for k in values if k not in ("height", "width", "num_frames", "seed", "batch_size")]
+                out = pipe.generate(values, cfg_scale=self.cfg_scale, num_inference_steps=self.steps,
+                                    settings=self.settings, given=given, progress=False, output_type="pil")
+                outputs.append(out[0])
         finally:
             pipe.scheduler.sigmas, pipe.scheduler.timesteps = saved_sched
             denoiser.train(was_training)
             for slot in temporary:
                 pipe.models[slot] = None
-        if all(isinstance(i, list) for i in images):  # clips
-            frames = min(len(c) for c in images)
-            write_animation([make_grid([c[t] for c in images]) for t in range(frames)],
-                            self.out_dir / f"step-{step:06d}.gif", fps=DEFAULT_FPS)
-            grid = make_grid([frame_grid(c, columns=min(len(c), 8), max_frames=8) for c in images], columns=1)
+        return self._write(pipe, outputs, step, accelerator)
+
+    def _write(self, pipe, outputs, step: int, accelerator):
+        kind = getattr(pipe, "output_kind", "image")
+        if kind == "clip":
+            frames = min(len(c) for c in outputs)
+            if frames > 1:
+                write_animation([make_grid([c[t] for c in outputs]) for t in range(frames)],
+                                self.out_dir / f"step-{step:06d}.gif", fps=DEFAULT_FPS)
+            grid = make_grid([frame_grid(c, columns=min(len(c), 8), max_frames=8) for c in outputs], columns=1)
+        elif kind == "layers":  # one row per prompt: its layers over white
+            grid = make_grid([make_grid(stack) for stack in outputs], columns=1)
         else:
-            grid = make_grid(images)
+            grid = make_grid(outputs)
         path = atomic_save_image(grid, self.out_dir / f"step-{step:06d}.png")
         if accelerator is not None:
             try:
@@ -223,6 +273,7 @@ def _takes_frames(noise_shape) -> bool:
 
 
 def make_grid(images, columns: int | None = None):
+    """Images side by side (`columns` per row) on white; images with alpha are composited over it."""
     from PIL import Image
 
     columns = columns or len(images)
@@ -230,5 +281,9 @@ def make_grid(images, columns: int | None = None):
     w, h = images[0].size
     grid = Image.new("RGB", (columns * w, rows * h), "white")
     for i, img in enumerate(images):
-        grid.paste(img, ((i % columns) * w, (i // columns) * h))
+        box = ((i % columns) * w, (i // columns) * h)
+        if img.mode == "RGBA":
+            grid.paste(img, box, img)
+        else:
+            grid.paste(img, box)
     return grid

@@ -10,9 +10,6 @@ from ...core.checkpointing import set_gradient_checkpointing
 from ...core.latents import pack_latents, unpack_latents
 from ...errors import UserError
 
-SAMPLING_GUIDANCE = 3.5  # FLUX.1-dev's embedded guidance when sampling (diffusers' FluxPipeline default)
-
-
 def image_ids(h: int, w: int, device, dtype) -> torch.Tensor:
     """(h*w, 3) position ids of the packed tokens: (0, row, column), row-major (diffusers' layout)."""
     rows = torch.arange(h, device=device).view(h, 1).expand(h, w)
@@ -25,11 +22,12 @@ def model_fn_flux(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_emb
                   pooled_prompt_embeds: torch.Tensor, guidance: torch.Tensor | None = None,
                   kontext_latents: torch.Tensor | None = None, kontext_ids: torch.Tensor | None = None,
                   use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
-                  **_: Any) -> torch.Tensor:
+                  default_guidance: float = 3.5, **_: Any) -> torch.Tensor:
     """One denoiser call: latents (B, 16, h, w), timestep (B,) in [0, 1000] -> velocity (B, 16, h, w).
 
     Kontext reference tokens (B, n, 64) with their ids (B, n, 3) follow the noisy image's tokens; the output
-    is cut back to the image's tokens, so a loss sees only those."""
+    is cut back to the image's tokens, so a loss sees only those. `default_guidance`: the embedded guidance where
+    the values have none (the pipeline's sampling default)."""
     b, _, h, w = latents.shape
     tokens = pack_latents(latents)
     image_len = tokens.shape[1]
@@ -37,7 +35,7 @@ def model_fn_flux(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_emb
     timestep = timestep.to(device=latents.device, dtype=latents.dtype).expand(b)
     if dit.config.guidance_embeds:
         # no guidance value (e.g. validation renders from cached prompts): the sampling default
-        g = torch.full((b,), SAMPLING_GUIDANCE) if guidance is None else torch.as_tensor(guidance).reshape(-1)
+        g = torch.full((b,), default_guidance) if guidance is None else torch.as_tensor(guidance).reshape(-1)
         guidance = g.to(device=latents.device, dtype=torch.float32).expand(b)
     else:
         guidance = None

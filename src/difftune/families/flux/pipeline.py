@@ -13,28 +13,38 @@ import torch
 from PIL import Image
 
 from ...core.batch import SAME
+from ...core.features import Feature
 from ...core.pipeline import BasePipeline
 from ...errors import UserError
-from ...media.image import as_image_list, tensor_to_images
+from ...media.image import as_image_list
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .model_fn import model_fn_flux
 from .units import (DIVISION_FACTOR, FluxClipEmbedder, FluxEmbeddedGuidance, FluxInputImageEmbedder,
                     FluxKontextEmbedder, FluxNoiseInitializer, FluxShapeChecker, FluxT5Embedder, vae_decode)
 
 TRAINING_GUIDANCE = 1.0  # the reference's embedded_guidance in training
+# The family's sampling defaults (FluxPipeline's; FLUX.1-dev is guidance-distilled: cfg 1 and an embedded guidance
+# of 3.5): one place, read by __call__, `difftune sample`, validation and model_fn.
+CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 30, "cfg_scale": 1.0,
+                 "embedded_guidance": 3.5}
+
+KONTEXT = Feature("kontext", columns=("kontext_images",), model_fn_inputs=("kontext_latents", "kontext_ids"),
+                  description="FLUX.1 Kontext: reference images' tokens beside the image's")
 
 
 class FluxImagePipeline(BasePipeline):
-    family = "flux"
     model_names = ("dit", "text_encoder", "text_encoder_2", "vae")
     batch_shared_inputs = ("height", "width", "embedded_guidance")  # kept once in a stage-1 batch
     settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload"})
-    model_fn_inputs = ("prompt_embeds", "pooled_prompt_embeds", "guidance", "kontext_latents", "kontext_ids")
-    data_inputs = ("image", "prompt", "seed", "kontext_images", "num_inference_steps", "height", "width")
+    model_fn_inputs = ("prompt_embeds", "pooled_prompt_embeds", "guidance")
+    sampling_values = ("guidance",)  # embedded guidance: the sampling default, not the training value
+    features = (KONTEXT,)
+    data_inputs = ("image", "prompt", "seed", "num_inference_steps", "height", "width")
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
     loss_models = ("dit",)
     decode_models = ("vae",)
     division_factor = DIVISION_FACTOR
+    call_defaults = CALL_DEFAULTS
 
     patch_size = 2
     vae_scale = 8
@@ -59,7 +69,8 @@ class FluxImagePipeline(BasePipeline):
     def model_fn(self, latents, timestep, prompt_embeds, pooled_prompt_embeds, guidance=None, kontext_latents=None,
                  kontext_ids=None, **settings):
         return model_fn_flux(self.dit, latents, timestep, prompt_embeds, pooled_prompt_embeds, guidance,
-                             kontext_latents, kontext_ids, **settings)
+                             kontext_latents, kontext_ids, default_guidance=self.call_defaults["embedded_guidance"],
+                             **settings)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return vae_decode(self, latents)
@@ -95,30 +106,19 @@ class FluxImagePipeline(BasePipeline):
         return (size(sample.get("image")), size(sample.get("kontext_images")))
 
     # -- inference ------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "", cfg_scale: float = 1.0,
-                 embedded_guidance: float = 3.5, height: int | None = 1024, width: int | None = 1024,
-                 num_inference_steps: int = 30, seed: int | None = None, input_image=None,
-                 denoising_strength: float = 1.0, kontext_images=None, progress: bool = True,
+    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "",
+                 cfg_scale: float = CALL_DEFAULTS["cfg_scale"],
+                 embedded_guidance: float = CALL_DEFAULTS["embedded_guidance"],
+                 height: int | None = CALL_DEFAULTS["height"], width: int | None = CALL_DEFAULTS["width"],
+                 num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"], seed: int | None = None,
+                 input_image=None, denoising_strength: float = 1.0, kontext_images=None, progress: bool = True,
                  output_type: str = "pil"):
         """`kontext_images` (FLUX.1 Kontext): a reference image, a list of them, or one list per prompt."""
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
+        values = self.prompt_values(prompt, negative_prompt)
         if input_image is not None and (height is None or width is None):
             width, height = as_image_list(input_image)[0].size
-        values: dict[str, Any] = {
-            "prompt": prompts, "negative_prompt": negatives, "height": height, "width": width, "seed": seed,
-            "batch_size": len(prompts), "input_image": input_image, "embedded_guidance": embedded_guidance,
-            "kontext_images": kontext_images,
-        }
-        h, w = (-(-int(s) // DIVISION_FACTOR) for s in (height, width))
-        self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength, image_seq_len=h * w)
-        self.run_units(values, cfg=cfg_scale != 1.0)
-        latents = self.denoise(values, cfg_scale=cfg_scale, progress=progress)
-        if output_type == "latent":
-            return latents
-        images = vae_decode(self, latents)
-        if output_type == "pt":
-            return (images.float() / 2 + 0.5).clamp(0, 1)
-        pil = tensor_to_images(images)
-        return pil[0] if isinstance(prompt, str) else pil
+        values.update({"height": height, "width": width, "seed": seed, "input_image": input_image,
+                       "embedded_guidance": embedded_guidance, "kontext_images": kontext_images})
+        out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps,
+                            denoising_strength=denoising_strength, progress=progress, output_type=output_type)
+        return out[0] if isinstance(prompt, str) and output_type == "pil" else out

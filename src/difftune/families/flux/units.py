@@ -109,6 +109,7 @@ class FluxKontextEmbedder(PipelineUnit):
     inputs = ("kontext_images", "batch_size")
     outputs = ("kontext_latents", "kontext_ids")
     models = ("vae",)
+    feature = "kontext"
 
     def process(self, pipe, kontext_images, batch_size):
         if kontext_images is None:
@@ -177,6 +178,6 @@ class FluxEmbeddedGuidance(PipelineUnit):
         if isinstance(embedded_guidance, (list, tuple)):
             values = [float(g) for g in embedded_guidance]
         else:
-            g = 3.5 if embedded_guidance is None else float(embedded_guidance)
+            g = pipe.call_defaults["embedded_guidance"] if embedded_guidance is None else float(embedded_guidance)
             values = [g] * int(batch_size or 1)
         return {"guidance": torch.tensor(values, dtype=torch.float32, device=pipe.device)}

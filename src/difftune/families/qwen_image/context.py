@@ -9,7 +9,7 @@ import torch
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...media.image import as_image_list, images_to_tensor
-from .encoding import encode_rgba, vae_encode
+from .encoding import vae_encode
 
 
 class QwenImageContextImageEmbedder(PipelineUnit):
@@ -18,14 +18,16 @@ class QwenImageContextImageEmbedder(PipelineUnit):
     inputs = ("context_image", "height", "width")
     outputs = ("context_latents",)
     models = ("vae",)
+    feature = "context"
 
     def process(self, pipe, context_image, height, width):
         if context_image is None:
             return {}
-        if getattr(pipe.vae.config, "input_channels", 3) == 4:  # Qwen-Image-Layered's RGBA VAE (Layered-Control)
-            return {"context_latents": encode_rgba(pipe, as_image_list(context_image), height, width)}
-        images = images_to_tensor(as_image_list(context_image), height, width)
-        return {"context_latents": vae_encode(pipe, images)}
+        return {"context_latents": self.encode(pipe, as_image_list(context_image), height, width)}
+
+    @staticmethod
+    def encode(pipe, images, height, width) -> torch.Tensor:
+        return vae_encode(pipe, images_to_tensor(images, height, width))
 
 
 def append_context(tokens: torch.Tensor, shapes: list, context_latents: torch.Tensor | None):

@@ -11,14 +11,7 @@ import torch
 from PIL import Image
 
 from ...errors import UserError
-from .context import QwenImageContextImageEmbedder
-from .controlnet import QwenImageBlockwiseControlNetEmbedder
-from .eligen import ENTITY_OUTPUTS, QwenImageEntityControl
-
-CONTROL_DATA_INPUTS = ("context_image", "eligen_entity_prompts", "eligen_entity_masks", "blockwise_controlnet_image",
-                       "blockwise_controlnet_inpaint_mask")
 IMAGE_INPUTS = ("context_image", "eligen_entity_masks", "blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask")
-CONTROL_MODEL_FN_INPUTS = ("context_latents", "blockwise_controlnet_conditioning", *ENTITY_OUTPUTS)
 
 
 def _entity_prompts(value, row) -> list[str] | None:
@@ -121,6 +114,4 @@ def check_controlnet_fed(controlnet, conditioning) -> None:
                         "the column in --extra_inputs and --data_file_keys), so it would be ignored")
 
 
-__all__ = ["CONTROL_DATA_INPUTS", "CONTROL_MODEL_FN_INPUTS", "ControlNetInput", "QwenImageBlockwiseControlNetEmbedder",
-           "QwenImageContextImageEmbedder", "QwenImageEntityControl", "check_controlnet_fed", "control_call_inputs",
-           "control_training_inputs"]
+__all__ = ["ControlNetInput", "check_controlnet_fed", "control_call_inputs", "control_training_inputs"]

@@ -152,6 +152,7 @@ class QwenImageBlockwiseControlNetEmbedder(PipelineUnit):
     inputs = ("blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask", "height", "width")
     outputs = ("blockwise_controlnet_conditioning",)
     models = ("vae",)
+    feature = "blockwise_controlnet"
 
     def process(self, pipe, blockwise_controlnet_image, blockwise_controlnet_inpaint_mask, height, width):
         if blockwise_controlnet_image is None:

@@ -62,6 +62,7 @@ class QwenImageEntityControl(PipelineUnit):
     cfg_inputs = {"entity_prompts": ("eligen_entity_prompts", "negative_eligen_entity_prompts")}
     cfg_outputs = {name: (name, "negative_" + name) for name in ENTITY_OUTPUTS}
     models = ("text_encoder",)
+    feature = "eligen"
     batching = {"entity_prompt_embeds": Pad("entity_prompt_embeds_mask"),
                 "entity_token_ids": Pad("entity_prompt_embeds_mask"), "entity_masks": Pad("entity_masks_mask")}
 
@@ -81,7 +82,7 @@ class QwenImageEntityControl(PipelineUnit):
             if not p or len(p) != len(m) or not all(isinstance(x, str) for x in p):
                 raise UserError(f"EliGen needs one entity prompt (text) per entity mask, got {len(p)} prompt(s) and "
                                 f"{len(m)} mask(s)")
-            enc = QwenImagePromptEmbedder().process(pipe, p, None)
+            enc = QwenImagePromptEmbedder().process(pipe, p)
             lengths = enc["prompt_embeds_mask"].sum(dim=1).tolist()
             embeds.append(torch.cat([e[:n_] for e, n_ in zip(enc["prompt_embeds"], lengths)]))
             ids.append(torch.cat([torch.full((n_,), i, dtype=torch.long) for i, n_ in enumerate(lengths)]))

@@ -1,9 +1,10 @@
 """Qwen-Image-Layered (and DiffSynth-Studio's -Layered-Control, -Control-V2): an image taken apart into RGBA layers.
 
-A variant of the Qwen-Image pipeline, not a family of its own: the text encoder is Qwen-Image's, the transformer and
-the VAE are the same diffusers classes with other configs (recognised from the weights: the transformer's "is RGB"
-embedding, the VAE's four input channels), and the data decides the mode, as in the reference: a row whose `image` is
-a list of layer files (with `layer_input_image` and `layer_num`) trains the layer stack.
+A variant of the Qwen-Image family with its own pipeline class, `QwenImageLayeredPipeline`: the latent layout (a stack
+of layers), `model_fn`, guidance and sampling differ. The text encoder is Qwen-Image's; the transformer and the VAE are
+the same diffusers classes with other configs, so the class is chosen from the weights (the transformer's layer-3D
+RoPE, the VAE's four input channels) or, where a stage names neither, from the data columns (`layer_input_image`,
+`layer_num`): a row's `image` is then a list of layer files.
 
 Layout: a stack of L + 1 latents is (B, 16, L + 1, h, w), the first being the composite (the reference's training
 data lists it first; Qwen-Image-Layered-Control, with `layer_num` 0, generates only the layer it is asked for).
@@ -30,18 +31,23 @@ from ...core.latents import pack_latents, seeded_noise, unpack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, tensor_to_images
+from .context import QwenImageContextImageEmbedder
 from .encoding import DIVISION_FACTOR, VAE_SCALE, encode_rgba, set_zero_cond_t, vae_decode
+from .pipeline import CALL_DEFAULTS, CONTEXT, EDIT, QwenImagePipeline
+from .prompt import QwenImageEditPromptEmbedder, QwenImagePromptEmbedder
+from .units import QwenImageEditImageEmbedder, QwenImageInputImageEmbedder, QwenImageShapeChecker
 
 LAYER_COLUMNS = ("layer_input_image", "layer_num")
 
 
-def is_layered(data: dict[str, Any]) -> bool:
-    """A data row (or pipeline inputs) of Qwen-Image-Layered: a list of layers, or the layer inputs."""
-    return isinstance(data.get("image"), list) or any(data.get(k) is not None for k in LAYER_COLUMNS)
-
-
 def is_layered_dit(dit) -> bool:
     return bool(getattr(getattr(dit, "config", None), "use_layer3d_rope", False))
+
+
+def claims_layered(context) -> bool:
+    """Qwen-Image-Layered's runs: its transformer, its RGBA VAE, or layer columns in the data."""
+    dit, vae = context.config("dit") or {}, context.config("vae") or {}
+    return bool(dit.get("use_layer3d_rope")) or vae.get("input_channels") == 4 or context.has(*LAYER_COLUMNS)
 
 
 def _row(data) -> str:
@@ -59,7 +65,7 @@ def _layer_count(value, where: str) -> int:
 
 # -- data -----------------------------------------------------------------------------------------------------------
 
-def data_operators(args) -> dict:
+def data_operators(config) -> dict:
     """The reference's loaders: `layer_input_image` and the items of a list-valued `image` as RGBA (alpha kept),
     a single `image` as RGB."""
     from ...data import RouteByListing, UnifiedDataset
@@ -67,8 +73,8 @@ def data_operators(args) -> dict:
     def image_operator(mode):
         factor = DIVISION_FACTOR
         return UnifiedDataset.default_image_operator(
-            base_path=args.dataset_base_path, height=args.height, width=args.width, max_pixels=args.max_pixels,
-            height_division_factor=factor, width_division_factor=factor, mode=mode)
+            base_path=config.dataset_base_path, height=config.height, width=config.width,
+            max_pixels=config.max_pixels, height_division_factor=factor, width_division_factor=factor, mode=mode)
 
     return {"image": RouteByListing(image_operator("RGB"), image_operator("RGBA")),
             "layer_input_image": image_operator("RGBA")}
@@ -187,7 +193,12 @@ def model_fn_qwen_image_layered(dit, latents: torch.Tensor, timestep: torch.Tens
     return torch.stack([unpack_latents(out[:, i * n:(i + 1) * n], h, w) for i in range(frames)], dim=2)
 
 
-# -- sampling -------------------------------------------------------------------------------------------------------
+# -- the pipeline ---------------------------------------------------------------------------------------------------
+
+def layered_mu(height: int, width: int) -> float:
+    """diffusers' time shift for Qwen-Image-Layered: sqrt of the input image's 2x2-patch tokens over 256."""
+    return math.sqrt((-(-height // DIVISION_FACTOR)) * (-(-width // DIVISION_FACTOR)) / 256)
+
 
 def decode_layers(pipe, latents: torch.Tensor) -> torch.Tensor:
     """(B, 16, L + 1, h, w) -> images (B, L + 1, 4, H, W) in [-1, 1], one layer at a time."""
@@ -195,42 +206,108 @@ def decode_layers(pipe, latents: torch.Tensor) -> torch.Tensor:
                         for b in range(latents.shape[0])])
 
 
-def layered_mu(height: int, width: int) -> float:
-    """diffusers' time shift for Qwen-Image-Layered: sqrt of the input image's 2x2-patch tokens over 256."""
-    return math.sqrt((-(-height // DIVISION_FACTOR)) * (-(-width // DIVISION_FACTOR)) / 256)
+class QwenImageLayeredNoiseInitializer(PipelineUnit):
+    """The initial noise of a stack of `layer_num` + 1 layers, (B, 16, layers + 1, h, w)."""
+
+    inputs = ("height", "width", "seed", "rand_device", "batch_size", "layer_num")
+    outputs = ("noise",)
+
+    def process(self, pipe, height, width, seed, rand_device, batch_size, layer_num):
+        if layer_num is None:
+            raise UserError("Qwen-Image-Layered needs layer_num (how many layers besides the first)")
+        rand_device = rand_device or "cpu"
+        if isinstance(rand_device, (list, tuple)):
+            rand_device = rand_device[0]
+        return {"noise": layered_noise(pipe, height, width, seed, rand_device, batch_size, layer_num)}
 
 
-@torch.no_grad()
-def sample_layered(pipe, prompt, negative_prompt, cfg_scale: float, height, width, num_inference_steps: int, seed,
-                   layer_input_image, layer_num, rand_device: str = "cpu", progress: bool = True,
-                   output_type: str = "pil", context_image=None):
-    """Take `layer_input_image` apart into `layer_num` + 1 RGBA layers (per prompt: a list of images; "pt": a tensor
-    (B, L + 1, 4, H, W) in [0, 1]; "latent": the latents)."""
-    if layer_input_image is None:
-        raise UserError("Qwen-Image-Layered sampling needs layer_input_image (the image to take apart)")
-    if layer_num is None:
-        raise UserError("Qwen-Image-Layered sampling needs layer_num (how many layers besides the first)")
-    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-    negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
-    if height is None or width is None:
-        width, height = as_image_list(layer_input_image)[0].size
-    values: dict[str, Any] = {
-        "prompt": prompts, "negative_prompt": negatives, "height": height, "width": width, "seed": seed,
-        "rand_device": rand_device, "batch_size": len(prompts), "layer_input_image": layer_input_image,
-        "layer_num": layer_num, "context_image": context_image,  # Layered-Control: its control image
-    }
-    pipe.scheduler.set_timesteps(num_inference_steps, mu=layered_mu(height, width))
-    pipe.run_units(values, cfg=cfg_scale != 1.0)
-    latents = pipe.denoise(values, cfg_scale=cfg_scale, progress=progress)
-    if output_type == "latent":
-        return latents
-    images = decode_layers(pipe, latents)
-    if output_type == "pt":
-        return (images.float() / 2 + 0.5).clamp(0, 1)
-    stacks = [tensor_to_images(stack) for stack in images]
-    return stacks[0] if isinstance(prompt, str) else stacks
+class QwenImageLayeredContextImageEmbedder(QwenImageContextImageEmbedder):
+    """Layered-Control-V2's control image, through the RGBA VAE."""
+
+    @staticmethod
+    def encode(pipe, images, height, width) -> torch.Tensor:
+        return encode_rgba(pipe, images, height, width)
 
 
-__all__ = ["QwenImageLayerInputEmbedder", "QwenImageLayerStackEmbedder", "data_operators", "decode_layers",
-           "is_layered", "is_layered_dit", "layered_noise", "layered_training_inputs", "model_fn_qwen_image_layered",
-           "sample_layered"]
+class QwenImageLayeredPipeline(QwenImagePipeline):
+    """Take an image apart into RGBA layers (DiffSynth-Studio's Qwen-Image-Layered, -Layered-Control, -V2)."""
+
+    model_names = ("dit", "text_encoder", "vae")
+    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "layer_input_latents")
+    features = (EDIT, CONTEXT)
+    data_inputs = (*QwenImagePipeline.data_inputs, *LAYER_COLUMNS)
+    loss_models = ("dit",)
+    output_kind = "layers"
+
+    def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
+        super().__init__(device, torch_dtype, scheduler)
+        self.units = [QwenImageShapeChecker(), QwenImageLayeredNoiseInitializer(), QwenImageInputImageEmbedder(),
+                      QwenImageLayerStackEmbedder(), QwenImageEditImageEmbedder(), QwenImageLayerInputEmbedder(),
+                      QwenImageLayeredContextImageEmbedder(), QwenImagePromptEmbedder(),
+                      QwenImageEditPromptEmbedder()]
+
+    @classmethod
+    def claims(cls, context) -> bool:
+        return claims_layered(context)
+
+    @classmethod
+    def data_operators(cls, config) -> dict:
+        return data_operators(config)
+
+    def model_fn(self, latents, timestep, prompt_embeds, prompt_embeds_mask=None, edit_latents=None,
+                 layer_input_latents=None, **settings):
+        return model_fn_qwen_image_layered(self.dit, latents, timestep, prompt_embeds, prompt_embeds_mask,
+                                           layer_input_latents, edit_latents=edit_latents, **settings)
+
+    def combine_cfg(self, posi, nega, cfg_scale):
+        return nega + cfg_scale * (posi - nega)  # plain guidance (diffusers' cfg_normalize=False)
+
+    def set_timesteps(self, values, num_inference_steps, denoising_strength=1.0):
+        latents = values.get("latents")
+        if isinstance(latents, torch.Tensor):
+            height, width = (side * VAE_SCALE for side in latents.shape[-2:])
+        else:
+            height, width = int(values["height"]), int(values["width"])
+        self.scheduler.set_timesteps(num_inference_steps, mu=layered_mu(height, width))
+
+    def postprocess(self, latents, output_type="pil"):
+        """Per prompt, a stack of RGBA layers ("pt": a tensor (B, L + 1, 4, H, W) in [0, 1])."""
+        if output_type == "latent":
+            return latents
+        images = decode_layers(self, latents)
+        if output_type == "pt":
+            return (images.float() / 2 + 0.5).clamp(0, 1)
+        return [tensor_to_images(stack) for stack in images]
+
+    def training_inputs(self, data):
+        return layered_training_inputs(self, data, QwenImagePipeline.training_inputs)
+
+    @staticmethod
+    def batch_signature(sample):
+        return None  # stacks are encoded one at a time
+
+    def __call__(self, prompt, negative_prompt="", cfg_scale: float = CALL_DEFAULTS["cfg_scale"],
+                 height: int | None = CALL_DEFAULTS["height"], width: int | None = CALL_DEFAULTS["width"],
+                 num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"], seed: int | None = None,
+                 layer_input_image=None, layer_num: int | None = None, rand_device: str = "cpu",
+                 progress: bool = True, output_type: str = "pil", context_image=None, zero_cond_t: bool = False):
+        """Take `layer_input_image` apart into `layer_num` + 1 RGBA layers (per prompt: a list of images; "pt": a
+        tensor (B, L + 1, 4, H, W) in [0, 1]; "latent": the latents)."""
+        if layer_input_image is None:
+            raise UserError("Qwen-Image-Layered sampling needs layer_input_image (the image to take apart)")
+        if layer_num is None:
+            raise UserError("Qwen-Image-Layered sampling needs layer_num (how many layers besides the first)")
+        if height is None or width is None:
+            width, height = as_image_list(layer_input_image)[0].size
+        values = self.prompt_values(prompt, negative_prompt)
+        values.update({"height": height, "width": width, "seed": seed, "rand_device": rand_device,
+                       "layer_input_image": layer_input_image, "layer_num": layer_num,
+                       "context_image": context_image})  # Layered-Control: its control image
+        out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps,
+                            settings={"zero_cond_t": zero_cond_t}, progress=progress, output_type=output_type)
+        return out[0] if isinstance(prompt, str) and output_type == "pil" else out
+
+
+__all__ = ["QwenImageLayerInputEmbedder", "QwenImageLayerStackEmbedder", "QwenImageLayeredPipeline", "claims_layered",
+           "data_operators", "decode_layers", "is_layered_dit", "layered_noise", "layered_training_inputs",
+           "model_fn_qwen_image_layered"]

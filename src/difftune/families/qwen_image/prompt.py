@@ -1,4 +1,5 @@
-"""Qwen-Image's prompt unit: the chat template, with the edit image(s) shown to Qwen2.5-VL for the Edit models."""
+"""Qwen-Image's prompt units: the chat template; for the Edit models (feature "edit") with the edit image(s) shown to
+Qwen2.5-VL."""
 
 from __future__ import annotations
 
@@ -12,47 +13,66 @@ from .encoding import EDIT_PROMPT_TEMPLATE, MAX_SEQUENCE_LENGTH, PROMPT_TEMPLATE
 
 
 class QwenImagePromptEmbedder(PipelineUnit):
-    """Encode the prompt with the Qwen-Image chat template (with the edit image for Qwen-Image-Edit)."""
+    """Encode the prompt with the Qwen-Image chat template."""
 
-    inputs = ("edit_image",)
     cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
     cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds"),
                    "prompt_embeds_mask": ("prompt_embeds_mask", "negative_prompt_embeds_mask")}
     models = ("text_encoder",)
     batching = {"prompt_embeds": Pad("prompt_embeds_mask")}  # prompts of a batch differ in length
 
-    def process(self, pipe, prompt, edit_image):
+    def process(self, pipe, prompt):
         if prompt is None:
             return {}
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        encoder = pipe.text_encoder
+        tokens = pipe.tokenizer([PROMPT_TEMPLATE.format(p) for p in prompts],
+                                max_length=TOKENIZER_MAX_LENGTH + pipe.template_drop(PROMPT_TEMPLATE),
+                                padding=True, truncation=True, return_tensors="pt")
+        return encode(pipe, PROMPT_TEMPLATE, tokens, {}, limit=MAX_SEQUENCE_LENGTH)
 
+
+class QwenImageEditPromptEmbedder(QwenImagePromptEmbedder):
+    """Qwen-Image-Edit: the prompt with the edit image(s) shown to Qwen2.5-VL. One image (the Edit template, inside
+    the user turn) or a list of them per sample (Edit-Plus: "Picture i" per image), as the reference tells them
+    apart: by the form of the value."""
+
+    inputs = ("edit_image",)
+    feature = "edit"
+    replaces = ("QwenImagePromptEmbedder",)
+
+    def process(self, pipe, prompt, edit_image):
+        if prompt is None:
+            return {}
+        if edit_image is None:  # a call without an edit image: the plain template
+            return super().process(pipe, prompt)
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         groups = edit_groups(edit_image, len(prompts))
         if groups is not None:  # Edit-Plus: "Picture i" per image
             template = EDIT_PLUS_PROMPT_TEMPLATE
             tokens, extra = edit_plus_vl_inputs(pipe, prompts, groups)
-        elif edit_image is None:
-            template = PROMPT_TEMPLATE
-            tokens = pipe.tokenizer([template.format(p) for p in prompts], max_length=TOKENIZER_MAX_LENGTH +
-                                    pipe.template_drop(template), padding=True, truncation=True, return_tensors="pt")
-            extra = {}
         else:
             template = EDIT_PROMPT_TEMPLATE
             tokens, extra = pipe.vl_inputs([template.format(p) for p in prompts], as_image_list(edit_image))
-        tokens = {k: v.to(pipe.device) for k, v in tokens.items()}
-        extra = {k: v.to(pipe.device) for k, v in extra.items()}
-        if "pixel_values" in extra:
-            extra["pixel_values"] = extra["pixel_values"].to(encoder.dtype)
-        # The base model's last hidden state (after the final norm) is what the DiT reads; going round the
-        # LM head saves a (tokens x 152k-vocabulary) logits tensor per batch at the real size.
-        backbone = getattr(encoder, "model", encoder)
-        hidden = backbone(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
-                          **extra).last_hidden_state
-        drop = pipe.template_drop(template)
         # Only text prompts are cut (as diffusers): an edit prompt's image tokens come first and often pass it.
-        limit = MAX_SEQUENCE_LENGTH if edit_image is None else None
-        pieces = [h[m.bool()][drop:][:limit] for h, m in zip(hidden, tokens["attention_mask"])]
-        length = max(p.shape[0] for p in pieces)
-        embeds = torch.stack([torch.nn.functional.pad(p, (0, 0, 0, length - p.shape[0])) for p in pieces])
-        mask = torch.stack([torch.arange(length, device=embeds.device) < p.shape[0] for p in pieces]).long()
-        return {"prompt_embeds": embeds.to(pipe.torch_dtype), "prompt_embeds_mask": mask}
+        return encode(pipe, template, tokens, extra, limit=None)
+
+
+def encode(pipe, template: str, tokens: dict, extra: dict, limit: int | None) -> dict:
+    """Qwen2.5-VL's last hidden states of the templated prompts, the template's system part dropped, padded and
+    masked per prompt."""
+    encoder = pipe.text_encoder
+    tokens = {k: v.to(pipe.device) for k, v in tokens.items()}
+    extra = {k: v.to(pipe.device) for k, v in extra.items()}
+    if "pixel_values" in extra:
+        extra["pixel_values"] = extra["pixel_values"].to(encoder.dtype)
+    # The base model's last hidden state (after the final norm) is what the DiT reads; going round the
+    # LM head saves a (tokens x 152k-vocabulary) logits tensor per batch at the real size.
+    backbone = getattr(encoder, "model", encoder)
+    hidden = backbone(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
+                      **extra).last_hidden_state
+    drop = pipe.template_drop(template)
+    pieces = [h[m.bool()][drop:][:limit] for h, m in zip(hidden, tokens["attention_mask"])]
+    length = max(p.shape[0] for p in pieces)
+    embeds = torch.stack([torch.nn.functional.pad(p, (0, 0, 0, length - p.shape[0])) for p in pieces])
+    mask = torch.stack([torch.arange(length, device=embeds.device) < p.shape[0] for p in pieces]).long()
+    return {"prompt_embeds": embeds.to(pipe.torch_dtype), "prompt_embeds_mask": mask}

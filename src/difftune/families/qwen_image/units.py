@@ -29,17 +29,13 @@ class QwenImageShapeChecker(ShapeChecker):
 class QwenImageNoiseInitializer(PipelineUnit):
     """Initial noise from `seed`, drawn on `rand_device` so a seed gives the same noise on any accelerator."""
 
-    inputs = ("height", "width", "seed", "rand_device", "batch_size", "layer_num")
+    inputs = ("height", "width", "seed", "rand_device", "batch_size")
     outputs = ("noise",)
 
-    def process(self, pipe, height, width, seed, rand_device, batch_size, layer_num):
+    def process(self, pipe, height, width, seed, rand_device, batch_size):
         rand_device = rand_device or "cpu"
         if isinstance(rand_device, (list, tuple)):
             rand_device = rand_device[0]
-        if layer_num is not None:  # Qwen-Image-Layered: (B, 16, layers + 1, h, w), see layered.py
-            from .layered import layered_noise
-
-            return {"noise": layered_noise(pipe, height, width, seed, rand_device, batch_size, layer_num)}
         noise = seeded_noise((16, height // VAE_SCALE, width // VAE_SCALE), seed, batch_size, rand_device)
         return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
@@ -54,6 +50,7 @@ class QwenImageEditImageEmbedder(PipelineUnit):
     inputs = ("edit_image", "edit_image_auto_resize", "batch_size")
     outputs = ("edit_image", "edit_latents")
     models = ("vae",)
+    feature = "edit"
     batching = {"edit_latents": LIST}  # Edit-Plus: a list of latents per sample
 
     def process(self, pipe, edit_image, edit_image_auto_resize, batch_size):

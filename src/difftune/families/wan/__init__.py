@@ -1,6 +1,10 @@
-"""The Wan video family (Wan2.1 T2V / I2V, Wan2.2 A14B experts, TI2V-5B; diffusers layout): its spec."""
+"""The Wan video family (Wan2.1 T2V / I2V, Wan2.2 A14B experts, TI2V-5B; diffusers and Wan-AI's layouts): its spec,
+found by the family scan."""
+
+from dataclasses import dataclass
 
 from ...core.family import FamilySpec, TokenizerSpec
+from ...core.options import SWITCH, option
 from ...models.load import load_tokenizer
 from .components import (DIT, DIT_ORIGINAL, IMAGE_ENCODER, IMAGE_ENCODER_ORIGINAL, IMAGE_ENCODER_PROJ,
                          LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_ORIGINAL, VAE,
@@ -32,6 +36,34 @@ def load_image_processor(path_or_config):
         raise UserError(f"{path}: cannot load the CLIP image processor ({first_line(err)})") from err
 
 
+GROUP = "Wan"
+
+
+@dataclass(frozen=True)
+class WanOptions:
+    tokenizer_path: str | None = option(None, "The UMT5 tokenizer: a directory or model_id:folder/ (default: "
+                                        "tokenizer/ beside the text encoder, else Wan-AI/Wan2.1-T2V-1.3B's).",
+                                        group=GROUP, sample=True)
+    # the reference's flags of variants not built yet: refused by name rather than ignored
+    audio_processor_path: str | None = option(None, "Wan2.2-S2V's audio processor (not implemented yet: refused).",
+                                              group=GROUP)
+    framewise_decoding: bool = option(False, "Wan-Dancer's frame-by-frame VAE encoding (not implemented yet: "
+                                      "refused).", kind=SWITCH, group=GROUP)
+    # difftune sample's inputs
+    end_image: str | None = option(None, "Wan I2V / FLF2V: the last frame.", load="RGB", group=GROUP, sample=True,
+                                   train=False)
+
+    def __post_init__(self):
+        from ...errors import UserError
+
+        if self.audio_processor_path is not None:
+            raise UserError("--audio_processor_path: not supported by difftune: audio-conditioned Wan (S2V) is not "
+                            "implemented")
+        if self.framewise_decoding:
+            raise UserError("--framewise_decoding: not supported by difftune: frame-by-frame VAE encoding is not "
+                            "implemented (clips are encoded whole)")
+
+
 FAMILY = FamilySpec(
     name="wan",
     pipeline=WanVideoPipeline,
@@ -46,7 +78,7 @@ FAMILY = FamilySpec(
                       load=load_image_processor, required=False),
         # the repository's sampling scheduler (diffusers layout), beside the DiT; none for bare files
         TokenizerSpec(attr="repo_scheduler", slot="dit", folder="scheduler", load=load_repo_scheduler,
-                      required=False, needed=lambda args: False),
+                      required=False, download=False),
     ),
     lora_prefixes={"dit": "transformer", "dit2": "transformer_2", "text_encoder": "text_encoder"},
     lora_target_modules=LORA_TARGET_MODULES,
@@ -57,7 +89,7 @@ FAMILY = FamilySpec(
     experts=("dit", "dit2"),
     expert_boundary=expert_boundary,
     data="video",  # clips (a still image is a one-frame clip); input_image / end_image from their frames
-    sample_defaults={"height": 480, "width": 832, "num_inference_steps": 50, "cfg_scale": 5.0},
+    options=WanOptions,
     description="Wan2.1 / Wan2.2 video (diffusers WanTransformer3DModel, AutoencoderKLWan, UMT5, CLIP vision)",
 )
 

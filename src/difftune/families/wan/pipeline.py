@@ -9,36 +9,60 @@ embeds a CLIP image, the VAE's channels, and whether a second DiT (the A14B low-
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
 from ...core.batch import SAME
+from ...core.features import Feature
 from ...core.pipeline import BasePipeline
 from ...errors import UserError
-from ...media.image import tensor_to_images
-from .components import DEFAULT_BOUNDARY_RATIO, load_repo_scheduler
+from ...media.video import tensor_to_clips
+from .components import DEFAULT_BOUNDARY_RATIO
 from .model_fn import model_fn_wan
 from .scheduler import WanScheduler
 from .units import (WanImageEmbedderCLIP, WanImageEmbedderFused, WanImageEmbedderVAE, WanInputVideoEmbedder,
                     WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker, frames_of, vae_decode, vae_scales)
 
 
+# The family's sampling defaults (diffusers' WanPipeline: 480x832, 81 frames, 50 steps, guidance 5): one place,
+# read by __call__, `difftune sample` and validation.
+CALL_DEFAULTS = {"height": 480, "width": 832, "num_frames": 81, "num_inference_steps": 50, "cfg_scale": 5.0}
+
+
+def latent_channels(context) -> int:
+    """The run's latent channels: the VAE's (48 for Wan2.2's TI2V VAE), else the DiT's, else 16."""
+    vae, dit = context.config("vae") or {}, context.config("dit") or {}
+    return int(vae.get("z_dim") or dit.get("out_channels") or 16)
+
+
+I2V = Feature("i2v", when=lambda c: c.has("input_image") and latent_channels(c) != 48,
+              model_fn_inputs=("condition",), data_inputs=("input_image", "end_image"),
+              description="image-to-video (Wan2.1 I2V / FLF2V, Wan2.2 I2V-A14B): the input (and end) image as the "
+                          "known frames of a VAE-encoded condition")
+CLIP = Feature("clip", when=lambda c: c.has("input_image") and c.config("image_encoder") is not None,
+               model_fn_inputs=("image_embeds", "end_image_embeds"), data_inputs=("input_image", "end_image"),
+               description="Wan2.1 I2V 14B / FLF2V: CLIP's embedding of the input (and end) image")
+TI2V = Feature("ti2v", when=lambda c: c.has("input_image") and latent_channels(c) == 48,
+               model_fn_inputs=("first_frame_latents",), data_inputs=("input_image",),
+               description="Wan2.2 TI2V-5B: the input image as the clean first latent frame")
+
+
 class WanVideoPipeline(BasePipeline):
-    family = "wan"
     model_names = ("dit", "dit2", "text_encoder", "vae", "image_encoder")
     settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload"})
-    model_fn_inputs = ("prompt_embeds", "image_embeds", "condition", "first_frame_latents", "end_image_embeds")
-    data_inputs = ("video", "image", "prompt", "seed", "rand_device", "input_image", "end_image",
-                   "num_inference_steps")
+    model_fn_inputs = ("prompt_embeds",)
+    features = (I2V, CLIP, TI2V)
+    data_inputs = ("video", "image", "prompt", "seed", "rand_device", "num_inference_steps")
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "num_frames": SAME,
                       "rand_device": SAME}
     batch_shared_inputs = ("height", "width", "num_frames", "rand_device")
     loss_models = ("dit",)
     decode_models = ("vae",)
     division_factor = 16  # x8 VAE and 2x2 patches (TI2V-5B's x16 VAE: its shape check rounds to 32)
+    call_defaults = CALL_DEFAULTS
+    output_kind = "clip"
 
     patch_size = 2
     vae_scale = 8
@@ -59,6 +83,13 @@ class WanVideoPipeline(BasePipeline):
         self.units = [WanShapeChecker(), WanNoiseInitializer(), WanInputVideoEmbedder(), WanPromptEmbedder(),
                       WanImageEmbedderCLIP(), WanImageEmbedderVAE(), WanImageEmbedderFused()]
 
+    @classmethod
+    def check_run(cls, context, features):
+        dit = context.config("dit") or {}
+        if dit.get("in_channels") is not None and dit.get("in_channels") != dit.get("out_channels") \
+                and latent_channels(context) != 48 and "i2v" not in features:
+            raise UserError("this Wan DiT is image-to-video: give an input image (--extra_inputs input_image)")
+
     @property
     def repo_scheduler(self):
         return getattr(self.scheduler, "sampler", None)
@@ -70,22 +101,6 @@ class WanVideoPipeline(BasePipeline):
             return
         self.scheduler.sampler = found.scheduler
         self.boundary_ratio = found.boundary_ratio
-
-    @classmethod
-    def from_pretrained(cls, torch_dtype=torch.bfloat16, device="cpu", model_configs=(), scheduler=None, **configs):
-        """As `BasePipeline.from_pretrained`; the repository's scheduler/ and model_index.json beside the
-        weights (diffusers layout) are read too, so sampling equals diffusers' WanPipeline."""
-        pipe = super().from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
-                                       scheduler=scheduler, **configs)
-        if scheduler is None and pipe.repo_scheduler is None:
-            for config in model_configs:
-                files = config.resolve() if hasattr(config, "resolve") else config
-                first = Path(files[0] if isinstance(files, (list, tuple)) else files)
-                folder = (first if first.is_dir() else first.parent).parent / "scheduler"
-                if (folder / "scheduler_config.json").is_file():
-                    pipe.repo_scheduler = load_repo_scheduler(folder)
-                    break
-        return pipe
 
     def model_fn(self, latents, timestep, prompt_embeds, image_embeds=None, condition=None, first_frame_latents=None,
                  end_image_embeds=None, expert_boundary=None, **settings):
@@ -100,12 +115,11 @@ class WanVideoPipeline(BasePipeline):
     def load_lora(self, module, path: str, alpha: float = 1.0) -> None:
         """As `BasePipeline.load_lora`; a DiT LoRA (`transformer.`) also fuses into the low-noise expert `dit2`,
         whose runs train it as `dit` (diffusers: `load_lora_weights(..., load_into_transformer_2=True)`)."""
-        from ...core.family import get_family
         from ...lora import fuse_lora, load_lora_file
 
         if module is None or module is not self.dit2:
             return super().load_lora(module, path, alpha)
-        lora = load_lora_file(path, converters=get_family(self.family).lora_converters)
+        lora = load_lora_file(path, converters=self.spec.lora_converters)
         component = "transformer_2" if "transformer_2" in lora.components else "transformer"
         fuse_lora(module, lora, scale=alpha, component=component)
 
@@ -125,16 +139,32 @@ class WanVideoPipeline(BasePipeline):
             else vae_scales(self.vae)
         return (channels, (int(num_frames) - 1) // temporal + 1, height // spatial, width // spatial)
 
-    def validation_unavailable(self) -> str | None:
-        config = self.dit.config if self.dit is not None else None
-        if config is not None and (config.in_channels != config.out_channels or config.image_dim is not None):
-            return "this Wan DiT is image-to-video and validation renders from the prompt alone"
-        return None
+    def size_of(self, latents):
+        _, spatial, temporal = (self.latent_channels, self.vae_scale, 4) if self.vae is None else vae_scales(self.vae)
+        return {"height": int(latents.shape[-2]) * spatial, "width": int(latents.shape[-1]) * spatial,
+                "num_frames": (int(latents.shape[2]) - 1) * temporal + 1}
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents -> clips (B, 3, F, H, W) in [-1, 1]; a one-frame clip as images (B, 3, H, W)."""
         video = vae_decode(self, latents)
         return video[:, :, 0] if video.shape[2] == 1 else video
+
+    # -- sampling hooks -------------------------------------------------------------------------------
+    def set_timesteps(self, values, num_inference_steps, denoising_strength=1.0):
+        self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength)
+
+    def finish_latents(self, latents, values):
+        first = values.get("first_frame_latents")  # TI2V-5B: the clean first frame back in place
+        return latents if first is None else torch.cat([first.to(latents.dtype), latents[:, :, 1:]], dim=2)
+
+    def postprocess(self, latents, output_type="pil"):
+        """Per prompt a clip (a list of frames); "pt": (B, 3, F, H, W) in [0, 1]."""
+        if output_type == "latent":
+            return latents
+        video = vae_decode(self, latents)
+        if output_type == "pt":
+            return (video.float() / 2 + 0.5).clamp(0, 1)
+        return tensor_to_clips(video)
 
     # -- training -------------------------------------------------------------------------------------
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -174,38 +204,25 @@ class WanVideoPipeline(BasePipeline):
                 sample.get("end_image") is not None, sample.get("rand_device", "cpu"))
 
     # -- inference ------------------------------------------------------------------------------------
-    @torch.no_grad()
     def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "", input_image=None,
-                 end_image=None, height: int | None = 480, width: int | None = 832, num_frames: int = 81,
-                 num_inference_steps: int = 50, cfg_scale: float = 5.0, seed: int | None = None,
+                 end_image=None, height: int | None = CALL_DEFAULTS["height"],
+                 width: int | None = CALL_DEFAULTS["width"], num_frames: int = CALL_DEFAULTS["num_frames"],
+                 num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"],
+                 cfg_scale: float = CALL_DEFAULTS["cfg_scale"], seed: int | None = None,
                  boundary_ratio: float | None = None, progress: bool = True, output_type: str = "pil"):
         """Frames as PIL images (a list per prompt when `prompt` is a list); `output_type` "latent" or "pt"
         (B, 3, F, H, W) in [0, 1]. With both A14B experts, `dit` runs above `boundary_ratio` x 1000 and `dit2`
         below (the repository's boundary_ratio, else 0.875)."""
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
+        values = self.prompt_values(prompt, negative_prompt)
         if input_image is not None and (height is None or width is None):
             width, height = input_image.size
-        values: dict[str, Any] = {
-            "prompt": prompts, "negative_prompt": negatives, "height": height, "width": width,
-            "num_frames": num_frames, "seed": seed, "batch_size": len(prompts), "input_image": input_image,
-            "end_image": end_image,
-        }
-        self.run_units(values, cfg=cfg_scale != 1.0)
-        self.scheduler.set_timesteps(num_inference_steps)
+        values.update({"height": height, "width": width, "num_frames": num_frames, "seed": seed,
+                       "input_image": input_image, "end_image": end_image})
         settings = {}
         if self.dit2 is not None:
             ratio = boundary_ratio if boundary_ratio is not None else self.boundary_ratio
             ratio = DEFAULT_BOUNDARY_RATIO if ratio is None else float(ratio)
             settings["expert_boundary"] = ratio * self.scheduler.num_train_timesteps
-        latents = self.denoise(values, cfg_scale=cfg_scale, progress=progress, settings=settings)
-        first = values.get("first_frame_latents")
-        if first is not None:
-            latents = torch.cat([first.to(latents.dtype), latents[:, :, 1:]], dim=2)
-        if output_type == "latent":
-            return latents
-        video = vae_decode(self, latents)
-        if output_type == "pt":
-            return (video.float() / 2 + 0.5).clamp(0, 1)
-        clips = [tensor_to_images(v.transpose(0, 1)) for v in video]
-        return clips[0] if isinstance(prompt, str) else clips
+        out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps, settings=settings,
+                            progress=progress, output_type=output_type)
+        return out[0] if isinstance(prompt, str) and output_type == "pil" else out

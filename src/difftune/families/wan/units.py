@@ -160,6 +160,7 @@ class WanImageEmbedderCLIP(PipelineUnit):
     inputs = ("input_image", "end_image", "height", "width", "batch_size")
     outputs = ("image_embeds", "end_image_embeds")
     models = ("image_encoder",)
+    feature = "clip"
 
     def process(self, pipe, input_image, end_image, height, width, batch_size):
         if input_image is None or pipe.models.get("image_encoder") is None:
@@ -200,6 +201,7 @@ class WanImageEmbedderVAE(PipelineUnit):
     inputs = ("input_image", "end_image", "num_frames", "height", "width", "batch_size")
     outputs = ("condition",)
     models = ("vae",)
+    feature = "i2v"
 
     def process(self, pipe, input_image, end_image, num_frames, height, width, batch_size):
         channels, spatial, temporal = vae_scales(pipe.vae)
@@ -232,6 +234,7 @@ class WanImageEmbedderFused(PipelineUnit):
     inputs = ("input_image", "height", "width", "batch_size")
     outputs = ("first_frame_latents",)
     models = ("vae",)
+    feature = "ti2v"
 
     def process(self, pipe, input_image, height, width, batch_size):
         _, spatial, _ = vae_scales(pipe.vae)

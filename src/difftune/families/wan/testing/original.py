@@ -12,8 +12,8 @@ import re
 import torch
 
 # the DiT's map is the family's (a full DiT can be saved in Wan's names); tests import it from here too
-from ..families.wan.dit_keys import dit_to_original as wan_dit_to_original  # noqa: E402,F401
-from ..families.wan.original_layout import _RESIDUAL
+from ..dit_keys import dit_to_original as wan_dit_to_original  # noqa: E402,F401
+from ..original_layout import _RESIDUAL
 
 
 # diffusers' residual-block tensor -> Wan's (the inverse of the family's map; both VAEs name them so)
@@ -50,7 +50,7 @@ def wan_vae_to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 def umt5_to_wan(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    from ..families.wan.original_layout import _T5_BLOCK
+    from ..original_layout import _T5_BLOCK
 
     inverse = {v: k for k, v in _T5_BLOCK.items()}
     out = {}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from .common import _quiet_hf, register_tiny, TinyFamily, write_example_dataset
+from ....testing.common import _quiet_hf, register_tiny, TinyFamily, write_example_dataset
+from ....testing.tokenizers import clip_tokenizer, t5_tokenizer
 
 
 
@@ -49,27 +50,7 @@ class TinyFluxSpec:
     t5_d_ff: int = 37
 
 
-def flux_clip_tokenizer():
-    """A CLIP BPE tokenizer with no merges: one token per byte-level character (word ends marked `</w>`)."""
-    from tokenizers import pre_tokenizers
-    from transformers import CLIPTokenizer
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    vocab.update({c + "</w>": len(alphabet) + i for i, c in enumerate(alphabet)})
-    vocab["<|startoftext|>"] = len(vocab)
-    vocab["<|endoftext|>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
-
-
-def flux_t5_tokenizer():
-    """A T5 (Unigram) tokenizer over single characters, hand-scored so it is identical in every process."""
-    from transformers import T5Tokenizer
-
-    chars = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
-    pieces += [(c, -3.0) for c in chars] + [("\u2581" + c, -2.5) for c in chars]
-    return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=512)
+flux_clip_tokenizer, flux_t5_tokenizer = clip_tokenizer, t5_tokenizer  # FLUX.1's two tokenizers, tiny
 
 
 def write_tiny_flux(path: str | os.PathLike, spec: TinyFluxSpec | None = None, *, shard: bool = True) -> Path:
@@ -181,7 +162,7 @@ def write_tiny_flux_bfl(root: str | os.PathLike, *, prefix: str = "", name: str 
     "vae": ...}."""
     from safetensors.torch import load_file, save_file
 
-    from ..families.flux.bfl import bfl_transformer_from_diffusers
+    from ..bfl import bfl_transformer_from_diffusers
 
     root = Path(root)
     if not (root / "model_index.json").is_file():
@@ -227,7 +208,7 @@ def write_kontext_dataset(root: str | os.PathLike, n: int = 2, size: tuple[int, 
 
 
 def _tiny_flux(folder: Path) -> TinyFamily:
-    from ..families.flux.components import LORA_TARGET_MODULES
+    from ..components import LORA_TARGET_MODULES
 
     paths = tiny_flux_paths(write_tiny_flux(folder / "repo"))
     entries = [p if len(p) > 1 else p[0] for p in paths.values()]

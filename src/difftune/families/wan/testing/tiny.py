@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .common import TinyFamily, _quiet_hf, register_tiny, write_example_dataset
-from .flux import flux_t5_tokenizer
+from ....testing.common import TinyFamily, _quiet_hf, register_tiny, write_example_dataset
+from ....testing.tokenizers import t5_tokenizer as flux_t5_tokenizer
 
 VARIANTS = ("t2v", "i2v", "flf2v", "a14b", "i2v_a14b", "ti2v")
 CLIP_TOKENS = 17  # the tiny CLIP: 32 px images in 8 px patches, plus the class token
@@ -161,7 +161,7 @@ def write_tiny_wan_original(path: str | os.PathLike, variant: str = "t2v") -> tu
     second) through the inverse of the converters the family loads them with."""
     from safetensors.torch import load_file, save_file
 
-    from .wan_original import (clip_vision_to_wan, umt5_to_wan, wan22_vae_to_original, wan_dit_to_original,
+    from .original import (clip_vision_to_wan, umt5_to_wan, wan22_vae_to_original, wan_dit_to_original,
                                wan_vae_to_original)
 
     if variant not in ("t2v", "i2v", "a14b", "i2v_a14b", "ti2v"):
@@ -205,7 +205,7 @@ def write_tiny_wan_original(path: str | os.PathLike, variant: str = "t2v") -> tu
 
 
 def _tiny_wan(folder: Path) -> TinyFamily:
-    from ..families.wan.components import LORA_TARGET_MODULES
+    from ..components import LORA_TARGET_MODULES
 
     paths = tiny_wan_paths(write_tiny_wan(folder / "repo", "t2v"))
     entries = [p if len(p) > 1 else p[0] for p in paths.values()]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .common import _quiet_hf, register_tiny, TinyFamily, write_example_dataset
+from ....testing.common import _quiet_hf, register_tiny, TinyFamily, write_example_dataset
 
 
 # The official Qwen/Qwen-Image scheduler/scheduler_config.json.
@@ -259,7 +259,7 @@ def write_example_workspace(root: str | os.PathLike) -> Path:
 
 
 def _tiny_qwen_image(folder: Path) -> TinyFamily:
-    from ..families.qwen_image.components import LORA_TARGET_MODULES
+    from ..components import LORA_TARGET_MODULES
 
     repo = write_tiny_qwen_image(folder / "repo")
     paths = tiny_qwen_image_paths(repo)
@@ -286,7 +286,7 @@ def write_tiny_blockwise_controlnet(path: str | os.PathLike, spec: TinyQwenImage
     (`img_in.*`, `controlnet_blocks.<i>.*`). `zero_init`: as the reference initialises one for training."""
     from safetensors.torch import save_file
 
-    from ..families.qwen_image.controlnet import INPAINT_EXTRA_DIM, QwenImageBlockwiseControlNet
+    from ..controlnet import INPAINT_EXTRA_DIM, QwenImageBlockwiseControlNet
 
     spec = spec or TinyQwenImageSpec()
     torch.manual_seed(seed)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from .common import populate_offline_hub
-from ..families.qwen_image.components import LORA_TARGET_MODULES
-from .qwen_image import (write_control_dataset, write_layered_dataset, write_tiny_blockwise_controlnet,
+from ....testing.common import populate_offline_hub
+from ..components import LORA_TARGET_MODULES
+from .tiny import (write_control_dataset, write_layered_dataset, write_tiny_blockwise_controlnet,
                          write_tiny_dit_lora, write_tiny_qwen_image, write_tiny_qwen_image_layered)
 
 DATA = Path("data") / "diffsynth_example_dataset" / "qwen_image"

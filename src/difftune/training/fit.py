@@ -1,0 +1,140 @@
+"""What the loop loops over, built once: the epoch plan (buckets, steps, this process's micro-batches), the optimizer
+and learning-rate schedule, the module and optimizer prepared by accelerate, the resumed position, and one data
+loader for the whole run whose batches are swapped in each epoch."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..errors import UserError
+from .loop import LoopConfig, LoopState, bucket_keys
+from .sampler import EpochPlan
+
+
+@dataclass
+class Training:
+    accelerator: object
+    config: LoopConfig
+    plan: EpochPlan
+    total_steps: int
+    params: list
+    module: object  # prepared
+    optimizer: object
+    schedule: object
+    state: LoopState
+    loader: DataLoader
+    batches: _EpochBatches
+    start_epoch: int = 0
+    start_step: int = 0
+
+
+def make_optimizer(params, config: LoopConfig):
+    if config.customized_optimizer:
+        import importlib
+
+        module_name, _, cls_name = config.customized_optimizer.rpartition(".")
+        cls = getattr(importlib.import_module(module_name), cls_name)
+        return cls(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+
+def make_lr_schedule(optimizer, name: str, warmup: int, total: int):
+    def factor(step: int) -> float:
+        if name == "constant":
+            return 1.0
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if name == "constant_with_warmup":
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        progress = min(max(progress, 0.0), 1.0)
+        if name == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _list_collate(items):
+    return items
+
+
+class _EpochBatches:
+    """A batch sampler whose batches are replaced each epoch (it is iterated in the main process)."""
+
+    def __init__(self):
+        self.batches: list[list[int]] = []
+
+    def __iter__(self):
+        return iter(list(self.batches))
+
+    def __len__(self):
+        return len(self.batches)
+
+
+class _Indexed(torch.utils.data.Dataset):
+    """Yields (index, sample) so the loss knows which sample (and so which noise) it has."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return i, self.dataset[i]
+
+
+def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
+    """The plan, optimizer, schedule, prepared module, resumed position and loader of one training run."""
+    from .state import exactness_settings, load_training_state
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    plan = EpochPlan(len(dataset), config.seed, world, rank, config.batch_size, config.gradient_accumulation_steps,
+                     shuffle=config.shuffle, keys=bucket_keys(dataset, module))
+    if plan.steps_per_epoch() == 0:
+        raise UserError("the dataset is empty: nothing to train on")
+    total_steps = plan.steps_per_epoch() * config.num_epochs
+    if config.max_steps is not None:
+        total_steps = min(total_steps, config.max_steps)
+    if accelerator.is_main_process:
+        print(f"batches: {plan.describe()}")
+
+    params = module.trainable_modules()
+    if not params:
+        raise UserError("nothing to train: set --trainable_models or --lora_base_model")
+    optimizer = make_optimizer(params, config)
+    schedule = make_lr_schedule(optimizer, config.lr_scheduler, config.lr_warmup_steps, total_steps)
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
+        # No DataLoader goes through prepare(), so DeepSpeed cannot read the micro-batch size from one.
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size
+    module, optimizer = accelerator.prepare(module, optimizer)
+    state = LoopState(accelerator, module, optimizer, schedule, exactness_settings(config, world, len(dataset)))
+
+    start_epoch, start_step = 0, 0
+    if config.resume_from is not None:
+        position = load_training_state(config.resume_from, accelerator, module, optimizer, schedule,
+                                       state.exactness, force=config.force_resume)
+        state.step, start_epoch, start_step = position["global_step"], position["epoch"], position["step_in_epoch"]
+        if start_step >= plan.steps_per_epoch():
+            start_epoch, start_step = start_epoch + 1, 0
+        if accelerator.is_main_process:
+            print(f"resumed from {config.resume_from}: step {state.step}, epoch {start_epoch}, "
+                  f"{start_step} step(s) into the epoch")
+
+    # One loader for the whole run (workers start once); the batches of each epoch are swapped in.
+    batches = _EpochBatches()
+    workers = min(config.num_workers, os.cpu_count() or 1)  # more workers than cores only slows loading
+    loader = DataLoader(_Indexed(dataset), batch_sampler=batches, collate_fn=_list_collate,
+                        num_workers=workers, persistent_workers=workers > 0)
+    return Training(accelerator, config, plan, total_steps, params, module, optimizer, schedule, state, loader,
+                    batches, start_epoch, start_step)
+
+
+__all__ = ["Training", "make_lr_schedule", "make_optimizer", "prepare"]

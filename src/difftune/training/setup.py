@@ -1,0 +1,192 @@
+"""Setting a run up from its configuration, before any model is loaded: the accelerator; the family and its models
+(recognised from the weights); the family's options; the pipeline class and the features the run uses (from its data
+columns, flags and models; in stage 2, from the cache that stage 1 wrote); the split.
+
+Everything a stage needs afterwards travels in one `Run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.build import context_of
+from ..core.features import describe
+from ..core.family import FamilySpec, recognise
+from ..core.graph import Split, split_units
+from ..errors import UserError
+from ..util import names
+from .config import RunConfig, TaskSpec
+
+
+@dataclass
+class Run:
+    """One training command, set up: what every stage reads."""
+
+    config: RunConfig
+    task: TaskSpec
+    family: FamilySpec
+    models: list  # (slot, ModelConfig) for every model the flags name
+    detected: dict  # slot -> DetectedComponent (config, files)
+    pipeline: type  # the family's pipeline class, or a variant's
+    features: frozenset[str]
+    split: Split
+    accelerator: Any
+    log: Any = print
+
+    def replace(self, **changes) -> Run:
+        return dataclasses.replace(self, **changes)
+
+
+def setup(config: RunConfig, accelerator, log=print) -> Run:
+    """The run's family, models, pipeline class, features and split (nothing is loaded)."""
+    from ..models import check_fp8_slots, parse_model_configs
+
+    configs = parse_model_configs(config.model_paths, config.model_id_with_origin_paths, config.fp8_models,
+                                  quant_options=config.quant_options)
+    family, found = recognise(configs, config.family, log=log)
+    check_fp8_slots(configs, family.slots)
+    config = config.with_family(family)
+    task = config.task_spec
+    check_task(task, family)
+    if task.stage == "train":
+        pipeline, features = features_of_cache(config.dataset_base_path, family)
+    else:
+        context = context_of(found, data_columns(config), config.family_options)
+        pipeline = family.pipeline_for(context)
+        features = pipeline.resolve_features(context)
+        pipeline.check_run(context, features)
+    if pipeline is not family.pipeline:
+        log(f"pipeline: {pipeline.__name__} (recognised from the weights and data)")
+    log(f"features: {describe(features)}")
+    split = compute_split(pipeline, features, config, task)
+    return Run(config, task, family, [(s, c) for s, c, _ in found], {s: d for s, _, d in found}, pipeline,
+               features, split, accelerator, log)
+
+
+def check_task(task: TaskSpec, family: FamilySpec) -> None:
+    """A loss of another family's (FamilySpec.losses) is refused."""
+    from .losses import LOSSES, all_losses
+
+    if task.loss not in LOSSES and task.loss not in dict(family.losses):
+        owner = next((f.name for f in _families() if task.loss in dict(f.losses)), "?")
+        raise UserError(f"--task {task.loss}: a task of the {owner} family; the {family.name} family does not have it")
+    assert task.loss in all_losses()
+
+
+def _families():
+    from ..core.family import families
+
+    return families().values()
+
+
+def data_columns(config: RunConfig) -> frozenset[str]:
+    """The data columns a run loads: --extra_inputs, and the --data_file_keys its metadata has."""
+    columns = set(names(config.extra_inputs))
+    if config.dataset_metadata_path and os.path.isfile(config.dataset_metadata_path):
+        from ..data.dataset import read_metadata
+
+        header = {k for row in read_metadata(config.dataset_metadata_path) for k in row}
+        columns |= set(names(config.data_file_keys)) & header
+    return frozenset(columns)
+
+
+def features_of_cache(path: str, family: FamilySpec) -> tuple[type, frozenset[str]]:
+    """Stage 2: the pipeline class and features stage 1 recorded in the cache."""
+    from ..cache import CacheManifest
+    from ..cache.store import check_cache_dir
+
+    check_cache_dir(Path(path))  # a raw data set or an unfinished cache is named as such
+    manifest = CacheManifest.load(path)
+    if manifest.family != family.name:
+        raise UserError(f"the cache at {path} was built for the {manifest.family!r} family, not {family.name!r}")
+    recorded = manifest.fingerprint.get("features")
+    if recorded is None:
+        raise UserError(f"the cache at {path} records no features (an older difftune wrote it): rebuild it with "
+                        f"stage 1 (--rebuild_cache)")
+    return family.pipeline_named(manifest.fingerprint.get("pipeline", family.pipeline.__name__)), frozenset(recorded)
+
+
+def compute_split(pipeline: type, features, config: RunConfig, task: TaskSpec) -> Split:
+    """The stage-1 / stage-2 split of the run's units (its features' only) for its trainable models and loss."""
+    from .losses import all_losses
+
+    pipe = pipeline()
+    pipe.activate(features)
+    loss_reads = tuple(all_losses()[task.loss][1]) + pipe.active_model_fn_inputs
+    return split_units(pipe.units, config.trainable, loss_reads, settings=pipe.settings,
+                       loss_models=pipe.loss_models)
+
+
+def stage_settings(config: RunConfig, family: FamilySpec) -> dict:
+    """Run-time settings every stage passes to its units and the loss (never cached)."""
+    settings = {"use_gradient_checkpointing": bool(config.use_gradient_checkpointing),
+                "use_gradient_checkpointing_offload": bool(config.use_gradient_checkpointing_offload),
+                "batch_size": 1}
+    if family.unit_settings is not None:
+        settings.update(family.unit_settings(config.family_options))
+    return settings
+
+
+# -- the accelerator ----------------------------------------------------------------------------------------------
+
+def reset_accelerate_state() -> None:
+    """Forget accelerate's process-global state, so the next Accelerator in this process starts clean (as a
+    separate command would): for running several trainings in one process (the demo, tests, benchmarks)."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def make_accelerator(config: RunConfig, project_dir: str | None):
+    from accelerate import Accelerator, DistributedDataParallelKwargs
+    from accelerate.utils import ProjectConfiguration
+
+    mixed = config.mixed_precision
+    if mixed is None:
+        mixed = "bf16" if config.torch_dtype == "bfloat16" else "fp16" if config.torch_dtype == "float16" else "no"
+    log_with = []
+    if project_dir and config.enable_tensorboard_log:
+        log_with.append("tensorboard")
+    project = ProjectConfiguration(project_dir=project_dir, logging_dir=os.path.join(project_dir, "logs")) \
+        if project_dir else None
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(),  # gloo DDP on CPU under `accelerate launch --multi_gpu`
+        gradient_accumulation_steps=config.gradient_accumulation_steps, mixed_precision=mixed,
+        log_with=log_with or None, project_config=project,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(config.find_unused_parameters))],
+    )
+    # A DeepSpeed accelerate config's gradient_accumulation_steps arrives through the environment and beats
+    # the argument above; the sampler and step counts follow the flag, so a mismatch would go wrong silently.
+    if accelerator.gradient_accumulation_steps != config.gradient_accumulation_steps:
+        raise UserError(f"the accelerate config sets gradient_accumulation_steps to "
+                        f"{accelerator.gradient_accumulation_steps} but --gradient_accumulation_steps is "
+                        f"{config.gradient_accumulation_steps}: remove it from the config (the flag decides)")
+    return accelerator
+
+
+def main_process_log(accelerator):
+    return print if accelerator.is_main_process else (lambda *a, **k: None)
+
+
+def ensure_writable(path: str, flag: str = "--output_path") -> None:
+    """Fail before any work if the output directory cannot be created or written."""
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".difftune-write-test-"):
+            pass
+    except OSError as err:
+        raise UserError(f"{flag} {path}: cannot write there ({err.strerror or err})") from None
+
+
+__all__ = ["Run", "compute_split", "data_columns", "ensure_writable", "features_of_cache", "main_process_log",
+           "make_accelerator", "reset_accelerate_state", "setup", "stage_settings"]
