@@ -190,3 +190,36 @@ def test_batch_2_equals_batch_1_with_accumulation_2(tiny, tmp_path):
     a, b = load_file(str(tmp_path / "b2" / "epoch-0.safetensors")), load_file(str(tmp_path / "a2" / "epoch-0.safetensors"))
     assert a.keys() == b.keys() and a
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
+
+
+def _variants(t):
+    from difftune.testing import TinyVariant
+
+    return {"base": TinyVariant(), **t.variants}
+
+
+def test_every_variant_trains_and_renders_validation(tiny, tmp_path):
+    """Each variant (its features, or its own pipeline class) trains one-stage and split, and renders its validation
+    images in both: from the data set, and from the stage-1 cache (its prompts and conditioning cached)."""
+    from PIL import Image
+
+    for name, variant in _variants(tiny).items():
+        root = tmp_path / name
+        paths = variant.model_paths() if callable(variant.model_paths) else variant.model_paths or tiny.model_paths
+        meta = (variant.write_dataset or tiny.write_dataset)(root / "data")
+        common = ["--family", tiny.name, "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+                  "--learning_rate", 1e-3, "--seed", 5, "--no_progress", "--enable_tensorboard_log", "false",
+                  *tiny.flags, *variant.flags, *lora_flags(tiny), "--max_steps", 1, "--validation_prompts",
+                  "a red circle|a blue square", "--validation_inference_steps", 2, "--validation_size", 32]
+        data = ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta]
+        run_train("--task", "sft", *data, "--output_path", root / "one", *common)
+        run_train("--task", "sft:data_process", *data, "--output_path", root / "cache", *common)
+        run_train("--task", "sft:train", "--dataset_base_path", root / "cache", "--output_path", root / "two", *common)
+        for out in ("one", "two"):
+            grids = sorted((root / out / "validation").glob("step-*.png"))
+            assert grids, (name, out)
+            with Image.open(grids[-1]) as grid:
+                pixels = grid.convert("L").getextrema()
+            assert grid.size[0] >= 32 and pixels[0] < pixels[1], (name, out)  # a picture, not a blank
+        features = json.loads((root / "cache" / "manifest.json").read_text())["fingerprint"]["features"]
+        assert (name in features) or name == "base" or tiny.name == "qwen_image" and name == "layered", (name, features)

@@ -22,12 +22,10 @@ from .features import RunContext
 
 def recognised(spec, configs: Sequence) -> list[tuple[str, Any, Any]]:
     """(slot, ModelConfig, DetectedComponent) for bare model configs, recognised among the family's components."""
-    from ..models.detect import as_model_config, detect_component
+    from ..models.detect import as_model_config, detect_components
 
-    configs = [as_model_config(c) for c in configs]
-    detected = [(detect_component(c, spec.components), c) for c in configs]
-    by_id = {id(c): d for d, c in detected}
-    return [(slot, c, by_id[id(c)]) for slot, c in spec.assign_slots(detected)]
+    detected = [(det, c) for c in map(as_model_config, configs) for det in detect_components(c, spec.components)]
+    return [(slot, c, det) for (slot, c), (det, _) in zip(spec.assign_slots(detected), detected)]
 
 
 def context_of(models: Iterable, columns: Iterable[str] = (), options=None) -> RunContext:
@@ -39,14 +37,15 @@ def context_of(models: Iterable, columns: Iterable[str] = (), options=None) -> R
 def build_pipeline(spec, models: Sequence, *, device="cpu", torch_dtype=torch.float32, wanted: set[str] | None = None,
                    features: Iterable[str] | None = None, pipeline: type | None = None,
                    tokenizers: Mapping[str, Any] | None = None, options=None, load_device=None, scheduler=None,
-                   log=print):
+                   detected: Mapping[str, Any] | None = None, log=print):
     """The pipeline of `spec` with the models of `models` whose slot is in `wanted` (None: all) and their
     tokenizers.
 
     `models`: (slot, ModelConfig) pairs as the train command resolved them, or bare model configs (recognised
     here). `pipeline`: the class (default: the variant the weights claim, else the family's). `features`: the
     run's features (None: each call resolves its own). `tokenizers`: attr -> a source given by the caller.
-    `options`: the family's options (their tokenizer flags are sources too)."""
+    `options`: the family's options (their tokenizer flags are sources too). `detected`: slot -> its
+    DetectedComponent where the caller recognised the models already."""
     from ..models import load_component
     from ..util import torch_dtype as as_dtype
 
@@ -55,11 +54,16 @@ def build_pipeline(spec, models: Sequence, *, device="cpu", torch_dtype=torch.fl
         pairs = [(slot, config) for slot, config, _ in triples]
         detected = {slot: det for slot, _, det in triples}
     else:
-        pairs, detected = list(models), {}
+        pairs, detected = list(models), dict(detected or {})
+    if pairs and not detected:  # each slot's own recognition (a file may hold two models: a companion)
+        by_config: dict = {}
+        for slot, config in pairs:
+            by_config.setdefault(id(config), (config, []))[1].append(slot)
+        for config, slots in by_config.values():
+            found = _detect(spec, config)
+            for slot in slots:
+                detected[slot] = next((d for d in found if slot in (d.name, *d.spec.extra_slots)), found[0])
     if pipeline is None:
-        if not detected and pairs:
-            triples = [(slot, config, _detect(spec, config)) for slot, config in pairs]
-            detected = {slot: det for slot, _, det in triples}
         pipeline = spec.pipeline_for(RunContext(models={s: dict(d.config) for s, d in detected.items()},
                                                 options=options))
     dtype = as_dtype(torch_dtype) if not isinstance(torch_dtype, torch.dtype) else torch_dtype
@@ -79,10 +83,10 @@ def build_pipeline(spec, models: Sequence, *, device="cpu", torch_dtype=torch.fl
     return pipe
 
 
-def _detect(spec, config):
-    from ..models.detect import detect_component
+def _detect(spec, config) -> list:
+    from ..models.detect import detect_components
 
-    return detect_component(config, spec.components)
+    return detect_components(config, spec.components)
 
 
 def _load_tokenizers(pipe, spec, models, features, given: dict, options) -> None:

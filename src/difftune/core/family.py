@@ -202,8 +202,7 @@ def recognise(configs: Sequence, family: str | None = None, log=print) -> tuple[
 
     if family is not None:
         spec = get_family(family)
-        detected = [(detect_component(c, spec.components), c) for c in configs]
-        return spec, _slots(spec, detected)
+        return spec, _slots(spec, _detect_all(configs, spec))
     known = families()
     if not configs:
         raise UserError("no model given: name the weights with --model_paths or --model_id_with_origin_paths "
@@ -211,7 +210,7 @@ def recognise(configs: Sequence, family: str | None = None, log=print) -> tuple[
     fits, errors = [], {}
     for spec in known.values():
         try:
-            fits.append((spec, [(detect_component(c, spec.components), c) for c in configs]))
+            fits.append((spec, _detect_all(configs, spec)))
         except UserError as err:
             errors[spec.name] = str(err)
     if len(fits) > 1:
@@ -252,16 +251,23 @@ def _count_recognised(spec: FamilySpec, configs) -> int:
     n = 0
     for c in configs:
         try:
-            detect_component(c, spec.components)
+            detect_component(c, [s for s in spec.components if not s.companion])
             n += 1
         except UserError:
             pass
     return n
 
 
+def _detect_all(configs, spec: FamilySpec) -> list:
+    """(DetectedComponent, config) for every model in the configs' files (a file may hold a companion model too)."""
+    from ..models.detect import detect_components
+
+    return [(det, c) for c in configs for det in detect_components(c, spec.components)]
+
+
 def _slots(spec: FamilySpec, detected) -> list:
-    by_id = {id(c): det for det, c in detected}
-    return [(slot, c, by_id[id(c)]) for slot, c in spec.assign_slots(detected)]
+    """(slot, config, DetectedComponent) in the order given."""
+    return [(slot, c, det) for (slot, c), (det, _) in zip(spec.assign_slots(detected), detected)]
 
 
 __all__ = ["ENTRY_POINT_GROUP", "FamilySpec", "builtin_families", "TokenizerSpec", "detect_component", "families", "get_family",

@@ -116,6 +116,10 @@ class ComponentSpec:
     # For a model whose every size shows in its weights: {model key: shape} -> its config (None: not this model).
     # Tried after `known_configs`, so bare files of any depth/width are recognised.
     infer_config: Callable[[dict[str, tuple[int, ...]]], dict | None] | None = None
+    # A model released inside another model's file (a VACE branch in its DiT's checkpoint): recognised on the same
+    # files after (or instead of) the main model, filling its own slot. Its `convert_state_dict` / `normalize_key`
+    # take its own tensors out of the file, and the main model's spec leaves them aside.
+    companion: bool = False
 
     def candidate_configs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, dict]:
         """label -> config to match weights of normalised {key: shape} against."""
@@ -279,6 +283,34 @@ def _config_beside(files: list[str], specs: Sequence[ComponentSpec]) -> tuple[Co
         return None
     known = ", ".join(sorted({s.class_name for s in specs}))
     raise UserError(f"{path}: {classes[0]} is not a model difftune can load here (known: {known})")
+
+
+def detect_components(config: ModelConfig | str | list[str], specs: Sequence[ComponentSpec]) -> list[DetectedComponent]:
+    """Every model of `specs` the weights of `config` hold: the main one (see `detect_component`) and any companion
+    stored in the same files (`ComponentSpec.companion`); a file that holds a companion alone gives just it."""
+    companions = [s for s in specs if s.companion]
+    main_specs = [s for s in specs if not s.companion]
+    found, error = [], None
+    try:
+        found.append(detect_component(config, main_specs))
+    except UserError as err:
+        if not companions:
+            raise
+        error = err
+    if companions:
+        det = found[0] if found else None
+        files = det.files if det is not None else _weight_files(as_model_config(config))
+        per_file = check_files(files) if det is None else None
+        shapes = det.shapes if det is not None else {k: s for f in per_file.values() for k, s in f.items()}
+        key_file = det.key_file if det is not None else {k: f for f, keys in per_file.items() for k in keys}
+        for spec in companions:
+            match = match_header(shapes, [spec])
+            if match is not None:
+                found.append(DetectedComponent(spec.name, spec, dict(match.config), files,
+                                               f"weights match {match.label}", shapes, key_file))
+    if not found:
+        raise error
+    return found
 
 
 def detect_component(config: ModelConfig | str | list[str], specs: Sequence[ComponentSpec]) -> DetectedComponent:

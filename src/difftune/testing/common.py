@@ -69,6 +69,20 @@ class TinyFamily:
     trainable_cases: dict = field(default_factory=dict)
     # Slots only some runs fill (an add-on model such as a ControlNet): the tiny models may leave them empty.
     optional_slots: tuple = ()
+    # The family's variants (its features and variant pipeline classes): name -> TinyVariant. The contract suite
+    # trains each (one stage and split) and renders its validation.
+    variants: dict = field(default_factory=dict)
+
+
+@dataclass
+class TinyVariant:
+    """One variant of a tiny family: the flags that select it, and (where they differ from the family's) its data
+    set writer and its models."""
+
+    flags: tuple = ()
+    write_dataset: object = None  # root -> metadata path; None: the family's
+    model_paths: object = None  # a list, or a function that writes the variant's models and returns one; None: the
+    # family's
 
 
 _TINY: dict = {}

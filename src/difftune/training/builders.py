@@ -20,7 +20,8 @@ def stage_pipeline(run, wanted: set[str] | None):
     config = run.config
     return build_pipeline(run.family, run.models, device=run.accelerator.device, torch_dtype=config.torch_dtype,
                           wanted=wanted, features=run.features, pipeline=run.pipeline, options=config.family_options,
-                          load_device="cpu" if config.initialize_model_on_cpu else None, log=run.log)
+                          load_device="cpu" if config.initialize_model_on_cpu else None, detected=run.detected,
+                          log=run.log)
 
 
 def make_dataset(run):

@@ -55,7 +55,10 @@ def expert_runs(run, high: str, low: str, boundary: float) -> list[tuple[str, ob
         config = run.config.replace(output_path=os.path.join(run.config.output_path, folder),
                                     min_timestep_boundary=lo, max_timestep_boundary=hi, expert_boundary=boundary)
         chosen = [(high, model) for s, model in run.models if s == slot]
-        runs.append((folder, run.replace(config=config,
+        detected = {s: d for s, d in run.detected.items() if s not in (high, low)}
+        if slot in run.detected:
+            detected[high] = run.detected[slot]
+        runs.append((folder, run.replace(config=config, detected=detected,
                                          models=chosen + [(s, m) for s, m in run.models if s not in (high, low)])))
     return runs
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..core.loss import Loss, as_loss
 from ..errors import UserError
 
 
@@ -73,19 +74,19 @@ def direct_distill_loss(pipe, values: dict[str, Any], generators: Sequence[torch
     return torch.nn.functional.mse_loss(latents.float(), target.float())
 
 
-LOSSES = {"sft": (flow_match_sft_loss, SFT_READS), "direct_distill": (direct_distill_loss, DIRECT_DISTILL_READS)}
+LOSSES = {"sft": Loss(flow_match_sft_loss, SFT_READS), "direct_distill": Loss(direct_distill_loss, DIRECT_DISTILL_READS)}
 # Data columns a loss accepts without reading them, and why (said once as a note, instead of refused as unread):
 # the reference's distillation data records the teacher's guidance; its loss samples the student at cfg 1.
 UNREAD_INPUTS = {"direct_distill": {"cfg_scale": "direct_distill trains the student at cfg 1 (as the reference); "
                                                  "the metadata's cfg_scale (the teacher's guidance) is not used"}}
 
 
-def all_losses() -> dict:
+def all_losses() -> dict[str, Loss]:
     """The shared losses and every registered family's own (FamilySpec.losses), by task name."""
     from ..core.family import families
 
     table = dict(LOSSES)
     for spec in families().values():
         for name, entry in dict(getattr(spec, "losses", {}) or {}).items():
-            table.setdefault(name, entry)
+            table.setdefault(name, as_loss(entry))
     return table

@@ -129,7 +129,8 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         losses = all_losses()
         if self.task not in losses:
             raise UserError(f"--task {task}: unknown task (known: {sorted(losses)})")
-        self.loss_fn, self.loss_reads = losses[self.task]
+        self.loss = losses[self.task]
+        self.loss_fn, self.loss_reads = self.loss.fn, tuple(self.loss.reads)
         self.units = list(units)
         self.seed = seed
         self.settings = dict(settings or {})
@@ -139,7 +140,10 @@ class PipelineTrainingModule(DiffusionTrainingModule):
 
     @property
     def needed(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(tuple(self.loss_reads) + self.pipe.active_model_fn_inputs))
+        names = tuple(self.loss_reads) + self.pipe.active_model_fn_inputs
+        if self.loss.cfg:  # the negative side of what model_fn reads, too
+            names += tuple(self.pipe.negative_name(n) for n in self.pipe.active_model_fn_inputs)
+        return tuple(dict.fromkeys(names))
 
     def prepare_sample(self, sample: dict[str, Any], names: Sequence[str] | None = None) -> dict[str, Any]:
         """One sample through this module's units; returns what the loss needs (or `names`), no batch dimension."""
@@ -154,7 +158,7 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         else:
             values = pipe.training_inputs(sample)
         values.update(self.settings)
-        pipe.run_units(values, self.units)
+        pipe.run_units(values, self.units, cfg=self.loss.cfg)
         return split_batch(values, 1, pipe.batching, self.needed if names is None else names)[0]
 
     def forward(self, samples: list[dict[str, Any]], indices: Iterable[int], epoch: int | None = None):

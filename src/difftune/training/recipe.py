@@ -126,6 +126,8 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     # --seed (and not on which models this stage happened to load before).
     torch.manual_seed(config.seed)
     module.switch_pipe_to_training_mode(pipe, **training_mode_kwargs(config))
+    if module.loss.prepare is not None:  # e.g. a frozen teacher, copied once the trainable weights are set up
+        module.loss.prepare(module)
     check_lora_names(config, family, module, pipe)
     hooks, saver = make_hooks(run, dataset, from_cache, resume_state)
     with (stop.deferred() if stop is not None else _nothing()):

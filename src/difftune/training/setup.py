@@ -118,9 +118,9 @@ def compute_split(pipeline: type, features, config: RunConfig, task: TaskSpec) -
 
     pipe = pipeline()
     pipe.activate(features)
-    loss_reads = tuple(all_losses()[task.loss][1]) + pipe.active_model_fn_inputs
-    return split_units(pipe.units, config.trainable, loss_reads, settings=pipe.settings,
-                       loss_models=pipe.loss_models)
+    loss = all_losses()[task.loss]
+    return split_units(pipe.units, config.trainable, tuple(loss.reads) + pipe.active_model_fn_inputs,
+                       settings=pipe.settings, loss_models=pipe.loss_models, cfg=loss.cfg)
 
 
 def stage_settings(config: RunConfig, family: FamilySpec) -> dict:

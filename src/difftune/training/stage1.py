@@ -85,6 +85,9 @@ def run_stage1(run, output_path: str) -> dict:
     pipe = stage_pipeline(run, set(split.stage1_models))
     pipe.scheduler.set_training()
     settings = stage_settings(config, family)
+    from .losses import all_losses
+
+    cfg = all_losses()[run.task.loss].cfg  # a loss that reads the negative side: stage 1 computes it too
     mine = [i for i in range(rows) if i % accelerator.num_processes == accelerator.process_index]
     # Each sample records its source files' identities; a cached one whose files changed since (replaced
     # images, same metadata) is encoded again, not kept.
@@ -108,7 +111,7 @@ def run_stage1(run, output_path: str) -> dict:
         values = pipe.training_inputs_batch(samples)
         values.update({k: v for k, v in settings.items() if k != "batch_size"})
         values["batch_size"] = len(samples)
-        pipe.run_units(values, split.stage1)
+        pipe.run_units(values, split.stage1, cfg=cfg)
         for sample, per_sample in zip(samples, split_batch(values, len(samples), pipe.batching, split.frontier)):
             # the sample's bucket as one-stage training sees it, so stage 2 forms the same batches
             writer.write(sample["_id"], to_cache(per_sample), info={"bucket": sample["_bucket"]})

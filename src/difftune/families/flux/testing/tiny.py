@@ -212,12 +212,17 @@ def _tiny_flux(folder: Path) -> TinyFamily:
 
     paths = tiny_flux_paths(write_tiny_flux(folder / "repo"))
     entries = [p if len(p) > 1 else p[0] for p in paths.values()]
+    from ....testing.common import TinyVariant
+
+    kontext = TinyVariant(flags=("--data_file_keys", "image,kontext_images", "--extra_inputs", "kontext_images"),
+                          write_dataset=lambda root: write_kontext_dataset(root, n=2))
     return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
                       flags=("--max_pixels", "4096"),
                       trainable_cases={
                           "clip_lora": ("--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj"),
-                          "t5_lora": ("--lora_base_model", "text_encoder_2", "--lora_target_modules", "q,v")})
+                          "t5_lora": ("--lora_base_model", "text_encoder_2", "--lora_target_modules", "q,v")},
+                      variants={"kontext": kontext})
 
 
 register_tiny("flux", _tiny_flux)

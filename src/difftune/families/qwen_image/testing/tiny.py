@@ -258,18 +258,62 @@ def write_example_workspace(root: str | os.PathLike) -> Path:
     return root
 
 
+def write_edit_dataset(root: str | os.PathLike, n: int = 2, size: tuple[int, int] = (48, 32)) -> Path:
+    """The example data set with an `edit_image` column (each row's edit image: its own image, mirrored)."""
+    from PIL import Image, ImageOps
+
+    root = Path(root)
+    csv = write_example_dataset(root, n=n, size=size)
+    lines = csv.read_text().splitlines()
+    rows = ["image,edit_image,prompt"]
+    for line in lines[1:]:
+        image, prompt = line.split(",", 1)
+        ImageOps.mirror(Image.open(root / image)).save(root / f"edit_{image}")
+        rows.append(f"{image},edit_{image},{prompt}")
+    path = root / "edit.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _entries(paths, names=("transformer", "text_encoder", "vae")):
+    return [paths[c] if len(paths[c]) > 1 else paths[c][0] for c in names]
+
+
 def _tiny_qwen_image(folder: Path) -> TinyFamily:
+    from ....testing.common import TinyVariant
     from ..components import LORA_TARGET_MODULES
 
     repo = write_tiny_qwen_image(folder / "repo")
-    paths = tiny_qwen_image_paths(repo)
-    entries = [p if len(p) > 1 else p[0] for p in (paths["transformer"], paths["text_encoder"], paths["vae"])]
+    entries = _entries(tiny_qwen_image_paths(repo))
+    size = (48, 32)
+
+    def control(kind, keys, extra):
+        return TinyVariant(flags=("--data_file_keys", keys, "--extra_inputs", extra),
+                           write_dataset=lambda root: write_control_dataset(root, kind, n=2, size=size))
+
+    variants = {
+        "edit": TinyVariant(flags=("--data_file_keys", "image,edit_image", "--extra_inputs", "edit_image"),
+                            write_dataset=lambda root: write_edit_dataset(root, size=size),
+                            model_paths=lambda: _entries(tiny_qwen_image_paths(
+                                write_tiny_qwen_image(folder / "edit_repo", edit=True)))),
+        "context": control("context", "image,context_image", "context_image"),
+        "blockwise_controlnet": TinyVariant(
+            flags=("--data_file_keys", "image,blockwise_controlnet_image", "--extra_inputs",
+                   "blockwise_controlnet_image"),
+            write_dataset=lambda root: write_control_dataset(root, "controlnet", n=2, size=size),
+            model_paths=lambda: [*entries, str(write_tiny_blockwise_controlnet(folder / "controlnet"))]),
+        "eligen": control("eligen", "image,eligen_entity_masks", "eligen_entity_prompts,eligen_entity_masks"),
+        "layered": TinyVariant(
+            flags=("--data_file_keys", "image,layer_input_image", "--extra_inputs", "layer_num,layer_input_image"),
+            write_dataset=lambda root: write_layered_dataset(root, n=2, size=(32, 32), layer_num=1),
+            model_paths=lambda: _entries(tiny_qwen_image_paths(write_tiny_qwen_image_layered(folder / "layered")))),
+    }
     return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
-                      write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
+                      write_dataset=lambda root: write_example_dataset(root, n=2, size=size),
                       flags=("--max_pixels", "4096"),
                       trainable_cases={"text_encoder_lora": (
                           "--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj")},
-                      optional_slots=("blockwise_controlnet",))
+                      optional_slots=("blockwise_controlnet",), variants=variants)
 
 
 register_tiny("qwen_image", _tiny_qwen_image)

@@ -209,11 +209,26 @@ def _tiny_wan(folder: Path) -> TinyFamily:
 
     paths = tiny_wan_paths(write_tiny_wan(folder / "repo", "t2v"))
     entries = [p if len(p) > 1 else p[0] for p in paths.values()]
+    from ....testing.common import TinyVariant
+
+    def with_input_image(root):
+        meta = write_example_dataset(root, n=2, size=(48, 32))  # a still is a one-frame clip: its first frame
+        lines = meta.read_text().splitlines()
+        meta.write_text("\n".join([lines[0] + ",input_image"] + [f"{ln},{ln.split(',')[0]}" for ln in lines[1:]]))
+        return meta
+
+    def repo(variant):
+        return lambda: [p if len(p) > 1 else p[0]
+                        for p in tiny_wan_paths(write_tiny_wan(folder / variant, variant)).values()]
+
+    image_to_video = {name: TinyVariant(flags=("--extra_inputs", "input_image"), write_dataset=with_input_image,
+                                        model_paths=repo(name)) for name in ("i2v", "ti2v")}
     return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
                       flags=("--max_pixels", "4096"), optional_slots=("dit2", "image_encoder"),
                       trainable_cases={"umt5_lora": ("--lora_base_model", "text_encoder", "--lora_target_modules",
-                                                     "q,v")})
+                                                     "q,v")},
+                      variants=image_to_video)
 
 
 register_tiny("wan", _tiny_wan)
