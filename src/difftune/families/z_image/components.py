@@ -127,6 +127,12 @@ def text_encoder_key(key: str) -> str:
     return key if key.startswith(("model.", "lm_head.")) else "model." + key
 
 
+def siglip_key(key: str) -> str:
+    """The official siglip/ file (saved by transformers 4) names the tower `vision_model.*`; transformers>=5's
+    Siglip2VisionModel has no such level (its own save_pretrained writes the short names)."""
+    return key[len("vision_model."):] if key.startswith("vision_model.") else key
+
+
 def convert_original_dit(state: dict) -> dict:
     """The original Tongyi names (fused qkv, `x_embedder`, `final_layer`, ...) -> diffusers', by diffusers'
     single-file converter (it pops from what it is given, so it gets a copy)."""
@@ -223,14 +229,14 @@ def qwen3_config_from_weights(shapes: dict) -> dict | None:
 
 def siglip_config_from_weights(shapes: dict) -> dict | None:
     """SigLIP2's vision tower at the so400m head size (72) of any depth and width."""
-    emb = shapes.get("vision_model.embeddings.patch_embedding.weight")
+    emb = shapes.get("embeddings.patch_embedding.weight")
     if emb is None:
         return None
     hidden, patch_dim = emb
     return {**SIGLIP2_SO400M_CONFIG, "hidden_size": hidden, "patch_size": int(round((patch_dim / 3) ** 0.5)),
-            "num_hidden_layers": _count(shapes, "vision_model.encoder.layers."),
-            "intermediate_size": shapes["vision_model.encoder.layers.0.mlp.fc1.weight"][0],
-            "num_patches": shapes["vision_model.embeddings.position_embedding.weight"][0],
+            "num_hidden_layers": _count(shapes, "encoder.layers."),
+            "intermediate_size": shapes["encoder.layers.0.mlp.fc1.weight"][0],
+            "num_patches": shapes["embeddings.position_embedding.weight"][0],
             "num_attention_heads": max(1, hidden // 72)}
 
 
@@ -272,7 +278,7 @@ IMAGE_ENCODER = ComponentSpec(
     name="image_encoder", library="transformers", class_name="Siglip2VisionModel",
     config_class_name="Siglip2VisionConfig", known_configs={"SigLIP2 so400m (Z-Image-Omni-Base siglip/)":
                                                              SIGLIP2_SO400M_CONFIG},
-    marker_keys=("vision_model.embeddings.patch_embedding.weight", "vision_model.post_layernorm.weight"),
+    marker_keys=("embeddings.patch_embedding.weight", "post_layernorm.weight"), normalize_key=siglip_key,
     infer_config=siglip_config_from_weights, description="SigLIP2 image encoder (Omni-Base edit images)")
 
 CONTROLNET = ComponentSpec(
