@@ -88,6 +88,8 @@ def test_real_size_vae_text_encoder_and_siglip_from_headers():
                         lambda sd: {k: v for k, v in sd.items() if k != "lm_head.weight"})  # tied: not stored
     found = match_header(qwen, FAMILY.components)
     assert found.spec is TEXT_ENCODER and found.config == QWEN3_4B_CONFIG
+    untied = {**qwen, "lm_head.weight": (151936, 2560)}  # a file that stores the head: the backbone is loaded
+    assert match_header(untied, FAMILY.components).spec is TEXT_ENCODER
     # the official file keeps transformers 4's `vision_model.` level
     siglip = _meta_shapes(lambda: Siglip2VisionModel(Siglip2VisionConfig(**SIGLIP2_SO400M_CONFIG)),
                           lambda sd: {"vision_model." + k: v for k, v in sd.items()})

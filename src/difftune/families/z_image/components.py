@@ -123,8 +123,16 @@ def strip_prefix(key: str) -> str:
 
 
 def text_encoder_key(key: str) -> str:
-    """A bare Qwen3 backbone (`Qwen3Model`, keys without `model.`) is the causal LM's `model.`."""
-    return key if key.startswith(("model.", "lm_head.")) else "model." + key
+    """The official text_encoder/ holds Qwen3's causal LM (`model.*`); only its backbone is loaded (`Qwen3Model`, as
+    the reference: the LM head is never read, and at 4B it is 389M parameters)."""
+    return key[len("model."):] if key.startswith("model.") else key
+
+
+def drop_lm_head(state: dict) -> dict:
+    """A causal-LM file that stores its (untied) LM head: the backbone's tensors only."""
+    if not any(k.startswith("layers.") for k in state):
+        raise KeyError("not a Qwen3 checkpoint")
+    return {k: v for k, v in state.items() if not k.startswith("lm_head.")}
 
 
 def siglip_key(key: str) -> str:
@@ -215,16 +223,15 @@ def controlnet_config_from_weights(shapes: dict) -> dict | None:
 
 def qwen3_config_from_weights(shapes: dict) -> dict | None:
     """A Qwen3 causal LM of any size from its weights (head size from the q/k norms)."""
-    if "model.layers.0.self_attn.q_norm.weight" not in shapes:
+    if "layers.0.self_attn.q_norm.weight" not in shapes:
         return None
-    vocab, hidden = shapes["model.embed_tokens.weight"]
-    head = shapes["model.layers.0.self_attn.q_norm.weight"][0]
+    vocab, hidden = shapes["embed_tokens.weight"]
+    head = shapes["layers.0.self_attn.q_norm.weight"][0]
     return {**QWEN3_4B_CONFIG, "vocab_size": vocab, "hidden_size": hidden, "head_dim": head,
-            "num_hidden_layers": _count(shapes, "model.layers."),
-            "intermediate_size": shapes["model.layers.0.mlp.gate_proj.weight"][0],
-            "num_attention_heads": shapes["model.layers.0.self_attn.q_proj.weight"][0] // head,
-            "num_key_value_heads": shapes["model.layers.0.self_attn.k_proj.weight"][0] // head,
-            "tie_word_embeddings": "lm_head.weight" not in shapes}
+            "num_hidden_layers": _count(shapes, "layers."),
+            "intermediate_size": shapes["layers.0.mlp.gate_proj.weight"][0],
+            "num_attention_heads": shapes["layers.0.self_attn.q_proj.weight"][0] // head,
+            "num_key_value_heads": shapes["layers.0.self_attn.k_proj.weight"][0] // head}
 
 
 def siglip_config_from_weights(shapes: dict) -> dict | None:
@@ -257,10 +264,12 @@ DIT_ORIGINAL = ComponentSpec(
     description="Z-Image S3-DiT, original single-file layout (ComfyUI's z_image_*.safetensors)")
 
 TEXT_ENCODER = ComponentSpec(
-    name="text_encoder", library="transformers", class_name="Qwen3ForCausalLM", config_class_name="Qwen3Config",
+    name="text_encoder", library="transformers", class_name="Qwen3Model", config_class_name="Qwen3Config",
     known_configs={"Qwen3-4B (Z-Image text_encoder)": QWEN3_4B_CONFIG},
-    marker_keys=("model.embed_tokens.weight", "model.norm.weight", "model.layers.0.self_attn.q_norm.weight"),
-    normalize_key=text_encoder_key, infer_config=qwen3_config_from_weights, description="Qwen3-4B text encoder (second-to-last hidden states)")
+    marker_keys=("embed_tokens.weight", "norm.weight", "layers.0.self_attn.q_norm.weight"),
+    normalize_key=text_encoder_key, convert_state_dict=drop_lm_head,
+    # the folder's config.json names the causal LM: the weights are matched (backbone shapes) instead
+    foreign_config_classes=("Qwen3ForCausalLM",), infer_config=qwen3_config_from_weights, description="Qwen3-4B text encoder (second-to-last hidden states)")
 
 VAE = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKL",
