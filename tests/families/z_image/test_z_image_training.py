@@ -1,0 +1,91 @@
+"""`difftune train` on the tiny Z-Image with the current seam: a DiT LoRA one-stage and split (sft:data_process then
+sft:train) giving the same weights, the Fun ControlNet trained fully from a controlnet_image column, an Omni-Base
+LoRA on edit data, and the saved LoRA read by diffusers' ZImagePipeline.load_lora_weights."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from conftest import run_train
+from difftune.families.z_image.components import LORA_TARGET_MODULES
+from difftune.families.z_image.testing import write_control_dataset, write_edit_dataset, write_example_dataset
+from zimage_helpers import OMNI, PAI, TURBO, entry, hub, load_pipe  # noqa: F401
+
+
+def flags(hub, *models, more=()):
+    paths = list(models) or [entry(hub, TURBO, f) for f in ("transformer", "text_encoder", "vae")]
+    return ["--model_paths", json.dumps(paths), "--torch_dtype", "float32", "--learning_rate", 1e-3,
+            "--dataset_repeat", 1, "--num_epochs", 1, "--seed", 5, "--no_progress", "--max_pixels", 1024,
+            "--tokenizer_path", hub / TURBO / "tokenizer", *more]
+
+
+LORA = ["--lora_base_model", "dit", "--lora_target_modules", LORA_TARGET_MODULES, "--lora_rank", 4]
+
+
+def test_lora_one_stage_equals_split(hub, tmp_path):
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(32, 32))
+    data = ["--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta]
+    run_train("--task", "sft", *data, "--output_path", tmp_path / "one", *flags(hub, more=LORA))
+    run_train("--task", "sft:data_process", *data, "--output_path", tmp_path / "cache", *flags(hub, more=LORA))
+    run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
+              *flags(hub, more=LORA))
+    one, two = (load_file(str(tmp_path / d / "epoch-0.safetensors")) for d in ("one", "two"))
+    assert one.keys() == two.keys()
+    # the reference's targets in every block: 4 attention projections and the SwiGLU's 3 (refiners included)
+    blocks = 3 + 2 + 2
+    assert len(one) == 2 * 7 * blocks and all(k.startswith("transformer.") for k in one)
+    assert any(k.endswith("feed_forward.w2.lora_B.weight") for k in one)
+    diff = max((one[k] - two[k]).abs().max().item() for k in one)
+    print(f"z-image LoRA one-stage vs split: max difference {diff:.2e}")
+    assert diff <= 1e-5 and max(v.abs().max().item() for k, v in one.items() if "lora_B" in k) > 0
+
+
+def test_lora_loads_in_diffusers_at_the_trained_strength(hub, tmp_path):
+    from diffusers import ZImagePipeline as Theirs
+
+    meta = write_example_dataset(tmp_path / "data", n=1, size=(32, 32))
+    run_train("--task", "sft", "--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", *flags(hub, more=LORA))
+    path = tmp_path / "out" / "epoch-0.safetensors"
+    ours = load_pipe(hub)
+    ours.load_lora(ours.dit, str(path))
+    theirs = Theirs.from_pretrained(str(hub / TURBO), torch_dtype=torch.float32)
+    theirs.load_lora_weights(str(path))
+    theirs.fuse_lora()
+    a, b = ours.dit.state_dict(), {k.replace(".base_layer", ""): v for k, v in theirs.transformer.state_dict().items()
+                                   if "lora_" not in k}
+    before = load_pipe(hub).dit.state_dict()
+    changed = [k for k in a if not torch.equal(a[k], before[k])]
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"z-image LoRA fused by difftune vs diffusers: {len(changed)} weights changed, max difference {diff:.2e}")
+    assert len(changed) == 7 * 7 and diff <= 1e-6
+
+
+def test_fun_controlnet_full_training_from_a_control_column(hub, tmp_path):
+    meta = write_control_dataset(tmp_path / "data", n=2, size=(32, 32))
+    models = [entry(hub, TURBO, f) for f in ("transformer", "text_encoder", "vae")] + \
+        [str(hub / PAI / "Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps.safetensors")]
+    run_train("--task", "sft", "--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta,
+              "--data_file_keys", "image,controlnet_image", "--extra_inputs", "controlnet_image",
+              "--trainable_models", "controlnet", "--remove_prefix_in_ckpt", "pipe.controlnet.",
+              "--output_path", tmp_path / "out", *flags(hub, *models))
+    saved = load_file(str(tmp_path / "out" / "epoch-0.safetensors"))
+    base = load_file(models[-1])
+    assert saved.keys() == base.keys()  # the file's own key names: it loads where the released file does
+    moved = [k for k in saved if not torch.equal(saved[k].float(), base[k].float())]
+    assert len(moved) > len(saved) // 2
+
+
+def test_omni_base_lora_on_edit_images(hub, tmp_path):
+    meta = write_edit_dataset(tmp_path / "data", n=2, size=(32, 32), edit_size=(48, 32))
+    models = [entry(hub, OMNI, "transformer"), entry(hub, OMNI, "siglip"), entry(hub, TURBO, "text_encoder"),
+              entry(hub, TURBO, "vae")]
+    run_train("--task", "sft", "--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta,
+              "--data_file_keys", "image,edit_image", "--extra_inputs", "edit_image", "--output_path",
+              tmp_path / "out", *flags(hub, *models, more=LORA))
+    saved = load_file(str(tmp_path / "out" / "epoch-0.safetensors"))
+    assert any(k.startswith("transformer.siglip_refiner.") for k in saved)  # the SigLIP refiner is trained too
+    assert max(v.abs().max().item() for k, v in saved.items() if "siglip_refiner" in k and "lora_B" in k) > 0

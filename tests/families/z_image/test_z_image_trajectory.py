@@ -1,0 +1,132 @@
+"""--task trajectory_imitation: the loss equals a step-by-step rewrite of the reference's formula (values and
+gradients), its teacher schedule keeps the student's timesteps, and its LPIPS-like term changes no gradient."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from difftune.families.z_image.trajectory import (teacher_trajectory, trajectory_imitation_loss,
+                                                  trajectory_imitation_task_loss, z_image_schedule)
+from zimage_helpers import hub, load_pipe  # noqa: F401  (hub is a fixture)
+
+
+class Toy(torch.nn.Module):
+    """A velocity model with weights: a channel mix of the latents, a timestep gain, the prompt's mean."""
+
+    def __init__(self, seed):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.mix = torch.nn.Parameter(torch.randn(4, 4, generator=g) * 0.3)
+        self.gain = torch.nn.Parameter(torch.randn(1, generator=g))
+
+    def forward(self, latents, timestep, prompt_embeds):
+        mixed = torch.einsum("oc,bchw->bohw", self.mix, latents)
+        t = timestep.reshape(-1, 1, 1, 1) / 1000
+        return mixed * (1 + self.gain * t) + prompt_embeds.mean(dim=(1, 2)).reshape(-1, 1, 1, 1)
+
+
+def reference_rewrite(student, teacher, noise, posi, nega):
+    """The reference's TrajectoryImitationLoss (without LPIPS) written out in float64 with plain Python lists."""
+    def schedule(n, targets=None):
+        sig = [3 * s / (1 + 2 * s) for s in [1 - i / n for i in range(n)]]
+        ts = [s * 1000 for s in sig]
+        for t in targets or []:
+            ts[min(range(n), key=lambda i: abs(ts[i] - t))] = t
+        return sig, ts
+
+    s_sig, s_ts = schedule(8)
+    t_sig, t_ts = schedule(50, s_ts)
+    x, traj = noise.double(), [noise.double()]
+    with torch.no_grad():
+        for j in range(50):
+            t = torch.full((noise.shape[0],), t_ts[j], dtype=torch.float64)
+            p, n = teacher(x, t, **posi), teacher(x, t, **nega)
+            x = x + (n + 2 * (p - n)) * ((t_sig[j + 1] if j < 49 else 0.0) - t_sig[j])
+            traj.append(x)
+    y = [math.exp(-2 * ((s * 1000 - 500) / 1000) ** 2) for s in s_sig]
+    w = [(v - min(y)) * (1000 / sum(v - min(y) for v in y)) * 8 / 1000 for v in y]
+    w = [v + w[1] for v in w]
+    nearest = lambda t: min(range(50), key=lambda j: abs(t_ts[j] - t))  # noqa: E731
+    loss = 0.0
+    for k in range(8):
+        start = traj[nearest(s_ts[k])]
+        end = traj[nearest(s_ts[k + 1])] if k < 7 else traj[-1]
+        d = (s_sig[k + 1] if k < 7 else 0.0) - s_sig[k]
+        target = (end - start) / d
+        pred = student(start, torch.full((noise.shape[0],), s_ts[k], dtype=torch.float64), **posi)
+        loss = loss + ((pred - target) ** 2).mean() * w[k]
+    return loss
+
+
+def test_loss_equals_the_reference_formula_step_by_step():
+    noise = torch.randn(2, 4, 3, 5, generator=torch.Generator().manual_seed(0))
+    posi = {"prompt_embeds": torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1))}
+    nega = {"prompt_embeds": torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(2))}
+    student, teacher = Toy(3), Toy(4)
+    ours = trajectory_imitation_loss(lambda **kw: student(**kw), lambda **kw: teacher(**kw), noise, posi, nega)
+    ours.backward()
+    mine = [p.grad.clone() for p in student.parameters()]
+    student.zero_grad()
+    s64, t64 = Toy(3).double(), Toy(4).double()
+    s64.load_state_dict(student.state_dict())
+    ref = reference_rewrite(lambda x, t, **kw: s64(x, t, **{k: v.double() for k, v in kw.items()}),
+                            lambda x, t, **kw: t64(x, t, **{k: v.double() for k, v in kw.items()}), noise, posi, nega)
+    ref.backward()
+    rel = abs(ours.item() - ref.item()) / ref.item()
+    grads = max(((a - b.grad.float()).abs().max() / b.grad.abs().max()).item() for a, b in zip(mine, s64.parameters()))
+    print(f"trajectory imitation: loss {ours.item():.6f} vs rewrite {ref.item():.6f} (rel {rel:.1e}), grads rel {grads:.1e}")
+    assert rel < 1e-5 and grads < 1e-4 and ours.item() > 0
+
+
+def test_teacher_schedule_keeps_the_student_timesteps_and_its_own_sigmas():
+    s_sigmas, s_ts = z_image_schedule(8)
+    sigmas, ts = z_image_schedule(50, target_timesteps=s_ts)
+    plain_sigmas, plain_ts = z_image_schedule(50)
+    assert all((ts == t).any() for t in s_ts)  # every student timestep is one of the teacher's
+    changed = (ts != plain_ts).nonzero().flatten().tolist()
+    assert torch.equal(sigmas, plain_sigmas)  # only the timesteps are written over, not the sigmas
+    assert 0 < len(changed) <= 8 and all(bool((s_ts == ts[i]).any()) for i in changed)
+    calls = []
+    teacher_trajectory(lambda latents, timestep, **kw: calls.append(float(timestep[0])) or latents * 0,
+                       torch.zeros(1, 1, 2, 2), s_ts, {}, {}, cfg_scale=1.0)
+    assert calls == [float(t) for t in ts] and len(calls) == 50
+
+
+def test_the_perceptual_term_adds_to_the_value_not_to_the_gradient():
+    noise = torch.randn(1, 4, 2, 2, generator=torch.Generator().manual_seed(5))
+    posi, nega = {"prompt_embeds": torch.ones(1, 2, 3)}, {"prompt_embeds": torch.zeros(1, 2, 3)}
+    student, teacher = Toy(6), Toy(7)
+    grads, values = [], []
+    for perceptual in (None, lambda a, b: (a - b).abs().mean(dim=(1, 2, 3))):
+        student.zero_grad()
+        loss = trajectory_imitation_loss(lambda **kw: student(**kw), lambda **kw: teacher(**kw), noise, posi, nega,
+                                         decode=lambda x: x * 2, perceptual=perceptual)
+        loss.backward()
+        values.append(loss.item())
+        grads.append([p.grad.clone() for p in student.parameters()])
+    assert values[1] > values[0]
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_task_loss_on_the_tiny_z_image(hub):
+    import copy
+
+    pipe = load_pipe(hub)
+    values = pipe.training_inputs({"image": __import__("PIL.Image", fromlist=["Image"]).new("RGB", (32, 32), "red"),
+                                   "prompt": "a red square"})
+    pipe.scheduler.set_training()
+    pipe.run_units(values, cfg=True)  # the teacher's guidance needs the negative prompt's embeddings
+    teacher = copy.deepcopy(pipe.dit).requires_grad_(False)
+    teacher_fn = lambda **kw: __import__("difftune.families.z_image.model_fn", fromlist=["x"]).model_fn_z_image(  # noqa: E731
+        teacher, **kw)
+    pipe.dit.requires_grad_(True)
+    gens = lambda: [torch.Generator().manual_seed(11)]  # noqa: E731
+    short = {"student_steps": 2, "teacher_steps": 6}  # the plumbing, at a test's cost
+    loss = trajectory_imitation_task_loss(pipe, values, gens(), {}, teacher_fn, **short)
+    loss.backward()
+    again = trajectory_imitation_task_loss(pipe, values, gens(), {}, teacher_fn, **short)
+    grad = sum(p.grad.abs().sum() for p in pipe.dit.parameters() if p.grad is not None)
+    print(f"trajectory imitation on the tiny Z-Image: loss {loss.item():.4f}")
+    assert torch.isfinite(loss) and loss.item() > 0 and grad > 0 and loss.item() == again.item()
