@@ -7,7 +7,14 @@ import pytest
 import torch
 from PIL import Image
 
-from zimage_helpers import OMNI, PAI, TURBO, hub, load_pipe  # noqa: F401  (hub is a fixture)
+from difftune.families.z_image.testing import (CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, load_tiny_z_image,
+                                            write_tiny_z_image_hub)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    return write_tiny_z_image_hub(tmp_path_factory.mktemp("z_image_hub"))
+
 
 TOL = 1e-5
 
@@ -16,7 +23,7 @@ def _diffusers(cls, hub, **parts):
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-    turbo = hub / TURBO
+    turbo = hub / TURBO_REPO
     kwargs = dict(scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(turbo / "scheduler"),
                   vae=AutoencoderKL.from_pretrained(turbo / "vae"),
                   text_encoder=Qwen3ForCausalLM.from_pretrained(turbo / "text_encoder"),
@@ -37,7 +44,7 @@ def _picture(seed, size=(32, 32)):
 def test_text_to_image_equals_diffusers(hub, cfg_scale):
     from diffusers import ZImagePipeline as Theirs
 
-    ours = load_pipe(hub)
+    ours = load_tiny_z_image(hub)
     theirs = _diffusers(Theirs, hub)
     prompts = ["a red circle", "a much longer prompt about a blue square on a green field"]
     mine = ours(prompts, negative_prompt="blurry", cfg_scale=cfg_scale, height=32, width=48, num_inference_steps=3,
@@ -54,12 +61,12 @@ def test_omni_base_equals_diffusers(hub, monkeypatch):
     from diffusers import ZImageOmniPipeline, ZImageTransformer2DModel
     from transformers import Siglip2VisionModel
 
-    from difftune.families.z_image.units import siglip_processor_for
+    from difftune.families.z_image.edit import siglip_processor_for
 
-    ours = load_pipe(hub, dit_repo=OMNI, siglip=True)
-    siglip = Siglip2VisionModel.from_pretrained(hub / OMNI / "siglip")
+    ours = load_tiny_z_image(hub, dit_repo=OMNI_REPO, siglip=True)
+    siglip = Siglip2VisionModel.from_pretrained(hub / OMNI_REPO / "siglip")
     theirs = _diffusers(ZImageOmniPipeline, hub, transformer=ZImageTransformer2DModel.from_pretrained(
-        hub / OMNI / "transformer"), siglip=siglip, siglip_processor=siglip_processor_for(siglip))
+        hub / OMNI_REPO / "transformer"), siglip=siglip, siglip_processor=siglip_processor_for(siglip))
     # diffusers casts condition images to bf16 for its bf16 VAE; an fp32 VAE reads them as they are
     monkeypatch.setattr(torch.Tensor, "bfloat16", lambda self, *a, **k: self)
     edits = [_picture(1, (64, 64)), _picture(2, (96, 64))]  # diffusers wants sides of 64 px or more
@@ -78,8 +85,8 @@ def test_controlnet_equals_diffusers_in_its_compat_mode_and_differs_in_the_refer
     from diffusers import ZImageControlNetModel, ZImageControlNetPipeline
 
     name = "Z-Image-Turbo-Fun-Controlnet-Union-2.1.safetensors"
-    ours = load_pipe(hub, controlnet=name)
-    net = ZImageControlNetModel.from_single_file(str(hub / PAI / name), config=_controlnet_config(ours),
+    ours = load_tiny_z_image(hub, controlnet=name)
+    net = ZImageControlNetModel.from_single_file(str(hub / CONTROLNET_REPO / name), config=_controlnet_config(ours),
                                                  torch_dtype=torch.float32)
     theirs = _diffusers(ZImageControlNetPipeline, hub, controlnet=net)
     control = _picture(4)

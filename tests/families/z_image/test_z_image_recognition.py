@@ -16,8 +16,14 @@ from difftune.families.z_image.components import (DIT_ORIGINAL, IMAGE_ENCODER, Q
                                                   original_dit_keys)
 from difftune.families.z_image.testing import CONTROLNET_FILES, write_single_files
 from difftune.models import ModelConfig
+from difftune.families.z_image.testing import (BASE_REPO, CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, hub_entry,
+                                            load_tiny_z_image, write_tiny_z_image_hub)
 from difftune.models.detect import match_header
-from zimage_helpers import BASE, OMNI, PAI, TURBO, entry, hub, load_pipe  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    return write_tiny_z_image_hub(tmp_path_factory.mktemp("z_image_hub"))
 
 
 def _slots(configs, family=None):
@@ -26,19 +32,19 @@ def _slots(configs, family=None):
 
 
 def test_every_official_folder_the_scripts_name(hub):
-    configs = [ModelConfig(entry(hub, OMNI, "transformer")), ModelConfig(entry(hub, OMNI, "siglip")),
-               ModelConfig(entry(hub, TURBO, "text_encoder")), ModelConfig(entry(hub, TURBO, "vae"))]
+    configs = [ModelConfig(hub_entry(hub, OMNI_REPO, "transformer")), ModelConfig(hub_entry(hub, OMNI_REPO, "siglip")),
+               ModelConfig(hub_entry(hub, TURBO_REPO, "text_encoder")), ModelConfig(hub_entry(hub, TURBO_REPO, "vae"))]
     name, found = _slots(configs)
     assert name == "z_image" and sorted(found) == ["dit", "image_encoder", "text_encoder", "vae"]
     assert found["dit"].config["siglip_feat_dim"] == 32  # Omni-Base's DiT, from its config.json
-    for repo in (TURBO, BASE):
-        name, found = _slots([ModelConfig(entry(hub, repo, "transformer"))])
+    for repo in (TURBO_REPO, BASE_REPO):
+        name, found = _slots([ModelConfig(hub_entry(hub, repo, "transformer"))])
         assert name == "z_image" and found["dit"].config.get("siglip_feat_dim") is None
 
 
 @pytest.mark.parametrize("filename", CONTROLNET_FILES)
 def test_fun_controlnet_single_files(hub, filename):
-    name, found = _slots([ModelConfig(str(hub / PAI / filename)), ModelConfig(entry(hub, TURBO, "transformer"))])
+    name, found = _slots([ModelConfig(str(hub / CONTROLNET_REPO / filename)), ModelConfig(hub_entry(hub, TURBO_REPO, "transformer"))])
     config = found["controlnet"].config
     assert name == "z_image" and found["controlnet"].source == "weights match the sizes in the weights"
     assert config["control_layers_places"] == [0, 2] and config["control_in_dim"] == 33
@@ -49,7 +55,7 @@ def test_comfyui_single_file_dit_loads_as_the_official_folder(hub, tmp_path):
     files = write_single_files(hub, tmp_path)
     name, found = _slots([ModelConfig(str(files["dit"]))])
     assert name == "z_image" and found["dit"].spec is DIT_ORIGINAL
-    ours = load_pipe(hub)
+    ours = load_tiny_z_image(hub)
     single = type(ours).from_pretrained(torch_dtype=torch.float32, model_configs=[ModelConfig(str(files["dit"]))])
     a, b = ours.dit.state_dict(), single.dit.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -78,7 +84,7 @@ def test_real_size_vae_text_encoder_and_siglip_from_headers():
     from diffusers import AutoencoderKL
     from transformers import Qwen3Config, Qwen3ForCausalLM, Siglip2VisionConfig, Siglip2VisionModel
 
-    from difftune.testing.flux import _ldm_vae_from_diffusers
+    from difftune.testing import _ldm_vae_from_diffusers  # FLUX's AE layout, which Z-Image ships
 
     vae = _meta_shapes(lambda: AutoencoderKL(**{k: v for k, v in Z_IMAGE_VAE_CONFIG.items() if k[0] != "_"}),
                        lambda sd: _ldm_vae_from_diffusers(sd, 4))
@@ -99,6 +105,6 @@ def test_real_size_vae_text_encoder_and_siglip_from_headers():
 
 def test_two_models_for_one_slot_are_refused_in_one_line(hub):
     with pytest.raises(UserError) as err:
-        recognise([ModelConfig(str(hub / PAI / CONTROLNET_FILES[0])), ModelConfig(entry(hub, TURBO, "vae")),
-                   ModelConfig(entry(hub, TURBO, "vae"))], "z_image")
+        recognise([ModelConfig(str(hub / CONTROLNET_REPO / CONTROLNET_FILES[0])), ModelConfig(hub_entry(hub, TURBO_REPO, "vae")),
+                   ModelConfig(hub_entry(hub, TURBO_REPO, "vae"))], "z_image")
     assert "\n" not in str(err.value) and "AutoencoderKL" in str(err.value)

@@ -1,52 +1,32 @@
-"""The reference's Z-Image scripts (tests/reference_scripts/z_image/model_training/) with only
-`accelerate launch examples/z_image/model_training/train.py` replaced by `difftune train`, on the tiny models laid
-out under ./models at the hub ids they name and tiny data sets where they look, with `--max_steps 2` appended."""
+"""The reference's Z-Image scripts (tests/reference_scripts/z_image/model_training/, all 17) with only
+`accelerate launch examples/z_image/model_training/train.py` replaced by `difftune train` and `--max_steps 2`
+appended, on tiny models laid out under ./models at the hub ids they name and tiny data sets where they look
+(`difftune.testing.write_z_image_script_workspace`). Each must leave its checkpoint, in the layout its user loads;
+ZImage-i2L-v2.sh (Diffusion Templates) is refused in one line. The Omni-Base scripts' commented image(s)-to-image
+commands run too."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from difftune.cli.main import main as difftune
-from difftune.families.z_image.testing import write_control_dataset, write_example_dataset, write_tiny_z_image_hub
-from difftune.testing.scripts import flag_value, reference_commands
-from zimage_helpers import FAMILY  # noqa: F401  (registers the family)
+from difftune.families.z_image.testing import CONTROLNET_REPO, write_z_image_script_workspace
+from difftune.testing import read_reference_script
+from difftune.testing.scripts import flag_value
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "z_image" / "model_training"
-RUNNING = ["lora/Z-Image-Turbo.sh", "lora/Z-Image.sh", "lora/Z-Image-Omni-Base.sh", "full/Z-Image-Turbo.sh",
-           "full/Z-Image.sh", "full/Z-Image-Omni-Base.sh",
-           "lora/Z-Image-Turbo-Fun-Controlnet-Union-2.1.sh", "lora/Z-Image-Turbo-Fun-Controlnet-Union-2.1-8steps.sh",
-           "lora/Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps.sh", "full/Z-Image-Turbo-Fun-Controlnet-Union-2.1.sh",
-           "full/Z-Image-Turbo-Fun-Controlnet-Union-2.1-8steps.sh",
-           "full/Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps.sh",
-           "special/differential_training/Z-Image-Turbo.sh"]
-# Not yet: --enable_npu_patch (a family flag the seam must carry), --task trajectory_imitation (the task table lives in
-# training/losses.py), and the NF4 script on these tiny sizes (bitsandbytes' CPU kernel packs weights in blocks of 64
-# input features: the tiny Qwen3 and DiT have layers of 32 and 170).
+ALL = sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*.sh"))
+REFUSED = {"full/ZImage-i2L-v2.sh": "--template_model_id_or_path"}
+RUNNING = [s for s in ALL if s not in REFUSED]
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    root = tmp_path_factory.mktemp("z_image_scripts")
-    write_tiny_z_image_hub(root / "models")
-    data = root / "data" / "diffsynth_example_dataset" / "z_image"
-    for name in ("Z-Image-Turbo", "Z-Image", "Z-Image-Omni-Base"):
-        write_example_dataset(data / name, n=2, size=(32, 32))
-    for name in ("Z-Image-Turbo-Fun-Controlnet-Union-2.1", "Z-Image-Turbo-Fun-Controlnet-Union-2.1-8steps",
-                 "Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps"):
-        write_control_dataset(data / name, n=2, size=(32, 32))
-    # ostris' training adapter (a LoRA on the DiT in diffusers' names) for the differential script
-    adapter = root / "models" / "ostris" / "zimage_turbo_training_adapter"
-    adapter.mkdir(parents=True)
-    g = torch.Generator().manual_seed(0)
-    save_file({"diffusion_model.layers.0.attention.to_q.lora_A.weight": torch.randn(4, 64, generator=g),
-               "diffusion_model.layers.0.attention.to_q.lora_B.weight": torch.randn(64, 4, generator=g)},
-              str(adapter / "zimage_turbo_training_adapter_v1.safetensors"))
-    return root
+    return write_z_image_script_workspace(tmp_path_factory.mktemp("z_image_scripts"))
 
 
 @pytest.fixture()
@@ -57,29 +37,76 @@ def in_workspace(workspace, monkeypatch):
 
 
 def test_the_snapshot_has_all_17_scripts():
-    assert len(sorted(SCRIPTS.rglob("*.sh"))) == 17
+    assert len(ALL) == 17 and all(read_reference_script(SCRIPTS / s).commands for s in ALL)
+
+
+def _run(argv, capsys) -> str:
+    code = difftune([*argv, "--max_steps", "2", "--no_progress"])
+    out = capsys.readouterr()
+    assert code == 0, f"`difftune {' '.join(argv)}` exited {code}: {out.err.strip()[-2000:]}"
+    return out.out + out.err
+
+
+def _check_checkpoint(argv, workspace) -> dict:
+    files = sorted(Path(flag_value(argv, "--output_path")).glob("*.safetensors"))
+    assert files, f"no checkpoint in {flag_value(argv, '--output_path')}"
+    saved = load_file(str(files[-1]))
+    if flag_value(argv, "--lora_base_model"):
+        # the reference's targets on diffusers' modules, in diffusers' layout, at the script's rank
+        assert all(k.startswith("transformer.") for k in saved)
+        for module in ("attention.to_q", "attention.to_out.0", "feed_forward.w1", "feed_forward.w3"):
+            key = f"transformer.layers.0.{module}.lora_A.weight"
+            assert key in saved and saved[key].shape[0] == int(flag_value(argv, "--lora_rank")), key
+        assert any(v.abs().max() > 0 for k, v in saved.items() if ".lora_B." in k)
+    elif flag_value(argv, "--trainable_models") == "controlnet":
+        entry = next(e for e in flag_value(argv, "--model_id_with_origin_paths").split(",") if CONTROLNET_REPO in e)
+        released = load_file(str(workspace / "models" / CONTROLNET_REPO / entry.split(":")[1]))
+        assert saved.keys() == released.keys()  # the released file's own key names: it loads where that one does
+        assert any(not torch.equal(saved[k].float(), released[k].float()) for k in saved)
+    else:
+        assert "x_pad_token" in saved and "layers.0.feed_forward.w1.weight" in saved  # the DiT, prefix removed
+    return saved
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", RUNNING)
-def test_reference_script_runs_with_only_the_launcher_replaced(in_workspace, script):
-    (argv,) = reference_commands(SCRIPTS / script)
-    assert difftune([*argv, "--max_steps", "2", "--no_progress", "--torch_dtype", "float32"]) == 0
-    files = sorted(Path(flag_value(argv, "--output_path")).glob("*.safetensors"))
-    assert files, script
-    saved = load_file(str(files[-1]))
-    if flag_value(argv, "--lora_base_model"):
-        assert any(k.endswith("feed_forward.w3.lora_A.weight") for k in saved)
-        assert all(v.shape[0] == 32 for k, v in saved.items() if k.endswith("lora_A.weight"))  # --lora_rank 32
-    elif flag_value(argv, "--trainable_models") == "controlnet":
-        assert any(k.startswith("control_layers.") for k in saved) and not any(k.startswith("layers.") for k in saved)
-    else:
-        assert "x_pad_token" in saved and "layers.0.feed_forward.w1.weight" in saved  # the DiT, prefix removed
+def test_reference_script_runs(in_workspace, script, capsys):
+    (argv,) = read_reference_script(SCRIPTS / script).commands
+    log = _run(argv, capsys)
+    saved = _check_checkpoint(argv, in_workspace)
+    if "npu_training" in script:
+        assert "note: --enable_npu_patch" in log
+    if "trajectory_imitation" in script:
+        # it continued from the reference-layout LoRA the script names (rank 32), not from zero
+        start = load_file(str(in_workspace / "models" / "train" / "Z-Image-Turbo_lora" / "epoch-4.safetensors"))
+        key = "layers.0.attention.to_q.lora_B"
+        assert (saved[f"transformer.{key}.weight"] - start[f"{key}.default.weight"]).abs().max() < 1e-2
+    if "quant_training" in script:
+        assert "bitsandbytes_nf4" in log or "4-bit" in log
 
+
+def _commented_command(script: Path, tmp: Path) -> list[str]:
+    """The script's commented-out second command (Omni-Base's image(s)-to-image training), as difftune's argv."""
+    lines = script.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# accelerate launch"))
+    uncommented = tmp / script.name
+    uncommented.write_text("\n".join(line[2:] for line in lines[start:] if line.startswith("# ")) + "\n")
+    (argv,) = read_reference_script(uncommented).commands
+    return argv
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["lora/Z-Image-Omni-Base.sh", "full/Z-Image-Omni-Base.sh"])
+def test_omni_base_image_to_image_command_runs(in_workspace, script, capsys, tmp_path):
+    argv = _commented_command(SCRIPTS / script, tmp_path)
+    assert flag_value(argv, "--extra_inputs") == "edit_image"
+    log = _run(argv, capsys)
+    assert "features: base, edit, omni" in log
+    _check_checkpoint(argv, in_workspace)
 
 
 def test_i2l_script_is_refused_in_one_line(in_workspace, capsys):
-    (argv,) = reference_commands(SCRIPTS / "full/ZImage-i2L-v2.sh")
+    (argv,) = read_reference_script(SCRIPTS / "full/ZImage-i2L-v2.sh").commands
     assert difftune([*argv, "--max_steps", "2", "--no_progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--template_model_id_or_path" in err[0] and "Diffusion Templates" in err[0]
+    assert len(err) == 1 and "--template_model_id_or_path" in err[0] and "Diffusion Templates" in err[0], err

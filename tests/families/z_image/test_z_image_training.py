@@ -6,20 +6,27 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from conftest import run_train
 from difftune.families.z_image.components import LORA_TARGET_MODULES
-from difftune.families.z_image.testing import write_control_dataset, write_edit_dataset, write_example_dataset
-from zimage_helpers import OMNI, PAI, TURBO, entry, hub, load_pipe  # noqa: F401
+from difftune.families.z_image.testing import (CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, hub_entry, load_tiny_z_image,
+                                            write_control_dataset, write_edit_dataset, write_tiny_z_image_hub)
+from difftune.testing import write_example_dataset
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    return write_tiny_z_image_hub(tmp_path_factory.mktemp("z_image_hub"))
 
 
 def flags(hub, *models, more=()):
-    paths = list(models) or [entry(hub, TURBO, f) for f in ("transformer", "text_encoder", "vae")]
+    paths = list(models) or [hub_entry(hub, TURBO_REPO, f) for f in ("transformer", "text_encoder", "vae")]
     return ["--model_paths", json.dumps(paths), "--torch_dtype", "float32", "--learning_rate", 1e-3,
             "--dataset_repeat", 1, "--num_epochs", 1, "--seed", 5, "--no_progress", "--max_pixels", 1024,
-            "--tokenizer_path", hub / TURBO / "tokenizer", *more]
+            "--tokenizer_path", hub / TURBO_REPO / "tokenizer", *more]
 
 
 LORA = ["--lora_base_model", "dit", "--lora_target_modules", LORA_TARGET_MODULES, "--lora_rank", 4]
@@ -50,14 +57,14 @@ def test_lora_loads_in_diffusers_at_the_trained_strength(hub, tmp_path):
     run_train("--task", "sft", "--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta,
               "--output_path", tmp_path / "out", *flags(hub, more=LORA))
     path = tmp_path / "out" / "epoch-0.safetensors"
-    ours = load_pipe(hub)
+    ours = load_tiny_z_image(hub)
     ours.load_lora(ours.dit, str(path))
-    theirs = Theirs.from_pretrained(str(hub / TURBO), torch_dtype=torch.float32)
+    theirs = Theirs.from_pretrained(str(hub / TURBO_REPO), torch_dtype=torch.float32)
     theirs.load_lora_weights(str(path))
     theirs.fuse_lora()
     a, b = ours.dit.state_dict(), {k.replace(".base_layer", ""): v for k, v in theirs.transformer.state_dict().items()
                                    if "lora_" not in k}
-    before = load_pipe(hub).dit.state_dict()
+    before = load_tiny_z_image(hub).dit.state_dict()
     changed = [k for k in a if not torch.equal(a[k], before[k])]
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
     print(f"z-image LoRA fused by difftune vs diffusers: {len(changed)} weights changed, max difference {diff:.2e}")
@@ -66,8 +73,8 @@ def test_lora_loads_in_diffusers_at_the_trained_strength(hub, tmp_path):
 
 def test_fun_controlnet_full_training_from_a_control_column(hub, tmp_path):
     meta = write_control_dataset(tmp_path / "data", n=2, size=(32, 32))
-    models = [entry(hub, TURBO, f) for f in ("transformer", "text_encoder", "vae")] + \
-        [str(hub / PAI / "Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps.safetensors")]
+    models = [hub_entry(hub, TURBO_REPO, f) for f in ("transformer", "text_encoder", "vae")] + \
+        [str(hub / CONTROLNET_REPO / "Z-Image-Turbo-Fun-Controlnet-Tile-2.1-8steps.safetensors")]
     run_train("--task", "sft", "--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta,
               "--data_file_keys", "image,controlnet_image", "--extra_inputs", "controlnet_image",
               "--trainable_models", "controlnet", "--remove_prefix_in_ckpt", "pipe.controlnet.",
@@ -81,8 +88,8 @@ def test_fun_controlnet_full_training_from_a_control_column(hub, tmp_path):
 
 def test_omni_base_lora_on_edit_images(hub, tmp_path):
     meta = write_edit_dataset(tmp_path / "data", n=2, size=(32, 32), edit_size=(48, 32))
-    models = [entry(hub, OMNI, "transformer"), entry(hub, OMNI, "siglip"), entry(hub, TURBO, "text_encoder"),
-              entry(hub, TURBO, "vae")]
+    models = [hub_entry(hub, OMNI_REPO, "transformer"), hub_entry(hub, OMNI_REPO, "siglip"), hub_entry(hub, TURBO_REPO, "text_encoder"),
+              hub_entry(hub, TURBO_REPO, "vae")]
     run_train("--task", "sft", "--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta,
               "--data_file_keys", "image,edit_image", "--extra_inputs", "edit_image", "--output_path",
               tmp_path / "out", *flags(hub, *models, more=LORA))

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from difftune.families.z_image.trajectory import (teacher_trajectory, trajectory_imitation_loss,
                                                   trajectory_imitation_task_loss, z_image_schedule)
-from zimage_helpers import hub, load_pipe  # noqa: F401  (hub is a fixture)
+from difftune.families.z_image.testing import load_tiny_z_image, write_tiny_z_image_hub
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    return write_tiny_z_image_hub(tmp_path_factory.mktemp("z_image_hub"))
 
 
 class Toy(torch.nn.Module):
@@ -111,22 +117,29 @@ def test_the_perceptual_term_adds_to_the_value_not_to_the_gradient():
 
 
 def test_task_loss_on_the_tiny_z_image(hub):
-    import copy
+    """The task's loss on the real pipeline: the teacher a frozen copy (make_teacher), the noise from the sample's
+    generator (the same loss twice), gradients reaching the student only."""
+    from types import SimpleNamespace
 
-    pipe = load_pipe(hub)
-    values = pipe.training_inputs({"image": __import__("PIL.Image", fromlist=["Image"]).new("RGB", (32, 32), "red"),
-                                   "prompt": "a red square"})
+    from PIL import Image
+
+    from difftune.families.z_image.trajectory import make_teacher
+
+    pipe = load_tiny_z_image(hub)
+    values = pipe.training_inputs({"image": Image.new("RGB", (32, 32), "red"), "prompt": "a red square"})
     pipe.scheduler.set_training()
     pipe.run_units(values, cfg=True)  # the teacher's guidance needs the negative prompt's embeddings
-    teacher = copy.deepcopy(pipe.dit).requires_grad_(False)
-    teacher_fn = lambda **kw: __import__("difftune.families.z_image.model_fn", fromlist=["x"]).model_fn_z_image(  # noqa: E731
-        teacher, **kw)
+    assert values["negative_prompt_embeds"] is not None
     pipe.dit.requires_grad_(True)
+    make_teacher(SimpleNamespace(pipe=pipe))
+    teacher = pipe.trajectory_teacher.dit
+    assert teacher is not pipe.dit and not any(p.requires_grad for p in teacher.parameters())
     gens = lambda: [torch.Generator().manual_seed(11)]  # noqa: E731
     short = {"student_steps": 2, "teacher_steps": 6}  # the plumbing, at a test's cost
-    loss = trajectory_imitation_task_loss(pipe, values, gens(), {}, teacher_fn, **short)
+    loss = trajectory_imitation_task_loss(pipe, values, gens(), {}, **short)
     loss.backward()
-    again = trajectory_imitation_task_loss(pipe, values, gens(), {}, teacher_fn, **short)
+    again = trajectory_imitation_task_loss(pipe, values, gens(), {}, **short)
     grad = sum(p.grad.abs().sum() for p in pipe.dit.parameters() if p.grad is not None)
     print(f"trajectory imitation on the tiny Z-Image: loss {loss.item():.4f}")
     assert torch.isfinite(loss) and loss.item() > 0 and grad > 0 and loss.item() == again.item()
+    assert all(p.grad is None for p in teacher.parameters())

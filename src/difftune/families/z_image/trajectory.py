@@ -21,10 +21,14 @@ Its definition, which this module follows number for number:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from ...core.loss import Loss
+from ...errors import UserError
 
 STUDENT_STEPS = 8
 TEACHER_STEPS = 50
@@ -120,22 +124,39 @@ def regularization(student, trajectory: Sequence[torch.Tensor], timesteps, sigma
 
 
 def trajectory_imitation_task_loss(pipe, values: dict[str, Any], generators: Sequence[torch.Generator],
-                                   settings: dict[str, Any], teacher_model_fn: Callable,
-                                   perceptual: Callable | None = None, **schedule: Any) -> torch.Tensor:
+                                   settings: dict[str, Any], perceptual: Callable | None = None,
+                                   **schedule: Any) -> torch.Tensor:
     """The loss in the shape of `training/losses.py`'s table: the initial noise from each sample's generator (never
-    from the data or the cache), the prompt's and the negative prompt's model_fn inputs from the values."""
+    from the data or the cache), the prompt's and the negative prompt's model_fn inputs from the values, the teacher
+    the one `make_teacher` froze."""
+    teacher = getattr(pipe, "trajectory_teacher", None)
+    if teacher is None:
+        raise UserError("--task trajectory_imitation: no teacher (the training module was not prepared for it)")
     shape_of = values.get("input_latents") if values.get("input_latents") is not None else values["latents"]
     noise = torch.stack([torch.randn(shape_of.shape[1:], generator=g, dtype=torch.float32) for g in generators])
     noise = noise.to(device=shape_of.device, dtype=shape_of.dtype)
     posi = pipe.model_fn_kwargs(values)
     nega = {k: values.get(pipe.negative_name(k), v) for k, v in posi.items()}
     student = lambda **kw: pipe.model_fn(**kw, **settings)  # noqa: E731
-    teacher = lambda **kw: teacher_model_fn(**kw)  # noqa: E731
     decode = pipe.decode if pipe.models.get("vae") is not None else None
-    return trajectory_imitation_loss(student, teacher, noise, posi, nega, combine=pipe.combine_cfg, decode=decode,
-                                     perceptual=perceptual, **schedule)
+    return trajectory_imitation_loss(student, teacher.model_fn, noise, posi, nega, combine=pipe.combine_cfg,
+                                     decode=decode, perceptual=perceptual, **schedule)
 
 
-# Names the loss reads besides model_fn's inputs: the negative prompt's (the teacher's guidance) and a latent shape.
-TRAJECTORY_READS = ("input_latents", "negative_prompt_embeds", "negative_prompt_embeds_mask",
-                    "negative_prompt_pieces")
+def make_teacher(module) -> None:
+    """The reference's teacher: a frozen copy of the denoiser (and ControlNet) as they are once the trainable
+    weights are set up (its LoRA injected, --lora_checkpoint loaded), kept beside the pipeline (not a parameter of
+    the training module, so it is neither trained nor synchronised)."""
+    pipe = module.pipe
+    teacher = type(pipe)(device=pipe.device, torch_dtype=pipe.torch_dtype)
+    for slot in pipe.loss_models:
+        model = pipe.models.get(slot)
+        if model is not None:
+            teacher.models[slot] = copy.deepcopy(model).requires_grad_(False).eval()
+    pipe.trajectory_teacher = teacher
+
+
+# Names the loss reads besides model_fn's inputs: a latent's shape, and the negative prompt's values (the teacher's
+# guidance; `cfg=True` has the units compute them in both stages).
+TRAJECTORY_READS = ("input_latents", "negative_prompt_embeds", "negative_prompt_embeds_mask")
+TRAJECTORY_IMITATION = Loss(trajectory_imitation_task_loss, TRAJECTORY_READS, cfg=True, prepare=make_teacher)
