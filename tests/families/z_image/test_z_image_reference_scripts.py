@@ -47,8 +47,14 @@ def _run(argv, capsys) -> str:
     return out.out + out.err
 
 
-def _check_checkpoint(argv, workspace) -> dict:
-    files = sorted(Path(flag_value(argv, "--output_path")).glob("*.safetensors"))
+def _checkpoints(argv) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in Path(flag_value(argv, "--output_path")).glob("*.safetensors")}
+
+
+def _check_checkpoint(argv, workspace, before: dict[Path, int]) -> dict:
+    """The checkpoint this run wrote (lora/Z-Image-Turbo.sh's folder also holds the LoRA the trajectory-imitation
+    script starts from; the NPU script writes where full/Z-Image-Turbo.sh does)."""
+    files = sorted(p for p, t in _checkpoints(argv).items() if before.get(p) != t)
     assert files, f"no checkpoint in {flag_value(argv, '--output_path')}"
     saved = load_file(str(files[-1]))
     if flag_value(argv, "--lora_base_model"):
@@ -70,10 +76,17 @@ def _check_checkpoint(argv, workspace) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", RUNNING)
-def test_reference_script_runs(in_workspace, script, capsys):
+def test_reference_script_runs(in_workspace, script, capsys, monkeypatch):
+    from difftune.models import quant
+
+    quantised = []
+    real = quant.quantize_linears
+    monkeypatch.setattr(quant, "quantize_linears", lambda module, option, **kw: quantised.append(
+        (type(module).__name__, option.method)) or real(module, option, **kw))
     (argv,) = read_reference_script(SCRIPTS / script).commands
+    before = _checkpoints(argv)
     log = _run(argv, capsys)
-    saved = _check_checkpoint(argv, in_workspace)
+    saved = _check_checkpoint(argv, in_workspace, before)
     if "npu_training" in script:
         assert "note: --enable_npu_patch" in log
     if "trajectory_imitation" in script:
@@ -81,8 +94,10 @@ def test_reference_script_runs(in_workspace, script, capsys):
         start = load_file(str(in_workspace / "models" / "train" / "Z-Image-Turbo_lora" / "epoch-4.safetensors"))
         key = "layers.0.attention.to_q.lora_B"
         assert (saved[f"transformer.{key}.weight"] - start[f"{key}.default.weight"]).abs().max() < 1e-2
-    if "quant_training" in script:
-        assert "bitsandbytes_nf4" in log or "4-bit" in log
+    if "quant_training" in script:  # the DiT and the text encoder in NF4, the LoRA on the 4-bit DiT
+        assert sorted(quantised) == [("Qwen3Model", "bitsandbytes_nf4"), ("ZImageTransformer2DModel", "bitsandbytes_nf4")]
+    else:
+        assert not quantised
 
 
 def _commented_command(script: Path, tmp: Path) -> list[str]:
@@ -100,9 +115,10 @@ def _commented_command(script: Path, tmp: Path) -> list[str]:
 def test_omni_base_image_to_image_command_runs(in_workspace, script, capsys, tmp_path):
     argv = _commented_command(SCRIPTS / script, tmp_path)
     assert flag_value(argv, "--extra_inputs") == "edit_image"
+    before = _checkpoints(argv)
     log = _run(argv, capsys)
     assert "features: base, edit, omni" in log
-    _check_checkpoint(argv, in_workspace)
+    _check_checkpoint(argv, in_workspace, before)
 
 
 def test_i2l_script_is_refused_in_one_line(in_workspace, capsys):

@@ -137,15 +137,20 @@ class ZImagePipeline(BasePipeline):
             "width": image.size[0] if image is not None else data.get("width"),
             "seed": data.get("seed"), "rand_device": data.get("rand_device") or "cpu", "batch_size": 1,
             "num_inference_steps": data.get("num_inference_steps"),
-            "edit_image": _edit_images(data.get("edit_image"), row),
+            "edit_image": _edit_images(data.get("edit_image"), row) if self._uses("edit") else None,
         }
         for column in CONTROL_COLUMNS:
-            value = data.get(column)
+            value = data.get(column) if self._uses("controlnet") else None
             if value is not None and not isinstance(value, Image.Image):
                 raise UserError(f"row {row}: '{column}' must be an image file listed in --data_file_keys "
                                 f"(e.g. --data_file_keys image,{column})")
             values[column] = value
         return values
+
+    def _uses(self, feature: str) -> bool:
+        """Whether the run uses `feature` (a metadata column the run does not name, as --extra_inputs or
+        --data_file_keys, is left alone, as the reference leaves it)."""
+        return self.active_features is None or feature in self.active_features
 
     @staticmethod
     def batch_signature(sample: dict[str, Any]) -> tuple:

@@ -41,7 +41,9 @@ class TinyZImageSpec:
     axes_dims: tuple = (8, 12, 12)  # sums to dim / n_heads
     n_layers: int = 3
     n_refiner_layers: int = 2
-    text_hidden: int = 32
+    # Every Linear of the text encoder takes a multiple of 64 features: bitsandbytes' CPU kernel packs a frozen
+    # NF4 layer's weight in blocks of 64 (the QLoRA script quantises it).
+    text_hidden: int = 64
     text_layers: int = 2
     siglip_hidden: int = 32
     siglip_patch: int = 4
@@ -94,7 +96,7 @@ def tiny_text_encoder(spec: TinyZImageSpec, tok):
     torch.manual_seed(spec.seed + 2)
     config = Qwen3Config(vocab_size=len(tok), hidden_size=spec.text_hidden, intermediate_size=2 * spec.text_hidden,
                          num_hidden_layers=spec.text_layers, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=16, max_position_embeddings=1024, rope_theta=1e6, tie_word_embeddings=True,
+                         head_dim=spec.text_hidden // 2, max_position_embeddings=1024, rope_theta=1e6, tie_word_embeddings=True,
                          bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
                          eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id)
     return Qwen3ForCausalLM(config).eval()
