@@ -143,3 +143,47 @@ def test_task_loss_on_the_tiny_z_image(hub):
     print(f"trajectory imitation on the tiny Z-Image: loss {loss.item():.4f}")
     assert torch.isfinite(loss) and loss.item() > 0 and grad > 0 and loss.item() == again.item()
     assert all(p.grad is None for p in teacher.parameters())
+
+
+def _teacher_gap(pipe, teacher_samples, prompts) -> float:
+    """Mean squared distance of the model's 8-step, unguided sample (Turbo's sampling) from the teacher's 50-step
+    sample at guidance 2 (what trajectory imitation follows), over the prompts, each from its own seed."""
+    gaps = []
+    for i, prompt in enumerate(prompts):
+        few = pipe(prompt, seed=100 + i, num_inference_steps=8, output_type="latent", progress=False, height=32,
+                   width=32)
+        gaps.append((few - teacher_samples[i]).pow(2).mean().item())
+    return sum(gaps) / len(gaps)
+
+
+@pytest.mark.slow
+def test_trajectory_imitation_keeps_what_sft_loses(hub, tmp_path):
+    """Users training a LoRA on Turbo with plain SFT lose its few-step sampling (DiffSynth-Studio #1234, #1251).
+    On the tiny Turbo, the same LoRA steps on the same data: SFT moves the 8-step sample away from the teacher's
+    50-step guided sample, trajectory imitation moves it closer."""
+    import json
+
+    from conftest import run_train
+    from difftune.families.z_image.components import LORA_TARGET_MODULES
+    from difftune.families.z_image.testing import TURBO_REPO, hub_entry
+    from difftune.testing import write_example_dataset
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(32, 32))
+    prompts = [line.split(",", 1)[1].strip('"') for line in meta.read_text().splitlines()[1:]]
+    paths = [hub_entry(hub, TURBO_REPO, f) for f in ("transformer", "text_encoder", "vae")]
+    base = load_tiny_z_image(hub)
+    teacher = [base(p, negative_prompt="", cfg_scale=2.0, seed=100 + i, num_inference_steps=50, output_type="latent",
+                    progress=False, height=32, width=32) for i, p in enumerate(prompts)]
+    gaps = {"base": _teacher_gap(base, teacher, prompts)}
+    for task in ("sft", "trajectory_imitation"):
+        run_train("--task", task, "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
+                  "--output_path", tmp_path / task, "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
+                  "--learning_rate", 1e-2, "--max_steps", 4, "--dataset_repeat", 2, "--seed", 0, "--no_progress",
+                  "--max_pixels", 1024, "--enable_tensorboard_log", "false", "--lora_base_model", "dit",
+                  "--lora_target_modules", LORA_TARGET_MODULES, "--lora_rank", 4)
+        trained = load_tiny_z_image(hub)
+        trained.load_lora(trained.dit, str(next((tmp_path / task).glob("*.safetensors"))))
+        gaps[task] = _teacher_gap(trained, teacher, prompts)
+    print("z-image 8-step sample vs the teacher's 50-step cfg-2 sample (mean squared latent distance): "
+          + ", ".join(f"{k} {v:.4f}" for k, v in gaps.items()))
+    assert gaps["trajectory_imitation"] < gaps["base"] < gaps["sft"]
