@@ -96,3 +96,40 @@ def test_omni_base_lora_on_edit_images(hub, tmp_path):
     saved = load_file(str(tmp_path / "out" / "epoch-0.safetensors"))
     assert any(k.startswith("transformer.siglip_refiner.") for k in saved)  # the SigLIP refiner is trained too
     assert max(v.abs().max().item() for k, v in saved.items() if "siglip_refiner" in k and "lora_B" in k) > 0
+
+
+@pytest.mark.parametrize("case,models,data,message", [
+    ("edit images on Turbo's DiT", "turbo", "edit", "edit images need Z-Image-Omni-Base's DiT"),
+    ("edit images without SigLIP2", "omni_no_siglip", "edit", "need its SigLIP2 image encoder"),
+    ("a ControlNet without control images", "controlnet", "plain", "the data has no control image"),
+    ("control images without a ControlNet", "turbo", "control", "no Fun ControlNet loaded"),
+    ("a ControlNet on Omni-Base", "omni_controlnet", "control", "not Omni-Base's"),
+])
+def test_models_and_data_that_do_not_go_together_are_refused_before_loading(hub, tmp_path, case, models, data,
+                                                                            message):
+    from conftest import setup_run
+    from difftune.errors import UserError
+    from difftune.families.z_image.testing import CONTROLNET_FILES, omni_model_paths, turbo_model_paths
+
+    controlnet = str(hub / CONTROLNET_REPO / CONTROLNET_FILES[0])
+    paths = {"turbo": turbo_model_paths(hub), "omni_no_siglip": omni_model_paths(hub, siglip=False),
+             "controlnet": [*turbo_model_paths(hub), controlnet],
+             "omni_controlnet": [*omni_model_paths(hub), controlnet]}[models]
+    writers = {"edit": (write_edit_dataset, "edit_image"), "control": (write_control_dataset, "controlnet_image"),
+               "plain": (write_example_dataset, None)}
+    write, column = writers[data]
+    meta = write(tmp_path / "data", n=1)
+    columns = ["--data_file_keys", f"image,{column}", "--extra_inputs", column] if column else []
+    with pytest.raises(UserError, match=message) as err:
+        setup_run("--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta, *columns,
+                  *flags(hub, *paths, more=LORA))
+    assert "\n" not in str(err.value), case
+
+
+def test_npu_patch_is_accepted_with_a_note(hub, tmp_path, capsys):
+    meta = write_example_dataset(tmp_path / "data", n=1, size=(32, 32))
+    run_train("--task", "sft", "--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--enable_npu_patch", "--max_steps", 1, *flags(hub, more=LORA))
+    out = capsys.readouterr().out
+    assert "note: --enable_npu_patch:" in out and "difftune has no fused NPU kernels" in out
+    assert list((tmp_path / "out").glob("*.safetensors"))
