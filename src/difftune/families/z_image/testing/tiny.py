@@ -45,6 +45,9 @@ class TinyZImageSpec:
     # NF4 layer's weight in blocks of 64 (the QLoRA script quantises it).
     text_hidden: int = 64
     text_layers: int = 2
+    text_heads: int = 2
+    text_head_dim: int | None = None  # default: text_hidden / text_heads
+    text_intermediate: int | None = None  # default: 2 x text_hidden
     siglip_hidden: int = 32
     siglip_patch: int = 4
     siglip_patches: int = 16
@@ -94,9 +97,11 @@ def tiny_text_encoder(spec: TinyZImageSpec, tok):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(spec.seed + 2)
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=spec.text_hidden, intermediate_size=2 * spec.text_hidden,
-                         num_hidden_layers=spec.text_layers, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=spec.text_hidden // 2, max_position_embeddings=1024, rope_theta=1e6, tie_word_embeddings=True,
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=spec.text_hidden,
+                         intermediate_size=spec.text_intermediate or 2 * spec.text_hidden,
+                         num_hidden_layers=spec.text_layers, num_attention_heads=spec.text_heads, num_key_value_heads=1,
+                         head_dim=spec.text_head_dim or spec.text_hidden // spec.text_heads,
+                         max_position_embeddings=1024, rope_theta=1e6, tie_word_embeddings=True,
                          bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
                          eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id)
     return Qwen3ForCausalLM(config).eval()
@@ -139,23 +144,42 @@ def _save_sharded(model, folder: Path, shard: bool) -> None:
     model.save_pretrained(folder, max_shard_size="1MB" if shard else "10GB")
 
 
-def write_tiny_z_image_hub(base: str | os.PathLike, spec: TinyZImageSpec | None = None, *, shard: bool = True
-                           ) -> Path:
-    """Write the tiny models under `base` at the hub ids the scripts name; returns `base`."""
-    from safetensors.torch import save_file
-
+def write_tiny_z_image_turbo(repo: str | os.PathLike, spec: TinyZImageSpec | None = None, *, shard: bool = True
+                             ) -> Path:
+    """Tongyi-MAI/Z-Image-Turbo's layout: transformer/, text_encoder/, vae/, tokenizer/, scheduler/ and
+    model_index.json (what diffusers' `ZImagePipeline.from_pretrained` reads)."""
     _quiet_hf()
     spec = spec or TinyZImageSpec()
-    base = Path(base)
-    turbo = base / "Tongyi-MAI" / "Z-Image-Turbo"
+    turbo = Path(repo)
     tok = z_image_tokenizer()
     tok.save_pretrained(turbo / "tokenizer")
     _save_sharded(tiny_dit(spec), turbo / "transformer", shard)
     _save_sharded(tiny_text_encoder(spec, tok), turbo / "text_encoder", shard)
     tiny_vae(spec).save_pretrained(turbo / "vae")
-    for repo in (turbo, base / "Tongyi-MAI" / "Z-Image", base / "Tongyi-MAI" / "Z-Image-Omni-Base"):
-        (repo / "scheduler").mkdir(parents=True, exist_ok=True)
-        (repo / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER_CONFIG, indent=2))
+    _write_scheduler(turbo)
+    index = {"_class_name": "ZImagePipeline", "_diffusers_version": "0.42.1",
+             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "text_encoder": ["transformers", "Qwen3ForCausalLM"], "tokenizer": ["transformers", "Qwen2Tokenizer"],
+             "transformer": ["diffusers", "ZImageTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
+    (turbo / "model_index.json").write_text(json.dumps(index, indent=2))
+    return turbo
+
+
+def _write_scheduler(repo: Path) -> None:
+    (repo / "scheduler").mkdir(parents=True, exist_ok=True)
+    (repo / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER_CONFIG, indent=2))
+
+
+def write_tiny_z_image_hub(base: str | os.PathLike, spec: TinyZImageSpec | None = None, *, shard: bool = True
+                           ) -> Path:
+    """Write the tiny models under `base` at the hub ids the scripts name; returns `base`."""
+    from safetensors.torch import save_file
+
+    spec = spec or TinyZImageSpec()
+    base = Path(base)
+    write_tiny_z_image_turbo(base / "Tongyi-MAI" / "Z-Image-Turbo", spec, shard=shard)
+    for repo in (base / "Tongyi-MAI" / "Z-Image", base / "Tongyi-MAI" / "Z-Image-Omni-Base"):
+        _write_scheduler(repo)
     _save_sharded(tiny_dit(spec, seed=5), base / "Tongyi-MAI" / "Z-Image" / "transformer", shard)
     omni = base / "Tongyi-MAI" / "Z-Image-Omni-Base"
     _save_sharded(tiny_dit(spec, omni=True, seed=6), omni / "transformer", shard)
@@ -165,11 +189,6 @@ def write_tiny_z_image_hub(base: str | os.PathLike, spec: TinyZImageSpec | None 
     for i, name in enumerate(CONTROLNET_FILES):
         state = {k: v.contiguous() for k, v in tiny_controlnet(spec, seed=i).state_dict().items()}
         save_file(state, str(pai / name))
-    index = {"_class_name": "ZImagePipeline", "_diffusers_version": "0.42.1",
-             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-             "text_encoder": ["transformers", "Qwen3ForCausalLM"], "tokenizer": ["transformers", "Qwen2Tokenizer"],
-             "transformer": ["diffusers", "ZImageTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
-    (turbo / "model_index.json").write_text(json.dumps(index, indent=2))
     (base / "difftune_tiny_z_image.json").write_text(json.dumps(spec.__dict__, indent=2, default=list))
     return base
 
@@ -309,4 +328,5 @@ register_tiny("z_image", _tiny_z_image)
 __all__ = ["BASE_REPO", "CONTROLNET_FILES", "CONTROLNET_REPO", "OMNI_REPO", "TURBO_REPO", "TinyZImageSpec", "hub_entry", "hub_paths",
            "load_tiny_z_image", "omni_model_paths", "turbo_model_paths",
            "write_control_dataset", "write_edit_dataset", "write_single_files", "write_tiny_z_image_hub",
+           "write_tiny_z_image_turbo",
            "z_image_tokenizer"]
