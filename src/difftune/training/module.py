@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..core.batch import collate_values, split_batch
+from ..core.batch import LIST, collate_values, split_batch
 from ..errors import UserError
 from ..util import names as _names
 from .losses import all_losses, sample_generator
@@ -152,9 +152,10 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         pipe = self.pipe
         if self.from_cache:
             cached = from_cache(sample)
-            values = collate_values([cached], pipe.batching)  # tensors get their batch dimension back
+            rules = pipe.batching
+            values = collate_values([cached], rules)  # tensors (and declared lists) get their batch dimension back
             # Everything else stays as `training_inputs` gives it (height 32, not [32]), as in one-stage training.
-            values.update({k: v for k, v in cached.items() if not isinstance(v, torch.Tensor)})
+            values.update({k: v for k, v in cached.items() if not isinstance(v, torch.Tensor) and rules.get(k) != LIST})
         else:
             values = pipe.training_inputs(sample)
         values.update(self.settings)

@@ -1,0 +1,107 @@
+"""Omni-Base image(s)-to-image (the `edit` feature): each edit image resized as the reference does, VAE-encoded at
+its own size, and its SigLIP2 features on its patch grid, as diffusers' `ZImageOmniPipeline` computes them."""
+
+from __future__ import annotations
+
+from PIL import Image
+
+from ...core.batch import LIST
+from ...core.units import PipelineUnit
+from ...errors import UserError
+from ...media.image import images_to_tensor
+from .units import DIVISION_FACTOR, vae_encode
+
+EDIT_IMAGE_MAX_PIXELS = 1024 * 1024
+
+
+def edit_image_lists(edit_image, batch_size: int) -> list[list[Image.Image]] | None:
+    """Edit images per sample: an image or a list of images is every sample's; a list of lists one per sample."""
+    if edit_image is None:
+        return None
+    if isinstance(edit_image, Image.Image):
+        return [[edit_image]] * batch_size
+    items = list(edit_image)
+    if items and all(isinstance(i, Image.Image) for i in items):
+        return [items] * batch_size
+    if len(items) == batch_size and all(isinstance(i, (list, tuple, Image.Image)) for i in items):
+        return [[i] if isinstance(i, Image.Image) else list(i) for i in items]
+    raise UserError(f"edit_image must be an image, a list of images, or one list per prompt (got "
+                    f"{type(edit_image).__name__} for {batch_size} prompt(s))")
+
+
+def edit_image_size(width: int, height: int, max_pixels: int = EDIT_IMAGE_MAX_PIXELS) -> tuple[int, int]:
+    """The reference's automatic edit-image size: at most `max_pixels`, sides floored to multiples of 16."""
+    if width * height > max_pixels:
+        scale = (width * height / max_pixels) ** 0.5
+        width, height = int(width / scale), int(height / scale)
+    return (max(DIVISION_FACTOR, width // DIVISION_FACTOR * DIVISION_FACTOR),
+            max(DIVISION_FACTOR, height // DIVISION_FACTOR * DIVISION_FACTOR))
+
+
+def resize_edit_image(image: Image.Image) -> Image.Image:
+    """Scale to cover the size above and centre-crop the rest (no change for a small image of 16-multiples)."""
+    image = image.convert("RGB")
+    w, h = edit_image_size(*image.size)
+    if (w, h) == image.size:
+        return image
+    scale = max(w / image.width, h / image.height)
+    resized = image.resize((max(w, round(image.width * scale)), max(h, round(image.height * scale))), Image.BILINEAR)
+    left, top = (resized.width - w) // 2, (resized.height - h) // 2
+    return resized.crop((left, top, left + w, top + h))
+
+
+class ZImageEditImageEmbedder(PipelineUnit):
+    """Each edit image, resized as the reference does, VAE-encoded at its own size."""
+
+    feature = "edit"
+    inputs = ("edit_image", "batch_size")
+    outputs = ("edit_image", "edit_latents")
+    models = ("vae",)
+    batching = {"edit_latents": LIST}
+
+    def process(self, pipe, edit_image, batch_size):
+        per_sample = edit_image_lists(edit_image, int(batch_size or 1))
+        if per_sample is None:
+            return {}
+        resized = [[resize_edit_image(i) for i in images] for images in per_sample]
+        latents = [[vae_encode(pipe, images_to_tensor([i]))[0] for i in images] for images in resized]
+        return {"edit_image": resized, "edit_latents": latents}
+
+
+class ZImageSiglipEmbedder(PipelineUnit):
+    """Each edit image's SigLIP2 features on its patch grid (h, w, C), as diffusers' `prepare_siglip_embeds`."""
+
+    feature = "edit"
+    inputs = ("edit_image", "batch_size")
+    outputs = ("siglip_embeds",)
+    models = ("image_encoder",)
+    batching = {"siglip_embeds": LIST}
+
+    def process(self, pipe, edit_image, batch_size):
+        per_sample = edit_image_lists(edit_image, int(batch_size or 1))
+        if per_sample is None:
+            return {}
+        encoder = pipe.image_encoder
+        processor = siglip_processor_for(encoder)
+        out = []
+        for images in per_sample:
+            feats = []
+            for image in images:
+                inputs = {k: v.to(pipe.device) for k, v in processor(images=[image], return_tensors="pt").items()}
+                inputs["pixel_values"] = inputs["pixel_values"].to(encoder.dtype)
+                h, w = (int(s) for s in inputs["spatial_shapes"][0])
+                hidden = encoder(**inputs).last_hidden_state
+                feats.append(hidden[0, : h * w].reshape(h, w, -1).to(pipe.torch_dtype))
+            out.append(feats)
+        return {"siglip_embeds": out}
+
+
+def siglip_processor_for(encoder):
+    """The SigLIP2 image processor Omni-Base uses (the reference builds it in code, as diffusers' pipeline is
+    given it): mean/std 0.5, bilinear, at most the model's `num_patches` patches of its `patch_size`."""
+    from transformers import Siglip2ImageProcessor
+
+    cfg = encoder.config
+    return Siglip2ImageProcessor(patch_size=cfg.patch_size, max_num_patches=cfg.num_patches, image_mean=[0.5] * 3,
+                                 image_std=[0.5] * 3, resample=2, do_resize=True, do_rescale=True,
+                                 do_normalize=True)
