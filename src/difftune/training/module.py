@@ -34,6 +34,16 @@ def lora_targets(pipe, slot: str, targets: list[str]) -> list[str]:
     return out
 
 
+def check_lora_and_full(trainable_models, lora_base_model) -> None:
+    """A model named by both --trainable_models and --lora_base_model: in the reference, adding the LoRA freezes the
+    model's own weights again (peft marks only the adapter trainable), so the full training it asked for is dropped
+    without a word and the checkpoint holds the LoRA alone. Refused here in one line instead."""
+    if lora_base_model and lora_base_model in _names(trainable_models):
+        raise UserError(f"--trainable_models {trainable_models} with --lora_base_model {lora_base_model}: "
+                        f"{lora_base_model} cannot be trained fully and through a LoRA at once (the reference "
+                        f"trains the LoRA alone then); drop {lora_base_model} from one of the two flags")
+
+
 def lora_prefix(pipe, slot: str) -> str:
     """The key prefix of `slot`'s LoRA in files: the family's, or the reference's default naming."""
     from ..lora import component_prefix
@@ -79,6 +89,8 @@ class DiffusionTrainingModule(torch.nn.Module):
 
         pipe.scheduler.set_training(sampling=timestep_sampling, shift=timestep_shift, weighting=loss_weighting,
                                     boundaries=timestep_boundaries)
+        if inject_lora:
+            check_lora_and_full(trainable_models, lora_base_model)
         trainable = _names(trainable_models)
         pipe.freeze_except(trainable)
         for name in trainable:
