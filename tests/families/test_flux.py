@@ -141,7 +141,7 @@ def test_trained_lora_loads_in_diffusers_flux_pipeline(repo, tmp_path):
               "--output_path", tmp_path / "out", "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
               "--learning_rate", 5e-2, "--dataset_repeat", 2, "--num_epochs", 1, "--seed", 5, "--no_progress",
               "--enable_tensorboard_log", "false", "--max_pixels", 4096, "--lora_base_model", "dit",
-              "--lora_target_modules", LORA_TARGET_MODULES, "--lora_rank", 4, "--align_to_opensource_format")
+              "--lora_target_modules", LORA_TARGET_MODULES, "--lora_rank", 4)
     lora = tmp_path / "out" / "epoch-0.safetensors"
     kwargs = dict(height=32, width=32, num_inference_steps=2, guidance_scale=3.5, output_type="pt")
     theirs = FluxPipeline.from_pretrained(str(repo), dtype=torch.float32)
