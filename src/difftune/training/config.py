@@ -193,6 +193,14 @@ class RunConfig:
     # -- logging and validation
     enable_tensorboard_log: bool = option(True, "TensorBoard logs under <output_path>/logs (on by default).",
                                           kind=BOOL, group=V)
+    enable_wandb_log: bool = option(False, "Also log to Weights & Biases (loss, learning rate, validation renders, the "
+                                    "flags as config; files in <output_path>/wandb_log; needs difftune[wandb]).",
+                                    kind=SWITCH, group=V)
+    wandb_project: str | None = option(None, "The W&B project (default: $WANDB_PROJECT, else difftune).", group=V)
+    enable_swanlab_log: bool = option(False, "Also log to SwanLab (as --enable_wandb_log; files in "
+                                      "<output_path>/swanlab_log; needs difftune[swanlab]).", kind=SWITCH, group=V)
+    swanlab_project: str | None = option(None, "The SwanLab project (default: $SWANLAB_PROJECT, else difftune).",
+                                         group=V)
     enable_csv_log: bool = option(False, "Also write <output_path>/loss.csv (step, epoch, loss, lr per optimizer "
                                   "step).", kind=SWITCH, group=V)
     validation_prompts: str | None = option(None, "'|'-separated prompts rendered during training.", group=V)

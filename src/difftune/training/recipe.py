@@ -29,6 +29,10 @@ def run(args) -> dict:
     config = RunConfig.from_namespace(args)
     task = config.task_spec
     check_lora_and_full(config.trainable_models, config.lora_base_model)
+    if task.stage != "data_process":
+        from .trackers import requested
+
+        requested(config)  # a tracker's package missing: said now, not after stage 1
     ensure_writable(config.output_path)
     accelerator = make_accelerator(config, None if task.stage == "data_process" else config.output_path)
     log = main_process_log(accelerator)
@@ -204,6 +208,9 @@ def make_hooks(run: Run, dataset, from_cache: bool, resume_state):
         record.start()
     if accelerator.log_with:
         accelerator.init_trackers(record.run_id if record is not None else "train")  # logs/<run id>/
+    from .trackers import start as start_trackers
+
+    start_trackers(accelerator, config, record.run_id if record is not None else "train")  # W&B, SwanLab
     validate = None
     if config.validation_prompts:
         from .validation import Validator
