@@ -203,7 +203,9 @@ def table(results: dict) -> str:
     for key, row in results.items():
         family, layout = key.split("/")
         name = f"{layout} ({row['layout']})" if layout == "default" else layout
-        cells = [verdict(row.get("diffusers", float("inf")), row.get("diffusers_missing", 0)),
+        diffusers = ("refused (FLUX.1's widths needed)" if "AssertionError" in row.get("diffusers_error", "") else
+                     verdict(row.get("diffusers", float("inf")), row.get("diffusers_missing", 0)))
+        cells = [diffusers,
                  verdict(row["comfyui"], row.get("comfyui_not_loaded")) if "comfyui" in row else "not run",
                  verdict(row.get("diffsynth", row["diffsynth_rewrite"]),
                          row.get("diffsynth_skipped", row["diffsynth_rewrite_skipped"]))]

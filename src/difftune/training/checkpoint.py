@@ -1,8 +1,9 @@
-"""Saving what was trained: LoRA files that diffusers and ComfyUI load, full models with official keys.
+"""Saving what was trained: LoRA files that diffusers, ComfyUI and the reference load, full models with official keys.
 
-A LoRA is saved in diffusers' layout (`transformer.<module>.lora_A.weight`, alpha/rank folded into lora_B,
-the trained alpha in difftune's metadata), which diffusers' `load_lora_weights` and ComfyUI load unchanged at
-the trained strength; `lora_format` "comfyui" / "kohya" writes those layouts instead (with `.alpha` tensors). A fully trained model is saved with the
+A LoRA is saved in the layout the run resolved (`recipe.lora_format`: by default the family's, which diffusers'
+`load_lora_weights`, ComfyUI and DiffSynth-Studio's loader all read at the trained strength; docs/lora_files.md):
+"diffusers" (`transformer.<module>.lora_A.weight`, alpha/rank folded into lora_B, the trained alpha in difftune's
+metadata), "comfyui" / "kohya" (with `.alpha` tensors). A fully trained model is saved with the
 reference's naming (`pipe.<model>.<key>`) minus `--remove_prefix_in_ckpt`; with the default
 `pipe.dit.` that leaves the official diffusers key names, so the file loads into
 `QwenImageTransformer2DModel`. Every file is written to a temporary name and renamed.
@@ -90,7 +91,8 @@ class ModelLogger(CheckpointSaver):
     """The reference's name, for training scripts: saves what is trained, `<output_path>/epoch-<i>.safetensors`
     after each epoch, or `step-<n>.safetensors` every `save_steps` optimizer steps (and at the end).
 
-    A LoRA is written in diffusers' layout, alpha folded (loads with `pipe.load_lora`, diffusers, ComfyUI); fully trained
+    A LoRA is written in diffusers' layout, alpha folded (loads with `pipe.load_lora`, diffusers, ComfyUI; a custom
+    script that wants another layout uses `save_lora(layout=...)`, docs/lora_files.md); fully trained
     models with the keys `pipe.<model>.<key>` minus `remove_prefix_in_ckpt`.
     """
 
