@@ -280,5 +280,5 @@ def test_max_pixels_too_small_names_the_flag(tmp_path):
     assert "smaller than" not in str(err.value)
     fixed = ImageCropAndResize(max_pixels=342, height_division_factor=16, width_division_factor=16)
     assert fixed(Image.new("RGB", (64, 48))).size == (16, 16)  # the least it names is enough
-    with pytest.raises(DataError, match="smaller than the model's size factor"):  # a tiny image is the image's fault
+    with pytest.raises(DataError, match="image is 8x8, smaller than the division factor"):  # a tiny image is the image's fault
         op(Image.new("RGB", (8, 8)), {"where": "m.csv row 1", "file": "a.png"})

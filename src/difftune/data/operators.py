@@ -253,7 +253,7 @@ class ImageCropAndResize(DataOperator):
                 raise DataError(f"{_where(context)}: --max_pixels {self.max_pixels} scales this {img.width}x"
                                 f"{img.height} image below the model's {fw}x{fh} size factor; raise --max_pixels to "
                                 f"at least {least}: {file}")
-            raise DataError(f"{_where(context)}: image is {img.width}x{img.height}, smaller than the model's size "
+            raise DataError(f"{_where(context)}: image is {img.width}x{img.height}, smaller than the division "
                             f"factor ({fw}x{fh}): {file}")
         return w, h
 
