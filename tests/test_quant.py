@@ -117,15 +117,15 @@ def test_qlora_trains_and_its_lora_loads_into_the_unquantised_model(quant_repo, 
     losses = summary["losses"]
     assert len(losses) == 4 and all(0 < v < 10 for v in losses) and len(set(losses)) == 4
     lora = load_file(str(tmp_path / "out" / "epoch-1.safetensors"))
-    b = "transformer.transformer_blocks.0.attn.to_q.lora_B.weight"  # on a 4-bit layer
+    b = "diffusion_model.transformer_blocks.0.attn.to_q.lora_B.weight"  # on a 4-bit layer
     assert b in lora and lora[b].abs().max().item() > 0  # B starts at zero: it trained
-    assert "transformer.transformer_blocks.0.img_mod.1.lora_B.weight" in lora  # and on a kept layer
+    assert "diffusion_model.transformer_blocks.0.img_mod.1.lora_B.weight" in lora  # and on a kept layer
     # the file loads into the full-precision model: each weight moves by B @ A (alpha = rank)
     pipe = QwenImagePipeline.from_pretrained(torch_dtype=torch.float32,
                                              model_configs=[ModelConfig(str(quant_repo / "transformer"))])
     before = pipe.dit.transformer_blocks[0].attn.to_q.weight.detach().clone()
     pipe.load_lora(pipe.dit, str(tmp_path / "out" / "epoch-1.safetensors"))
-    a = lora["transformer.transformer_blocks.0.attn.to_q.lora_A.weight"]
+    a = lora["diffusion_model.transformer_blocks.0.attn.to_q.lora_A.weight"]
     delta = pipe.dit.transformer_blocks[0].attn.to_q.weight - before
     assert torch.allclose(delta, lora[b].float() @ a.float(), atol=1e-6) and delta.abs().max() > 0
 
@@ -180,5 +180,5 @@ def test_the_reference_nf4_script_trains(tmp_path, monkeypatch, bnb):
     run_train(*args, "--max_steps", "2", "--max_pixels", "4096", "--torch_dtype", "float32")
     out = tmp_path / args[args.index("--output_path") + 1]
     lora = load_file(str(next(out.glob("*.safetensors"))))
-    assert "transformer.transformer_blocks.0.attn.to_q.lora_B.weight" in lora
-    assert lora["transformer.transformer_blocks.0.attn.to_q.lora_B.weight"].abs().max() > 0
+    assert "diffusion_model.transformer_blocks.0.attn.to_q.lora_B.weight" in lora
+    assert lora["diffusion_model.transformer_blocks.0.attn.to_q.lora_B.weight"].abs().max() > 0

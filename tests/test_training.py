@@ -159,7 +159,8 @@ def test_lora_checkpoint_in_reference_layout_continues(tmp_path, tiny_repo):
     meta = make_image_dataset(tmp_path / "data", n=2)
     common = ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--max_pixels", 4096,
               "--dataset_repeat", 2, "--model_paths", model_paths_json(tiny_repo), "--lora_base_model", "dit",
-              "--lora_target_modules", "to_q,to_k", "--lora_rank", 2, "--torch_dtype", "float32", "--no_progress"]
+              "--lora_target_modules", "to_q,to_k", "--lora_rank", 2, "--torch_dtype", "float32", "--no_progress",
+              "--lora_format", "diffusers"]  # transformer.<module> keys, alpha = rank: the reference's keys from them
     run_train(*common, "--output_path", tmp_path / "a")
     ours = load_file(str(tmp_path / "a" / "epoch-0.safetensors"))
     from safetensors.torch import save_file
@@ -241,7 +242,8 @@ def test_reference_commands_verbatim_with_hub_ids(tmp_path, tiny_repo, monkeypat
     one = load_file("models/train/Qwen-Image_lora/epoch-4.safetensors")
     two = load_file("models/train/Qwen-Image-LoRA-splited/epoch-4.safetensors")
     assert one.keys() == two.keys()
-    assert all(k.startswith("transformer.") and ".lora_" in k for k in one)  # diffusers' layout
+    # Qwen-Image's default layout: diffusion_model.<module>.lora_A/B + .alpha (diffusers, ComfyUI, DiffSynth-Studio)
+    assert all(k.startswith("diffusion_model.") and (".lora_" in k or k.endswith(".alpha")) for k in one)
     assert {v.dtype for v in one.values()} == {torch.float32}  # LoRA trained and saved in fp32
     # bf16 frozen weights (the reference's default dtype): equal up to bf16 rounding of the cached values
     assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-3

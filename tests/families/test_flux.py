@@ -141,7 +141,7 @@ def test_trained_lora_loads_in_diffusers_flux_pipeline(repo, tmp_path):
               "--output_path", tmp_path / "out", "--model_paths", json.dumps(paths), "--torch_dtype", "float32",
               "--learning_rate", 5e-2, "--dataset_repeat", 2, "--num_epochs", 1, "--seed", 5, "--no_progress",
               "--enable_tensorboard_log", "false", "--max_pixels", 4096, "--lora_base_model", "dit",
-              "--lora_target_modules", LORA_TARGET_MODULES, "--lora_rank", 4, "--align_to_opensource_format")
+              "--lora_target_modules", LORA_TARGET_MODULES, "--lora_rank", 4)
     lora = tmp_path / "out" / "epoch-0.safetensors"
     kwargs = dict(height=32, width=32, num_inference_steps=2, guidance_scale=3.5, output_type="pt")
     theirs = FluxPipeline.from_pretrained(str(repo), dtype=torch.float32)
@@ -898,10 +898,32 @@ def test_lora_format_kohya_from_the_command(repo, tmp_path):
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
 
 
+def diffusers_warnings(action) -> list[str]:
+    """The warnings diffusers logs while `action` runs, at diffusers' own warning level (not the tiny writers')."""
+    import logging
+
+    import diffusers
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    root = logging.getLogger("diffusers")
+    before = diffusers.utils.logging.get_verbosity()
+    diffusers.utils.logging.set_verbosity_warning()
+    root.addHandler(handler)
+    try:
+        action()
+    finally:
+        root.removeHandler(handler)
+        diffusers.utils.logging.set_verbosity(before)
+    return [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+
+
 def test_saved_lora_uses_every_key_in_diffusers(repo, tmp_path):
     """diffusers' FluxPipeline.load_lora_weights takes every tensor of the LoRA difftune writes (default FLUX
     targets + a CLIP LoRA in one file is not possible: one model per run, so the DiT's): each lora_A/lora_B
-    lands in the transformer unchanged, no key is left over or missing, and no warning is logged."""
+    lands in the transformer unchanged, no key is left over or missing, and no warning is logged but diffusers' note
+    that the file has no text-encoder part (a file with a stray key shows the check can fail)."""
     import json
     import logging
 
@@ -926,15 +948,20 @@ def test_saved_lora_uses_every_key_in_diffusers(repo, tmp_path):
     pipe.set_progress_bar_config(disable=True)
     kwargs = dict(height=32, width=32, num_inference_steps=2, guidance_scale=3.5, output_type="pt")
     base = pipe("a red circle", generator=torch.Generator().manual_seed(0), **kwargs).images
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logging.getLogger("diffusers").addHandler(handler)
-    try:
-        pipe.load_lora_weights(str(path), adapter_name="ours")
-    finally:
-        logging.getLogger("diffusers").removeHandler(handler)
-    assert not [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    # the tiny writers turn diffusers' logger down to errors: its warnings are let through here, and a file with a
+    # key for no module shows that a warning would be caught
+    warned = diffusers_warnings(lambda: pipe.load_lora_weights(str(path), adapter_name="ours"))
+    # diffusers says of a file without a text-encoder part that it holds none, which it calls "safe to ignore"
+    assert [w for w in warned if "safe to ignore if LoRA state dict didn't originally have any" not in w] == []
+    stray = dict(saved, **{"transformer.no_such_module.lora_A.weight": torch.zeros(4, 8),
+                           "transformer.no_such_module.lora_B.weight": torch.zeros(8, 4)})
+    from safetensors.torch import save_file
+
+    save_file(stray, str(tmp_path / "stray.safetensors"))
+    other = FluxPipeline.from_pretrained(str(repo), dtype=torch.float32)
+    stray_warned = diffusers_warnings(lambda: other.load_lora_weights(str(tmp_path / "stray.safetensors"),
+                                                                      adapter_name="x"))
+    assert any("no_such_module" in w for w in stray_warned), stray_warned
     loaded = {k: v for k, v in pipe.transformer.state_dict().items() if ".lora_" in k}
     as_file = {"transformer." + k.replace(".ours.", "."): v for k, v in loaded.items()}
     assert as_file.keys() == saved.keys()  # every key used, none missing
@@ -975,3 +1002,47 @@ def test_kohya_export_reads_in_diffusers_at_flux_size():
         ours = sd[f"{path}.lora_B.weight"] @ (sd[f"{path}.lora_A.weight"] @ x)
         ours = ours * (alphas[path] / sd[f"{path}.lora_A.weight"].shape[0])
         assert torch.allclose(b @ (a @ x), ours, atol=1e-3, rtol=1e-4), path
+
+
+def test_kohya_export_whole_file_in_diffusers_and_the_note_for_what_it_drops(tmp_path):
+    """Issue 25 item 11: the whole kohya file (blocks, and the final layer and an embedder when they are trained)
+    through diffusers' own reading (`FluxPipeline.lora_state_dict`, what `load_lora_weights` hands the
+    transformer), at FLUX.1's widths: every block module keeps its update (alpha/r)·B·A, and the modules outside the
+    blocks are left out of the transformer without a warning, which the note difftune prints when it writes the
+    layout names exactly."""
+    from diffusers import FluxPipeline
+    from safetensors.torch import save_file
+
+    from difftune.families.flux.bfl import bfl_lora_from_diffusers, flux_lora_export_notes
+    from difftune.lora import to_kohya
+
+    w = 3072
+    shapes = {"transformer_blocks.0.attn.to_q": (w, w), "transformer_blocks.0.attn.to_k": (w, w),
+              "transformer_blocks.0.attn.to_v": (w, w), "transformer_blocks.0.attn.to_out.0": (w, w),
+              "single_transformer_blocks.0.attn.to_q": (w, w), "single_transformer_blocks.0.attn.to_k": (w, w),
+              "single_transformer_blocks.0.attn.to_v": (w, w), "single_transformer_blocks.0.proj_mlp": (w, 4 * w),
+              "single_transformer_blocks.0.proj_out": (5 * w, w),
+              "proj_out": (w, 64), "norm_out.linear": (w, 2 * w), "x_embedder": (64, w)}
+    g = torch.Generator().manual_seed(1)
+    sd, alphas = {}, {}
+    for path, (fan_in, fan_out) in shapes.items():
+        sd[f"{path}.lora_A.weight"] = torch.randn(2, fan_in, generator=g)
+        sd[f"{path}.lora_B.weight"] = torch.randn(fan_out, 2, generator=g)
+        alphas[path] = 4.0
+    bfl, bfl_alphas = bfl_lora_from_diffusers(sd, alphas)
+    save_file(to_kohya(bfl, bfl_alphas), str(tmp_path / "kohya.safetensors"))
+    theirs = FluxPipeline.lora_state_dict(str(tmp_path / "kohya.safetensors"))
+    theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+    taken = {k[len("transformer."):].rpartition(".lora_")[0] for k in theirs if k.startswith("transformer.")}
+    inside = {p for p in shapes if p.startswith(("transformer_blocks.", "single_transformer_blocks."))}
+    assert taken == inside  # the block modules, and no other
+    for path in inside:
+        a, b = theirs[f"transformer.{path}.lora_A.weight"], theirs[f"transformer.{path}.lora_B.weight"]
+        x = torch.randn(shapes[path][0], 3, generator=g)
+        ours = 2.0 * (sd[f"{path}.lora_B.weight"] @ (sd[f"{path}.lora_A.weight"] @ x))
+        assert torch.allclose(b @ (a @ x), ours, atol=1e-3, rtol=1e-4), path
+    dropped = sorted(set(shapes) - inside)
+    notes = flux_lora_export_notes("kohya", sorted(shapes))
+    said = [n for n in notes if "diffusers' FluxPipeline.load_lora_weights drops" in n]
+    assert len(said) == 1 and f"({', '.join(dropped)})" in said[0]
+    assert not [n for n in flux_lora_export_notes("kohya", sorted(inside)) if "diffusers" in n]  # blocks only: none

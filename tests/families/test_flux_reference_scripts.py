@@ -77,6 +77,12 @@ def test_reference_script_runs_with_only_the_launcher_replaced(in_workspace, scr
     (argv,) = reference_commands(SCRIPTS / script)
     assert difftune([*argv, "--max_steps", "2", "--no_progress"]) == 0
     lora = _checkpoint(flag_value(argv, "--output_path"))
+    if "--align_to_opensource_format" in argv:  # the reference's kohya file: BFL's fused names, an alpha per layer
+        assert all(k.startswith("lora_unet_") for k in lora)
+        assert lora["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"].shape[0] == 3 * 32  # q, k, v
+        assert lora["lora_unet_single_blocks_0_linear1.lora_down.weight"].shape[0] == 4 * 32  # q, k, v, MLP
+        assert any(v.abs().max() > 0 for k, v in lora.items() if ".lora_up." in k)  # it trained
+        return
     # the reference's fused target names, trained on diffusers' modules, saved in diffusers' LoRA layout
     assert all(k.startswith("transformer.") for k in lora)
     for module in ("transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.add_v_proj",
@@ -117,7 +123,8 @@ def test_two_stage_form_of_the_dev_command(in_workspace):
     assert difftune(stage2) == 0
     a, b = _checkpoint(flag_value(argv, "--output_path")), _checkpoint("./models/train/FLUX.1-dev-LoRA-splited")
     assert a.keys() == b.keys() and a
-    assert any(v.abs().max() > 0 for k, v in b.items() if ".lora_B." in k)  # stage 2 trained
+    # stage 2 trained (the dev command passes --align_to_opensource_format: kohya's lora_up)
+    assert any(v.abs().max() > 0 for k, v in b.items() if ".lora_B." in k or ".lora_up." in k)
     diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     print(f"flux dev command: one-stage vs two-stage max LoRA difference {diff:.2e}")
     assert diff < 1e-3

@@ -169,6 +169,24 @@ def is_complete(root: Path, manifest: CacheManifest) -> tuple[bool, list[str]]:
     return not missing, missing
 
 
+def missing_shards(root: Path, shards: list[Shard]) -> list[str]:
+    """What is gone from a finished cache (a partial copy): a part whose committed shards hold fewer samples than its
+    writer counted on close, a committed shard whose tensor file is absent. One line each, as `verify` says them."""
+    problems = []
+    found: dict[str, int] = {}
+    for shard in shards:
+        found[shard.part] = found.get(shard.part, 0) + len(shard.index["samples"])
+        if shard.tensor_path is not None and not shard.tensor_path.is_file():
+            problems.append(f"{shard.name}: tensor file {shard.tensor_path.name} is missing")
+    for part in list_parts(root):
+        try:
+            claimed = json.loads((part / COMPLETE_NAME).read_text()).get("samples")
+        except (OSError, ValueError, AttributeError):
+            continue  # an unfinished part: is_complete says so
+        if isinstance(claimed, int) and claimed != found.get(part.name, 0):
+            problems.append(f"{part.name}: its writer committed {claimed} samples, {found.get(part.name, 0)} found")
+    return problems
+
 
 def check_cache_dir(root: Path) -> None:
     """UserError unless `root` is a directory holding a difftune cache and no pickles."""

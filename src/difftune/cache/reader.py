@@ -14,7 +14,7 @@ from safetensors import safe_open
 from ..errors import DataError  # one line, also when raised in a DataLoader worker
 from ..errors import UserError
 from .codec import content_of, decode_value, merge_spec, spec_of, tensor_refs, tensor_sha256
-from .index import (STAGE1_HINT, check_cache_dir, is_complete, natural_key, scan_shards, superseded)
+from .index import (STAGE1_HINT, check_cache_dir, is_complete, missing_shards, natural_key, scan_shards, superseded)
 from .manifest import CacheManifest, source_change
 
 # -- the reader ---------------------------------------------------------------------------------------
@@ -44,6 +44,11 @@ class CacheReader(torch.utils.data.Dataset):
         if problems:
             raise UserError(f"the cache at {root} is damaged ({problems[0]}); run `difftune cache verify {root}`")
         self.complete, unfinished = is_complete(root, manifest)
+        gone_files = missing_shards(root, shards) if self.complete else []
+        if gone_files and not allow_incomplete:
+            more = f" (+{len(gone_files) - 1} more)" if len(gone_files) > 1 else ""
+            raise UserError(f"the cache at {root} is missing committed shards: {gone_files[0]}{more}; copy the whole "
+                            f"cache (or rerun stage 1), and see `difftune cache verify {root}`")
 
         files: list[str | None] = []
         where: dict[str, tuple[int, dict, str]] = {}  # id -> (file number, values, shard name)

@@ -53,10 +53,6 @@ def add_family_flags(parser: argparse.ArgumentParser, command: str, seen: set[st
 
 # The reference's flags we do not implement: refused by name rather than ignored (name -> (kind, why)).
 REFUSED = {
-    "enable_wandb_log": ("switch", "Weights & Biases logging is not implemented (TensorBoard and --enable_csv_log are)"),
-    "wandb_project": ("value", "Weights & Biases logging is not implemented (TensorBoard and --enable_csv_log are)"),
-    "enable_swanlab_log": ("switch", "SwanLab logging is not implemented (TensorBoard and --enable_csv_log are)"),
-    "swanlab_project": ("value", "SwanLab logging is not implemented (TensorBoard and --enable_csv_log are)"),
     "template_model_id_or_path": ("value", "Diffusion Templates are not implemented"),
     "enable_lora_hot_loading": ("switch", "Diffusion Templates (LoRA hot loading) are not implemented"),
     "enable_model_cpu_offload": ("switch", "model CPU offload is not implemented: use split training (stage 2 "

@@ -77,6 +77,12 @@ class FamilySpec:
     # names): the denoiser's LoRA (module path -> lora_A/B, alphas by path) renamed to those names, e.g. FLUX's
     # BFL names with q, k, v re-fused; None: the diffusers module names are written.
     lora_native_names: Callable[[dict, dict], tuple[dict, dict]] | None = None
+    # The layout a LoRA of the denoiser alone is written in when --lora_format is left at its default: the one that
+    # diffusers, ComfyUI and the reference's own loader all read at the trained strength (docs/lora_files.md);
+    # LoRAs of other models are written in the diffusers layout.
+    lora_default_format: str = "diffusers"
+    # (layout, the denoiser's LoRA module paths) -> notes printed when a file is written: what a reader skips.
+    lora_export_notes: Callable[[str, list], list] | None = None
     # Slot -> its state dict in the model's original key names, for `--full_format original` (a fully trained
     # model saved where the original checkpoints load, e.g. Wan's DiT in Wan-AI's names).
     full_native_keys: Mapping[str, Callable[[dict], dict]] = field(default_factory=dict)

@@ -59,6 +59,9 @@ class Feature:
     data_inputs: tuple[str, ...] | None = None
     # Other features it needs (switched on with it).
     requires: tuple[str, ...] = ()
+    # Pairs of list-valued data columns that give one entry per item each (EliGen: a prompt per mask): the data
+    # set's row check compares their lengths before the first step, naming the row.
+    same_length: tuple[tuple[str, str], ...] = ()
     description: str = ""
 
     def reads(self) -> tuple[str, ...]:

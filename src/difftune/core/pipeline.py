@@ -100,6 +100,11 @@ class BasePipeline:
         return {}
 
     @classmethod
+    def paired_columns(cls) -> tuple[tuple[str, str], ...]:
+        """Data columns whose lists must be as long as each other's (every feature's `same_length`)."""
+        return tuple(pair for f in cls.features for pair in f.same_length)
+
+    @classmethod
     def feature_names(cls) -> tuple[str, ...]:
         return (BASE, *(f.name for f in cls.features))
 
@@ -275,6 +280,31 @@ class BasePipeline:
             tokens *= side // self.patch_size
         return tokens * (latents.shape[2] if latents.dim() == 5 else 1)
 
+    def check_positions(self, latents: torch.Tensor) -> None:
+        """A latent grid longer, along a side, than a denoiser's table of positions (a diffusers config's
+        `rope_max_seq_len`) fails deep in its forward with a reshape error: one line naming the size and the limit
+        instead. Called before the denoiser runs, in training and sampling."""
+        for name in self.loss_models:
+            config = getattr(self.models.get(name), "config", None)
+            limit = getattr(config, "rope_max_seq_len", None)
+            if not limit:
+                continue
+            sides = tuple(latents.shape[2:])  # ([frames,] height, width) of the latents
+            patch = getattr(config, "patch_size", None)
+            patch = tuple(patch)[-len(sides):] if isinstance(patch, (list, tuple)) and len(patch) >= len(sides) \
+                else (1,) * (len(sides) - 2) + (self.patch_size,) * 2
+            for side, p, what in zip(sides, patch, ("frames", "height", "width")[-len(sides):]):
+                if side // p > limit:
+                    size = {**self.size_of(latents)}
+                    shown = f"{size.get('width')}x{size.get('height')} px" + (
+                        f", {size['num_frames']} frames" if "num_frames" in size else "")
+                    most = limit * p * (self.vae_scale if what != "frames" else 1)
+                    raise UserError(f"a sample of {shown} is {side // p} positions along its {what}, more than the "
+                                    f"{limit} of {type(self.models[name]).__name__}'s positional table "
+                                    f"(rope_max_seq_len in its config): keep the {what} at most {most}"
+                                    f"{' latent frames' if what == 'frames' else ' px'} (--max_pixels, --height / "
+                                    f"--width{', --num_frames' if what == 'frames' else ''})")
+
     def loss_mask(self, values: Mapping[str, Any]) -> torch.Tensor | None:
         """Which latent elements count in the loss (broadcast against the latents); None: all of them."""
         return None
@@ -342,6 +372,7 @@ class BasePipeline:
         """The denoising loop: `model_fn` over the scheduler's timesteps, with classifier-free guidance. Gradients
         follow the caller's mode (`generate` runs it without; direct distillation through every step)."""
         latents = values["latents"]
+        self.check_positions(latents)
         settings = dict(settings or {})
         posi = self.model_fn_kwargs(values)
         nega = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import warnings
@@ -71,7 +72,10 @@ def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
 
 
 def _as_text(value):
-    """A JSON number or true/false in a text column, as the text the user typed (1984 -> "1984")."""
+    """A JSON number or true/false in a text column, as the text the user typed (1984 -> "1984"); NaN and infinity
+    are no text anyone typed as a prompt, and stay numbers (the prompt check refuses them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
     if isinstance(value, (bool, int, float)):
         return json.dumps(value)
     return value
@@ -145,7 +149,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
     def __init__(self, base_path, metadata_path, repeat: int = 1, data_file_keys=("image",),
                  main_data_operator=None, special_operator_map: dict | None = None, extra_inputs=(),
                  on_bad_sample: str = "error", present_keys_only: bool = False, allow_empty_prompts: bool = False,
-                 precheck: bool = True, progress: bool = True, frame_inputs: dict | None = None):
+                 precheck: bool = True, progress: bool = True, frame_inputs: dict | None = None,
+                 paired_columns=()):
         """`base_path` None means the metadata file's folder. `present_keys_only` drops listed file keys
         the metadata lacks (for the CLI default "image,video"), as long as one is left. Metadata without a
         `prompt` column is refused unless `allow_empty_prompts` (every sample would train on "").
@@ -153,7 +158,9 @@ class UnifiedDataset(torch.utils.data.Dataset):
         PROGRESS_ROWS rows on). `frame_inputs` ({name: (clip column, frame index)}, e.g. {"input_image":
         ("video", 0), "end_image": ("video", -1)}): an `extra_inputs` name listed there that the metadata has
         no column for is that frame of the row's clip (as the reference's Wan script takes them); where the
-        metadata has the column, its file is loaded, a one-frame clip as the frame itself."""
+        metadata has the column, its file is loaded, a one-frame clip as the frame itself. `paired_columns`: pairs
+        of columns whose lists must have as many entries (a pipeline's `paired_columns`), checked per row with the
+        files."""
         if metadata_path is None:
             raise DataError("--dataset_metadata_path is required")
         if on_bad_sample not in ("error", "skip"):
@@ -170,6 +177,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
         if present_keys_only:
             keys = [k for k in keys if k in self.columns] or keys
         self.frame_inputs = dict(frame_inputs or {})
+        self.paired_columns = [tuple(p) for p in paired_columns if all(c in self.columns for c in p)]
         # extra inputs taken from a clip's frames: name -> (column, frame index)
         self.derived = {k: tuple(self.frame_inputs[k]) for k in extra
                         if k in self.frame_inputs and k not in self.columns}
@@ -187,6 +195,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
             raise DataError(f"{self.metadata_path}: no '{PROMPT_KEY}' column (its columns are "
                             f"{', '.join(self.columns)}), so every sample would train on an empty prompt; name the "
                             f"caption column '{PROMPT_KEY}', or pass --allow_empty_prompts if empty prompts are meant")
+        if PROMPT_KEY in self.columns:
+            self._check_prompts(allow_empty_prompts)
         self.data_file_keys = keys + [k for k in extra if k not in keys and k not in self.derived
                                       and _looks_like_files(self.rows, k)]
         self.extra_inputs = extra
@@ -200,6 +210,22 @@ class UnifiedDataset(torch.utils.data.Dataset):
         self._failed: set[int] = set()  # rows that passed pre-validation but failed to load here
         if precheck:
             self.precheck(progress)
+
+    def _check_prompts(self, allow_empty: bool) -> None:
+        """Every row's prompt is text with words in it. An empty cell, a row without the field or a value that is
+        not text (NaN, a number JSON gives as NaN, a list) is refused naming the row, as a missing column is, unless
+        `allow_empty`: that row then trains on the empty prompt."""
+        for n, row in enumerate(self.rows, 1):
+            value = row.get(PROMPT_KEY)
+            if isinstance(value, str) and value.strip():
+                continue
+            if not allow_empty:
+                what = ("is empty" if value is None or isinstance(value, str) else
+                        f"is not text ({value!r})" if isinstance(value, float) else
+                        f"is not text (a {type(value).__name__})")
+                raise DataError(f"{self.metadata_path} row {n}: its '{PROMPT_KEY}' {what}; write the caption, or pass "
+                                f"--allow_empty_prompts if rows without one are meant to train on an empty prompt")
+            row[PROMPT_KEY] = ""
 
     @staticmethod
     def default_image_operator(base_path, height: int | None = None, width: int | None = None,
@@ -381,6 +407,16 @@ class UnifiedDataset(torch.utils.data.Dataset):
         return list(dict.fromkeys(files))
 
     def _prevalidate(self, row: int) -> bool:
+        for a, b in self.paired_columns:
+            va, vb = self.rows[row].get(a), self.rows[row].get(b)
+            if va is None and vb is None:
+                continue
+            na, nb = (len(v) if isinstance(v, list) else 0 if v in (None, "") else 1 for v in (va, vb))
+            if na != nb:
+                self._record(row, b, None, f"{self.metadata_path} row {row + 1}: '{a}' has {na} entr"
+                                           f"{'y' if na == 1 else 'ies'} and '{b}' {nb}; they go in pairs (one of "
+                                           f"each per item)")
+                return False
         for key in self.data_file_keys:
             context = self._context(row, key)
             try:

@@ -232,29 +232,44 @@ class ImageCropAndResize(DataOperator):
     PIL image or a list of frames."""
 
     def __init__(self, height: int | None = None, width: int | None = None, max_pixels: int | None = 1024 * 1024,
-                 height_division_factor: int = 16, width_division_factor: int = 16):
+                 height_division_factor: int = 16, width_division_factor: int = 16, keep_small: bool = False):
+        """`keep_small`: an image too small for the division factors is passed on as it is (a mask the model
+        resizes itself) instead of refused."""
         if (height is None) != (width is None):
             raise UserError("--height and --width must be given together (or neither, for dynamic resolution)")
         self.height, self.width, self.max_pixels = height, width, max_pixels
         self.height_division_factor, self.width_division_factor = height_division_factor, width_division_factor
+        self.keep_small = keep_small
 
-    def size_for(self, img: Image.Image, context=None) -> tuple[int, int]:
-        w, h = target_size(img.width, img.height, self.height, self.width, self.max_pixels,
-                           self.height_division_factor, self.width_division_factor)
+    def size_for(self, img: Image.Image, context=None) -> tuple[int, int] | None:
+        fh, fw = self.height_division_factor, self.width_division_factor
+        w, h = target_size(img.width, img.height, self.height, self.width, self.max_pixels, fh, fw)
         if w < 1 or h < 1:
+            if self.keep_small:
+                return None
             file = (context or {}).get("file", "")
+            if img.width >= fw and img.height >= fh and self.height is None:  # the flag shrank it
+                least = max(fw * fh, math.ceil(max(fw / img.width, fh / img.height) ** 2 * img.width * img.height))
+                raise DataError(f"{_where(context)}: --max_pixels {self.max_pixels} scales this {img.width}x"
+                                f"{img.height} image below the model's {fw}x{fh} size factor; raise --max_pixels to "
+                                f"at least {least}: {file}")
             raise DataError(f"{_where(context)}: image is {img.width}x{img.height}, smaller than the division "
-                            f"factor ({self.width_division_factor}x{self.height_division_factor}): {file}")
+                            f"factor ({fw}x{fh}): {file}")
         return w, h
 
     def shape(self, value, context=None):
         """(width, height) -> the cropped size; (width, height, frames) of a clip keeps its frame count."""
         if isinstance(value, tuple) and len(value) in (2, 3):
-            return target_size(value[0], value[1], self.height, self.width, self.max_pixels,
-                               self.height_division_factor, self.width_division_factor) + value[2:]
+            size = target_size(value[0], value[1], self.height, self.width, self.max_pixels,
+                               self.height_division_factor, self.width_division_factor)
+            return (value[:2] if self.keep_small and min(size) < 1 else size) + value[2:]
         return UNKNOWN
 
     def __call__(self, value, context=None):
         if isinstance(value, list):  # video frames
-            return [cover_crop(f, *self.size_for(f, context)) for f in value]
-        return cover_crop(value, *self.size_for(value, context))
+            return [self._one(f, context) for f in value]
+        return self._one(value, context)
+
+    def _one(self, img, context):
+        size = self.size_for(img, context)
+        return img if size is None else cover_crop(img, *size)

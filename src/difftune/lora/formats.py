@@ -1,4 +1,5 @@
-"""LoRA files: export in diffusers' layout (and ComfyUI / kohya), import every common layout.
+"""LoRA files: export in diffusers', ComfyUI's or kohya's layout (docs/lora_files.md: which reader takes which),
+import every common layout.
 
 A component is named by its file prefix: `transformer` (the `dit` slot, as diffusers names it) or
 `text_encoder`; `""` holds LoRAs whose keys carry no prefix (raw peft keys, the reference's files), which
@@ -135,7 +136,9 @@ def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, to
               configs: Mapping[str, Any], base_info: Mapping[str, Any] | None = None,
               prefixes: Mapping[str, str] | None = None, layout: str = "diffusers",
               denoiser: str | None = None, native_names: Callable | None = None) -> Path:
-    """Write one LoRA file that diffusers' `load_lora_weights` and ComfyUI load at the trained strength.
+    """Write one LoRA file in `layout`; which readers load which layout of which family at the trained strength is
+    docs/lora_files.md (every layout loads in difftune; the diffusers layout in diffusers and ComfyUI; the comfyui
+    layout of Qwen-Image and Wan also in DiffSynth-Studio's loader, which is why it is their default).
 
     `state_dicts` / `configs` are keyed by component or pipeline slot; `prefixes` maps a slot to its key prefix
     (the family's `lora_prefixes`; by default `dit` is written as `transformer`).

@@ -18,9 +18,9 @@ from PIL import Image, ImageSequence
 from ..errors import UserError
 from ..util import file_problem
 
-# Containers PyAV reads (GIF is read with Pillow: see ANIMATED_IMAGE_EXTENSIONS).
+# Containers PyAV reads (GIF and WebP are read with Pillow: see ANIMATED_IMAGE_EXTENSIONS).
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".m4v", ".webm", ".avi", ".mkv", ".wmv", ".flv")
-ANIMATED_IMAGE_EXTENSIONS = (".gif",)
+ANIMATED_IMAGE_EXTENSIONS = (".gif", ".webp")  # every frame (a still WebP is a one-frame clip)
 PREVIEW_EXTENSIONS = (".gif", ".webp")  # what `write_animation` writes
 DEFAULT_FPS = 16  # a preview's frame rate where the caller names none
 
@@ -147,6 +147,11 @@ def _read_animated(path: str, limit: int | None) -> list[Image.Image]:
     return frames
 
 
+def _is_animated(path: str) -> bool:
+    with _open_image(path) as img:
+        return bool(getattr(img, "is_animated", False)) or img.format == "GIF"
+
+
 def _read_stream(path: str, limit: int | None) -> list[Image.Image]:
     av = _av()
     container, stream = _open(path)
@@ -169,8 +174,8 @@ def _read_stream(path: str, limit: int | None) -> list[Image.Image]:
 
 def read_video(path: str | os.PathLike, num_frames: int | None = None, time_division_factor: int = 1,
                time_division_remainder: int = 0) -> list[Image.Image]:
-    """The clip's leading frames as RGB PIL images (see `frames_to_keep`): a video container by PyAV, a GIF
-    by Pillow, any other image as a one-frame clip. `num_frames` None keeps every frame (cut to
+    """The clip's leading frames as RGB PIL images (see `frames_to_keep`): a video container by PyAV, an animated
+    GIF or WebP by Pillow (every frame), any other image as a one-frame clip. `num_frames` None keeps every frame (cut to
     factor*k+remainder). A clip that cannot be decoded, or has no frame, raises VideoError."""
     path = os.fspath(path)
     if num_frames is not None and num_frames < 1:
@@ -178,7 +183,7 @@ def read_video(path: str | os.PathLike, num_frames: int | None = None, time_divi
     ext = os.path.splitext(path)[1].lower()
     if ext in VIDEO_EXTENSIONS:
         frames = _read_stream(path, num_frames)
-    elif ext in ANIMATED_IMAGE_EXTENSIONS:
+    elif ext in ANIMATED_IMAGE_EXTENSIONS and _is_animated(path):
         frames = _read_animated(path, num_frames)
     else:  # a still: read exactly as the image path reads it (EXIF orientation, every PIL mode)
         from .image import load_image

@@ -34,7 +34,8 @@ def make_dataset(run):
         raise UserError(f"the {family.name} family reads {family.data} data, which this difftune cannot load")
     check_data_columns(config, run.pipeline, family.name)
     factor = run.pipeline.division_factor
-    size = dict(base_path=config.dataset_base_path, height=config.height, width=config.width,
+    height, width = rounded_size(config, factor, getattr(run, "log", print))
+    size = dict(base_path=config.dataset_base_path, height=height, width=width,
                 max_pixels=config.max_pixels, height_division_factor=factor, width_division_factor=factor)
     frames = config.frames
     operator = (UnifiedDataset.default_video_operator(**size, **frames.as_dict()) if frames is not None
@@ -46,7 +47,22 @@ def make_dataset(run):
                           extra_inputs=names(config.extra_inputs),
                           on_bad_sample=config.on_bad_sample, present_keys_only=True,
                           allow_empty_prompts=config.allow_empty_prompts, progress=not config.no_progress,
-                          frame_inputs=dict(run.pipeline.frame_inputs) if frames is not None else None)
+                          frame_inputs=dict(run.pipeline.frame_inputs) if frames is not None else None,
+                          paired_columns=run.pipeline.paired_columns())
+
+
+def rounded_size(config, factor: int, log=print) -> tuple[int | None, int | None]:
+    """--height / --width rounded up to the family's division factor, as the reference's shape check does, with one
+    note: the images are then cropped to that size (no stretch)."""
+    sizes = {"height": config.height, "width": config.width}
+    if config.height is None or config.width is None:
+        return config.height, config.width
+    rounded = {k: -(-int(v) // factor) * factor for k, v in sizes.items()}
+    changed = [f"--{k} {sizes[k]} -> {rounded[k]}" for k in sizes if rounded[k] != sizes[k]]
+    if changed:
+        log(f"note: {', '.join(changed)} (a multiple of {factor}, the model's size factor, as the reference rounds "
+            f"it); images are cropped to {rounded['width']}x{rounded['height']}, not stretched")
+    return rounded["height"], rounded["width"]
 
 
 def check_data_columns(config, pipeline: type, family: str) -> None:

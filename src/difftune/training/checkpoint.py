@@ -1,8 +1,9 @@
-"""Saving what was trained: LoRA files that diffusers and ComfyUI load, full models with official keys.
+"""Saving what was trained: LoRA files that diffusers, ComfyUI and the reference load, full models with official keys.
 
-A LoRA is saved in diffusers' layout (`transformer.<module>.lora_A.weight`, alpha/rank folded into lora_B,
-the trained alpha in difftune's metadata), which diffusers' `load_lora_weights` and ComfyUI load unchanged at
-the trained strength; `lora_format` "comfyui" / "kohya" writes those layouts instead (with `.alpha` tensors). A fully trained model is saved with the
+A LoRA is saved in the layout the run resolved (`recipe.lora_format`: by default the family's, which diffusers'
+`load_lora_weights`, ComfyUI and DiffSynth-Studio's loader all read at the trained strength; docs/lora_files.md):
+"diffusers" (`transformer.<module>.lora_A.weight`, alpha/rank folded into lora_B, the trained alpha in difftune's
+metadata), "comfyui" / "kohya" (with `.alpha` tensors). A fully trained model is saved with the
 reference's naming (`pipe.<model>.<key>`) minus `--remove_prefix_in_ckpt`; with the default
 `pipe.dit.` that leaves the official diffusers key names, so the file loads into
 `QwenImageTransformer2DModel`. Every file is written to a temporary name and renamed.
@@ -36,7 +37,7 @@ class CheckpointSaver:
     """Writes `<output_path>/<name>.safetensors` (and `<name>-<model>.safetensors` for extra full models)."""
 
     def __init__(self, output_path: str, remove_prefix: str | None = "pipe.dit.", base_info: dict | None = None,
-                 lora_prefixes: dict[str, str] | None = None, lora_format: str = "diffusers",
+                 lora_prefixes: dict[str, str] | None = None, lora_format: str = "default",
                  denoiser: str | None = None, native_names=None, full_converters: dict | None = None):
         self.output_path = Path(output_path)
         self.remove_prefix = remove_prefix or ""
@@ -66,9 +67,17 @@ class CheckpointSaver:
         written = []
         if lora:
             path = self.output_path / f"{name}.safetensors"
+            layout, prefixes, denoiser, native = self.lora_format, self.lora_prefixes, self.denoiser, self.native_names
+            if layout == "default":  # a script's ModelLogger: the family's layout, as the train command writes it
+                family = getattr(getattr(inner, "pipe", None), "spec", None)
+                denoiser = denoiser or (getattr(inner.pipe, "loss_models", None) or (None,))[0]
+                layout = family.lora_default_format if family is not None and set(lora) == {denoiser} else "diffusers"
+                if family is not None:
+                    prefixes = prefixes or dict(family.lora_prefixes)
+                    native = native or family.lora_native_names
             save_lora(path, {m: canonical_lora_keys(sd) for m, sd in lora.items()},
-                      {m: inner.lora_configs[m] for m in lora}, base_info=self.base_info, prefixes=self.lora_prefixes,
-                      layout=self.lora_format, denoiser=self.denoiser, native_names=self.native_names)
+                      {m: inner.lora_configs[m] for m in lora}, base_info=self.base_info, prefixes=prefixes,
+                      layout=layout, denoiser=denoiser, native_names=native)
             written.append(path)
         for model, sd in full.items():
             if model in self.full_converters:
@@ -90,7 +99,8 @@ class ModelLogger(CheckpointSaver):
     """The reference's name, for training scripts: saves what is trained, `<output_path>/epoch-<i>.safetensors`
     after each epoch, or `step-<n>.safetensors` every `save_steps` optimizer steps (and at the end).
 
-    A LoRA is written in diffusers' layout, alpha folded (loads with `pipe.load_lora`, diffusers, ComfyUI); fully trained
+    A LoRA is written in the family's default layout, as the `train` command writes it (loads with `pipe.load_lora`,
+    diffusers, ComfyUI and DiffSynth-Studio: docs/lora_files.md); fully trained
     models with the keys `pipe.<model>.<key>` minus `remove_prefix_in_ckpt`.
     """
 

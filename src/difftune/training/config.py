@@ -172,11 +172,14 @@ class RunConfig:
                               "diffusers (the class's own) or original (the model's original release, where the "
                               "family has a map); keys are then prefixed and "
                               "--remove_prefix_in_ckpt applies as usual.", choices=("diffusers", "original"), group=L)
-    lora_format: str = option("diffusers", "Layout of saved LoRA checkpoints: diffusers (transformer.<module>."
-                              "lora_A/B, alpha folded into lora_B: loads in diffusers, ComfyUI and difftune at the "
-                              "trained strength), comfyui (diffusion_model.<module> + .alpha) or kohya "
-                              "(lora_unet_<module> + .alpha); the last two hold the denoiser's LoRA only.",
-                              choices=("diffusers", "comfyui", "kohya"), group=L)
+    lora_format: str = option("default", "Layout of saved LoRA checkpoints. default: the family's layout for the "
+                              "denoiser's LoRA that diffusers, ComfyUI and DiffSynth-Studio all load at the trained "
+                              "strength (docs/lora_files.md names it per family); another model's LoRA: diffusers. "
+                              "diffusers: transformer.<diffusers module>.lora_A/B, alpha folded into lora_B. comfyui: "
+                              "diffusion_model.<the model's own module names> + .alpha. kohya: lora_unet_<module> + "
+                              ".alpha. The last two hold the denoiser's LoRA only; docs/lora_files.md says which "
+                              "reader takes which layout of each family.",
+                              choices=("default", "diffusers", "comfyui", "kohya"), group=L)
     lora_checkpoint: str | None = option(None, "Start from this LoRA (difftune, diffusers/PEFT, ComfyUI, kohya or "
                                          "DiffSynth layout).", group=L)
     preset_lora_path: str | None = option(None, "A LoRA merged into the base before training (differential LoRA).",
@@ -190,6 +193,14 @@ class RunConfig:
     # -- logging and validation
     enable_tensorboard_log: bool = option(True, "TensorBoard logs under <output_path>/logs (on by default).",
                                           kind=BOOL, group=V)
+    enable_wandb_log: bool = option(False, "Also log to Weights & Biases (loss, learning rate, validation renders, the "
+                                    "flags as config; files in <output_path>/wandb_log; needs difftune[wandb]).",
+                                    kind=SWITCH, group=V)
+    wandb_project: str | None = option(None, "The W&B project (default: $WANDB_PROJECT, else difftune).", group=V)
+    enable_swanlab_log: bool = option(False, "Also log to SwanLab (as --enable_wandb_log; files in "
+                                      "<output_path>/swanlab_log; needs difftune[swanlab]).", kind=SWITCH, group=V)
+    swanlab_project: str | None = option(None, "The SwanLab project (default: $SWANLAB_PROJECT, else difftune).",
+                                         group=V)
     enable_csv_log: bool = option(False, "Also write <output_path>/loss.csv (step, epoch, loss, lr per optimizer "
                                   "step).", kind=SWITCH, group=V)
     validation_prompts: str | None = option(None, "'|'-separated prompts rendered during training.", group=V)

@@ -37,6 +37,7 @@ def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch
     x0 = values["input_latents"]
     if x0 is None:
         raise ValueError("the sft loss needs input_latents: the data must have an image")
+    pipe.check_positions(x0)
     scheduler = pipe.scheduler
     draws = [scheduler.sample_training(1, g, image_seq_len=pipe.seq_len(x0)) for g in generators]
     noise = _per_sample_noise(x0, generators).to(device=x0.device, dtype=x0.dtype)

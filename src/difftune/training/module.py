@@ -21,17 +21,39 @@ from .losses import all_losses, sample_generator
 
 def lora_targets(pipe, slot: str, targets: list[str]) -> list[str]:
     """`--lora_target_modules` with the family's aliases for `slot` expanded (the reference's own module names,
-    e.g. FLUX's fused `a_to_qkv`, onto the diffusers modules that hold those weights)."""
+    e.g. FLUX's fused `a_to_qkv`, onto the diffusers modules that hold those weights). An alias may name modules by
+    a path with `*` standing for one part (`single_transformer_blocks.*.proj_out`): it becomes the full names of the
+    model's modules it matches, which peft takes as they are."""
+    import fnmatch
+
     family = getattr(pipe, "spec", None)
     aliases = dict((getattr(family, "lora_target_aliases", None) or {}).get(slot, {}))
-    out = []
+    model = pipe.models.get(slot) if hasattr(pipe, "models") else None
+    modules = [n for n, _ in model.named_modules()] if model is not None else []
+    out, shown = [], []
     for t in targets:
         for name in _names(aliases.get(t, t)):
-            if name not in out:
-                out.append(name)
-    if out != targets:
-        print(f"note: --lora_target_modules in {slot}'s module names: {','.join(out)}")
+            shown.append(name)
+            if "*" in name and t in aliases:
+                parts = name.count(".") + 1
+                found = [m for m in modules if m.count(".") + 1 == parts and fnmatch.fnmatchcase(m, name)]
+                expanded = found or [name]  # nothing matched: left for the target check to refuse
+            else:
+                expanded = [name]
+            out.extend(n for n in expanded if n not in out)
+    if shown != targets:
+        print(f"note: --lora_target_modules in {slot}'s module names: {','.join(dict.fromkeys(shown))}")
     return out
+
+
+def check_lora_and_full(trainable_models, lora_base_model) -> None:
+    """A model named by both --trainable_models and --lora_base_model: in the reference, adding the LoRA freezes the
+    model's own weights again (peft marks only the adapter trainable), so the full training it asked for is dropped
+    without a word and the checkpoint holds the LoRA alone. Refused here in one line instead."""
+    if lora_base_model and lora_base_model in _names(trainable_models):
+        raise UserError(f"--trainable_models {trainable_models} with --lora_base_model {lora_base_model}: "
+                        f"{lora_base_model} cannot be trained fully and through a LoRA at once (the reference "
+                        f"trains the LoRA alone then); drop {lora_base_model} from one of the two flags")
 
 
 def lora_prefix(pipe, slot: str) -> str:
@@ -79,6 +101,8 @@ class DiffusionTrainingModule(torch.nn.Module):
 
         pipe.scheduler.set_training(sampling=timestep_sampling, shift=timestep_shift, weighting=loss_weighting,
                                     boundaries=timestep_boundaries)
+        if inject_lora:
+            check_lora_and_full(trainable_models, lora_base_model)
         trainable = _names(trainable_models)
         pipe.freeze_except(trainable)
         for name in trainable:

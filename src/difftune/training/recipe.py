@@ -20,8 +20,15 @@ def run(args) -> dict:
     from .run_lock import output_lock
     from .signals import StopSignals
 
+    from .module import check_lora_and_full
+
     config = RunConfig.from_namespace(args)
     task = config.task_spec
+    check_lora_and_full(config.trainable_models, config.lora_base_model)
+    if task.stage != "data_process":
+        from .trackers import requested
+
+        requested(config)  # a tracker's package missing: said now, not after stage 1
     ensure_writable(config.output_path)
     accelerator = make_accelerator(config, None if task.stage == "data_process" else config.output_path)
     log = main_process_log(accelerator)

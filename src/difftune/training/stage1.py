@@ -199,7 +199,29 @@ def open_cache(run, log=print):
     if config.dataset_metadata_path:
         raise UserError("--task *:train reads the stage-1 cache in --dataset_base_path; remove --dataset_metadata_path")
     reader = CacheReader(config.dataset_base_path, family=run.family.name, required=run.split.frontier, log=log)
+    check_size_flags(config, reader.manifest.fingerprint.get("preprocessing") or {}, config.dataset_base_path)
     return RepeatedCache(reader, config.dataset_repeat)
+
+
+def check_size_flags(config, cached: dict, root) -> None:
+    """Stage 2 trains on the sizes stage 1 cached: a size flag given now with another value would be ignored, so it is
+    refused in one line naming both values. (--max_pixels is checked only when it differs from its default, which a
+    stage-2 command copied without the flag has.)"""
+    import dataclasses
+
+    from .config import RunConfig
+
+    default_pixels = {f.name: f.default for f in dataclasses.fields(RunConfig)}["max_pixels"]
+    frames = (config.frames.as_dict() if config.frames else {}).get("num_frames")
+    given = {"height": config.height, "width": config.width, "num_frames": config.num_frames and frames,
+             "max_pixels": config.max_pixels if config.max_pixels != default_pixels else None}
+    for flag, value in given.items():
+        if value is None or flag not in cached or cached[flag] == value:
+            continue
+        was = f"--{flag} {cached[flag]}" if cached[flag] is not None else f"no --{flag}"
+        raise UserError(f"--{flag} {value}: the cache at {root} was made with {was}, and stage 2 trains on the "
+                        f"cached {'clips' if flag == 'num_frames' else 'sizes'}; drop the flag, or rebuild the cache "
+                        f"with it (stage 1 with --rebuild_cache)")
 
 
 __all__ = ["CACHE_SUBDIR", "open_cache", "run_stage1", "stage1_fingerprint"]

@@ -38,11 +38,32 @@ def check_outputs(run: Run) -> None:
     from ..lora import lora_layout_problem
 
     denoiser = (run.pipeline.loss_models or (None,))[0]
-    problem = lora_layout_problem(config.lora_format, [config.lora_base_model] if config.lora_base_model else [],
+    layout = lora_format(config, family, denoiser)
+    problem = lora_layout_problem(layout, [config.lora_base_model] if config.lora_base_model else [],
                                   denoiser, dict(family.lora_prefixes))
     if problem:
-        raise UserError(f"--lora_format {config.lora_format}: {problem}")
+        raise UserError(f"--lora_format {layout}: {problem}")
     full_converters(config, family)
+
+
+def lora_format(config, family, denoiser: str | None) -> str:
+    """The layout LoRA checkpoints are written in: --lora_format, or a family flag that asks for one (FLUX's
+    --align_to_opensource_format: kohya); left at "default", the family's `lora_default_format` for the denoiser's
+    LoRA (the layout diffusers, ComfyUI and the reference's loader all read) and the diffusers layout for another
+    model's."""
+    requested = config.lora_format
+    asks = getattr(config.family_options, "lora_format", None)
+    asked = asks() if callable(asks) else None
+    if asked is not None:
+        layout, flag = asked
+        if requested not in ("default", layout):
+            raise UserError(f"--lora_format {requested}: {flag} asks for the {layout} layout; give one of the two")
+        return layout
+    if requested != "default":
+        return requested
+    if config.lora_base_model and config.lora_base_model != denoiser:
+        return "diffusers"
+    return family.lora_default_format
 
 
 def full_converters(config, family) -> dict:
@@ -91,7 +112,7 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     module.switch_pipe_to_training_mode(pipe, **training_mode_kwargs(config))
     if module.loss.prepare is not None:  # e.g. a frozen teacher, copied once the trainable weights are set up
         module.loss.prepare(module)
-    check_lora_names(config, family, module, pipe)
+    check_lora_names(config, family, module, pipe, log)
     hooks, saver = make_hooks(run, dataset, from_cache, resume_state)
     with (stop.deferred() if stop is not None else _nothing()):
         summary = train(accelerator, dataset, module, loop_config(config, resume_state), hooks, stop=stop)
@@ -111,13 +132,22 @@ class _nothing:
         return False
 
 
-def check_lora_names(config, family, module, pipe) -> None:
-    """A LoRA module with no name in the --lora_format layout is found now, not when the first checkpoint is saved."""
-    if config.lora_format != "diffusers" and family.lora_native_names and config.lora_base_model in module.lora_configs:
-        from ..lora import lora_state_dict
+def check_lora_names(config, family, module, pipe, log=print) -> None:
+    """A LoRA module with no name in the checkpoints' layout is found now, not when the first checkpoint is saved;
+    what a reader of that layout skips (the family's `lora_export_notes`) is said once."""
+    if config.lora_base_model not in module.lora_configs:
+        return
+    from ..lora import lora_state_dict
 
-        initial = lora_state_dict(pipe.models[config.lora_base_model])
-        family.lora_native_names(initial, {k.rpartition(".lora_")[0]: 1.0 for k in initial})
+    denoiser = (pipe.loss_models or (None,))[0]
+    layout = lora_format(config, family, denoiser)
+    initial = lora_state_dict(pipe.models[config.lora_base_model])
+    paths = sorted({k.rpartition(".lora_")[0] for k in initial})
+    if layout != "diffusers" and family.lora_native_names:
+        family.lora_native_names(initial, {p: 1.0 for p in paths})
+    if family.lora_export_notes is not None and config.lora_base_model == denoiser:
+        for note in family.lora_export_notes(layout, paths):
+            log(f"note: {note}")
 
 
 def make_hooks(run: Run, dataset, from_cache: bool, resume_state):
@@ -134,13 +164,17 @@ def make_hooks(run: Run, dataset, from_cache: bool, resume_state):
         record.start()
     if accelerator.log_with:
         accelerator.init_trackers(record.run_id if record is not None else "train")  # logs/<run id>/
+    from .trackers import start as start_trackers
+
+    start_trackers(accelerator, config, record.run_id if record is not None else "train")  # W&B, SwanLab
     validate = None
     if config.validation_prompts:
         from .validation import Validator
 
         validate = Validator(run, cache_dir=config.dataset_base_path if from_cache else None, dataset=dataset)
     saver = CheckpointSaver(config.output_path, config.remove_prefix_in_ckpt, lora_prefixes=dict(family.lora_prefixes),
-                            base_info={"family": family.name, "task": config.task}, lora_format=config.lora_format,
+                            base_info={"family": family.name, "task": config.task},
+                            lora_format=lora_format(config, family, (run.pipeline.loss_models or (None,))[0]),
                             denoiser=(run.pipeline.loss_models or (None,))[0],
                             native_names=family.lora_native_names,
                             full_converters=full_converters(config, family))

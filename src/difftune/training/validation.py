@@ -244,11 +244,12 @@ class Validator:
 
     def _write(self, pipe, outputs, step: int, accelerator):
         kind = getattr(pipe, "output_kind", "image")
+        animation = None
         if kind == "clip":
             frames = min(len(c) for c in outputs)
             if frames > 1:
-                write_animation([make_grid([c[t] for c in outputs]) for t in range(frames)],
-                                self.out_dir / f"step-{step:06d}.gif", fps=DEFAULT_FPS)
+                animation = write_animation([make_grid([c[t] for c in outputs]) for t in range(frames)],
+                                            self.out_dir / f"step-{step:06d}.gif", fps=DEFAULT_FPS)
             grid = make_grid([frame_grid(c, columns=min(len(c), 8), max_frames=8) for c in outputs], columns=1)
         elif kind == "layers":  # one row per prompt: its layers over white
             grid = make_grid([make_grid(stack) for stack in outputs], columns=1)
@@ -256,13 +257,9 @@ class Validator:
             grid = make_grid(outputs)
         path = atomic_save_image(grid, self.out_dir / f"step-{step:06d}.png")
         if accelerator is not None:
-            try:
-                import numpy as np
+            from .trackers import log_media
 
-                tracker = accelerator.get_tracker("tensorboard", unwrap=True)
-                tracker.add_image("validation", np.asarray(grid), step, dataformats="HWC")
-            except Exception:  # no TensorBoard tracker configured
-                pass
+            log_media(accelerator, grid, step, animation)
         return path
 
 

@@ -7,7 +7,7 @@ from ...core.options import SWITCH, option
 from ...models.load import load_tokenizer
 from .components import (DIT, DIT_BFL, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_2,
                          VAE, VAE_BFL)
-from .bfl import bfl_lora_from_diffusers, convert_bfl_named_flux_lora
+from .bfl import bfl_lora_from_diffusers, convert_bfl_named_flux_lora, flux_lora_export_notes
 from .pipeline import FluxImagePipeline
 
 GROUP = "FLUX.1"
@@ -19,21 +19,19 @@ class FluxOptions:
                                           "tokenizer/ beside the CLIP text encoder).", group=GROUP, sample=True)
     tokenizer_2_path: str | None = option(None, "The T5 tokenizer: a directory or model_id:folder/ (default: "
                                           "tokenizer_2/ beside the T5 encoder).", group=GROUP, sample=True)
-    align_to_opensource_format: bool = option(False, "Accepted for the reference's FLUX scripts: difftune's LoRA "
-                                              "files are already in the open (diffusers) layout; see --lora_format.",
-                                              kind=SWITCH, group=GROUP)
+    align_to_opensource_format: bool = option(False, "The reference's FLUX flag: write the LoRA in the kohya layout "
+                                              "(lora_unet_double_blocks_*, lora_down/lora_up, an alpha per layer), "
+                                              "as it does; the same as --lora_format kohya.", kind=SWITCH,
+                                              group=GROUP)
     # difftune sample's inputs
     embedded_guidance: float | None = option(None, "FLUX.1-dev's distilled guidance (default: the family's, 3.5).",
                                              kind=float, group=GROUP, sample=True, train=False)
     kontext_images: list | None = option(None, "FLUX.1 Kontext: a reference image (repeat for several).",
                                          repeat=True, load="RGB", group=GROUP, sample=True, train=False)
 
-    def notes(self) -> list[str]:
-        if self.align_to_opensource_format:
-            return ["--align_to_opensource_format is not needed: difftune saves LoRAs in the open diffusers layout "
-                    "(FluxPipeline.load_lora_weights reads them; --lora_format picks another: for FLUX, "
-                    "--lora_format kohya writes BFL's kohya names, the layout this flag gives in DiffSynth-Studio)"]
-        return []
+    def lora_format(self) -> tuple[str, str] | None:
+        """(the LoRA layout these flags ask for, the flag), or None: --lora_format decides."""
+        return ("kohya", "--align_to_opensource_format") if self.align_to_opensource_format else None
 
 
 FAMILY = FamilySpec(
@@ -48,9 +46,12 @@ FAMILY = FamilySpec(
     ),
     lora_prefixes={"dit": "transformer", "text_encoder": "text_encoder", "text_encoder_2": "text_encoder_2"},
     lora_target_modules=LORA_TARGET_MODULES,
-    lora_target_aliases={"dit": REFERENCE_LORA_TARGETS},
+    # The reference's `proj_out` reaches its single blocks' output layers only (its final layer is `final_proj_out`);
+    # diffusers calls both `proj_out`, so the name keeps the reference's meaning here.
+    lora_target_aliases={"dit": {**REFERENCE_LORA_TARGETS, "proj_out": "single_transformer_blocks.*.proj_out"}},
     lora_converters=(convert_bfl_named_flux_lora,),
     lora_native_names=bfl_lora_from_diffusers,
+    lora_export_notes=flux_lora_export_notes,
     data="image",
     options=FluxOptions,
     description="FLUX.1-dev / -schnell (diffusers FluxTransformer2DModel, AutoencoderKL, CLIP-L, T5-XXL)",

@@ -268,3 +268,27 @@ def bfl_lora_from_diffusers(sd: dict[str, torch.Tensor], alphas: dict[str, float
         out[f"{bfl}.lora_B.weight"] = up
         out_alphas[bfl] = next(iter(scales.values())) * total if same else float(total)
     return out, out_alphas
+
+
+# -- what each reader takes of a FLUX LoRA file (notes when one is written) -------------------------------------
+
+_BLOCKS = ("transformer_blocks.", "single_transformer_blocks.")
+
+
+def flux_lora_export_notes(layout: str, paths: list[str]) -> list[str]:
+    """Notes for a FLUX transformer LoRA on the diffusers modules `paths` written in `layout`: the modules a reader
+    skips without a word. DiffSynth-Studio's FluxLoRALoader renames block modules only (diffusers' names in the
+    diffusers layout, BFL's in the kohya one; a ComfyUI-layout file it does not read at all); diffusers' kohya reader
+    leaves every module outside the blocks (the final layer, the embedders) out of the transformer."""
+    outside = sorted(p for p in paths if not p.startswith(_BLOCKS))
+    notes = []
+    if layout == "comfyui":
+        notes.append("FLUX LoRA in the comfyui layout (BFL names): ComfyUI and diffusers read it; DiffSynth-Studio's "
+                     "loader does not (it reads the diffusers and kohya layouts)")
+    if outside and layout in ("diffusers", "kohya"):
+        notes.append(f"FLUX LoRA on modules outside the blocks ({', '.join(outside)}): DiffSynth-Studio's loader "
+                     f"skips them (its FLUX model has no LoRA name for them there)")
+    if outside and layout == "kohya":
+        notes.append(f"FLUX LoRA in the kohya layout: diffusers' FluxPipeline.load_lora_weights drops its modules "
+                     f"outside the blocks ({', '.join(outside)}) without a warning; the diffusers layout keeps them")
+    return notes

@@ -46,6 +46,7 @@ BLOCKWISE_CONTROLNET = Feature(
     data_inputs=("blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask"),
     description="Blockwise ControlNet: a control image's residuals after each DiT block")
 ELIGEN = Feature("eligen", columns=("eligen_entity_prompts", "eligen_entity_masks"), model_fn_inputs=ENTITY_OUTPUTS,
+                 same_length=(("eligen_entity_prompts", "eligen_entity_masks"),),
                  description="EliGen: entity prompts with regional attention masks")
 
 
@@ -86,6 +87,19 @@ class QwenImagePipeline(BasePipeline):
         from ...schedulers import FlowMatchScheduler
 
         return FlowMatchScheduler(training_mu=TRAINING_MU, **SCHEDULER_CONFIG)
+
+    @classmethod
+    def data_operators(cls, config) -> dict:
+        """EliGen masks are cropped as the training image is (a mask of the image's size stays aligned with it), and
+        one too small for the size factor is kept whole: the unit resizes every mask to the latent grid."""
+        from ...data import IMAGE_EXTENSIONS, ImageCropAndResize, LoadImage, RouteByExtension, ToAbsolutePath
+
+        f = cls.division_factor
+        height, width = ((None, None) if config.height is None or config.width is None else
+                         (-(-config.height // f) * f, -(-config.width // f) * f))
+        return {"eligen_entity_masks": ToAbsolutePath(config.dataset_base_path)
+                >> RouteByExtension({IMAGE_EXTENSIONS: LoadImage()})
+                >> ImageCropAndResize(height, width, config.max_pixels, f, f, keep_small=True)}
 
     def template_drop(self, template: str) -> int:
         if template not in self._drops:

@@ -85,6 +85,8 @@ FAMILY = FamilySpec(
     lora_target_aliases={"dit": REFERENCE_LORA_TARGETS, "dit2": REFERENCE_LORA_TARGETS},
     lora_converters=(convert_original_wan_lora,),
     lora_native_names=wan_native_names,
+    # diffusion_model.<Wan's module names> + .alpha: diffusers, ComfyUI and DiffSynth-Studio all read it
+    lora_default_format="comfyui",
     full_native_keys={"dit": dit_to_original},
     experts=("dit", "dit2"),
     expert_boundary=expert_boundary,

@@ -1,0 +1,81 @@
+"""Weights & Biases and SwanLab, the reference's `--enable_wandb_log` / `--enable_swanlab_log`, through accelerate's
+trackers beside TensorBoard: the loss and learning rate of every optimizer step, the run's flags as the run's config,
+and each validation render (the image grid; for clips also the animation). Files go where the reference puts them,
+`<output_path>/wandb_log/` and `<output_path>/swanlab_log/`; the services' own settings apply as usual
+(`WANDB_MODE=offline`, `SWANLAB_MODE=local`, a login). Each is an optional extra: `pip install 'difftune[wandb]'`,
+`'difftune[swanlab]'`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from ..errors import UserError
+
+SERVICES = ("wandb", "swanlab")
+DEFAULT_PROJECT = "difftune"
+
+
+def requested(config) -> list[str]:
+    """The services the flags turn on, each checked to be installed (a one-line error naming the extra if not)."""
+    wanted = [name for name in SERVICES if getattr(config, f"enable_{name}_log", False)]
+    for name in wanted:
+        if importlib.util.find_spec(name) is None:
+            raise UserError(f"--enable_{name}_log: the {name} package is not installed; "
+                            f"pip install 'difftune[{name}]'")
+    return wanted
+
+
+def project_of(config, name: str) -> str:
+    """--<service>_project, else the service's own environment variable (as the reference reads it), else ours."""
+    return getattr(config, f"{name}_project", None) or os.environ.get(f"{name.upper()}_PROJECT") or DEFAULT_PROJECT
+
+
+def start(accelerator, config, run_id: str) -> None:
+    """On the main process: one tracker per service the flags turn on, named by the run's id, its config the flags."""
+    wanted = requested(config)
+    if not wanted or not accelerator.is_main_process:
+        return
+    from accelerate.tracking import SwanLabTracker, WandBTracker
+
+    values = json.loads(json.dumps(config.record(), default=str))
+    out = Path(config.output_path)
+    for name in wanted:
+        folder = out / f"{name}_log"
+        folder.mkdir(parents=True, exist_ok=True)
+        if name == "wandb":
+            tracker = WandBTracker(project_of(config, name), name=run_id, dir=str(folder))
+        else:
+            tracker = SwanLabTracker(project_of(config, name), experiment_name=run_id, logdir=str(folder))
+        tracker.start()
+        tracker.store_init_configuration(values)
+        accelerator.trackers.append(tracker)
+
+
+def log_media(accelerator, grid, step: int, animation: Path | None = None) -> None:
+    """A validation render to every tracker that takes media: TensorBoard the grid, W&B and SwanLab the grid and the
+    clip's animation."""
+    import numpy as np
+
+    for tracker in list(getattr(accelerator, "trackers", []) or []):
+        if tracker.name == "tensorboard":
+            tracker.writer.add_image("validation", np.asarray(grid), step, dataformats="HWC")
+        elif tracker.name == "wandb":
+            import wandb
+
+            media = {"validation": wandb.Image(grid)}
+            if animation is not None:
+                media["validation_clip"] = wandb.Video(str(animation), format="gif")
+            tracker.log(media, step=step)
+        elif tracker.name == "swanlab":
+            import swanlab
+
+            media = {"validation": swanlab.Image(grid)}
+            if animation is not None:
+                media["validation_clip"] = swanlab.Video(str(animation))
+            tracker.log(media, step=step)
+
+
+__all__ = ["SERVICES", "log_media", "project_of", "requested", "start"]
