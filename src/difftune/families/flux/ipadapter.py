@@ -126,7 +126,8 @@ IPADAPTER = ComponentSpec(
     marker_keys=("image_proj.ff.net.0.proj.weight", "ip_adapter.0.to_k_ip.weight"), normalize_key=ipadapter_key,
     infer_config=ipadapter_config_from_weights, description="FLUX.1 IP-Adapter (InstantX)")
 
-# google/siglip-so400m-patch14-384's vision tower (the file is the whole SigLIP: its text tower is dropped)
+# google/siglip-so400m-patch14-384's vision tower (the file is the whole SigLIP: its text tower is dropped; the
+# repository's config.json describes the whole SiglipModel, so the weights are recognised instead)
 SIGLIP_SO400M_VISION_CONFIG = {
     "architectures": ["SiglipVisionModel"], "model_type": "siglip_vision_model", "hidden_size": 1152,
     "image_size": 384, "intermediate_size": 4304, "num_attention_heads": 16, "num_hidden_layers": 27,
@@ -147,7 +148,8 @@ IPADAPTER_IMAGE_ENCODER = ComponentSpec(
     config_class_name="SiglipVisionConfig",
     known_configs={"google/siglip-so400m-patch14-384 vision tower": SIGLIP_SO400M_VISION_CONFIG},
     marker_keys=("vision_model.head.probe", "text_model.embeddings.token_embedding.weight"),
-    convert_state_dict=vision_tower_only, description="SigLIP so400m image encoder (IP-Adapter)")
+    convert_state_dict=vision_tower_only, foreign_config_classes=("SiglipModel",),
+    description="SigLIP so400m image encoder (IP-Adapter)")
 
 
 # -- the unit -------------------------------------------------------------------------------------------------

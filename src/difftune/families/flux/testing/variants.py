@@ -132,6 +132,7 @@ def write_tiny_siglip(root: str | os.PathLike, seed: int = 40) -> Path:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(root / "model.safetensors"))
+    model.config.to_json_file(str(root / "config.json"))  # architectures: SiglipModel, as on the hub
     return root / "model.safetensors"
 
 
