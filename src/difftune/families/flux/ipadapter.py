@@ -136,19 +136,40 @@ SIGLIP_SO400M_VISION_CONFIG = {
 }
 
 
+def siglip_vision_key(key: str) -> str:
+    """Checkpoints name SigLIP's vision tower `vision_model.*`; transformers>=5's SiglipVisionModel has no such level."""
+    return key[len("vision_model."):] if key.startswith("vision_model.") else key
+
+
 def vision_tower_only(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A whole SigLIP checkpoint's vision tower (text tower, logit scale and bias dropped)."""
     if not any(k.startswith("text_model.") for k in state):
         raise KeyError("not a whole SigLIP checkpoint")
-    return {k: v for k, v in state.items() if k.startswith("vision_model.")}
+    return {k: v for k, v in state.items() if not k.startswith("text_model.") and k not in ("logit_scale", "logit_bias")}
+
+
+def siglip_vision_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
+    """A SigLIP vision tower's config from its weights (any size; the head count is 16 at so400m's width, else
+    width / 64 as SigLIP's other sizes)."""
+    patch = shapes.get("embeddings.patch_embedding.weight")
+    pos = shapes.get("embeddings.position_embedding.weight")
+    fc1 = shapes.get("encoder.layers.0.mlp.fc1.weight")
+    if patch is None or pos is None or fc1 is None:
+        return None
+    width, side = patch[0], int(round(pos[0] ** 0.5))
+    layers = 1 + max(int(k.split(".")[2]) for k in shapes if k.startswith("encoder.layers."))
+    heads = 16 if width == 1152 else max(1, width // 64)
+    return {**SIGLIP_SO400M_VISION_CONFIG, "hidden_size": width, "image_size": side * patch[2],
+            "patch_size": patch[2], "num_channels": patch[1], "intermediate_size": fc1[0], "num_hidden_layers": layers,
+            "num_attention_heads": heads, "vision_use_head": "head.probe" in shapes}
 
 
 IPADAPTER_IMAGE_ENCODER = ComponentSpec(
     name="ipadapter_image_encoder", library="transformers", class_name="SiglipVisionModel",
     config_class_name="SiglipVisionConfig",
     known_configs={"google/siglip-so400m-patch14-384 vision tower": SIGLIP_SO400M_VISION_CONFIG},
-    marker_keys=("vision_model.head.probe", "text_model.embeddings.token_embedding.weight"),
-    convert_state_dict=vision_tower_only, foreign_config_classes=("SiglipModel",),
+    marker_keys=("head.probe", "text_model.embeddings.token_embedding.weight"), normalize_key=siglip_vision_key,
+    convert_state_dict=vision_tower_only, infer_config=siglip_vision_config, foreign_config_classes=("SiglipModel",),
     description="SigLIP so400m image encoder (IP-Adapter)")
 
 

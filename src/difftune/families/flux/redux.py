@@ -19,7 +19,7 @@ from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
-from .ipadapter import SIGLIP_SO400M_VISION_CONFIG, siglip_pixels
+from .ipadapter import SIGLIP_SO400M_VISION_CONFIG, siglip_pixels, siglip_vision_config, siglip_vision_key
 from .units import T5_MAX_LENGTH
 
 REDUX_EMBEDDER_CONFIG = {"_class_name": "ReduxImageEncoder", "redux_dim": 1152, "txt_in_features": 4096}
@@ -32,29 +32,13 @@ def redux_embedder_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
     return {"_class_name": "ReduxImageEncoder", "redux_dim": up[1], "txt_in_features": down[0]}
 
 
-def siglip_vision_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
-    """A SigLIP vision tower's config from its weights (any size; the head count is 16 at so400m's width, else
-    width / 64 as SigLIP's other sizes)."""
-    patch = shapes.get("vision_model.embeddings.patch_embedding.weight")
-    pos = shapes.get("vision_model.embeddings.position_embedding.weight")
-    fc1 = shapes.get("vision_model.encoder.layers.0.mlp.fc1.weight")
-    if patch is None or pos is None or fc1 is None:
-        return None
-    width, side = patch[0], int(round(pos[0] ** 0.5))
-    layers = 1 + max(int(k.split(".")[3]) for k in shapes if k.startswith("vision_model.encoder.layers."))
-    heads = 16 if width == 1152 else max(1, width // 64)
-    return {**SIGLIP_SO400M_VISION_CONFIG, "hidden_size": width, "image_size": side * patch[2],
-            "patch_size": patch[2], "num_channels": patch[1], "intermediate_size": fc1[0], "num_hidden_layers": layers,
-            "num_attention_heads": heads, "vision_use_head": "vision_model.head.probe" in shapes}
-
-
 REDUX_IMAGE_ENCODER = ComponentSpec(
     name="redux_image_encoder", library="transformers", class_name="SiglipVisionModel",
     config_class_name="SiglipVisionConfig",
     known_configs={"FLUX.1-Redux-dev image_encoder (SigLIP so400m, no head)":
                    {**SIGLIP_SO400M_VISION_CONFIG, "vision_use_head": False},
                    "SigLIP so400m vision tower": SIGLIP_SO400M_VISION_CONFIG},
-    marker_keys=("vision_model.embeddings.patch_embedding.weight", "vision_model.post_layernorm.weight"),
+    marker_keys=("embeddings.patch_embedding.weight", "post_layernorm.weight"), normalize_key=siglip_vision_key,
     infer_config=siglip_vision_config, description="SigLIP image encoder (FLUX.1 Redux)")
 
 REDUX_IMAGE_EMBEDDER = ComponentSpec(

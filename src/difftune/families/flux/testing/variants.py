@@ -89,7 +89,7 @@ def write_tiny_fill_dit(root: str | os.PathLike, spec: TinyFluxSpec | None = Non
     return path
 
 
-def _tiny_siglip_vision_config(use_head: bool, hidden: int = 24):
+def _tiny_siglip_vision_config(use_head: bool, hidden: int = 128):  # 2 heads of 64, as SigLIP's sizes
     from transformers import SiglipVisionConfig
 
     return SiglipVisionConfig(hidden_size=hidden, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
@@ -126,7 +126,7 @@ def write_tiny_siglip(root: str | os.PathLike, seed: int = 40) -> Path:
     vision = _tiny_siglip_vision_config(use_head=True)
     _quiet_hf()
     text = SiglipTextConfig(vocab_size=64, hidden_size=24, intermediate_size=37, num_hidden_layers=1,
-                            num_attention_heads=2, max_position_embeddings=16, projection_size=24, pad_token_id=1,
+                            num_attention_heads=2, max_position_embeddings=16, projection_size=128, pad_token_id=1,
                             bos_token_id=2, eos_token_id=3)
     model = SiglipModel(SiglipConfig(text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
     root = Path(root)
@@ -136,7 +136,7 @@ def write_tiny_siglip(root: str | os.PathLike, seed: int = 40) -> Path:
     return root / "model.safetensors"
 
 
-def tiny_ipadapter_config(spec: TinyFluxSpec | None = None, image_embed_dim: int = 24) -> dict:
+def tiny_ipadapter_config(spec: TinyFluxSpec | None = None, image_embed_dim: int = 128) -> dict:
     spec = spec or TinyFluxSpec()
     return {"image_embed_dim": image_embed_dim, "cross_attention_dim": spec.t5_hidden, "num_tokens": 4,
             "proj_mult": 2, "num_blocks": spec.num_layers + spec.num_single_layers,
