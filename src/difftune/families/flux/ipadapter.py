@@ -211,7 +211,8 @@ class FluxIPAdapterImageEncoder(PipelineUnit):
             raise UserError("ipadapter_images: samples of one batch have different numbers of images "
                             "(--batch_size 1 avoids it)")
         encoder = pipe.ipadapter_image_encoder
-        pixels = torch.cat([siglip_pixels(s) for s in per_sample]).to(pipe.device, encoder.dtype)
+        size = encoder.config.image_size  # 384 for so400m, the reference's fixed size
+        pixels = torch.cat([siglip_pixels(s, size) for s in per_sample]).to(pipe.device, encoder.dtype)
         pooled = encoder(pixel_values=pixels).pooler_output
         embeds = pooled.reshape(len(per_sample), -1, pooled.shape[-1]).to(pipe.torch_dtype)
         return {"ipadapter_image_embeds": embeds, "negative_ipadapter_image_embeds": torch.zeros_like(embeds)}
