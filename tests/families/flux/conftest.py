@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from difftune.testing.flux import TinyFluxSpec, write_tiny_flux
+from difftune.testing.flux import write_tiny_flux
 
 
 @pytest.fixture(scope="session")
