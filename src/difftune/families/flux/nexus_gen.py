@@ -98,14 +98,14 @@ class _MergerAttention(torch.nn.Module):
         self.v_proj = torch.nn.Linear(hidden, kv_heads * self.head_dim, bias=True)
         self.o_proj = torch.nn.Linear(hidden, hidden, bias=False)
 
-    def forward(self, x, cos, sin, mrope_section):
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_multimodal_rotary_pos_emb
+    def forward(self, x, cos, sin):
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb
 
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_multimodal_rotary_pos_emb(q, k, cos, sin, list(mrope_section))
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
@@ -123,8 +123,8 @@ class _MergerLayer(torch.nn.Module):
         self.input_layernorm = Qwen2RMSNorm(hidden, eps=eps)
         self.post_attention_layernorm = Qwen2RMSNorm(hidden, eps=eps)
 
-    def forward(self, x, cos, sin, mrope_section):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mrope_section)
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -168,6 +168,9 @@ class NexusGenEmbeddingMerger(ModelMixin, ConfigMixin):
         inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
                                                                    device=position_ids.device) / head_dim))
         freqs = position_ids.float()[..., None] * inv_freq  # (3, B, n, head_dim / 2)
+        # multimodal RoPE: each section of the frequencies from its own axis (time, row, column)
+        freqs = torch.cat([f[i % 3] for i, f in enumerate(freqs.split(list(self.config.mrope_section), dim=-1))],
+                          dim=-1)
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -179,7 +182,7 @@ class NexusGenEmbeddingMerger(ModelMixin, ConfigMixin):
             x = torch.cat([embeds, ref_embeds], dim=1)
         cos, sin = self.rotary(ids, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, self.config.mrope_section)
+            x = layer(x, cos, sin)
         return self.projector(x)
 
 
