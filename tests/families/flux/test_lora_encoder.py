@@ -123,3 +123,22 @@ def test_unit_reads_paths_and_refuses_a_partial_lora(tmp_path):
         lora_encoder_tokens(model, partial["lora_encoder_loras"], 2.0)
     with pytest.raises(UserError, match="lora_encoder_inputs: expected a LoRA file path"):
         FluxLoRAEncoderInputs().process(None, 3, None, 1)
+
+
+def test_diffusers_layout_file_is_read_at_its_alpha(tmp_path):
+    from difftune.families.flux.lora_encoder import lora_layers
+
+    g = torch.Generator().manual_seed(0)
+    w, r = 64, 2
+    sd = {}
+    for c in "qkv":
+        sd[f"transformer.transformer_blocks.0.attn.to_{c}.lora_A.weight"] = torch.randn(r, w, generator=g)
+        sd[f"transformer.transformer_blocks.0.attn.to_{c}.lora_B.weight"] = torch.randn(w, r, generator=g)
+        sd[f"transformer.transformer_blocks.0.attn.to_{c}.alpha"] = torch.tensor(1.0)
+    save_file(sd, str(tmp_path / "d.safetensors"))
+    fused = read_lora_for_encoder(str(tmp_path / "d.safetensors"))
+    delta = fused["blocks.0.attn.a_to_qkv.lora_B.weight"] @ fused["blocks.0.attn.a_to_qkv.lora_A.weight"]
+    expected = torch.cat([0.5 * sd[f"transformer.transformer_blocks.0.attn.to_{c}.lora_B.weight"]
+                          @ sd[f"transformer.transformer_blocks.0.attn.to_{c}.lora_A.weight"] for c in "qkv"])
+    torch.testing.assert_close(delta, expected)  # alpha 1 / rank 2, as the reference's sqrt(alpha / rank) on A and B
+    assert set(n for n, *_ in lora_layers(w, 1, 0)) > {"blocks.0.attn.a_to_qkv"}

@@ -129,3 +129,38 @@ def test_ar_names_and_messages():
     vision = "<|vision_start|><|image_pad|><|vision_end|>"
     assert text == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
                     f"{vision} make it red<|im_end|>\n<|im_start|>assistant\nHere is the image: {vision}<|im_end|>\n")
+
+
+def test_ar_release_recognised_and_its_pass_reads_image_and_instruction(tmp_path):
+    import dataclasses
+
+    import numpy as np
+    from PIL import Image
+    from safetensors.torch import load_file
+
+    from difftune.families.flux.nexus_gen import NexusGenAR, nexus_target_embeddings
+    from difftune.families.flux.testing.nexus_gen import write_tiny_nexus_ar
+    from difftune.testing.qwen_image import qwen_vl_processor
+
+    path, config = write_tiny_nexus_ar(tmp_path)
+    sd = load_file(path)
+    assert "vision_head.weight" in sd and "model.layers.0.self_attn.q_proj.weight" in sd and "visual.merger.mlp.0.weight" in sd
+    spec = dataclasses.replace(NEXUS_AR, known_configs={"tiny": config})
+    assert match_header({k: tuple(v.shape) for k, v in sd.items()}, [spec]).config == config
+    model = NexusGenAR.from_config(config)
+    missing, unexpected = model.load_state_dict({nexus_ar_key(k): v for k, v in sd.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"model.lm_head.weight"}  # tied to the embeddings when absent
+    proc = qwen_vl_processor(tmp_path / "processor")
+
+    def image(seed):
+        return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 96, 3), dtype=np.uint8))
+
+    predicted, reference, grid = nexus_target_embeddings(model.eval(), proc, "make it red", image(0))
+    # 81 predicted embeddings of the 252 x 252 placeholder (18 x 18 patches), the reference's own (56 x 84 px)
+    assert predicted.shape == (81, 32) and reference.shape == (6, 32)
+    assert grid.tolist() == [[1, 4, 6], [1, 18, 18]]
+    assert not torch.allclose(predicted, nexus_target_embeddings(model, proc, "make it red", image(1))[0])
+    assert not torch.allclose(predicted, nexus_target_embeddings(model, proc, "make it blue", image(0))[0])
+    with torch.no_grad():
+        model.image_prefill_embeds.weight.add_(1.0)
+    assert not torch.allclose(predicted, nexus_target_embeddings(model, proc, "make it red", image(0))[0])

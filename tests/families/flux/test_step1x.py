@@ -106,3 +106,50 @@ def test_reference_latents_follow_with_the_same_ids():
     out, out_ids = step1x_tokens(tokens, ids, ref)
     assert out.shape == (2, 12, 64) and torch.equal(out[:, 6:], pack_latents(ref).expand(2, -1, -1))
     assert torch.equal(out_ids[6:], ids)  # (0, row, column) again, as the reference's prepare_image_ids
+
+
+def _image(seed, size=(96, 64)):
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def test_qwenvl_embedding_follows_the_reference_steps(tmp_path):
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from difftune.families.flux.step1x import step1x_embed, step1x_input_ids
+    from difftune.families.flux.testing.step1x import step1x_processor, write_tiny_qwen25vl
+
+    folder = write_tiny_qwen25vl(tmp_path / "qwen")
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(folder)).eval()
+    proc = step1x_processor(folder)
+    image = _image(0)
+    plain = step1x_chat_text("make it red")
+    inputs = proc(text=[plain], images=[image], return_tensors="pt")
+    # the reference's image bounds: 256 to 324 merged patches
+    assert 256 <= int(inputs["image_grid_thw"].prod()) // 4 <= 324
+    # without quotes the piecewise tokenization is the processor's own
+    assert torch.equal(step1x_input_ids(proc.tokenizer, plain, inputs["input_ids"]), inputs["input_ids"])
+    quoted = step1x_chat_text('write "AB"')
+    q_inputs = proc(text=[quoted], images=[image], return_tensors="pt")
+    q_ids = step1x_input_ids(proc.tokenizer, quoted, q_inputs["input_ids"])
+    # each quoted character is tokenized alone, its curly quotes stripped: a byte-level tokenizer gives the same ids
+    assert torch.equal(q_ids, q_inputs["input_ids"])
+    # the reference drops 217 hidden states: the system prompt and prefix in Qwen's tokenizer; the tiny byte-level
+    # tokenizer splits them into more tokens, so it drops those before the image instead
+    drop = int((inputs["input_ids"][0] == proc.tokenizer.convert_tokens_to_ids("<|vision_start|>")).nonzero()[0, 0])
+    assert drop > 217
+    with torch.no_grad():
+        emb, mask = step1x_embed(model, proc, "make it red", image, drop=drop)
+        hidden = model.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                             pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
+                             output_hidden_states=True).hidden_states[-1][0]
+        other_image, _ = step1x_embed(model, proc, "make it red", _image(1), drop=drop)
+        other_prompt, _ = step1x_embed(model, proc, "make it blue", image, drop=drop)
+    # the last hidden states after the first `drop`, at most 640, zero-padded, with their mask
+    n = min(640, hidden.shape[0] - drop)
+    assert emb.shape == (640, 32) and int(mask.sum()) == n
+    torch.testing.assert_close(emb[:n], hidden[drop:drop + n])
+    assert not emb[n:].any()
+    assert not torch.allclose(emb, other_image) and not torch.allclose(emb, other_prompt)

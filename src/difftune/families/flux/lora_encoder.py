@@ -254,9 +254,10 @@ def read_lora_for_encoder(path: str, width: int | None = None) -> dict[str, torc
     if not adapters:
         return {f"{m.group(1)}.{m.group(2)}.weight": t for k, t in raw.items() if (m := _NATIVE.match(k))}
     if width is None:
-        outs = [b.shape[0] for p, (_, b, _) in adapters.items() if p.endswith(".attn.to_out.0")]
+        # every block's attention projections take the DiT width
+        outs = [a.shape[1] for p, (a, _, _) in adapters.items() if re.search(r"\.attn\.(to_[qkv]|to_out\.0)$", p)]
         if not outs:
-            raise UserError(f"lora_encoder_inputs: {path}: not a FLUX.1 DiT LoRA (no attn.to_out.0 layer)")
+            raise UserError(f"lora_encoder_inputs: {path}: not a FLUX.1 DiT LoRA (no attention layer)")
         width = outs[0]
     return reference_lora(adapters, width)
 

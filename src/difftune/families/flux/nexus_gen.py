@@ -284,7 +284,7 @@ def editing_messages_text(instruction: str) -> str:
 
 
 def bound_image(image, max_pixels: int = 262640):
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     h, w = smart_resize(image.height, image.width, factor=28, min_pixels=56 * 56, max_pixels=max_pixels)
     return image.resize((w, h))

@@ -158,7 +158,9 @@ STEP1X_PREFIX = (
     'commentary or evaluations:\n'
     'User Prompt:')
 STEP1X_MAX_LENGTH = 640
-STEP1X_DROP = 217  # leading hidden states dropped (system prompt, prefix, part of the image), as released
+# leading hidden states dropped, as released: the system prompt and the prefix in Qwen2.5-VL's own tokenizer (a
+# tokenizer that splits them otherwise needs its own count: `Step1XEmbedder` reads `pipe.step1x_drop`)
+STEP1X_DROP = 217
 STEP1X_MIN_PIXELS, STEP1X_MAX_PIXELS = 256 * 28 * 28, 324 * 28 * 28
 
 
@@ -260,7 +262,8 @@ class Step1XEmbedder(PipelineUnit):
         images = images * len(prompts) if len(images) == 1 else images
         if len(images) != len(prompts):
             raise UserError(f"step1x_reference_image: {len(images)} images for {len(prompts)} prompts")
-        embs, masks = zip(*(step1x_embed(pipe.qwenvl, processor, p, i) for p, i in zip(prompts, images)))
+        drop = getattr(pipe, "step1x_drop", None) or STEP1X_DROP
+        embs, masks = zip(*(step1x_embed(pipe.qwenvl, processor, p, i, drop=drop) for p, i in zip(prompts, images)))
         # the reference image keeps its own size (the reference does not resize it), floored to 16
         w, h = (s // 16 * 16 for s in images[0].size)
         latents = vae_encode(pipe, images_to_tensor(images, h, w))

@@ -57,3 +57,39 @@ def write_tiny_nexus_decoder(root: str | os.PathLike, *, qwen_hidden: int = 32, 
     path = root / "edit_decoder.bin"
     torch.save(state, str(path))
     return path
+
+
+def nexus_release_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A `NexusGenAR`'s weights in Nexus-GenV2's names (transformers 4.49's Qwen2.5-VL: `visual.*`,
+    `model.layers.*`, `lm_head.weight`, plus `vision_head.weight`, `image_prefill_embeds.weight`)."""
+    out = {}
+    for k, v in state.items():
+        for new, old in (("model.model.visual.", "visual."), ("model.model.language_model.", "model."),
+                         ("model.lm_head.", "lm_head.")):
+            if k.startswith(new):
+                k = old + k[len(new):]
+                break
+        out[k] = v.contiguous()
+    return out
+
+
+def write_tiny_nexus_ar(root: str | os.PathLike, *, seed: int = 0) -> tuple[Path, dict]:
+    """`<root>/model.safetensors` (Nexus-GenV2's names, hidden width 32) and `<root>/processor/` (tokenizer and
+    image processor). Returns the file and the `NexusGenAR` config it was built from."""
+    from safetensors.torch import save_file
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from ....testing.qwen_image import TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder
+    from ..nexus_gen import NexusGenAR
+
+    root = Path(root)
+    (root / "processor").mkdir(parents=True, exist_ok=True)
+    tok = qwen_tokenizer()
+    qwen = tiny_qwen_text_encoder(TinyQwenImageSpec(seed=seed), tok)
+    torch.manual_seed(seed + 1)
+    model = NexusGenAR(qwen_config=qwen.config.to_dict())
+    model.model.load_state_dict(qwen.state_dict())
+    save_file(nexus_release_names(model.state_dict()), str(root / "model.safetensors"))
+    tok.save_pretrained(root / "processor")
+    Qwen2VLImageProcessorPil().save_pretrained(root / "processor")
+    return root / "model.safetensors", {"_class_name": "NexusGenAR", **{k: v for k, v in model.config.items() if not k.startswith("_")}}

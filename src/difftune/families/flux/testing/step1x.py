@@ -65,3 +65,36 @@ def write_tiny_step1x(root: str | os.PathLike, *, qwen_hidden: int = 32, seed: i
     path = root / "step1x-edit-i1258.safetensors"
     save_file(state, str(path))
     return path
+
+
+def write_tiny_qwen25vl(root: str | os.PathLike, *, seed: int = 0) -> Path:
+    """A tiny Qwen2.5-VL in the layout of Qwen/Qwen2.5-VL-7B-Instruct's repository root (`model-0000N-of-0000M.
+    safetensors` + index, config.json, the tokenizer and the image processor's preprocessor_config.json), hidden
+    width 32. Returns the folder."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from ....testing.qwen_image import TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tok = qwen_tokenizer()
+    tiny_qwen_text_encoder(TinyQwenImageSpec(seed=seed), tok).save_pretrained(root, max_shard_size="200KB")
+    tok.save_pretrained(root)
+    Qwen2VLImageProcessorPil().save_pretrained(root)
+    return root
+
+
+def step1x_processor(folder: str | os.PathLike):
+    """The Qwen2.5-VL processor of a `write_tiny_qwen25vl` folder at the reference's pixel bounds for Step1X-Edit
+    (256 to 324 merged 28 x 28 patches)."""
+    from transformers import Qwen2Tokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from ....testing.qwen_image import qwen_vl_processor
+    from ..step1x import STEP1X_MAX_PIXELS, STEP1X_MIN_PIXELS
+
+    proc = qwen_vl_processor(folder)
+    proc.image_processor = Qwen2VLImageProcessorPil.from_pretrained(
+        str(folder), size={"shortest_edge": STEP1X_MIN_PIXELS, "longest_edge": STEP1X_MAX_PIXELS})
+    assert isinstance(proc.tokenizer, Qwen2Tokenizer)
+    return proc
