@@ -108,7 +108,7 @@ def test_diffusers_lora_is_fused_as_the_reference_fuses_it():
 def test_unit_reads_paths_and_refuses_a_partial_lora(tmp_path):
     path = write_reference_named_lora(tmp_path / "a.safetensors")
     out = FluxLoRAEncoderInputs().process(None, str(path), None, 1)
-    assert out["lora_encoder_scale"] == 1.0 and len(out["lora_encoder_loras"]) == 1
+    assert out["lora_encoder_token_scale"] == 1.0 and len(out["lora_encoder_loras"]) == 1
     assert torch.equal(out["lora_encoder_loras"][0]["blocks.0.ff_a.0.lora_A.weight"],
                        load_file(path)["blocks.0.ff_a.0.lora_A.weight"])
     sd = load_file(path)

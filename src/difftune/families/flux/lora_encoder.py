@@ -265,12 +265,13 @@ def read_lora_for_encoder(path: str, width: int | None = None) -> dict[str, torc
 class FluxLoRAEncoderInputs(PipelineUnit):
     """`lora_encoder_inputs` (a LoRA file path per sample, or a list of them) -> `lora_encoder_loras`: per sample
     the list of its LoRAs in the encoder's layout. The encoding itself is in the model_fn (`lora_encoder_tokens`),
-    so the trainable encoder sees them in stage 2; `lora_encoder_scale` scales the tokens."""
+    so the trainable encoder sees them in stage 2; `lora_encoder_scale` scales the tokens
+    (`lora_encoder_token_scale`: a unit does not write a name it reads)."""
 
     feature = "lora_encoder"
     inputs = ("lora_encoder_inputs", "lora_encoder_scale", "batch_size")
-    outputs = ("lora_encoder_loras", "lora_encoder_scale")
-    batching = {"lora_encoder_loras": "list", "lora_encoder_scale": "same"}
+    outputs = ("lora_encoder_loras", "lora_encoder_token_scale")
+    batching = {"lora_encoder_loras": "list", "lora_encoder_token_scale": "same"}
 
     def process(self, pipe, lora_encoder_inputs, lora_encoder_scale, batch_size):
         if lora_encoder_inputs is None:
@@ -282,7 +283,7 @@ class FluxLoRAEncoderInputs(PipelineUnit):
                 raise UserError(f"lora_encoder_inputs: expected a LoRA file path, got {p!r:.60}")
             loras.append(read_lora_for_encoder(p))
         scale = 1.0 if lora_encoder_scale is None else float(lora_encoder_scale)
-        return {"lora_encoder_loras": loras, "lora_encoder_scale": scale}
+        return {"lora_encoder_loras": loras, "lora_encoder_token_scale": scale}
 
 
 def lora_encoder_tokens(lora_encoder, loras: list[dict[str, torch.Tensor]] | None, scale: float | None = 1.0
