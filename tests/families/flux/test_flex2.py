@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from difftune.families.flux.components import DIT_BFL
-from difftune.families.flux.flex2 import (DIT_FLEX2, FLEX2_TRANSFORMER_CONFIG, FluxFlexConditioner, flex_latents,
+from difftune.families.flux.flex2 import (FLEX2_TRANSFORMER_CONFIG, FluxFlexConditioner, flex_latents,
                                           flex_stop_timestep, infer_flux_config, is_flex)
 from difftune.families.flux.testing.flex2 import write_tiny_flex2
 from difftune.models.detect import match_header, read_header
@@ -18,9 +18,8 @@ from difftune.models.detect import match_header, read_header
 def test_released_file_recognised_by_its_sizes(tmp_path):
     path = write_tiny_flex2(tmp_path)
     header = read_header(path)
-    assert match_header(header, [DIT_BFL]) is None  # FLUX.1's known configs: 64 input channels
-    match = match_header(header, [DIT_BFL, DIT_FLEX2])
-    assert match is not None and match.spec is DIT_FLEX2
+    match = match_header(header, [DIT_BFL])  # not a known config: the sizes in its weights
+    assert match is not None and match.spec is DIT_BFL and match.label == "the sizes in the weights"
     assert match.config["in_channels"] == 196 and match.config["out_channels"] == 64
     assert (match.config["num_layers"], match.config["num_single_layers"]) == (1, 1)
     assert match.config["guidance_embeds"] and is_flex(match.config)
@@ -29,10 +28,10 @@ def test_released_file_recognised_by_its_sizes(tmp_path):
 def test_release_config_is_what_its_weights_infer():
     # FLEX.2-preview: FLUX.1-dev with 8 double blocks and 196 input channels (the reference's input_dim=196,
     # num_blocks=8); inferring the config back from the shapes it builds gives the same model
-    shapes = DIT_FLEX2.signature(FLEX2_TRANSFORMER_CONFIG)
+    shapes = DIT_BFL.signature(FLEX2_TRANSFORMER_CONFIG)
     assert shapes["x_embedder.weight"] == (3072, 196) and shapes["proj_out.weight"] == (64, 3072)
     inferred = infer_flux_config(shapes)
-    assert DIT_FLEX2.signature(inferred) == shapes
+    assert DIT_BFL.signature(inferred) == shapes
     assert inferred["axes_dims_rope"] == [16, 56, 56]
 
 

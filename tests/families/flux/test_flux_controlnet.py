@@ -8,10 +8,10 @@ from PIL import Image
 
 from difftune.core.latents import pack_latents
 from difftune.errors import UserError
-from difftune.families.flux.controlnet import (CONTROLNET, CONTROLNET_INPAINT, INFUSENET_CONFIG,
+from difftune.families.flux.controlnet import (CONTROLNET, INFUSENET_CONFIG,
                                                INPAINTING_BETA_CONFIG, UNION_ALPHA_CONFIG, UPSCALER_CONFIG,
                                                FluxControlNetEmbedder, controlnet_config_from_weights)
-from difftune.families.flux.forward import model_fn_flux_features
+from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.model_fn import image_ids
 from difftune.families.flux.testing import (TINY_CONTROLNETS, run_unit_on, tiny_controlnet_config, with_config,
                                             write_tiny_controlnet)
@@ -26,24 +26,26 @@ def _image(size=(32, 32), seed=0):
 
 @pytest.mark.parametrize("config", [UNION_ALPHA_CONFIG, UPSCALER_CONFIG, INFUSENET_CONFIG, INPAINTING_BETA_CONFIG])
 def test_release_configs_are_read_off_their_weights(config):
-    """Each release's sizes (the reference's registry) are recognised from the weights alone, at full size."""
-    spec = CONTROLNET_INPAINT if "extra_condition_channels" in config else CONTROLNET
-    shapes = spec.signature(config)
+    """Each release's sizes (the reference's registry) are recognised from the weights alone, at full size, in the
+    released names (no `models.0.`) as in the reference's trained files (with it)."""
+    shapes = CONTROLNET.signature(config)
+    assert all(k.startswith("models.0.") for k in shapes)
     assert controlnet_config_from_weights(shapes) == config
-    match = match_header(shapes, [CONTROLNET, CONTROLNET_INPAINT])
-    assert match.spec is spec and match.config == config
+    released = {k[len("models.0."):]: s for k, s in shapes.items()}
+    for header in (released, shapes):
+        match = match_header(header, [CONTROLNET])
+        assert match.spec is CONTROLNET and match.config == config
 
 
 @pytest.mark.parametrize("kind", sorted(TINY_CONTROLNETS))
 def test_tiny_controlnets_load_by_their_own_names(tmp_path, kind):
     path = write_tiny_controlnet(tmp_path, kind)
     config = tiny_controlnet_config(kind)
-    specs = [with_config(CONTROLNET, config), with_config(CONTROLNET_INPAINT, config)]
-    loaded = load_component(str(path), specs, torch_dtype=torch.float32)
-    module = loaded.module
-    assert type(module).__name__ == config["_class_name"]
+    loaded = load_component(str(path), [with_config(CONTROLNET, config)], torch_dtype=torch.float32)
+    net = loaded.module.net
+    assert type(net).__name__ == ("FluxControlNetWithExtraCondition" if kind == "inpaint" else "FluxControlNetModel")
     header = read_header(path)
-    state = module.state_dict()
+    state = net.state_dict()
     assert set(state) == set(header)  # diffusers' names: nothing renamed, nothing left over
     from safetensors.torch import load_file
     assert all(torch.equal(state[k], v) for k, v in load_file(str(path)).items())
@@ -64,7 +66,7 @@ def _controlnet(tmp_path, kind):
 
     path = write_tiny_controlnet(tmp_path / kind, kind)
     config = tiny_controlnet_config(kind)
-    cls = FluxControlNetWithExtraCondition if "extra_condition_channels" in config else FluxControlNetModel
+    cls = FluxControlNetWithExtraCondition if config.get("extra_condition_channels") else FluxControlNetModel
     model = cls.from_config({k: v for k, v in config.items() if k != "_class_name"})
     from safetensors.torch import load_file
     model.load_state_dict(load_file(str(path)))
@@ -100,7 +102,7 @@ def test_denoiser_call_matches_diffusers(flux_models, tmp_path, kind):
     prompt, pooled = torch.randn(1, 7, 32, generator=g), torch.randn(1, 32, generator=g)
     t, guidance = torch.tensor([700.0]), torch.tensor([3.5])
     mode = torch.tensor([4]) if kind == "union" else None
-    ours = model_fn_flux_features(dit, latents, t, prompt, pooled, guidance, controlnet=controlnet,
+    ours = model_fn_flux(dit, latents, t, prompt, pooled, guidance, controlnet=controlnet,
                                   controlnet_conditioning=cond, controlnet_mode=mode, controlnet_scale=0.7)
     tokens, img_ids = pack_latents(latents), image_ids(2, 3, "cpu", torch.float32)
     txt_ids = torch.zeros(7, 3)
@@ -111,10 +113,10 @@ def test_denoiser_call_matches_diffusers(flux_models, tmp_path, kind):
     ref = dit(hidden_states=tokens, timestep=t / 1000, guidance=guidance, pooled_projections=pooled,
               encoder_hidden_states=prompt, txt_ids=txt_ids, img_ids=img_ids, controlnet_block_samples=samples,
               controlnet_single_block_samples=single, return_dict=False)[0]
-    plain = model_fn_flux_features(dit, latents, t, prompt, pooled, guidance)
+    plain = model_fn_flux(dit, latents, t, prompt, pooled, guidance)
     assert (pack_latents(ours) - ref).abs().max() <= 1e-5
     assert (ours - plain).abs().max() > 1e-3  # the ControlNet changes the prediction
-    other = model_fn_flux_features(dit, latents, t, prompt, pooled, guidance, controlnet=controlnet,
+    other = model_fn_flux(dit, latents, t, prompt, pooled, guidance, controlnet=controlnet,
                                    controlnet_conditioning=cond.flip(-1), controlnet_mode=mode)
     assert (other - ours).abs().max() > 1e-3  # and so does the control image
 
@@ -147,13 +149,13 @@ def test_inpaint_condition_matches_the_reference_and_feeds_the_extra_channels(fl
     inpaint = _controlnet(tmp_path, "inpaint")
     latents = torch.randn(1, 16, 4, 4, generator=torch.Generator().manual_seed(0))
     args = (flux_models["dit"], latents, torch.tensor([500.0]), torch.randn(1, 5, 32), torch.randn(1, 32))
-    a = model_fn_flux_features(*args, controlnet=inpaint, controlnet_conditioning=cond)
+    a = model_fn_flux(*args, controlnet=inpaint, controlnet_conditioning=cond)
     cond2 = cond.clone()
     cond2[:, 16] = 1 - cond2[:, 16]
-    b = model_fn_flux_features(*args, controlnet=inpaint, controlnet_conditioning=cond2)
+    b = model_fn_flux(*args, controlnet=inpaint, controlnet_conditioning=cond2)
     assert (a - b).abs().max() > 1e-4  # the mask channel reaches the ControlNet
     with pytest.raises(UserError, match="inpaint"):
-        model_fn_flux_features(*args, controlnet=inpaint, controlnet_conditioning=cond[:, :16])
+        model_fn_flux(*args, controlnet=inpaint, controlnet_conditioning=cond[:, :16])
 
 
 def test_union_needs_a_mode_and_bad_modes_are_one_line_errors(flux_models, tmp_path):
@@ -161,7 +163,7 @@ def test_union_needs_a_mode_and_bad_modes_are_one_line_errors(flux_models, tmp_p
     args = (flux_models["dit"], torch.zeros(1, 16, 4, 4), torch.tensor([500.0]), torch.zeros(1, 5, 32),
             torch.zeros(1, 32))
     with pytest.raises(UserError, match="controlnet_processor_id"):
-        model_fn_flux_features(*args, controlnet=union, controlnet_conditioning=torch.zeros(1, 16, 4, 4))
+        model_fn_flux(*args, controlnet=union, controlnet_conditioning=torch.zeros(1, 16, 4, 4))
     with pytest.raises(UserError) as e:
         run_unit_on(FluxControlNetEmbedder(), {"vae": flux_models["vae"]}, controlnet_image=_image(),
                     controlnet_processor_id="sketch", height=32, width=32)

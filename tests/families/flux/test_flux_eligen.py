@@ -9,7 +9,7 @@ from PIL import Image
 from difftune.core.regional import segment_attention_mask
 from difftune.errors import UserError
 from difftune.families.flux.eligen import FluxEntityControl, eligen_text_and_mask
-from difftune.families.flux.forward import model_fn_flux_features
+from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.testing import run_unit_on
 from difftune.media.masks import entity_token_masks
 
@@ -79,10 +79,10 @@ def test_entities_are_encoded_and_change_the_prediction(flux_models):
     latents, pooled = torch.randn(1, 16, 4, 4, generator=g), torch.randn(1, 32, generator=g)
     prompt = torch.randn(1, 512, 32, generator=g)
     args = (dit, latents, torch.tensor([500.0]), prompt, pooled, torch.tensor([1.0]))
-    plain = model_fn_flux_features(*args)
-    a = model_fn_flux_features(*args, entity_prompt_embeds=out["entity_prompt_embeds"],
+    plain = model_fn_flux(*args)
+    a = model_fn_flux(*args, entity_prompt_embeds=out["entity_prompt_embeds"],
                                entity_masks=out["entity_masks"])
-    swapped = model_fn_flux_features(*args, entity_prompt_embeds=out["entity_prompt_embeds"],
+    swapped = model_fn_flux(*args, entity_prompt_embeds=out["entity_prompt_embeds"],
                                      entity_masks=out["entity_masks"].flip(1))
     assert (a - plain).abs().max() > 1e-4 and (a - swapped).abs().max() > 1e-4
     with pytest.raises(UserError, match="one entity prompt"):

@@ -10,9 +10,8 @@ from difftune.core.latents import pack_latents
 from difftune.errors import UserError
 from difftune.families.flux.bfl import bfl_transformer_from_diffusers
 from difftune.families.flux.components import DIT, DIT_BFL
-from difftune.families.flux.fill import (DIT_FILL, DIT_FILL_BFL, FLUX1_FILL_TRANSFORMER_CONFIG, FluxFillCondition,
-                                         is_fill_dit)
-from difftune.families.flux.forward import model_fn_flux_features
+from difftune.families.flux.fill import FLUX1_FILL_TRANSFORMER_CONFIG, FluxFillCondition, is_fill_dit
+from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.testing import run_unit_on, with_config, write_tiny_fill_dit
 from difftune.models.detect import match_header, read_header
 from difftune.models.load import load_component
@@ -27,19 +26,20 @@ TINY_FILL = {**FLUX1_FILL_TRANSFORMER_CONFIG, "num_layers": SPEC.num_layers,
 
 def test_fill_dit_is_recognised_at_full_size_and_not_as_dev():
     import torch as t
-    shapes = DIT_FILL.signature(FLUX1_FILL_TRANSFORMER_CONFIG)
+    shapes = DIT.signature(FLUX1_FILL_TRANSFORMER_CONFIG)
     bfl = bfl_transformer_from_diffusers({k: t.empty(s, device="meta") for k, s in shapes.items()})
     bfl_shapes = {k: tuple(v.shape) for k, v in bfl.items()}
     assert bfl_shapes["img_in.weight"] == (3072, 384) and bfl_shapes["final_layer.linear.weight"] == (64, 3072)
-    match = match_header(bfl_shapes, [DIT, DIT_BFL, DIT_FILL, DIT_FILL_BFL])
-    assert match.spec is DIT_FILL_BFL and match.config == FLUX1_FILL_TRANSFORMER_CONFIG
-    assert match_header(shapes, [DIT, DIT_BFL, DIT_FILL, DIT_FILL_BFL]).spec is DIT_FILL
+    match = match_header(bfl_shapes, [DIT, DIT_BFL])
+    assert match.spec is DIT_BFL and match.config == FLUX1_FILL_TRANSFORMER_CONFIG
+    match = match_header(shapes, [DIT, DIT_BFL])
+    assert match.spec is DIT and match.config == FLUX1_FILL_TRANSFORMER_CONFIG
 
 
 def test_tiny_fill_file_loads_onto_a_384_input_transformer(tmp_path):
     path = write_tiny_fill_dit(tmp_path)
     assert path.name == "flux1-fill-dev.safetensors" and "img_in.weight" in read_header(path)
-    dit = load_component(str(path), [DIT_BFL, with_config(DIT_FILL_BFL, TINY_FILL)], torch_dtype=torch.float32).module
+    dit = load_component(str(path), [DIT_BFL, with_config(DIT_BFL, TINY_FILL)], torch_dtype=torch.float32).module
     assert is_fill_dit(dit) and dit.x_embedder.in_features == 384 and dit.proj_out.out_features == 64
 
 
@@ -77,22 +77,25 @@ def test_fill_condition_matches_diffusers_prepare_mask_latents(flux_models):
 
 @torch.no_grad()
 def test_fill_denoiser_call_matches_diffusers(tmp_path, flux_models):
-    dit = load_component(str(write_tiny_fill_dit(tmp_path)), [with_config(DIT_FILL_BFL, TINY_FILL)],
+    dit = load_component(str(write_tiny_fill_dit(tmp_path)), [with_config(DIT_BFL, TINY_FILL)],
                          torch_dtype=torch.float32).module
     g = torch.Generator().manual_seed(1)
     latents, cond = torch.randn(1, 16, 4, 6, generator=g), torch.randn(1, 80, 4, 6, generator=g)
     prompt, pooled, t = torch.randn(1, 5, 32, generator=g), torch.randn(1, 32, generator=g), torch.tensor([300.0])
-    ours = model_fn_flux_features(dit, latents, t, prompt, pooled, torch.tensor([3.5]), fill_condition=cond)
+    ours = model_fn_flux(dit, latents, t, prompt, pooled, torch.tensor([3.5]), fill_condition=cond)
     # FluxFillPipeline: torch.cat((latents, masked_image_latents), dim=2) of packed tokens
     from difftune.families.flux.model_fn import image_ids
     ref = dit(hidden_states=torch.cat([pack_latents(latents), pack_latents(cond)], dim=2), timestep=t / 1000,
               guidance=torch.tensor([3.5]), pooled_projections=pooled, encoder_hidden_states=prompt,
               txt_ids=torch.zeros(5, 3), img_ids=image_ids(2, 3, "cpu", torch.float32), return_dict=False)[0]
     assert (pack_latents(ours) - ref).abs().max() <= 1e-5
-    other = model_fn_flux_features(dit, latents, t, prompt, pooled, torch.tensor([3.5]), fill_condition=cond * 0.5)
+    other = model_fn_flux(dit, latents, t, prompt, pooled, torch.tensor([3.5]), fill_condition=cond * 0.5)
     assert (other - ours).abs().max() > 1e-4
-    with pytest.raises(UserError, match="flux_fill_image"):
-        model_fn_flux_features(dit, latents, t, prompt, pooled)
+    # no fill condition: the reference's all-to-fill one (zero image latents, all-ones mask)
+    everything = torch.cat([torch.zeros(1, 16, 4, 6), torch.ones(1, 64, 4, 6)], dim=1)
+    torch.testing.assert_close(model_fn_flux(dit, latents, t, prompt, pooled, torch.tensor([3.5])),
+                               model_fn_flux(dit, latents, t, prompt, pooled, torch.tensor([3.5]),
+                                             fill_condition=everything), rtol=0, atol=0)
 
 
 def test_no_fill_image_means_everything_to_fill_and_half_a_pair_is_refused(flux_models):

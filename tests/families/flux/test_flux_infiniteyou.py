@@ -10,11 +10,12 @@ from PIL import Image
 
 from difftune.core.latents import pack_latents
 from difftune.errors import UserError
-from difftune.families.flux.forward import model_fn_flux_features
+from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.infiniteyou import IMAGE_PROJ_MODEL, INFU_IMAGE_PROJ_CONFIG, FluxInfiniteYouEmbedder
 from difftune.families.flux.model_fn import image_ids
 from difftune.families.flux.testing import run_unit_on, with_config, write_tiny_controlnet, write_tiny_image_proj
-from difftune.families.flux.testing.variants import _resampler_names, tiny_controlnet_config, tiny_image_proj_config
+from difftune.families.flux.infiniteyou import image_proj_native_keys
+from difftune.families.flux.testing.variants import tiny_controlnet_config, tiny_image_proj_config
 from difftune.models.detect import match_header
 from difftune.models.files import load_pth
 from difftune.models.load import load_component
@@ -33,7 +34,7 @@ def projector(proj_file):
 
 def test_release_layout_is_recognised_at_full_size():
     shapes = IMAGE_PROJ_MODEL.signature(INFU_IMAGE_PROJ_CONFIG)
-    released = _resampler_names({k: torch.empty(s, device="meta") for k, s in shapes.items()})
+    released = image_proj_native_keys({k: torch.empty(s, device="meta") for k, s in shapes.items()})
     header = {"image_proj." + k: tuple(v.shape) for k, v in released.items()}
     assert header["image_proj.layers.0.0.to_kv.weight"] == (2560, 1280)
     match = match_header(header, [IMAGE_PROJ_MODEL])
@@ -88,7 +89,7 @@ def test_infusenet_reads_face_tokens_and_infinityou_guidance(flux_models, projec
     prompt, pooled, face = torch.randn(1, 6, 32, generator=g), torch.randn(1, 32, generator=g), \
         torch.randn(1, 1, 512, generator=g)
     t, guidance, id_guidance = torch.tensor([800.0]), torch.tensor([3.5]), torch.tensor([1.5])
-    ours = model_fn_flux_features(dit, latents, t, prompt, pooled, guidance, controlnet=infusenet,
+    ours = model_fn_flux(dit, latents, t, prompt, pooled, guidance, controlnet=infusenet,
                                   controlnet_conditioning=cond, image_proj_model=projector,
                                   infinityou_face_embeds=face, infinityou_guidance=id_guidance)
     tokens, img_ids = pack_latents(latents), image_ids(2, 2, "cpu", torch.float32)
@@ -100,7 +101,7 @@ def test_infusenet_reads_face_tokens_and_infinityou_guidance(flux_models, projec
               encoder_hidden_states=prompt, txt_ids=torch.zeros(6, 3), img_ids=img_ids,
               controlnet_block_samples=samples, controlnet_single_block_samples=single, return_dict=False)[0]
     assert (pack_latents(ours) - ref).abs().max() <= 1e-5
-    other = model_fn_flux_features(dit, latents, t, prompt, pooled, guidance, controlnet=infusenet,
+    other = model_fn_flux(dit, latents, t, prompt, pooled, guidance, controlnet=infusenet,
                                    controlnet_conditioning=cond, image_proj_model=projector,
                                    infinityou_face_embeds=-face, infinityou_guidance=id_guidance)
     assert (other - ours).abs().max() > 1e-4  # the face changes the prediction

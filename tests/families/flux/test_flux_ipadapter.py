@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from difftune.families.flux.attention import use_feature_attention
-from difftune.families.flux.forward import model_fn_flux_features
+from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.ipadapter import (IPADAPTER, IPADAPTER_IMAGE_ENCODER, FluxIPAdapterImageEncoder,
                                               ipadapter_key, ipadapter_native_keys)
 from difftune.families.flux.testing import run_unit_on, with_config, write_tiny_ipadapter, write_tiny_siglip
@@ -144,9 +144,9 @@ def test_ip_adapter_in_the_denoiser(flux_models, ipadapter):
         torch.randn(1, 32, generator=g)
     args = (dit, latents, torch.tensor([600.0]), prompt, pooled, torch.tensor([1.0]))
     embeds = torch.randn(1, 1, 128, generator=g)
-    plain = model_fn_flux_features(*args)
-    with_ip = model_fn_flux_features(*args, ipadapter=ipadapter, ipadapter_image_embeds=embeds)
-    other = model_fn_flux_features(*args, ipadapter=ipadapter, ipadapter_image_embeds=-embeds)
-    off = model_fn_flux_features(*args, ipadapter=ipadapter, ipadapter_image_embeds=embeds, ipadapter_scale=0.0)
+    plain = model_fn_flux(*args)
+    with_ip = model_fn_flux(*args, ipadapter=ipadapter, ipadapter_image_embeds=embeds)
+    other = model_fn_flux(*args, ipadapter=ipadapter, ipadapter_image_embeds=-embeds)
+    off = model_fn_flux(*args, ipadapter=ipadapter, ipadapter_image_embeds=embeds, ipadapter_scale=0.0)
     assert (with_ip - plain).abs().max() > 1e-4 and (with_ip - other).abs().max() > 1e-4
     assert (off - plain).abs().max() <= 1e-5

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from difftune.errors import UserError
-from difftune.families.flux.forward import model_fn_flux_features
+from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.ipadapter import IPADAPTER_IMAGE_ENCODER
 from difftune.families.flux.redux import REDUX_IMAGE_EMBEDDER, REDUX_IMAGE_ENCODER, FluxReduxPromptEmbedder
 from difftune.families.flux.testing import run_unit_on, write_tiny_redux, write_tiny_siglip
@@ -26,8 +26,8 @@ def redux(tmp_path_factory):
 
 
 def test_released_files_are_recognised_by_slot(redux):
-    assert detect_component(str(redux["image_encoder"]), SPECS).name == "redux_image_encoder"
-    assert detect_component(str(redux["image_embedder"]), SPECS).name == "redux_image_embedder"
+    assert detect_component(str(redux["image_encoder"]), SPECS).name == "flux_redux_image_encoder"
+    assert detect_component(str(redux["image_embedder"]), SPECS).name == "flux_redux_image_embedder"
     # google/siglip-so400m-patch14-384: the whole SigLIP, its config.json names SiglipModel -> the IP-Adapter's slot
     det = detect_component(str(redux["siglip"]), SPECS)
     assert det.name == "ipadapter_image_encoder" and det.config["vision_use_head"] is True
@@ -47,7 +47,7 @@ def test_redux_tokens_match_flux_prior_redux_pipeline(redux):
 
     encoder = load_component(str(redux["image_encoder"]), SPECS, torch_dtype=torch.float32).module
     embedder = load_component(str(redux["image_embedder"]), SPECS, torch_dtype=torch.float32).module
-    models = {"redux_image_encoder": encoder, "redux_image_embedder": embedder}
+    models = {"flux_redux_image_encoder": encoder, "flux_redux_image_embedder": embedder}
     images = [_image(0), _image(1)]
     out = run_unit_on(FluxReduxPromptEmbedder(), models, flux_redux_image=images, batch_size=2)
     side = encoder.config.image_size
@@ -67,13 +67,13 @@ def test_redux_tokens_match_flux_prior_redux_pipeline(redux):
 def test_redux_image_changes_the_prediction_and_pooled_is_zero(redux, flux_models):
     encoder = load_component(str(redux["image_encoder"]), SPECS, torch_dtype=torch.float32).module
     embedder = load_component(str(redux["image_embedder"]), SPECS, torch_dtype=torch.float32).module
-    models = {"redux_image_encoder": encoder, "redux_image_embedder": embedder}
+    models = {"flux_redux_image_encoder": encoder, "flux_redux_image_embedder": embedder}
     a, b = (run_unit_on(FluxReduxPromptEmbedder(), models, flux_redux_image=_image(s))["prompt_embeds"] for s in (0, 5))
     dit, latents = flux_models["dit"], torch.randn(1, 16, 4, 4, generator=torch.Generator().manual_seed(0))
     t = torch.tensor([400.0])
-    pa = model_fn_flux_features(dit, latents, t, a, None, torch.tensor([1.0]))
-    pb = model_fn_flux_features(dit, latents, t, b, None, torch.tensor([1.0]))
-    zero = model_fn_flux_features(dit, latents, t, a, torch.zeros(1, 32), torch.tensor([1.0]))
+    pa = model_fn_flux(dit, latents, t, a, None, torch.tensor([1.0]))
+    pb = model_fn_flux(dit, latents, t, b, None, torch.tensor([1.0]))
+    zero = model_fn_flux(dit, latents, t, a, torch.zeros(1, 32), torch.tensor([1.0]))
     assert (pa - pb).abs().max() > 1e-4 and torch.equal(pa, zero)
     with pytest.raises(UserError, match="flux_redux_image"):
         run_unit_on(FluxReduxPromptEmbedder(), models)

@@ -2,6 +2,7 @@
 files reach it in the reference's fused layout."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from difftune.errors import UserError
 from difftune.families.flux.lora_encoder import (LORA_ENCODER, LORA_ENCODER_CONFIG, FluxLoRAEncoder,
-                                                 FluxLoRAEncoderInputs, lora_encoder_key, lora_encoder_tokens,
+                                                 FluxLoRAEncoderEmbedder, FluxLoRAEncoderInputs, lora_encoder_key,
                                                  lora_layers, read_lora_for_encoder, reference_lora)
 from difftune.families.flux.testing.lora_encoder import write_reference_named_lora, write_tiny_lora_encoder
 from difftune.models.detect import match_header, read_header
@@ -61,6 +62,13 @@ def _reference(sd, lora, width, heads):
     return out @ sd["final_linear.weight"].T + sd["final_linear.bias"]
 
 
+def _tokens(model, loras, scale):
+    pipe = SimpleNamespace(lora_encoder=model, torch_dtype=torch.float32)
+    out = FluxLoRAEncoderEmbedder().process(pipe, [loras], scale)
+    assert out["negative_lora_encoder_embeds"] is None  # the reference adds them to the positive prompt only
+    return out["lora_encoder_embeds"]
+
+
 def test_encoder_is_the_reference_formula(tmp_path):
     path = write_tiny_lora_encoder(tmp_path)
     sd = load_file(path)
@@ -75,7 +83,7 @@ def test_encoder_is_the_reference_formula(tmp_path):
     # another LoRA gives other tokens; the scale multiplies them
     other = read_lora_for_encoder(str(write_reference_named_lora(tmp_path / "b.safetensors", seed=1)))
     with torch.no_grad():
-        two = lora_encoder_tokens(model, [lora, other], 0.5)
+        two = _tokens(model, [lora, other], 0.5)
     assert two.shape == (1, 2, 32)
     torch.testing.assert_close(two[:, :1], out * 0.5)
     assert not torch.allclose(two[:, :1], two[:, 1:])
@@ -107,9 +115,9 @@ def test_diffusers_lora_is_fused_as_the_reference_fuses_it():
 
 def test_unit_reads_paths_and_refuses_a_partial_lora(tmp_path):
     path = write_reference_named_lora(tmp_path / "a.safetensors")
-    out = FluxLoRAEncoderInputs().process(None, str(path), None, 1)
-    assert out["lora_encoder_token_scale"] == 1.0 and len(out["lora_encoder_loras"]) == 1
-    assert torch.equal(out["lora_encoder_loras"][0]["blocks.0.ff_a.0.lora_A.weight"],
+    out = FluxLoRAEncoderInputs().process(None, str(path), 1)
+    assert len(out["lora_encoder_loras"]) == 1 and len(out["lora_encoder_loras"][0]) == 1  # one sample, one LoRA
+    assert torch.equal(out["lora_encoder_loras"][0][0]["blocks.0.ff_a.0.lora_A.weight"],
                        load_file(path)["blocks.0.ff_a.0.lora_A.weight"])
     sd = load_file(path)
     sd.pop("blocks.0.ff_a.0.lora_A.weight")
@@ -118,11 +126,13 @@ def test_unit_reads_paths_and_refuses_a_partial_lora(tmp_path):
     torch.manual_seed(0)
     model = FluxLoRAEncoder(dit_width=64, num_double_blocks=1, num_single_blocks=1, embed_dim=32,
                             intermediate_size=64, num_attention_heads=2, num_embeds_per_lora=4)
-    partial = FluxLoRAEncoderInputs().process(None, str(tmp_path / "partial.safetensors"), 2.0, 1)
+    partial = FluxLoRAEncoderInputs().process(None, str(tmp_path / "partial.safetensors"), 1)
     with pytest.raises(UserError, match="no blocks.0.ff_a.0"):
-        lora_encoder_tokens(model, partial["lora_encoder_loras"], 2.0)
+        _tokens(model, partial["lora_encoder_loras"][0], 2.0)
     with pytest.raises(UserError, match="lora_encoder_inputs: expected a LoRA file path"):
-        FluxLoRAEncoderInputs().process(None, 3, None, 1)
+        FluxLoRAEncoderInputs().process(None, 3, 1)
+    with pytest.raises(UserError, match="no such LoRA file"):
+        FluxLoRAEncoderInputs().process(None, str(tmp_path / "absent.safetensors"), 1)
 
 
 def test_diffusers_layout_file_is_read_at_its_alpha(tmp_path):

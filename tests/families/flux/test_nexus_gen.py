@@ -140,7 +140,7 @@ def test_ar_release_recognised_and_its_pass_reads_image_and_instruction(tmp_path
 
     from difftune.families.flux.nexus_gen import NexusGenAR, nexus_target_embeddings
     from difftune.families.flux.testing.nexus_gen import write_tiny_nexus_ar
-    from difftune.testing.qwen_image import qwen_vl_processor
+    from difftune.testing import qwen_vl_processor
 
     path, config = write_tiny_nexus_ar(tmp_path)
     sd = load_file(path)

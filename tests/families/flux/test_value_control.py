@@ -16,12 +16,17 @@ from difftune.models.detect import match_header, read_header
 def test_released_file_recognised(tmp_path):
     path = write_tiny_value_controller(tmp_path)
     assert path.name == "brightness.safetensors" and path.parent.name == "models"
-    match = match_header(read_header(path), [VALUE_CONTROLLER])
-    assert match.config == {"_class_name": "FluxValueEncoder", "dim_in": 16, "dim_out": 32, "prefer_len": 4}
+    header = read_header(path)
+    assert "positional_embedding" in header  # the release's names
+    match = match_header(header, [VALUE_CONTROLLER])
+    assert match.config == {"_class_name": "FluxMultiValueEncoder", "dim_in": 16, "dim_out": 32, "prefer_len": 4}
+    # the slot keeps it at encoders.0 (the reference's `pipe.value_controller.encoders.0.`)
     sig = VALUE_CONTROLLER.signature(ATTRICTRL_CONFIG)
-    assert sig == {"prefer_value_embedder.0.weight": (4096, 256), "prefer_value_embedder.0.bias": (4096,),
-                   "prefer_value_embedder.2.weight": (4096, 4096), "prefer_value_embedder.2.bias": (4096,),
-                   "positional_embedding": (32, 4096)}
+    assert sig == {"encoders.0.prefer_value_embedder.0.weight": (4096, 256),
+                   "encoders.0.prefer_value_embedder.0.bias": (4096,),
+                   "encoders.0.prefer_value_embedder.2.weight": (4096, 4096),
+                   "encoders.0.prefer_value_embedder.2.bias": (4096,), "encoders.0.positional_embedding": (32, 4096)}
+    assert match_header({"encoders.0." + k: s for k, s in header.items()}, [VALUE_CONTROLLER]).config == match.config
 
 
 def _reference(model, value):

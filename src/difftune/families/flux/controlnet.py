@@ -5,7 +5,9 @@ All four releases are diffusers `FluxControlNetModel` files (`diffusion_pytorch_
 names: `transformer_blocks.N.attn.to_q`, `controlnet_blocks.N`, `controlnet_x_embedder`, Union's
 `controlnet_mode_embedder`), so they load onto diffusers' class with their own keys. Inpainting-Beta's
 `controlnet_x_embedder` takes 4 more inputs per token (the inpaint mask, one per 2x2 patch position), which
-diffusers' class has no option for: `FluxControlNetWithExtraCondition` adds it (`extra_condition_channels`).
+diffusers' class has no option for: `FluxControlNetWithExtraCondition` adds it (`extra_condition_channels`). The
+slot holds `FluxMultiControlNet`, the ControlNet at `models.0.` as in the reference's pipeline, so the reference's
+`--remove_prefix_in_ckpt pipe.controlnet.models.0.` writes a trained ControlNet in the released (diffusers) names.
 
 What runs where (as the reference's `FluxImageUnit_ControlNet` and `model_fn_flux_image`):
 * `FluxControlNetEmbedder` (unit, VAE only): the control image is VAE-encoded (FLUX's shift and scale); with an
@@ -21,9 +23,11 @@ What runs where (as the reference's `FluxImageUnit_ControlNet` and `model_fn_flu
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-from diffusers import FluxControlNetModel
+from diffusers import ConfigMixin, FluxControlNetModel, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.models.controlnets.controlnet import zero_module
 from PIL import Image
@@ -57,7 +61,7 @@ class FluxControlNetWithExtraCondition(FluxControlNetModel):
                                                                  self.inner_dim))
 
 
-_BASE = {"_class_name": "FluxControlNetModel", "patch_size": 1, "in_channels": 64, "attention_head_dim": 128,
+_BASE = {"_class_name": "FluxMultiControlNet", "patch_size": 1, "in_channels": 64, "attention_head_dim": 128,
          "num_attention_heads": 24, "joint_attention_dim": 4096, "pooled_projection_dim": 768,
          "guidance_embeds": True, "axes_dims_rope": [16, 56, 56], "num_mode": None,
          "conditioning_embedding_channels": None}
@@ -65,62 +69,100 @@ _BASE = {"_class_name": "FluxControlNetModel", "patch_size": 1, "in_channels": 6
 UNION_ALPHA_CONFIG = {**_BASE, "num_layers": 5, "num_single_layers": 10, "num_mode": 10}
 UPSCALER_CONFIG = {**_BASE, "num_layers": 5, "num_single_layers": 0}
 INFUSENET_CONFIG = {**_BASE, "num_layers": 4, "num_single_layers": 10}
-INPAINTING_BETA_CONFIG = {**_BASE, "_class_name": "FluxControlNetWithExtraCondition", "num_layers": 6,
-                          "num_single_layers": 0, "extra_condition_channels": INPAINT_EXTRA_CHANNELS}
+INPAINTING_BETA_CONFIG = {**_BASE, "num_layers": 6, "num_single_layers": 0,
+                          "extra_condition_channels": INPAINT_EXTRA_CHANNELS}
 
-_DOUBLE = re.compile(r"^transformer_blocks\.(\d+)\.")
-_SINGLE = re.compile(r"^single_transformer_blocks\.(\d+)\.")
+
+class FluxMultiControlNet(ModelMixin, ConfigMixin):
+    """The `controlnet` slot: one FLUX ControlNet at `models.0` (the reference's pipeline keeps its ControlNets in a
+    list there), so `--remove_prefix_in_ckpt pipe.controlnet.models.0.` saves a trained ControlNet in diffusers'
+    names, which `FluxControlNetModel` loads. The config is the ControlNet's own (plus `extra_condition_channels`)."""
+
+    _supports_gradient_checkpointing = True
+
+    @register_to_config
+    def __init__(self, patch_size: int = 1, in_channels: int = 64, num_layers: int = 19, num_single_layers: int = 38,
+                 attention_head_dim: int = 128, num_attention_heads: int = 24, joint_attention_dim: int = 4096,
+                 pooled_projection_dim: int = 768, guidance_embeds: bool = False,
+                 axes_dims_rope: tuple[int, ...] = (16, 56, 56), num_mode: int | None = None,
+                 conditioning_embedding_channels: int | None = None, extra_condition_channels: int = 0):
+        super().__init__()
+        args = (patch_size, in_channels, num_layers, num_single_layers, attention_head_dim, num_attention_heads,
+                joint_attention_dim, pooled_projection_dim, guidance_embeds, list(axes_dims_rope), num_mode,
+                conditioning_embedding_channels)
+        net = FluxControlNetWithExtraCondition(*args, extra_condition_channels=extra_condition_channels) \
+            if extra_condition_channels else FluxControlNetModel(*args)
+        self.models = torch.nn.ModuleList([net])
+
+    @property
+    def net(self) -> FluxControlNetModel:
+        return self.models[0]
+
+
+def controlnet_key(key: str) -> str:
+    """Released files (and diffusers' save_pretrained) hold one ControlNet's keys: the slot keeps it at `models.0.`
+    (the reference's trained files, `pipe.controlnet.` removed, already say so)."""
+    for prefix in ("pipe.controlnet.", "controlnet."):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    return key if key.startswith("models.") else "models.0." + key
+
+
+_DOUBLE = re.compile(r"^models\.0\.transformer_blocks\.(\d+)\.")
+_SINGLE = re.compile(r"^models\.0\.single_transformer_blocks\.(\d+)\.")
 FLUX_ROPE_AXES = {128: [16, 56, 56]}  # head dim -> FLUX.1's RoPE axes (not in the weights)
 
 
+def _rope_axes(head_dim: int) -> list[int] | None:
+    """FLUX.1's RoPE split (16, 56, 56 of 128); at another head size its proportions 1/8, 7/16, 7/16."""
+    if head_dim in FLUX_ROPE_AXES:
+        return FLUX_ROPE_AXES[head_dim]
+    return [head_dim // 8, head_dim * 7 // 16, head_dim * 7 // 16] if head_dim % 32 == 0 else None
+
+
 def controlnet_config_from_weights(shapes: dict[str, tuple[int, ...]]) -> dict | None:
-    """A FLUX ControlNet's config read off its weights (any depth); None when not one. The RoPE axes are not in the
-    weights: known for FLUX.1's head dim (128) only."""
-    x = shapes.get("x_embedder.weight")
-    cx = shapes.get("controlnet_x_embedder.weight")
-    q = shapes.get("transformer_blocks.0.attn.norm_q.weight")
-    if x is None or cx is None or q is None or q[0] not in FLUX_ROPE_AXES:
+    """A FLUX ControlNet's config read off its weights (any depth; keys at `models.0.`); None when not one. The
+    RoPE axes are not in the weights: FLUX.1's split of the head (`_rope_axes`)."""
+    def get(key):
+        return shapes.get("models.0." + key)
+
+    x, cx, q = get("x_embedder.weight"), get("controlnet_x_embedder.weight"), \
+        get("transformer_blocks.0.attn.norm_q.weight")
+    if x is None or cx is None or q is None or _rope_axes(q[0]) is None:
         return None
     inner, head_dim = x[0], q[0]
-    extra = cx[1] - x[1]
     config = {**_BASE, "in_channels": x[1], "attention_head_dim": head_dim, "num_attention_heads": inner // head_dim,
-              "joint_attention_dim": shapes["context_embedder.weight"][1],
-              "pooled_projection_dim": shapes["time_text_embed.text_embedder.linear_1.weight"][1],
-              "guidance_embeds": "time_text_embed.guidance_embedder.linear_1.weight" in shapes,
-              "axes_dims_rope": FLUX_ROPE_AXES[head_dim],
+              "joint_attention_dim": get("context_embedder.weight")[1],
+              "pooled_projection_dim": get("time_text_embed.text_embedder.linear_1.weight")[1],
+              "guidance_embeds": get("time_text_embed.guidance_embedder.linear_1.weight") is not None,
+              "axes_dims_rope": _rope_axes(head_dim),
               "num_layers": 1 + max((int(m[1]) for k in shapes if (m := _DOUBLE.match(k))), default=-1),
               "num_single_layers": 1 + max((int(m[1]) for k in shapes if (m := _SINGLE.match(k))), default=-1),
-              "num_mode": shapes["controlnet_mode_embedder.weight"][0] if "controlnet_mode_embedder.weight" in shapes
+              "num_mode": get("controlnet_mode_embedder.weight")[0] if get("controlnet_mode_embedder.weight")
               else None}
-    if extra:
-        return {**config, "_class_name": "FluxControlNetWithExtraCondition", "extra_condition_channels": extra}
-    return config
+    extra = cx[1] - x[1]
+    return {**config, "extra_condition_channels": extra} if extra else config
 
 
-def _plain(shapes):
-    config = controlnet_config_from_weights(shapes)
-    return config if config is not None and "extra_condition_channels" not in config else None
-
-
-def _extra(shapes):
-    config = controlnet_config_from_weights(shapes)
-    return config if config is not None and "extra_condition_channels" in config else None
-
-
-_MARKERS = ("controlnet_x_embedder.weight", "controlnet_blocks.0.weight", "transformer_blocks.0.attn.to_q.weight")
+_MARKERS = ("models.0.controlnet_x_embedder.weight", "models.0.controlnet_blocks.0.weight",
+            "models.0.transformer_blocks.0.attn.to_q.weight")
 
 CONTROLNET = ComponentSpec(
-    name="controlnet", library="diffusers", class_name="FluxControlNetModel",
+    name="controlnet", library=__name__, class_name="FluxMultiControlNet",
     known_configs={"InstantX/FLUX.1-dev-Controlnet-Union-alpha": UNION_ALPHA_CONFIG,
                    "jasperai/Flux.1-dev-Controlnet-Upscaler": UPSCALER_CONFIG,
-                   "ByteDance/InfiniteYou InfuseNet (infu_flux_v1.0)": INFUSENET_CONFIG},
-    marker_keys=_MARKERS, infer_config=_plain, description="FLUX.1 ControlNet (diffusers FluxControlNetModel)")
+                   "ByteDance/InfiniteYou InfuseNet (infu_flux_v1.0)": INFUSENET_CONFIG,
+                   "alimama-creative/FLUX.1-dev-Controlnet-Inpainting-Beta": INPAINTING_BETA_CONFIG},
+    marker_keys=_MARKERS, normalize_key=controlnet_key, infer_config=controlnet_config_from_weights,
+    # the releases' config.json names diffusers' class (the inpainting one's mask channels do not show in it):
+    # the weights say everything
+    foreign_config_classes=("FluxControlNetModel",),
+    description="FLUX.1 ControlNet (diffusers FluxControlNetModel; with an inpaint mask's channels for alimama's)")
 
-CONTROLNET_INPAINT = ComponentSpec(
-    name="controlnet", library=__name__, class_name="FluxControlNetWithExtraCondition",
-    known_configs={"alimama-creative/FLUX.1-dev-Controlnet-Inpainting-Beta": INPAINTING_BETA_CONFIG},
-    marker_keys=_MARKERS, infer_config=_extra,
-    description="FLUX.1 inpainting ControlNet (mask channels beside the control latents)")
+
+def controlnet_native_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The slot's state dict as a released ControlNet file (diffusers' names, `models.0.` dropped)."""
+    return {k[len("models.0."):] if k.startswith("models.0.") else k: v for k, v in state.items()}
 
 
 # -- the unit -------------------------------------------------------------------------------------------------
@@ -235,5 +277,37 @@ def pad_samples(samples, extra_tokens: int):
     return [torch.nn.functional.pad(s, (0, 0, 0, extra_tokens)) for s in samples]
 
 
-__all__ = ["CONTROLNET", "CONTROLNET_INPAINT", "FluxControlNetEmbedder", "FluxControlNetWithExtraCondition",
-           "UNION_MODES", "control_mode", "controlnet_config_from_weights", "controlnet_samples", "pad_samples"]
+@dataclass
+class ControlNetInput:
+    """The reference's ControlNet input (`controlnet_inputs=[ControlNetInput(image=..., processor_id="canny")]`).
+    One ControlNet over all steps, at any `scale`, is what this pipeline runs."""
+
+    controlnet_id: int = 0
+    scale: float = 1.0
+    start: float = 1.0
+    end: float = 0.0
+    image: Any = None
+    inpaint_image: Any = None
+    inpaint_mask: Any = None
+    processor_id: Any = None
+
+
+def controlnet_call_inputs(inputs) -> dict[str, Any]:
+    """`controlnet_inputs` as the pipeline's values; what it cannot do is refused in one line."""
+    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    if len(inputs) != 1:
+        raise UserError(f"controlnet_inputs: {len(inputs)} given; one ControlNet at a time is supported")
+    c = inputs[0]
+    if c.controlnet_id != 0 or (c.start, c.end) != (1.0, 0.0) or c.inpaint_image is not None:
+        raise UserError("controlnet_inputs: only image, inpaint_mask, processor_id and scale are supported "
+                        "(controlnet_id 0, start 1, end 0: the ControlNet acts on every step; no inpaint_image)")
+    if c.image is None:
+        raise UserError("controlnet_inputs: the ControlNetInput has no image")
+    return {"controlnet_image": c.image, "controlnet_inpaint_mask": c.inpaint_mask,
+            "controlnet_processor_id": c.processor_id, "controlnet_scale": c.scale}
+
+
+__all__ = ["CONTROLNET", "ControlNetInput", "FluxControlNetEmbedder", "FluxControlNetWithExtraCondition",
+           "FluxMultiControlNet", "UNION_MODES", "control_mode", "controlnet_call_inputs",
+           "controlnet_config_from_weights", "controlnet_key", "controlnet_native_keys", "controlnet_samples",
+           "pad_samples"]

@@ -22,28 +22,11 @@ from PIL import Image
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
-from ...models.detect import ComponentSpec
-from .bfl import convert_bfl_transformer
-from .components import FLUX1_DEV_TRANSFORMER_CONFIG, transformer_key
+from .components import FLUX1_FILL_TRANSFORMER_CONFIG  # noqa: F401  (re-exported)
 
 FILL_IN_CHANNELS = 384
 FILL_CONDITION_CHANNELS = 80  # 16 masked-image latent channels + the 8x8 mask folded into 64
 VAE_SCALE = 8
-
-FLUX1_FILL_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "in_channels": FILL_IN_CHANNELS, "out_channels": 64}
-
-DIT_FILL = ComponentSpec(
-    name="dit", library="diffusers", class_name="FluxTransformer2DModel",
-    known_configs={"black-forest-labs/FLUX.1-Fill-dev transformer": FLUX1_FILL_TRANSFORMER_CONFIG},
-    marker_keys=("x_embedder.weight", "context_embedder.weight", "time_text_embed.text_embedder.linear_1.weight"),
-    normalize_key=transformer_key, description="FLUX.1 Fill MMDiT (384 input channels)")
-
-DIT_FILL_BFL = ComponentSpec(
-    name="dit", library="diffusers", class_name="FluxTransformer2DModel", known_configs=DIT_FILL.known_configs,
-    marker_keys=("img_in.weight", "double_blocks.0.img_attn.qkv.weight", "final_layer.linear.weight"),
-    normalize_key=transformer_key, convert_state_dict=convert_bfl_transformer,
-    description="FLUX.1 Fill MMDiT, BFL single-file layout (flux1-fill-dev.safetensors)")
-
 
 def is_fill_dit(dit) -> bool:
     return getattr(dit.config, "in_channels", 64) == FILL_IN_CHANNELS
@@ -94,5 +77,5 @@ class FluxFillCondition(PipelineUnit):
         return {"fill_condition": condition.to(pipe.torch_dtype).contiguous()}
 
 
-__all__ = ["DIT_FILL", "DIT_FILL_BFL", "FLUX1_FILL_TRANSFORMER_CONFIG", "FluxFillCondition", "binary_mask",
+__all__ = ["FLUX1_FILL_TRANSFORMER_CONFIG", "FluxFillCondition", "binary_mask",
            "fold_mask", "is_fill_dit"]

@@ -10,71 +10,16 @@ model sees the condition with zero control latents (the reference's "uncondition
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
-from ...models.detect import ComponentSpec
-from .bfl import convert_bfl_transformer
-from .components import FLUX1_DEV_TRANSFORMER_CONFIG, transformer_key
+from .components import FLEX2_TRANSFORMER_CONFIG, flux_axes_dims, infer_flux_config  # noqa: F401  (re-exported)
 
 LATENT_CHANNELS = 16
 FLEX_CONDITION_CHANNELS = 2 * LATENT_CHANNELS + 1  # inpaint latents, mask, control latents
 FLEX_IN_CHANNELS = 4 * (LATENT_CHANNELS + FLEX_CONDITION_CHANNELS)  # 196
-
-FLEX2_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "in_channels": FLEX_IN_CHANNELS, "out_channels": 64,
-                            "num_layers": 8}
-
-
-def _count(shapes, head: str) -> int:
-    pattern = re.compile(rf"^{re.escape(head)}\.(\d+)\.")
-    ids = {int(m.group(1)) for k in shapes if (m := pattern.match(k))}
-    return max(ids) + 1 if ids else 0
-
-
-def flux_axes_dims(head_dim: int) -> list[int] | None:
-    """FLUX.1's RoPE split of a head (16, 56, 56 of 128) at another head size: 1/8, 7/16, 7/16 (even parts only)."""
-    if head_dim % 32:
-        return None
-    return [head_dim // 8, head_dim * 7 // 16, head_dim * 7 // 16]
-
-
-def infer_flux_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
-    """A FluxTransformer2DModel config from its tensors' shapes (diffusers names): every size shows in the weights
-    (input and output channels, width, head size, depths, text widths, the guidance embedder) except the RoPE split,
-    which follows FLUX.1's proportions (`flux_axes_dims`)."""
-    try:
-        width, in_channels = shapes["x_embedder.weight"]
-        head_dim = shapes["transformer_blocks.0.attn.norm_q.weight"][0]
-        config = {
-            "_class_name": "FluxTransformer2DModel", "patch_size": 1,
-            "in_channels": in_channels, "out_channels": shapes["proj_out.weight"][0],
-            "attention_head_dim": head_dim, "num_attention_heads": width // head_dim,
-            "num_layers": _count(shapes, "transformer_blocks"),
-            "num_single_layers": _count(shapes, "single_transformer_blocks"),
-            "joint_attention_dim": shapes["context_embedder.weight"][1],
-            "pooled_projection_dim": shapes["time_text_embed.text_embedder.linear_1.weight"][1],
-            "guidance_embeds": "time_text_embed.guidance_embedder.linear_1.weight" in shapes,
-        }
-    except (KeyError, ValueError, IndexError):
-        return None
-    axes = flux_axes_dims(head_dim)
-    if axes is None:
-        return None
-    config["axes_dims_rope"] = axes
-    return config
-
-
-DIT_FLEX2 = ComponentSpec(
-    name="dit", library="diffusers", class_name="FluxTransformer2DModel",
-    known_configs={"ostris/Flex.2-preview transformer": FLEX2_TRANSFORMER_CONFIG},
-    marker_keys=("img_in.weight", "double_blocks.0.img_attn.qkv.weight", "final_layer.linear.weight"),
-    normalize_key=transformer_key, convert_state_dict=convert_bfl_transformer, infer_config=infer_flux_config,
-    description="FLUX.1 MMDiT in BFL's layout, any depth / input channels (FLEX.2-preview: 8 double blocks, "
-                "196 input channels)")
 
 
 def is_flex(config) -> bool:
@@ -153,9 +98,11 @@ def flex_stop_timestep(timesteps: torch.Tensor, stop: float) -> float:
 def flex_latents(latents: torch.Tensor, timestep: torch.Tensor, flex_condition: torch.Tensor | None = None,
                  flex_uncondition: torch.Tensor | None = None, flex_stop_t: float | None = None) -> torch.Tensor:
     """model_fn's part: the noisy latents (B, 16, h, w) with FLEX.2's condition channels appended (B, 49, h, w),
-    the control dropped once the timestep is below the stop. Unchanged without a condition."""
+    the control dropped (per sample) once the timestep is below the stop. Unchanged without a condition."""
     if flex_condition is None:
         return latents
-    use_control = flex_stop_t is None or float(timestep.reshape(-1)[0]) >= flex_stop_t
-    condition = flex_condition if use_control or flex_uncondition is None else flex_uncondition
-    return torch.cat([latents, condition.to(device=latents.device, dtype=latents.dtype)], dim=1)
+    condition = flex_condition.to(device=latents.device, dtype=latents.dtype)
+    if flex_stop_t is not None and flex_uncondition is not None:
+        control = (timestep.reshape(-1, 1, 1, 1).to(latents.device) >= flex_stop_t)
+        condition = torch.where(control, condition, flex_uncondition.to(device=latents.device, dtype=latents.dtype))
+    return torch.cat([latents, condition.expand(latents.shape[0], -1, -1, -1)], dim=1)

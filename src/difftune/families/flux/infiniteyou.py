@@ -85,6 +85,27 @@ def convert_image_proj(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
+_RELEASE = {"ln0": "0.norm1", "ln1": "0.norm2", "attn.to_q": "0.to_q", "attn.to_out.0": "0.to_out", "ff.0": "1.0",
+            "ff.1.net.0.proj": "1.1", "ff.1.net.2": "1.3"}
+
+
+def image_proj_native_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The resampler's state dict in the release's names (`layers.N.0.to_kv` fused again), for `--full_format
+    original`: the inverse of `image_proj_key` + `convert_image_proj`."""
+    out = {}
+    for key, t in state.items():
+        m = re.match(r"^layers\.(\d+)\.(.+)\.(weight|bias)$", key)
+        if m is None:
+            out[key] = t
+            continue
+        index, module, param = m.groups()
+        if module == "attn.to_k":
+            out[f"layers.{index}.0.to_kv.{param}"] = torch.cat([t, state[f"layers.{index}.attn.to_v.{param}"]])
+        elif module != "attn.to_v":
+            out[f"layers.{index}.{_RELEASE[module]}.{param}"] = t
+    return out
+
+
 def image_proj_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
     latents, proj_in = shapes.get("latents"), shapes.get("proj_in.weight")
     proj_out, q = shapes.get("proj_out.weight"), shapes.get("layers.0.attn.to_q.weight")
@@ -111,38 +132,117 @@ IMAGE_PROJ_MODEL = ComponentSpec(
 # -- the face embedding ---------------------------------------------------------------------------------------
 
 FaceEmbedder = Callable[[Image.Image], torch.Tensor]  # an RGB image -> the largest face's (512,) ArcFace embedding
+INSIGHTFACE_FOLDER = "ByteDance/InfiniteYou/supports/insightface"  # under the model base path, as the reference
+NO_FACE_EMBEDDER = ("InfiniteYou: infinityou_id_image needs InsightFace's face detector and ArcFace (pip install "
+                    "insightface facexlib onnxruntime, and InfiniteYou's supports/insightface/models/antelopev2 under "
+                    "the model base path); or give precomputed 512-number ArcFace embeddings as an "
+                    "infinityou_face_embedding column instead")
 
 
-def default_face_embedder() -> FaceEmbedder:
-    """InsightFace (antelopev2) detection + ArcFace, as the reference; refused in one line when not installed."""
+class InsightFaceEmbedder:
+    """The reference's face embedding: InsightFace's antelopev2 detector (at 640, then 320, then 160 px) finds the
+    faces, the largest one's landmarks align a 112 px crop, and facexlib's ArcFace embeds it (512 numbers)."""
+
+    def __init__(self, root: str | None = None, device="cpu"):
+        try:
+            import cv2  # noqa: F401  (insightface's own dependency)
+            from facexlib.recognition import init_recognition_model
+            from insightface.app import FaceAnalysis
+        except ImportError:
+            raise UserError(NO_FACE_EMBEDDER) from None
+        import os
+
+        from ...models.download import model_base_path
+
+        root = root or os.path.join(model_base_path(), INSIGHTFACE_FOLDER)
+        if not os.path.isdir(os.path.join(root, "models", "antelopev2")):
+            raise UserError(f"{NO_FACE_EMBEDDER} (no {os.path.join(root, 'models', 'antelopev2')})")
+        self.apps = []
+        for side in (640, 320, 160):
+            app = FaceAnalysis(name="antelopev2", root=root, providers=["CPUExecutionProvider"])
+            app.prepare(ctx_id=0, det_size=(side, side))
+            self.apps.append(app)
+        self.device = torch.device(device)
+        self.arcface = init_recognition_model("arcface", device=str(self.device))
+
+    @torch.no_grad()
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        import numpy as np
+        from insightface.utils import face_align
+
+        bgr = np.ascontiguousarray(np.asarray(image.convert("RGB"))[..., ::-1])
+        faces = []
+        for app in self.apps:
+            faces = app.get(bgr)
+            if faces:
+                break
+        if not faces:
+            raise UserError("infinityou_id_image: no face found in the image")
+        largest = max(faces, key=lambda f: (f["bbox"][2] - f["bbox"][0]) * (f["bbox"][3] - f["bbox"][1]))
+        crop = face_align.norm_crop(bgr, landmark=np.array(largest["kps"]), image_size=112)
+        x = torch.from_numpy(crop).permute(2, 0, 1)[None].float() / 255 * 2 - 1
+        return self.arcface(x.to(self.device))[0].float().cpu()
+
+
+def face_embedding_from(value, where: str = "infinityou_face_embedding") -> torch.Tensor:
+    """A precomputed face embedding: a tensor, a list of 512 numbers (a JSON cell), or a .safetensors / .npy file
+    holding one 512-number tensor."""
+    import json
+    import os
+
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        value = json.loads(value)
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if not os.path.isfile(path):
+            raise UserError(f"{where}: no such file: {path}")
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            tensors = list(load_file(path).values())
+            if len(tensors) != 1:
+                raise UserError(f"{where}: {path} holds {len(tensors)} tensors, expected one face embedding")
+            value = tensors[0]
+        elif path.endswith(".npy"):
+            import numpy as np
+
+            value = torch.from_numpy(np.load(path, allow_pickle=False))
+        else:
+            raise UserError(f"{where}: {path}: expected a .safetensors or .npy file (or a list of 512 numbers)")
     try:
-        import insightface  # noqa: F401
-        import facexlib  # noqa: F401
-    except ImportError:
-        raise UserError("InfiniteYou needs a face embedding of infinityou_id_image: install insightface and facexlib "
-                        "(and the antelopev2 models under models/ByteDance/InfiniteYou/supports/insightface), as the "
-                        "reference does") from None
-    raise UserError("InfiniteYou's InsightFace face embedder is not wired yet: no face embedding for "
-                    "infinityou_id_image")
+        t = torch.as_tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: expected 512 numbers, got {value!r:.60}") from None
+    if t.numel() != FACE_EMBED_DIM:
+        raise UserError(f"{where}: {t.numel()} numbers, an ArcFace embedding has {FACE_EMBED_DIM}")
+    return t.reshape(FACE_EMBED_DIM)
 
 
 class FluxInfiniteYouEmbedder(PipelineUnit):
-    """`infinityou_id_image` -> `infinityou_face_embeds` (B, 1, 512) (no model of the pipeline: the face embedder
-    is the pipeline's `face_embedder`); `infinityou_guidance` -> (B,) (default 1, as the reference)."""
+    """`infinityou_id_image` (through the pipeline's `face_embedder`, InsightFace by default) or a precomputed
+    `infinityou_face_embedding` -> `infinityou_face_embeds` (B, 1, 512); `infinityou_guidance` -> (B,) (default 1,
+    as the reference). The projector itself runs in model_fn, so it trains in stage 2."""
 
     feature = "infiniteyou"
-    inputs = ("infinityou_id_image", "infinityou_guidance", "batch_size")
+    inputs = ("infinityou_id_image", "infinityou_face_embedding", "infinityou_guidance", "batch_size")
     outputs = ("infinityou_face_embeds", "infinityou_guidance")
+    batching = {"infinityou_guidance": "scalar"}
 
-    def process(self, pipe, infinityou_id_image, infinityou_guidance, batch_size):
-        if infinityou_id_image is None:
-            return {}
+    def process(self, pipe, infinityou_id_image, infinityou_face_embedding, infinityou_guidance, batch_size):
         n = int(batch_size or 1)
-        embed = getattr(pipe, "face_embedder", None) or default_face_embedder()
-        images = as_image_list(infinityou_id_image)
-        if len(images) not in (1, n):
-            raise UserError(f"infinityou_id_image: {len(images)} images for {n} sample(s)")
-        faces = torch.stack([torch.as_tensor(embed(i.convert("RGB"))).float().reshape(FACE_EMBED_DIM) for i in images])
+        if infinityou_face_embedding is not None:
+            items = infinityou_face_embedding if isinstance(infinityou_face_embedding, list) and n > 1 and \
+                len(infinityou_face_embedding) == n else [infinityou_face_embedding]
+            faces = torch.stack([face_embedding_from(v) for v in items])
+        elif infinityou_id_image is not None:
+            images = as_image_list(infinityou_id_image)
+            if len(images) not in (1, n):
+                raise UserError(f"infinityou_id_image: {len(images)} images for {n} sample(s)")
+            embed = getattr(pipe, "face_embedder", None) or InsightFaceEmbedder(device=pipe.device)
+            faces = torch.stack([torch.as_tensor(embed(i.convert("RGB"))).float().reshape(FACE_EMBED_DIM)
+                                 for i in images])
+        else:
+            return {}
         faces = faces.expand(n, -1) if faces.shape[0] == 1 else faces
         g = 1.0 if infinityou_guidance is None else infinityou_guidance
         g = [float(x) for x in g] if isinstance(g, (list, tuple)) else [float(g)] * n
@@ -150,5 +250,5 @@ class FluxInfiniteYouEmbedder(PipelineUnit):
                 "infinityou_guidance": torch.tensor(g, dtype=torch.float32, device=pipe.device)}
 
 
-__all__ = ["FluxInfiniteYouEmbedder", "IMAGE_PROJ_MODEL", "InfiniteYouImageProjection", "convert_image_proj",
-           "default_face_embedder", "image_proj_key"]
+__all__ = ["FluxInfiniteYouEmbedder", "IMAGE_PROJ_MODEL", "InfiniteYouImageProjection", "InsightFaceEmbedder",
+           "convert_image_proj", "face_embedding_from", "image_proj_key", "image_proj_native_keys"]

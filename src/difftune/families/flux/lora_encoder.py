@@ -15,6 +15,7 @@ load (`lora_encoder_key`) and back for saving (`lora_encoder_native_keys`).
 
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -262,35 +263,74 @@ def read_lora_for_encoder(path: str, width: int | None = None) -> dict[str, torc
     return reference_lora(adapters, width)
 
 
+def _per_sample(value, n: int) -> list[list[str]]:
+    """`lora_encoder_inputs` as one list of LoRA paths per sample: a path (or a list of paths) for every sample, or
+    (a stage-1 batch) one such value per sample."""
+    if isinstance(value, (list, tuple)) and n > 1 and len(value) == n:
+        return [list(v) if isinstance(v, (list, tuple)) else [v] for v in value]
+    paths = list(value) if isinstance(value, (list, tuple)) else [value]
+    return [paths] * n
+
+
+def _path(p) -> str:
+    path = getattr(p, "path", p)  # a ModelConfig (the reference's type) or a path
+    if isinstance(path, (list, tuple)) and len(path) == 1:
+        path = path[0]
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise UserError(f"lora_encoder_inputs: expected a LoRA file path, got {p!r:.60}")
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise UserError(f"lora_encoder_inputs: no such LoRA file: {path} (a path relative to the current folder, as "
+                        f"DiffSynth-Studio reads it)")
+    return path
+
+
 class FluxLoRAEncoderInputs(PipelineUnit):
-    """`lora_encoder_inputs` (a LoRA file path per sample, or a list of them) -> `lora_encoder_loras`: per sample
-    the list of its LoRAs in the encoder's layout. The encoding itself is in the model_fn (`lora_encoder_tokens`),
-    so the trainable encoder sees them in stage 2; `lora_encoder_scale` scales the tokens
-    (`lora_encoder_token_scale`: a unit does not write a name it reads)."""
+    """`lora_encoder_inputs` (a LoRA file, or a list of them, per sample) -> `lora_encoder_loras`: per sample the
+    list of its LoRAs in the encoder's layout (the reference's fused layer names). Reading the files is a unit of its
+    own, so a trainable encoder's stage 2 reads the LoRAs from the cache, not the files."""
 
     feature = "lora_encoder"
-    inputs = ("lora_encoder_inputs", "lora_encoder_scale", "batch_size")
-    outputs = ("lora_encoder_loras", "lora_encoder_token_scale")
-    batching = {"lora_encoder_loras": "list", "lora_encoder_token_scale": "same"}
+    inputs = ("lora_encoder_inputs", "batch_size")
+    outputs = ("lora_encoder_loras",)
+    batching = {"lora_encoder_loras": "list"}
 
-    def process(self, pipe, lora_encoder_inputs, lora_encoder_scale, batch_size):
+    def process(self, pipe, lora_encoder_inputs, batch_size):
         if lora_encoder_inputs is None:
             return {}
-        paths = lora_encoder_inputs if isinstance(lora_encoder_inputs, (list, tuple)) else [lora_encoder_inputs]
-        loras = []
-        for p in paths:
-            if not isinstance(p, str) or not p:
-                raise UserError(f"lora_encoder_inputs: expected a LoRA file path, got {p!r:.60}")
-            loras.append(read_lora_for_encoder(p))
-        scale = 1.0 if lora_encoder_scale is None else float(lora_encoder_scale)
-        return {"lora_encoder_loras": loras, "lora_encoder_token_scale": scale}
+        per_sample = _per_sample(lora_encoder_inputs, int(batch_size or 1))
+        return {"lora_encoder_loras": [[read_lora_for_encoder(_path(p)) for p in paths] for paths in per_sample]}
 
 
-def lora_encoder_tokens(lora_encoder, loras: list[dict[str, torch.Tensor]] | None, scale: float | None = 1.0
-                        ) -> torch.Tensor | None:
-    """model_fn's part: a sample's LoRAs -> (1, n * num_special_embeds, d) tokens (one group per LoRA, in order),
-    times the scale; appended to the prompt tokens (`value_control.extend_prompt`)."""
-    if not loras:
-        return None
-    tokens = torch.cat([lora_encoder(lora) for lora in loras], dim=1)
-    return tokens if scale is None else tokens * scale
+class FluxLoRAEncoderEmbedder(PipelineUnit):
+    """The LoRA encoder: each sample's LoRAs -> `lora_encoder_embeds` (B, n * num_special_embeds, D), one group per
+    LoRA in order, times `lora_encoder_scale`; model_fn appends them to the prompt tokens of the positive side only
+    (the negative side has none, as the reference's unit adds them to the positive prompt)."""
+
+    feature = "lora_encoder"
+    inputs = ("lora_encoder_loras", "lora_encoder_scale")
+    outputs = ("lora_encoder_embeds", "negative_lora_encoder_embeds")
+    models = ("lora_encoder",)
+
+    def process(self, pipe, lora_encoder_loras, lora_encoder_scale):
+        if lora_encoder_loras is None:
+            return {}
+        encoder = pipe.lora_encoder
+        tokens = [torch.cat([encoder(lora) for lora in loras], dim=1) for loras in lora_encoder_loras]
+        if len({t.shape for t in tokens}) > 1:
+            raise UserError("lora_encoder_inputs: samples of one batch name different numbers of LoRAs "
+                            "(--batch_size 1 avoids it)")
+        scale = 1.0 if lora_encoder_scale is None else _scale(lora_encoder_scale)
+        return {"lora_encoder_embeds": (torch.cat(tokens) * scale).to(pipe.torch_dtype),
+                "negative_lora_encoder_embeds": None}
+
+
+def _scale(value) -> float:
+    if isinstance(value, (list, tuple)):
+        if len({float(v) for v in value}) > 1:
+            raise UserError("lora_encoder_scale: one value per batch (--batch_size 1 avoids it)")
+        value = value[0]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"lora_encoder_scale: expected a number, got {value!r:.40}") from None

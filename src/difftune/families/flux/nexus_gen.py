@@ -20,7 +20,7 @@ from ...errors import UserError
 from ...models.detect import ComponentSpec
 from .bfl import convert_bfl_transformer
 from .components import FLUX1_DEV_TRANSFORMER_CONFIG
-from .flex2 import infer_flux_config
+from .components import infer_flux_config
 
 NUM_IMAGE_TOKENS = 81  # 9 x 9 merged patches of the 252 x 252 placeholder image
 
@@ -271,6 +271,13 @@ NEXUS_AR = ComponentSpec(
     marker_keys=("vision_head.weight", "image_prefill_embeds.weight", "model.model.visual.patch_embed.proj.weight"),
     normalize_key=nexus_ar_key, foreign_config_classes=("Qwen2_5_VLForConditionalGeneration",),
     description="Nexus-Gen autoregressive model (Qwen2.5-VL-7B + vision head)")
+
+
+def load_nexus_processor(path_or_config):
+    """Nexus-GenV2's `processor/` folder (Qwen2.5-VL's tokenizer and image processor)."""
+    from .vl_processor import load_qwen_vl_processor
+
+    return load_qwen_vl_processor(path_or_config, "Nexus-GenV2 processor")
 
 
 def editing_messages_text(instruction: str) -> str:

@@ -1,7 +1,7 @@
 """FLUX.1 Redux (`black-forest-labs/FLUX.1-Redux-dev`): `image_encoder/model.safetensors` (transformers'
-`SiglipVisionModel`, SigLIP so400m at 384 px; slot `redux_image_encoder`) and
+`SiglipVisionModel`, SigLIP so400m at 384 px; slot `flux_redux_image_encoder`) and
 `image_embedder/diffusion_pytorch_model.safetensors` (diffusers' `ReduxImageEncoder`: `redux_up` 1152 -> 3 x 4096,
-SiLU, `redux_down` -> 4096; slot `redux_image_embedder`). Both load with their own key names.
+SiLU, `redux_down` -> 4096; slot `flux_redux_image_embedder`). Both load with their own key names.
 
 `FluxReduxPromptEmbedder` (the reference's `FluxImageUnit_ReduxPromptEmbedder`; diffusers' `FluxPriorReduxPipeline`
 without text encoders): `flux_redux_image` (384x384 bicubic, in [-1, 1]) -> SigLIP's last hidden states -> the
@@ -33,7 +33,7 @@ def redux_embedder_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
 
 
 REDUX_IMAGE_ENCODER = ComponentSpec(
-    name="redux_image_encoder", library="transformers", class_name="SiglipVisionModel",
+    name="flux_redux_image_encoder", library="transformers", class_name="SiglipVisionModel",
     config_class_name="SiglipVisionConfig",
     known_configs={"FLUX.1-Redux-dev image_encoder (SigLIP so400m, no head)":
                    {**SIGLIP_SO400M_VISION_CONFIG, "vision_use_head": False},
@@ -42,7 +42,7 @@ REDUX_IMAGE_ENCODER = ComponentSpec(
     infer_config=siglip_vision_config, description="SigLIP image encoder (FLUX.1 Redux)")
 
 REDUX_IMAGE_EMBEDDER = ComponentSpec(
-    name="redux_image_embedder", library="diffusers", class_name="ReduxImageEncoder",
+    name="flux_redux_image_embedder", library="diffusers", class_name="ReduxImageEncoder",
     known_configs={"black-forest-labs/FLUX.1-Redux-dev image_embedder": REDUX_EMBEDDER_CONFIG},
     marker_keys=("redux_up.weight", "redux_down.weight"), infer_config=redux_embedder_config,
     description="FLUX.1 Redux image embedder")
@@ -50,7 +50,7 @@ REDUX_IMAGE_EMBEDDER = ComponentSpec(
 
 def redux_tokens(pipe, images) -> torch.Tensor:
     """Images -> Redux's prompt tokens (n, 729, txt_in_features) (diffusers' encode_image + image_embedder)."""
-    encoder, embedder = pipe.redux_image_encoder, pipe.redux_image_embedder
+    encoder, embedder = pipe.flux_redux_image_encoder, pipe.flux_redux_image_embedder
     pixels = siglip_pixels(images, encoder.config.image_size).to(pipe.device, encoder.dtype)
     hidden = encoder(pixel_values=pixels).last_hidden_state
     return embedder(hidden.to(embedder.dtype)).image_embeds
@@ -64,7 +64,7 @@ class FluxReduxPromptEmbedder(PipelineUnit):
     replaces = ("FluxClipEmbedder", "FluxT5Embedder")
     inputs = ("flux_redux_image", "batch_size")
     outputs = ("prompt_embeds", "negative_prompt_embeds")
-    models = ("redux_image_encoder", "redux_image_embedder")
+    models = ("flux_redux_image_encoder", "flux_redux_image_embedder")
 
     def process(self, pipe, flux_redux_image, batch_size):
         if flux_redux_image is None:

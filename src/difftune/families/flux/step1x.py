@@ -17,12 +17,16 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
+from PIL import Image
+
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
 from .bfl import convert_bfl_transformer
-from .components import FLUX1_DEV_TRANSFORMER_CONFIG, transformer_key
-from .flex2 import infer_flux_config
+from .components import FLUX1_DEV_TRANSFORMER_CONFIG, infer_flux_config, transformer_key
+from .model_fn import model_fn_flux
+from .pipeline import FluxImagePipeline
+from .units import FluxInputImageEmbedder, FluxNoiseInitializer, FluxShapeChecker
 
 
 class Step1XConnector(ModelMixin, ConfigMixin):
@@ -134,6 +138,32 @@ STEP1X_CONNECTOR = ComponentSpec(
     description="Step1X-Edit connector (Qwen2.5-VL hidden states -> prompt tokens, per timestep)")
 
 
+def _qwenvl_known() -> dict:
+    from ..qwen_image.components import QWEN25_VL_7B_CONFIG
+
+    return {"Qwen/Qwen2.5-VL-7B-Instruct": dict(QWEN25_VL_7B_CONFIG)}
+
+
+def _qwenvl_key(key: str) -> str:
+    from ..qwen_image.components import text_encoder_key
+
+    return text_encoder_key(key)
+
+
+QWENVL = ComponentSpec(
+    name="qwenvl", library="transformers", class_name="Qwen2_5_VLForConditionalGeneration",
+    config_class_name="Qwen2_5_VLConfig", known_configs=_qwenvl_known(),
+    marker_keys=("model.language_model.embed_tokens.weight", "model.visual.patch_embed.proj.weight"),
+    normalize_key=_qwenvl_key, description="Qwen2.5-VL-7B-Instruct (Step1X-Edit's prompt encoder)")
+
+
+def load_step1x_processor(path_or_config):
+    """The Qwen2.5-VL processor at the reference's pixel bounds for Step1X-Edit (256 to 324 merged 28 px patches)."""
+    from .vl_processor import load_qwen_vl_processor
+
+    return load_qwen_vl_processor(path_or_config, "Qwen2.5-VL-7B-Instruct", STEP1X_MIN_PIXELS, STEP1X_MAX_PIXELS)
+
+
 def is_step1x(context) -> bool:
     """Step1X-Edit runs: a connector is given (the DiT alone is FLUX.1 without guidance)."""
     return context.config("step1x_connector") is not None
@@ -237,14 +267,12 @@ class Step1XEmbedder(PipelineUnit):
     reference image, its mask, and the reference image's latents (FLUX AE). Stands in for the CLIP / T5 encoders
     (the connector makes the prompt tokens in the model_fn)."""
 
-    feature = "step1x"
     inputs = ("step1x_reference_image", "height", "width")
     cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
     cfg_outputs = {"step1x_llm_embedding": ("step1x_llm_embedding", "negative_step1x_llm_embedding"),
                    "step1x_mask": ("step1x_mask", "negative_step1x_mask")}
     outputs = ("step1x_reference_latents",)
     models = ("qwenvl", "vae")
-    replaces = ("FluxClipEmbedder", "FluxT5Embedder")
 
     def process(self, pipe, prompt, step1x_reference_image, height, width):
         from ...media.image import as_image_list, images_to_tensor
@@ -289,3 +317,88 @@ def step1x_tokens(tokens: torch.Tensor, img_ids: torch.Tensor, reference_latents
     ref = pack_latents(reference_latents.to(device=tokens.device, dtype=tokens.dtype))
     ids = image_ids(h // 2, w // 2, tokens.device, img_ids.dtype)
     return torch.cat([tokens, ref.expand(tokens.shape[0], -1, -1)], dim=1), torch.cat([img_ids, ids], dim=0)
+
+
+# -- the pipeline -------------------------------------------------------------------------------------------------
+
+STEP1X_CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 30, "cfg_scale": 6.0}
+
+
+class Step1XEditPipeline(FluxImagePipeline):
+    """Step1X-Edit: FLUX.1's sampling and latents, but the prompt is Qwen2.5-VL's reading of the instruction with the
+    reference image, turned into prompt tokens by the connector at every step (it takes the timestep), and the
+    reference image's latents follow the noisy tokens. No CLIP / T5, no embedded guidance (true CFG: its cfg_scale,
+    6 by default as the reference's examples)."""
+
+    model_names = ("dit", "vae", "qwenvl", "step1x_connector")
+    model_fn_inputs = ("step1x_llm_embedding", "step1x_mask", "step1x_reference_latents")
+    sampling_values = ()
+    features = ()
+    data_inputs = ("image", "prompt", "seed", "num_inference_steps", "height", "width", "step1x_reference_image")
+    loss_models = ("dit", "step1x_connector")  # the connector runs at every step
+    call_defaults = STEP1X_CALL_DEFAULTS
+
+    def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
+        super().__init__(device, torch_dtype, scheduler)
+        self.step1x_processor = None
+        self.step1x_drop = None  # None: the released tokenizer's 217 (a tiny tokenizer's count in tests)
+        self.units = [FluxShapeChecker(), FluxNoiseInitializer(), FluxInputImageEmbedder(), Step1XEmbedder()]
+
+    @classmethod
+    def claims(cls, context) -> bool:
+        return is_step1x(context) or context.config("qwenvl") is not None or context.has("step1x_reference_image")
+
+    @classmethod
+    def check_run(cls, context, features) -> None:
+        if not context.has("step1x_reference_image"):
+            raise UserError("Step1X-Edit needs a reference image: the data column step1x_reference_image "
+                            "(--data_file_keys image,step1x_reference_image --extra_inputs step1x_reference_image)")
+
+    def model_fn(self, latents, timestep, step1x_llm_embedding, step1x_mask, step1x_reference_latents=None,
+                 **settings):
+        from ...core.latents import pack_latents
+        from .model_fn import image_ids
+
+        if self.step1x_connector is None:
+            raise UserError("Step1X-Edit needs its connector: the step1x-edit-i1258.safetensors file holds it")
+        prompt, pooled = step1x_prompt(self.step1x_connector, step1x_llm_embedding.to(latents.device),
+                                       step1x_mask.to(latents.device), timestep.to(latents.device, latents.dtype))
+        reference = ids = None
+        if step1x_reference_latents is not None:  # the reference's tokens, with the image's kind of ids
+            _, _, h, w = step1x_reference_latents.shape
+            reference = pack_latents(step1x_reference_latents.to(latents.device, latents.dtype))
+            ids = image_ids(h // 2, w // 2, latents.device, latents.dtype)
+        return model_fn_flux(self.dit, latents, timestep, prompt, pooled, None, reference, ids, **settings)
+
+    def training_inputs(self, data: dict) -> dict:
+        values = super().training_inputs(data)
+        reference = data.get("step1x_reference_image")
+        if reference is not None and not isinstance(reference, Image.Image):
+            raise UserError(f"row {data.get('_row', -1) + 1}: 'step1x_reference_image' must be an image file listed "
+                            f"in --data_file_keys (--data_file_keys image,step1x_reference_image)")
+        values["step1x_reference_image"] = reference
+        return values
+
+    @staticmethod
+    def batch_signature(sample: dict) -> tuple:
+        ref = sample.get("step1x_reference_image")
+        return (FluxImagePipeline.batch_signature(sample), getattr(ref, "size", None))
+
+    def __call__(self, prompt, negative_prompt="", cfg_scale: float = STEP1X_CALL_DEFAULTS["cfg_scale"],
+                 height: int | None = None, width: int | None = None,
+                 num_inference_steps: int = STEP1X_CALL_DEFAULTS["num_inference_steps"], seed: int | None = None,
+                 step1x_reference_image=None, input_image=None, denoising_strength: float = 1.0,
+                 progress: bool = True, output_type: str = "pil"):
+        """`step1x_reference_image`: the image to edit (the output takes its size unless height/width are given)."""
+        from ...media.image import as_image_list
+
+        if step1x_reference_image is None:
+            raise UserError("Step1X-Edit needs step1x_reference_image (the image to edit)")
+        reference = as_image_list(step1x_reference_image)[0]
+        width, height = width or reference.size[0], height or reference.size[1]
+        values = self.prompt_values(prompt, negative_prompt)
+        values.update({"height": height, "width": width, "seed": seed, "input_image": input_image,
+                       "step1x_reference_image": step1x_reference_image})
+        out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps,
+                            denoising_strength=denoising_strength, progress=progress, output_type=output_type)
+        return out[0] if isinstance(prompt, str) and output_type == "pil" else out

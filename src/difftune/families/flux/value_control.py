@@ -40,22 +40,49 @@ class FluxValueEncoder(ModelMixin, ConfigMixin):
         return emb[:, None, :] + self.positional_embedding[None]
 
 
-ATTRICTRL_CONFIG = {"_class_name": "FluxValueEncoder", "dim_in": 256, "dim_out": 4096, "prefer_len": 32}
+class FluxMultiValueEncoder(ModelMixin, ConfigMixin):
+    """The `value_controller` slot: the value encoder at `encoders.0` (the reference's pipeline keeps its encoders in
+    a list there), so `--remove_prefix_in_ckpt pipe.value_controller.encoders.0.` saves a trained encoder in the
+    released file's names."""
+
+    @register_to_config
+    def __init__(self, dim_in: int = 256, dim_out: int = 4096, prefer_len: int = 32):
+        super().__init__()
+        self.encoders = torch.nn.ModuleList([FluxValueEncoder(dim_in, dim_out, prefer_len)])
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        return self.encoders[0](values)
+
+
+ATTRICTRL_CONFIG = {"_class_name": "FluxMultiValueEncoder", "dim_in": 256, "dim_out": 4096, "prefer_len": 32}
+
+
+def value_controller_key(key: str) -> str:
+    """A released encoder's names (`positional_embedding`, `prefer_value_embedder.0.weight`) at `encoders.0.`; the
+    reference's trained files (`pipe.value_controller.` removed) already say so."""
+    key = key[len("pipe.value_controller."):] if key.startswith("pipe.value_controller.") else key
+    return key if key.startswith("encoders.") else "encoders.0." + key
 
 
 def infer_value_encoder_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
     try:
-        prefer_len, dim_out = shapes["positional_embedding"]
-        dim_in = shapes["prefer_value_embedder.0.weight"][1]
+        prefer_len, dim_out = shapes["encoders.0.positional_embedding"]
+        dim_in = shapes["encoders.0.prefer_value_embedder.0.weight"][1]
     except (KeyError, ValueError):
         return None
-    return {"_class_name": "FluxValueEncoder", "dim_in": dim_in, "dim_out": dim_out, "prefer_len": prefer_len}
+    return {"_class_name": "FluxMultiValueEncoder", "dim_in": dim_in, "dim_out": dim_out, "prefer_len": prefer_len}
+
+
+def value_controller_native_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The slot's state dict in the released file's names (`encoders.0.` dropped)."""
+    return {k[len("encoders.0."):] if k.startswith("encoders.0.") else k: v for k, v in state.items()}
 
 
 VALUE_CONTROLLER = ComponentSpec(
-    name="value_controller", library="difftune.families.flux.value_control", class_name="FluxValueEncoder",
+    name="value_controller", library=__name__, class_name="FluxMultiValueEncoder",
     known_configs={"DiffSynth-Studio/AttriCtrl-FLUX.1-Dev value controller": ATTRICTRL_CONFIG},
-    marker_keys=("positional_embedding", "prefer_value_embedder.0.weight"), infer_config=infer_value_encoder_config,
+    marker_keys=("encoders.0.positional_embedding", "encoders.0.prefer_value_embedder.0.weight"),
+    normalize_key=value_controller_key, infer_config=infer_value_encoder_config,
     description="AttriCtrl value controller (a number -> prompt tokens)")
 
 

@@ -79,7 +79,7 @@ def write_tiny_nexus_ar(root: str | os.PathLike, *, seed: int = 0) -> tuple[Path
     from safetensors.torch import save_file
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from ....testing.qwen_image import TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder
+    from ...qwen_image.testing import TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder
     from ..nexus_gen import NexusGenAR
 
     root = Path(root)

@@ -73,7 +73,7 @@ def write_tiny_qwen25vl(root: str | os.PathLike, *, seed: int = 0) -> Path:
     width 32. Returns the folder."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from ....testing.qwen_image import TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder
+    from ...qwen_image.testing import TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -90,7 +90,7 @@ def step1x_processor(folder: str | os.PathLike):
     from transformers import Qwen2Tokenizer
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from ....testing.qwen_image import qwen_vl_processor
+    from ...qwen_image.testing import qwen_vl_processor
     from ..step1x import STEP1X_MAX_PIXELS, STEP1X_MIN_PIXELS
 
     proc = qwen_vl_processor(folder)

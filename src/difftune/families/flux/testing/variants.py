@@ -39,14 +39,12 @@ def _randomize(module: torch.nn.Module, seed: int) -> None:
 def tiny_controlnet_config(kind: str, spec: TinyFluxSpec | None = None) -> dict:
     spec = spec or TinyFluxSpec()
     layers, single, modes, extra = TINY_CONTROLNETS[kind]
-    config = {"_class_name": "FluxControlNetModel", "patch_size": 1, "in_channels": 64, "num_layers": layers,
+    config = {"_class_name": "FluxMultiControlNet", "patch_size": 1, "in_channels": 64, "num_layers": layers,
               "num_single_layers": single, "attention_head_dim": spec.attention_head_dim,
               "num_attention_heads": spec.num_attention_heads, "joint_attention_dim": spec.t5_hidden,
               "pooled_projection_dim": spec.clip_hidden, "guidance_embeds": True,
               "axes_dims_rope": list(spec.axes_dims_rope), "num_mode": modes, "conditioning_embedding_channels": None}
-    if extra:
-        config.update(_class_name="FluxControlNetWithExtraCondition", extra_condition_channels=extra)
-    return config
+    return {**config, "extra_condition_channels": extra} if extra else config
 
 
 def write_tiny_controlnet(folder: str | os.PathLike, kind: str, spec: TinyFluxSpec | None = None,
@@ -167,32 +165,14 @@ def tiny_image_proj_config(spec: TinyFluxSpec | None = None) -> dict:
             "heads": 4, "num_queries": 3, "ffn_ratio": 2}
 
 
-def _resampler_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """diffusers' IP-Adapter-Plus resampler names -> the release's (to_k + to_v fused into to_kv)."""
-    out = {}
-    ren = {"ln0": "0.norm1", "ln1": "0.norm2", "attn.to_q": "0.to_q", "attn.to_out.0": "0.to_out",
-           "ff.0": "1.0", "ff.1.net.0.proj": "1.1", "ff.1.net.2": "1.3"}
-    for key, t in state.items():
-        m = re.match(r"^layers\.(\d+)\.(.+)\.(weight|bias)$", key)
-        if m is None:
-            out[key] = t
-            continue
-        index, module, param = m.groups()
-        if module == "attn.to_k":
-            out[f"layers.{index}.0.to_kv.{param}"] = torch.cat([t, state[f"layers.{index}.attn.to_v.{param}"]])
-        elif module != "attn.to_v":
-            out[f"layers.{index}.{ren[module]}.{param}"] = t
-    return out
-
-
 def write_tiny_image_proj(root: str | os.PathLike, spec: TinyFluxSpec | None = None, seed: int = 60) -> Path:
     """`<root>/image_proj_model.bin`: {"image_proj": a tiny InfiniteYou resampler in the release's names}."""
-    from ..infiniteyou import InfiniteYouImageProjection
+    from ..infiniteyou import InfiniteYouImageProjection, image_proj_native_keys
 
     model = InfiniteYouImageProjection.from_config(tiny_image_proj_config(spec))
     _randomize(model, seed)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    torch.save({"image_proj": {k: v.clone() for k, v in _resampler_names(model.state_dict()).items()}},
+    torch.save({"image_proj": {k: v.clone() for k, v in image_proj_native_keys(model.state_dict()).items()}},
                root / "image_proj_model.bin")
     return root / "image_proj_model.bin"
