@@ -219,8 +219,8 @@ def face_embedding_from(value, where: str = "infinityou_face_embedding") -> torc
 
 
 class FluxInfiniteYouEmbedder(PipelineUnit):
-    """`infinityou_id_image` (through the pipeline's `face_embedder`, InsightFace by default) or a precomputed
-    `infinityou_face_embedding` -> `infinityou_face_embeds` (B, 1, 512); `infinityou_guidance` -> (B,) (default 1,
+    """`infinityou_id_image` (through the pipeline's `face_embedder`, InsightFace by default) or, without one, a
+    precomputed `infinityou_face_embedding` -> `infinityou_face_embeds` (B, 1, 512); `infinityou_guidance` -> (B,) (default 1,
     as the reference). The projector itself runs in model_fn, so it trains in stage 2."""
 
     feature = "infiniteyou"
@@ -230,7 +230,7 @@ class FluxInfiniteYouEmbedder(PipelineUnit):
 
     def process(self, pipe, infinityou_id_image, infinityou_face_embedding, infinityou_guidance, batch_size):
         n = int(batch_size or 1)
-        if infinityou_face_embedding is not None:
+        if infinityou_id_image is None and infinityou_face_embedding is not None:
             items = infinityou_face_embedding if isinstance(infinityou_face_embedding, list) and n > 1 and \
                 len(infinityou_face_embedding) == n else [infinityou_face_embedding]
             faces = torch.stack([face_embedding_from(v) for v in items])

@@ -223,7 +223,7 @@ NEXUS_MERGER = ComponentSpec(
     class_name="NexusGenEmbeddingMerger",
     known_configs={"DiffSynth-Studio/Nexus-GenV2 embedding merger": NEXUS_MERGER_CONFIG},
     marker_keys=("embedding_merger.projector.1.weight", "embedding_merger.layers.0.self_attn.q_proj.weight"),
-    convert_state_dict=convert_nexus_merger, infer_config=infer_merger_config,
+    convert_state_dict=convert_nexus_merger, infer_config=infer_merger_config, companion=True,
     description="Nexus-Gen editing adapter (embedding merger, edit_decoder.bin)")
 
 

@@ -145,8 +145,11 @@ class FluxImagePipeline(BasePipeline):
     @classmethod
     def check_run(cls, context: RunContext, features: frozenset[str]) -> None:
         """A variant's model given without the data it reads would be loaded (and trained) for nothing."""
+        fed = {r for f in cls.features if f.name in features for r in f.requires}  # another feature gives the data
         for feature in cls.features:
             given = [m for m in feature.models if context.config(m) is not None]
+            if feature.name in fed:
+                continue
             if given and feature.columns and not context.has(*feature.columns):
                 raise UserError(f"{given[0]} is given but the data has no {' or '.join(feature.columns)} column "
                                 f"({feature.description}): name it in --extra_inputs (and --data_file_keys for "
@@ -296,7 +299,8 @@ class FluxImagePipeline(BasePipeline):
 
 
 def _images(value, column: str, where: str):
-    """An image column's value: PIL image(s), as loaded from files named in --data_file_keys."""
+    """An image column's value: PIL image(s), as loaded from files named in --data_file_keys / --extra_inputs (file
+    names of a column no flag names are refused, not ignored)."""
     if value is None:
         return None
     items = value if isinstance(value, list) else [value]

@@ -134,7 +134,7 @@ STEP1X_CONNECTOR = ComponentSpec(
     name="step1x_connector", library="difftune.families.flux.step1x", class_name="Step1XConnector",
     known_configs={"stepfun-ai/Step1X-Edit connector": STEP1X_CONNECTOR_CONFIG},
     marker_keys=("connector.S.input_embedder.weight", "connector.global_proj_out.weight"),
-    convert_state_dict=convert_step1x_connector, infer_config=infer_connector_config,
+    convert_state_dict=convert_step1x_connector, infer_config=infer_connector_config, companion=True,
     description="Step1X-Edit connector (Qwen2.5-VL hidden states -> prompt tokens, per timestep)")
 
 

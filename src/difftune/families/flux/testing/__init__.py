@@ -8,3 +8,5 @@ from .runner import UnitPipe, run_unit_on, with_config  # noqa: F401
 from .variants import (TINY_CONTROLNETS, tiny_controlnet_config, write_tiny_controlnet,  # noqa: F401
                        write_tiny_fill_dit, write_tiny_image_proj, write_tiny_ipadapter, write_tiny_redux,
                        write_tiny_siglip)
+from .scripts import tiny_known_configs, write_flux_script_workspace  # noqa: F401
+from .variants import tiny_dit, tiny_dit_config, write_tiny_bfl_dit  # noqa: F401

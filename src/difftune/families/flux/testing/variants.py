@@ -65,6 +65,40 @@ def write_tiny_controlnet(folder: str | os.PathLike, kind: str, spec: TinyFluxSp
     return path
 
 
+def tiny_dit_config(spec: TinyFluxSpec | None = None, **overrides) -> dict:
+    """The config of a tiny FLUX transformer of `spec`'s sizes (a variant's: in/out channels, guidance, depth)."""
+    spec = spec or TinyFluxSpec()
+    config = {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": 64, "out_channels": None,
+              "num_layers": spec.num_layers, "num_single_layers": spec.num_single_layers,
+              "attention_head_dim": spec.attention_head_dim, "num_attention_heads": spec.num_attention_heads,
+              "joint_attention_dim": spec.t5_hidden, "pooled_projection_dim": spec.clip_hidden,
+              "guidance_embeds": spec.guidance_embeds, "axes_dims_rope": list(spec.axes_dims_rope)}
+    return {**config, **overrides}
+
+
+def tiny_dit(spec: TinyFluxSpec | None = None, seed: int = 20, **overrides):
+    """A tiny FluxTransformer2DModel (random, seeded) of `tiny_dit_config(spec, **overrides)`."""
+    from diffusers import FluxTransformer2DModel
+
+    config = tiny_dit_config(spec, **overrides)
+    torch.manual_seed(seed)
+    return FluxTransformer2DModel(**{k: v for k, v in config.items() if not k.startswith("_")}).eval()
+
+
+def write_tiny_bfl_dit(path: str | os.PathLike, spec: TinyFluxSpec | None = None, seed: int = 20, extra=None,
+                       **overrides) -> Path:
+    """A tiny FLUX transformer saved as one file in BFL's names (`extra`: more tensors in the same file)."""
+    from safetensors.torch import save_file
+
+    from ..bfl import bfl_transformer_from_diffusers
+
+    state = bfl_transformer_from_diffusers(tiny_dit(spec, seed, **overrides).state_dict())
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in {**state, **(extra or {})}.items()}, str(path))
+    return path
+
+
 def write_tiny_fill_dit(root: str | os.PathLike, spec: TinyFluxSpec | None = None, seed: int = 20,
                         name: str = "flux1-fill-dev.safetensors") -> Path:
     """`<root>/flux1-fill-dev.safetensors`: a tiny FLUX.1 Fill transformer (384 inputs, 64 outputs) in BFL's names."""
