@@ -36,6 +36,8 @@ class FluxOptions:
     align_to_opensource_format: bool = option(False, "Accepted for the reference's FLUX scripts: difftune's LoRA "
                                               "files are already in the open (diffusers) layout; see --lora_format.",
                                               kind=SWITCH, group=GROUP)
+    insert_anything_size: int = option(768, "Insert-Anything: the side of each half of the diptych it trains on "
+                                       "(the reference's fixed 768).", kind=int, group=GROUP)
     # difftune sample's inputs
     embedded_guidance: float | None = option(None, "FLUX.1-dev's distilled guidance (default: the family's, 3.5).",
                                              kind=float, group=GROUP, sample=True, train=False)
@@ -91,6 +93,12 @@ class FluxOptions:
     insert_anything_ref_mask: str | None = option(None, "Insert-Anything: the object in its image (light).",
                                                   load="RGB", group=GROUP, sample=True, train=False)
 
+    def __post_init__(self):
+        if self.insert_anything_size < 16 or self.insert_anything_size % 16:
+            from ...errors import UserError
+
+            raise UserError(f"--insert_anything_size {self.insert_anything_size}: a multiple of 16 is needed")
+
     def notes(self) -> list[str]:
         if self.align_to_opensource_format:
             return ["--align_to_opensource_format is not needed: difftune saves LoRAs in the open diffusers layout "
@@ -128,6 +136,7 @@ FAMILY = FamilySpec(
                       "lora_encoder": lora_encoder_native_keys},
     data="image",
     options=FluxOptions,
+    unit_settings=lambda options: {"insert_anything_size": int(options.insert_anything_size)},
     description="FLUX.1 (diffusers FluxTransformer2DModel, AutoencoderKL, CLIP-L, T5-XXL) and its variants",
 )
 

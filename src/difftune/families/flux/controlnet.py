@@ -198,13 +198,14 @@ class FluxControlNetEmbedder(PipelineUnit):
     itself runs in model_fn."""
 
     feature = "controlnet"
-    inputs = ("controlnet_image", "controlnet_inpaint_mask", "controlnet_processor_id", "height", "width",
-              "batch_size")
-    outputs = ("controlnet_conditioning", "controlnet_mode")
+    inputs = ("controlnet_image", "controlnet_inpaint_mask", "controlnet_processor_id", "controlnet_scale", "height",
+              "width", "batch_size")
+    outputs = ("controlnet_conditioning", "controlnet_mode", "controlnet_scale")
     models = ("vae",)
+    batching = {"controlnet_scale": "same"}
 
-    def process(self, pipe, controlnet_image, controlnet_inpaint_mask, controlnet_processor_id, height, width,
-                batch_size):
+    def process(self, pipe, controlnet_image, controlnet_inpaint_mask, controlnet_processor_id, controlnet_scale,
+                height, width, batch_size):
         if controlnet_image is None:
             if controlnet_inpaint_mask is not None or controlnet_processor_id is not None:
                 raise UserError("controlnet_inpaint_mask / controlnet_processor_id are given without controlnet_image")
@@ -231,7 +232,8 @@ class FluxControlNetEmbedder(PipelineUnit):
         conditioning = torch.cat(out)
         if conditioning.shape[0] == 1 and n > 1:
             conditioning = conditioning.expand(n, -1, -1, -1)
-        result = {"controlnet_conditioning": conditioning.to(pipe.torch_dtype).contiguous()}
+        result = {"controlnet_conditioning": conditioning.to(pipe.torch_dtype).contiguous(),
+                  "controlnet_scale": None if controlnet_scale is None else float(controlnet_scale)}
         if controlnet_processor_id is not None:
             modes = [control_mode(p) for p in _per_sample(controlnet_processor_id, n, "controlnet_processor_id")]
             result["controlnet_mode"] = torch.tensor(modes, dtype=torch.long, device=pipe.device)

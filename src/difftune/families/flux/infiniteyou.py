@@ -72,6 +72,8 @@ def image_proj_key(key: str) -> str:
 
 def convert_image_proj(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Split each perceiver block's fused `to_kv` into `attn.to_k` / `attn.to_v` (works on meta tensors)."""
+    if any(k.endswith(".attn.to_k.weight") for k in state):
+        return state  # already in diffusers' names (difftune's own saved files)
     if not any(k.endswith(".0.to_kv.weight") for k in state):
         raise KeyError("no fused to_kv: not the release's resampler layout")
     out = {}

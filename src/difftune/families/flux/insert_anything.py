@@ -166,16 +166,17 @@ def _per_sample(value, n: int, name: str) -> list:
 
 
 class FluxInsertAnything(PipelineUnit):
-    """The four Insert-Anything images -> the Fill image and mask (a 1536 x 768 diptych), the Redux image, the size;
+    """The four Insert-Anything images -> the Fill image and mask (a 1536 x 768 diptych; `--insert_anything_size`
+    sets the side of a half), the Redux image, the size;
     in training the diptych is also the target (`input_image`). The Fill and Redux units then do the rest."""
 
     feature = "insert_anything"
     inputs = ("insert_anything_source_image", "insert_anything_source_mask", "insert_anything_ref_image",
-              "insert_anything_ref_mask", "batch_size")
+              "insert_anything_ref_mask", "insert_anything_size", "batch_size")
     outputs = ("flux_fill_image", "flux_fill_mask", "flux_redux_image", "height", "width", "input_image")
 
     def process(self, pipe, insert_anything_source_image, insert_anything_source_mask, insert_anything_ref_image,
-                insert_anything_ref_mask, batch_size):
+                insert_anything_ref_mask, insert_anything_size, batch_size):
         given = {"insert_anything_source_image": insert_anything_source_image,
                  "insert_anything_source_mask": insert_anything_source_mask,
                  "insert_anything_ref_image": insert_anything_ref_image,
@@ -186,7 +187,8 @@ class FluxInsertAnything(PipelineUnit):
         if missing:
             raise UserError(f"Insert-Anything needs all four of {', '.join(given)}; {', '.join(missing)} missing")
         n = int(batch_size or 1)
-        parts = [prepare(*images)[0] for images in zip(*(_per_sample(v, n, k) for k, v in given.items()))]
+        size = SIZE if insert_anything_size is None else int(insert_anything_size)
+        parts = [prepare(*images, size=size)[0] for images in zip(*(_per_sample(v, n, k) for k, v in given.items()))]
         out = {k: [p[k] for p in parts] if n > 1 else parts[0][k]
                for k in ("flux_fill_image", "flux_fill_mask", "flux_redux_image")}
         out.update(height=parts[0]["height"], width=parts[0]["width"])

@@ -199,11 +199,12 @@ class FluxIPAdapterImageEncoder(PipelineUnit):
     side gets zeros (the reference's unconditional image prompt)."""
 
     feature = "ipadapter"
-    inputs = ("ipadapter_images", "batch_size")
-    outputs = ("ipadapter_image_embeds", "negative_ipadapter_image_embeds")
+    inputs = ("ipadapter_images", "ipadapter_scale", "batch_size")
+    outputs = ("ipadapter_image_embeds", "negative_ipadapter_image_embeds", "ipadapter_scale")
     models = ("ipadapter_image_encoder",)
+    batching = {"ipadapter_scale": "same"}
 
-    def process(self, pipe, ipadapter_images, batch_size):
+    def process(self, pipe, ipadapter_images, ipadapter_scale, batch_size):
         if ipadapter_images is None:
             return {}
         per_sample = _per_sample_images(ipadapter_images, int(batch_size or 1))
@@ -215,7 +216,8 @@ class FluxIPAdapterImageEncoder(PipelineUnit):
         pixels = torch.cat([siglip_pixels(s, size) for s in per_sample]).to(pipe.device, encoder.dtype)
         pooled = encoder(pixel_values=pixels).pooler_output
         embeds = pooled.reshape(len(per_sample), -1, pooled.shape[-1]).to(pipe.torch_dtype)
-        return {"ipadapter_image_embeds": embeds, "negative_ipadapter_image_embeds": torch.zeros_like(embeds)}
+        return {"ipadapter_image_embeds": embeds, "negative_ipadapter_image_embeds": torch.zeros_like(embeds),
+                "ipadapter_scale": None if ipadapter_scale is None else float(ipadapter_scale)}
 
 
 __all__ = ["FluxIPAdapter", "FluxIPAdapterImageEncoder", "IPADAPTER", "IPADAPTER_IMAGE_ENCODER", "IPAdapterKV",

@@ -104,7 +104,8 @@ class FluxImagePipeline(BasePipeline):
                    "flux_redux_image_encoder", "flux_redux_image_embedder", "image_proj_model", "value_controller",
                    "lora_encoder", "nexus_gen", "nexus_gen_editing_adapter")
     batch_shared_inputs = ("height", "width", "embedded_guidance")  # kept once in a stage-1 batch
-    settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload"})
+    settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload",
+                          "insert_anything_size"})
     model_fn_inputs = ("prompt_embeds", "pooled_prompt_embeds", "guidance")
     sampling_values = ("guidance",)  # embedded guidance: the sampling default, not the training value
     features = (KONTEXT, CONTROLNET, FILL, REDUX, IPADAPTER, INFINITEYOU, ELIGEN, FLEX, VALUE_CONTROL, LORA_ENCODER,
@@ -241,7 +242,8 @@ class FluxImagePipeline(BasePipeline):
                  flex_control_strength: float = 0.5, flex_control_stop: float = 0.5,
                  value_controller_inputs=None, lora_encoder_inputs=None, lora_encoder_scale: float | None = None,
                  nexus_gen_reference_image=None, insert_anything_source_image=None, insert_anything_source_mask=None,
-                 insert_anything_ref_image=None, insert_anything_ref_mask=None, progress: bool = True,
+                 insert_anything_ref_image=None, insert_anything_ref_mask=None, insert_anything_size: int = 768,
+                 progress: bool = True,
                  output_type: str = "pil"):
         """The reference's arguments for every variant (docs/flux.md); `kontext_images`: a reference image, a list of
         them, or one list per prompt."""
@@ -260,7 +262,7 @@ class FluxImagePipeline(BasePipeline):
             if any(p is None for p in parts):
                 raise UserError("Insert-Anything needs insert_anything_source_image, _source_mask, _ref_image and "
                                 "_ref_mask")
-            inputs, crop = prepare(*parts)
+            inputs, crop = prepare(*parts, size=insert_anything_size)
             flux_fill_image, flux_fill_mask = inputs["flux_fill_image"], inputs["flux_fill_mask"]
             flux_redux_image, height, width = inputs["flux_redux_image"], inputs["height"], inputs["width"]
         if input_image is not None and (height is None or width is None):

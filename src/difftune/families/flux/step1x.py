@@ -263,18 +263,16 @@ def step1x_embed(qwenvl, processor, prompt: str, image, max_length: int = STEP1X
 
 
 class Step1XEmbedder(PipelineUnit):
-    """Step1X-Edit's inputs: the Qwen2.5-VL embedding of each prompt (and the negative, for true CFG) read with the
-    reference image, its mask, and the reference image's latents (FLUX AE). Stands in for the CLIP / T5 encoders
-    (the connector makes the prompt tokens in the model_fn)."""
+    """Step1X-Edit's inputs: the Qwen2.5-VL embedding of the prompt read with the reference image (and of the
+    negative prompt, when one is given: true CFG), its mask, and the reference image's latents (FLUX AE). The prompt
+    cannot be read without the image, so this is not a prompt unit: validation renders a training sample's."""
 
-    inputs = ("step1x_reference_image", "height", "width")
-    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
-    cfg_outputs = {"step1x_llm_embedding": ("step1x_llm_embedding", "negative_step1x_llm_embedding"),
-                   "step1x_mask": ("step1x_mask", "negative_step1x_mask")}
-    outputs = ("step1x_reference_latents",)
+    inputs = ("prompt", "negative_prompt", "step1x_reference_image", "height", "width")
+    outputs = ("step1x_llm_embedding", "step1x_mask", "negative_step1x_llm_embedding", "negative_step1x_mask",
+               "step1x_reference_latents")
     models = ("qwenvl", "vae")
 
-    def process(self, pipe, prompt, step1x_reference_image, height, width):
+    def process(self, pipe, prompt, negative_prompt, step1x_reference_image, height, width):
         from ...media.image import as_image_list, images_to_tensor
         from .units import _prompts, vae_encode
 
@@ -284,19 +282,26 @@ class Step1XEmbedder(PipelineUnit):
         processor = getattr(pipe, "step1x_processor", None)
         if processor is None:
             raise UserError("Step1X-Edit: no Qwen2.5-VL processor (the Qwen/Qwen2.5-VL-7B-Instruct folder beside "
-                            "the weights)")
+                            "the weights, or --step1x_processor_path)")
         prompts = _prompts(prompt)
         images = as_image_list(step1x_reference_image)
         images = images * len(prompts) if len(images) == 1 else images
         if len(images) != len(prompts):
             raise UserError(f"step1x_reference_image: {len(images)} images for {len(prompts)} prompts")
         drop = getattr(pipe, "step1x_drop", None) or STEP1X_DROP
-        embs, masks = zip(*(step1x_embed(pipe.qwenvl, processor, p, i, drop=drop) for p, i in zip(prompts, images)))
+
+        def embed(texts):
+            embs, masks = zip(*(step1x_embed(pipe.qwenvl, processor, p, i, drop=drop) for p, i in zip(texts, images)))
+            return torch.stack(embs).to(pipe.torch_dtype), torch.stack(masks)
+
+        out = dict(zip(("step1x_llm_embedding", "step1x_mask"), embed(prompts)))
+        if negative_prompt is not None:
+            out.update(zip(("negative_step1x_llm_embedding", "negative_step1x_mask"),
+                           embed(_prompts(negative_prompt))))
         # the reference image keeps its own size (the reference does not resize it), floored to 16
         w, h = (s // 16 * 16 for s in images[0].size)
-        latents = vae_encode(pipe, images_to_tensor(images, h, w))
-        return {"step1x_llm_embedding": torch.stack(embs).to(pipe.torch_dtype), "step1x_mask": torch.stack(masks),
-                "step1x_reference_latents": latents}
+        out["step1x_reference_latents"] = vae_encode(pipe, images_to_tensor(images, h, w))
+        return out
 
 
 def step1x_prompt(connector, llm_embedding: torch.Tensor, mask: torch.Tensor, timestep: torch.Tensor):
@@ -321,14 +326,15 @@ def step1x_tokens(tokens: torch.Tensor, img_ids: torch.Tensor, reference_latents
 
 # -- the pipeline -------------------------------------------------------------------------------------------------
 
-STEP1X_CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 30, "cfg_scale": 6.0}
+# the reference's defaults (its examples sample at cfg_scale 6)
+STEP1X_CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 30, "cfg_scale": 1.0}
 
 
 class Step1XEditPipeline(FluxImagePipeline):
     """Step1X-Edit: FLUX.1's sampling and latents, but the prompt is Qwen2.5-VL's reading of the instruction with the
     reference image, turned into prompt tokens by the connector at every step (it takes the timestep), and the
-    reference image's latents follow the noisy tokens. No CLIP / T5, no embedded guidance (true CFG: its cfg_scale,
-    6 by default as the reference's examples)."""
+    reference image's latents follow the noisy tokens. No CLIP / T5, no embedded guidance (true CFG: the reference's
+    examples sample at cfg_scale 6)."""
 
     model_names = ("dit", "vae", "qwenvl", "step1x_connector")
     model_fn_inputs = ("step1x_llm_embedding", "step1x_mask", "step1x_reference_latents")
@@ -377,6 +383,7 @@ class Step1XEditPipeline(FluxImagePipeline):
             raise UserError(f"row {data.get('_row', -1) + 1}: 'step1x_reference_image' must be an image file listed "
                             f"in --data_file_keys (--data_file_keys image,step1x_reference_image)")
         values["step1x_reference_image"] = reference
+        values["negative_prompt"] = None  # training reads the positive side only: no negative Qwen2.5-VL pass
         return values
 
     @staticmethod
@@ -397,6 +404,8 @@ class Step1XEditPipeline(FluxImagePipeline):
         reference = as_image_list(step1x_reference_image)[0]
         width, height = width or reference.size[0], height or reference.size[1]
         values = self.prompt_values(prompt, negative_prompt)
+        if cfg_scale == 1.0:
+            values["negative_prompt"] = None  # not read: no negative Qwen2.5-VL pass
         values.update({"height": height, "width": width, "seed": seed, "input_image": input_image,
                        "step1x_reference_image": step1x_reference_image})
         out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps,
