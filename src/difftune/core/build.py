@@ -121,19 +121,22 @@ def hub_folder(location: str):
 
 def _beside(models, tok, download: bool):
     """The official layout keeps tokenizer/ (and processor/) beside the model's folder; for a hub id, the same
-    repository's folder (downloaded like the weights, if `download` and the family names no other place for it)."""
+    repository's folder (downloaded like the weights, if `download` and the family names no other place for it).
+    `TokenizerSpec.folder` "" is the weights' own folder (Qwen2.5-VL-7B-Instruct keeps its processor there)."""
     from ..models import ModelConfig
 
     for slot, config in models:
         if slot != tok.slot:
             continue
-        if getattr(config, "model_id", None) and download and tok.default is None:
+        if getattr(config, "model_id", None) and download and tok.default is None and tok.folder:
             return ModelConfig(model_id=config.model_id, origin_file_pattern=f"{tok.folder}/",
                                local_model_path=config.local_model_path, download_source=config.download_source,
                                skip_download=config.skip_download)
         files = config.resolve()
         first = Path(files[0] if isinstance(files, (list, tuple)) else files)
-        candidate = (first if first.is_dir() else first.parent).parent / tok.folder
+        folder = first if first.is_dir() else first.parent
+        # folder "": the weights' own folder (a repository whose processor files sit beside its weights)
+        candidate = folder.parent / tok.folder if tok.folder else folder
         if candidate.is_dir():
             return str(candidate)
     return None

@@ -44,7 +44,7 @@ class TokenizerSpec:
 
     attr: str  # pipeline attribute: tokenizer, processor, ...
     slot: str  # the model it serves: loaded only when that model is
-    folder: str  # folder beside the model's own folder in the official layout
+    folder: str  # folder beside the model's own folder in the official layout ("": the model's own folder)
     load: Callable[[Any], Any]  # a folder or ModelConfig -> the object
     flag: str | None = None  # the family option (CLI flag) that names it, e.g. "tokenizer_path"
     default: str | None = None  # model_id:folder/ fallback

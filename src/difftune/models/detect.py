@@ -262,7 +262,8 @@ def _weight_files(config: ModelConfig) -> list[str]:
     return [str(f) for f in resolved]
 
 
-def _config_beside(files: list[str], specs: Sequence[ComponentSpec]) -> tuple[ComponentSpec, dict, str] | None:
+def _config_beside(files: list[str], specs: Sequence[ComponentSpec],
+                   shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[ComponentSpec, dict, str] | None:
     path = Path(files[0]).parent / "config.json"
     if not path.is_file():
         return None
@@ -276,6 +277,9 @@ def _config_beside(files: list[str], specs: Sequence[ComponentSpec]) -> tuple[Co
     classes += [a for a in config.get("architectures") or [] if isinstance(a, str)]
     if not classes:
         return None  # not a diffusers/transformers model config: recognise the weights instead
+    if shapes is not None and any(_carries_markers(spec, shapes) for spec in specs
+                                  if any(c in spec.foreign_config_classes for c in classes)):
+        return None  # e.g. a fine-tune that kept its base model's config.json beside extra tensors: the weights decide
     for spec in specs:
         if spec.class_name in classes:
             return spec, config, str(path)
@@ -283,6 +287,11 @@ def _config_beside(files: list[str], specs: Sequence[ComponentSpec]) -> tuple[Co
         return None
     known = ", ".join(sorted({s.class_name for s in specs}))
     raise UserError(f"{path}: {classes[0]} is not a model difftune can load here (known: {known})")
+
+
+def _carries_markers(spec: ComponentSpec, shapes: dict[str, tuple[int, ...]]) -> bool:
+    keys = {spec.normalize_key(k) for k in shapes}
+    return bool(spec.marker_keys) and all(m in keys for m in spec.marker_keys)
 
 
 def detect_components(config: ModelConfig | str | list[str], specs: Sequence[ComponentSpec]) -> list[DetectedComponent]:
@@ -320,7 +329,7 @@ def detect_component(config: ModelConfig | str | list[str], specs: Sequence[Comp
     per_file = check_files(files)
     shapes = {k: s for f in per_file.values() for k, s in f.items()}
     key_file = {k: f for f, keys in per_file.items() for k in keys}
-    beside = _config_beside(files, specs)
+    beside = _config_beside(files, specs, shapes)
     if beside is not None:
         spec, model_config, path = beside
         return DetectedComponent(spec.name, spec, model_config, files, path, shapes, key_file)

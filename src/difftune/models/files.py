@@ -1,9 +1,11 @@
-"""Reading weight files: safetensors, and the `.pth` files some official repositories ship instead (Wan-AI's
-T5, VAE and CLIP weights).
+"""Reading weight files: safetensors, and the `.pth` / `.bin` files some official repositories ship instead (Wan-AI's
+T5, VAE and CLIP weights; InstantX's FLUX IP-Adapter `ip-adapter.bin`, InfiniteYou's `image_proj_model.bin`).
 
-A `.pth` is a pickle, and unpickling can run code: it is read only with `torch.load(weights_only=True)`, which
-rebuilds tensors and plain containers and refuses everything else, and it must hold a flat {name: tensor}
-state dict. Every other pickle format (.bin, .ckpt, .pt, ...) is refused outright.
+A `.pth` or `.bin` is a pickle, and unpickling can run code: it is read only with `torch.load(weights_only=True)`,
+which rebuilds tensors and plain containers and refuses everything else, and it must hold a flat {name: tensor}
+state dict, or one level of such dicts ({"image_proj": {...}, "ip_adapter": {...}}, the IP-Adapter releases'
+layout), read as "image_proj.<name>", "ip_adapter.<name>". Every other pickle format (.ckpt, .pt, ...) is
+refused outright.
 """
 
 from __future__ import annotations
@@ -16,15 +18,20 @@ import torch
 from ..errors import UserError
 from ..util import PICKLE_SUFFIXES, first_line
 
-STATE_DICT_PICKLES = (".pth",)
+STATE_DICT_PICKLES = (".pth", ".bin")
 
 
 def is_state_dict_pickle(path: str | os.PathLike) -> bool:
     return str(path).lower().endswith(STATE_DICT_PICKLES)
 
 
+def _is_tensor_dict(obj) -> bool:
+    return isinstance(obj, dict) and bool(obj) and \
+        all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+
+
 def load_pth(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """A `.pth` plain tensor state dict, memory-mapped where the file allows it."""
+    """A `.pth` / `.bin` plain tensor state dict, memory-mapped where the file allows it."""
     path = str(path)
     if not os.path.isfile(path):
         raise UserError(f"{path}: no such file")
@@ -39,13 +46,16 @@ def load_pth(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise
     except Exception as e:  # noqa: BLE001 - every failure here is the file's
         raise UserError(f"{path}: not a plain tensor state dict that can be read safely "
-                        f"(torch.load with weights_only=True refused it: {first_line(e)})") from None
+                        f"(torch.load with weights_only=True refused this pickle: {first_line(e)})") from None
     if isinstance(obj, dict) and len(obj) == 1 and next(iter(obj)) in ("model_state", "state_dict") and \
             isinstance(next(iter(obj.values())), dict):  # some releases wrap the state dict once
         obj = next(iter(obj.values()))
-    if not isinstance(obj, dict) or not obj or \
-            not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
-        raise UserError(f"{path}: holds a {type(obj).__name__}, not a plain {{name: tensor}} state dict")
+    if isinstance(obj, dict) and obj and all(isinstance(k, str) and _is_tensor_dict(v) for k, v in obj.items()):
+        # the IP-Adapter releases' layout: {"image_proj": {...}, "ip_adapter": {...}}
+        return {f"{group}.{name}": t for group, part in obj.items() for name, t in part.items()}
+    if not _is_tensor_dict(obj):
+        raise UserError(f"{path}: holds a {type(obj).__name__}, not a plain {{name: tensor}} state dict (nor one "
+                        f"level of them)")
     return obj
 
 

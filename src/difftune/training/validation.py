@@ -128,6 +128,8 @@ class Validator:
         return path if path is not None and path.exists() else None
 
     def _embeddings(self, pipe):
+        if not prompt_units(pipe):  # a variant whose prompt values come from its conditioning (a training sample's)
+            return {}
         if can_encode(pipe):
             return encode_prompts(pipe, self.prompts)
         meta, path = self._cached("prompts.json"), self._cached("embeds.safetensors")

@@ -1,4 +1,6 @@
-"""The FLUX.1 family (FLUX.1-dev / -schnell / Krea / Kontext): its spec, found by the family scan."""
+"""The FLUX.1 family (FLUX.1-dev / -schnell / Krea / Kontext / Fill, Redux, ControlNets, IP-Adapter, InfiniteYou,
+EliGen, FLEX.2, AttriCtrl, LoRA-Encoder, Nexus-Gen, Insert-Anything; Step1X-Edit as its own pipeline class): its
+spec, found by the family scan."""
 
 from dataclasses import dataclass
 
@@ -8,7 +10,15 @@ from ...models.load import load_tokenizer
 from .components import (DIT, DIT_BFL, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_2,
                          VAE, VAE_BFL)
 from .bfl import bfl_lora_from_diffusers, convert_bfl_named_flux_lora, flux_lora_export_notes
+from .controlnet import CONTROLNET, ControlNetInput
+from .infiniteyou import IMAGE_PROJ_MODEL, image_proj_native_keys
+from .ipadapter import IPADAPTER, IPADAPTER_IMAGE_ENCODER, ipadapter_native_keys
+from .lora_encoder import LORA_ENCODER, lora_encoder_native_keys
+from .nexus_gen import NEXUS_AR, NEXUS_DIT, NEXUS_MERGER, load_nexus_processor
 from .pipeline import FluxImagePipeline
+from .redux import REDUX_IMAGE_EMBEDDER, REDUX_IMAGE_ENCODER
+from .step1x import QWENVL, STEP1X_CONNECTOR, STEP1X_DIT, Step1XEditPipeline, load_step1x_processor
+from .value_control import VALUE_CONTROLLER
 
 GROUP = "FLUX.1"
 
@@ -23,11 +33,72 @@ class FluxOptions:
                                               "(lora_unet_double_blocks_*, lora_down/lora_up, an alpha per layer), "
                                               "as it does; the same as --lora_format kohya.", kind=SWITCH,
                                               group=GROUP)
+    nexus_gen_processor_path: str | None = option(None, "Nexus-Gen: the Qwen2.5-VL processor (default: processor/ of "
+                                                  "the Nexus-GenV2 repository).", group=GROUP, sample=True)
+    step1x_processor_path: str | None = option(None, "Step1X-Edit: the Qwen2.5-VL processor (default: the "
+                                               "Qwen2.5-VL weights' own folder).", group=GROUP, sample=True)
+    insert_anything_size: int = option(768, "Insert-Anything: the side of each half of the diptych it trains on "
+                                       "(the reference's fixed 768).", kind=int, group=GROUP)
     # difftune sample's inputs
     embedded_guidance: float | None = option(None, "FLUX.1-dev's distilled guidance (default: the family's, 3.5).",
                                              kind=float, group=GROUP, sample=True, train=False)
     kontext_images: list | None = option(None, "FLUX.1 Kontext: a reference image (repeat for several).",
                                          repeat=True, load="RGB", group=GROUP, sample=True, train=False)
+    controlnet_image: str | None = option(None, "A ControlNet's control image.", load="RGB", group=GROUP,
+                                          sample=True, train=False)
+    controlnet_inpaint_mask: str | None = option(None, "Inpainting-Beta ControlNet: the region to fill (light).",
+                                                 load="RGB", group=GROUP, sample=True, train=False)
+    controlnet_processor_id: str | None = option(None, "Union-alpha ControlNet: the control mode (canny, tile, depth, "
+                                                 "blur, pose, gray, lq).", group=GROUP, sample=True, train=False)
+    controlnet_scale: float | None = option(None, "The ControlNet's strength (default 1).", kind=float, group=GROUP,
+                                            sample=True, train=False)
+    flux_fill_image: str | None = option(None, "FLUX.1 Fill: the image to fill in.", load="RGB", group=GROUP,
+                                         sample=True, train=False)
+    flux_fill_mask: str | None = option(None, "FLUX.1 Fill: the region to fill (light).", load="RGB", group=GROUP,
+                                        sample=True, train=False)
+    flux_redux_image: str | None = option(None, "FLUX.1 Redux: the image whose variations to make.", load="RGB",
+                                          group=GROUP, sample=True, train=False)
+    ipadapter_images: list | None = option(None, "IP-Adapter: an image prompt (repeat for several).", repeat=True,
+                                           load="RGB", group=GROUP, sample=True, train=False)
+    ipadapter_scale: float | None = option(None, "IP-Adapter: its strength (default 1).", kind=float, group=GROUP,
+                                           sample=True, train=False)
+    infinityou_id_image: str | None = option(None, "InfiniteYou: the identity's face image (needs insightface).",
+                                             load="RGB", group=GROUP, sample=True, train=False)
+    infinityou_face_embedding: str | None = option(None, "InfiniteYou: a precomputed ArcFace embedding (.safetensors "
+                                                   "or .npy) instead of infinityou_id_image.", group=GROUP,
+                                                   sample=True, train=False)
+    eligen_entity_prompts: list | None = option(None, "EliGen: an entity's prompt (repeat; one per mask).",
+                                                repeat=True, group=GROUP, sample=True, train=False)
+    eligen_entity_masks: list | None = option(None, "EliGen: an entity's mask (repeat; one per prompt).", repeat=True,
+                                              load="RGB", group=GROUP, sample=True, train=False)
+    flex_inpaint_image: str | None = option(None, "FLEX.2: the image to inpaint.", load="RGB", group=GROUP,
+                                            sample=True, train=False)
+    flex_inpaint_mask: str | None = option(None, "FLEX.2: the region to inpaint (light).", load="RGB", group=GROUP,
+                                           sample=True, train=False)
+    flex_control_image: str | None = option(None, "FLEX.2: a control image (pose, depth, ...).", load="RGB",
+                                            group=GROUP, sample=True, train=False)
+    value_controller_inputs: float | None = option(None, "AttriCtrl: the attribute's value (e.g. brightness 0..1).",
+                                                   kind=float, group=GROUP, sample=True, train=False)
+    lora_encoder_inputs: str | None = option(None, "LoRA-Encoder: a FLUX.1 LoRA file whose tokens join the prompt.",
+                                             group=GROUP, sample=True, train=False)
+    nexus_gen_reference_image: str | None = option(None, "Nexus-Gen: the image to edit.", load="RGB", group=GROUP,
+                                                   sample=True, train=False)
+    step1x_reference_image: str | None = option(None, "Step1X-Edit: the image to edit.", load="RGB", group=GROUP,
+                                                sample=True, train=False)
+    insert_anything_source_image: str | None = option(None, "Insert-Anything: the image to insert into.", load="RGB",
+                                                      group=GROUP, sample=True, train=False)
+    insert_anything_source_mask: str | None = option(None, "Insert-Anything: where to insert (light).", load="RGB",
+                                                     group=GROUP, sample=True, train=False)
+    insert_anything_ref_image: str | None = option(None, "Insert-Anything: the image of the object.", load="RGB",
+                                                   group=GROUP, sample=True, train=False)
+    insert_anything_ref_mask: str | None = option(None, "Insert-Anything: the object in its image (light).",
+                                                  load="RGB", group=GROUP, sample=True, train=False)
+
+    def __post_init__(self):
+        if self.insert_anything_size < 16 or self.insert_anything_size % 16:
+            from ...errors import UserError
+
+            raise UserError(f"--insert_anything_size {self.insert_anything_size}: a multiple of 16 is needed")
 
     def lora_format(self) -> tuple[str, str] | None:
         """(the LoRA layout these flags ask for, the flag), or None: --lora_format decides."""
@@ -37,12 +108,21 @@ class FluxOptions:
 FAMILY = FamilySpec(
     name="flux",
     pipeline=FluxImagePipeline,
-    components=(DIT, TEXT_ENCODER, TEXT_ENCODER_2, VAE, DIT_BFL, VAE_BFL),
+    variants=(Step1XEditPipeline,),
+    # Order matters where two specs fit one file: the plain DiT before a variant's; Redux's SigLIP (vision tower
+    # only, with a config.json of its class) before the IP-Adapter's (the whole SigLIP).
+    components=(DIT, TEXT_ENCODER, TEXT_ENCODER_2, VAE, DIT_BFL, VAE_BFL, STEP1X_DIT, STEP1X_CONNECTOR, NEXUS_DIT,
+                NEXUS_MERGER, NEXUS_AR, QWENVL, CONTROLNET, REDUX_IMAGE_ENCODER, REDUX_IMAGE_EMBEDDER, IPADAPTER,
+                IPADAPTER_IMAGE_ENCODER, IMAGE_PROJ_MODEL, VALUE_CONTROLLER, LORA_ENCODER),
     tokenizers=(
         TokenizerSpec(attr="tokenizer_1", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
                       flag="tokenizer_1_path"),
         TokenizerSpec(attr="tokenizer_2", slot="text_encoder_2", folder="tokenizer_2", load=load_tokenizer,
                       flag="tokenizer_2_path"),
+        TokenizerSpec(attr="nexus_gen_processor", slot="nexus_gen", folder="processor", load=load_nexus_processor,
+                      flag="nexus_gen_processor_path"),
+        TokenizerSpec(attr="step1x_processor", slot="qwenvl", folder="", load=load_step1x_processor,
+                      flag="step1x_processor_path"),
     ),
     lora_prefixes={"dit": "transformer", "text_encoder": "text_encoder", "text_encoder_2": "text_encoder_2"},
     lora_target_modules=LORA_TARGET_MODULES,
@@ -52,9 +132,13 @@ FAMILY = FamilySpec(
     lora_converters=(convert_bfl_named_flux_lora,),
     lora_native_names=bfl_lora_from_diffusers,
     lora_export_notes=flux_lora_export_notes,
+    # --full_format original: the add-on models in their released files' names
+    full_native_keys={"ipadapter": ipadapter_native_keys, "image_proj_model": image_proj_native_keys,
+                      "lora_encoder": lora_encoder_native_keys},
     data="image",
     options=FluxOptions,
-    description="FLUX.1-dev / -schnell (diffusers FluxTransformer2DModel, AutoencoderKL, CLIP-L, T5-XXL)",
+    unit_settings=lambda options: {"insert_anything_size": int(options.insert_anything_size)},
+    description="FLUX.1 (diffusers FluxTransformer2DModel, AutoencoderKL, CLIP-L, T5-XXL) and its variants",
 )
 
-__all__ = ["FAMILY", "FluxImagePipeline"]
+__all__ = ["ControlNetInput", "FAMILY", "FluxImagePipeline", "Step1XEditPipeline"]

@@ -9,6 +9,7 @@ from it; bare diffusers-layout files by their tensor shapes against these. BFL s
 from __future__ import annotations
 
 import math
+import re
 from functools import partial
 
 from ...models.detect import ComponentSpec
@@ -57,8 +58,13 @@ FLUX1_DEV_TRANSFORMER_CONFIG = {
     "patch_size": 1,
     "pooled_projection_dim": 768,
 }
-# FLUX.1-schnell: the same but without the guidance embedder.
+# FLUX.1-schnell: the same but without the guidance embedder (so is Step1X-Edit's DiT).
 FLUX1_SCHNELL_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "guidance_embeds": False}
+# FLUX.1-Fill-dev: per 2x2 token the noisy latents (64), the masked image's latents (64) and the mask at pixel
+# resolution folded into latent channels (256); its output stays 64 wide.
+FLUX1_FILL_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "in_channels": 384, "out_channels": 64}
+# ostris/Flex.2-preview: 8 double blocks; 33 condition channels per latent pixel beside the 16 (4 x 49 = 196 inputs).
+FLEX2_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "in_channels": 196, "out_channels": 64, "num_layers": 8}
 
 FLUX1_VAE_CONFIG = {
     "_class_name": "AutoencoderKL",
@@ -129,6 +135,45 @@ T5_XXL_ENCODER_CONFIG = {
 }
 
 
+def _count(shapes, head: str) -> int:
+    pattern = re.compile(rf"^{re.escape(head)}\.(\d+)\.")
+    ids = {int(m.group(1)) for k in shapes if (m := pattern.match(k))}
+    return max(ids) + 1 if ids else 0
+
+
+def flux_axes_dims(head_dim: int) -> list[int] | None:
+    """FLUX.1's RoPE split of a head (16, 56, 56 of 128) at another head size: 1/8, 7/16, 7/16 (even parts only)."""
+    if head_dim % 32:
+        return None
+    return [head_dim // 8, head_dim * 7 // 16, head_dim * 7 // 16]
+
+
+def infer_flux_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
+    """A FluxTransformer2DModel config from its tensors' shapes (diffusers names): every size shows in the weights
+    (input and output channels, width, head size, depths, text widths, the guidance embedder) except the RoPE split,
+    which follows FLUX.1's proportions (`flux_axes_dims`)."""
+    try:
+        width, in_channels = shapes["x_embedder.weight"]
+        head_dim = shapes["transformer_blocks.0.attn.norm_q.weight"][0]
+        config = {
+            "_class_name": "FluxTransformer2DModel", "patch_size": 1,
+            "in_channels": in_channels, "out_channels": shapes["proj_out.weight"][0],
+            "attention_head_dim": head_dim, "num_attention_heads": width // head_dim,
+            "num_layers": _count(shapes, "transformer_blocks"),
+            "num_single_layers": _count(shapes, "single_transformer_blocks"),
+            "joint_attention_dim": shapes["context_embedder.weight"][1],
+            "pooled_projection_dim": shapes["time_text_embed.text_embedder.linear_1.weight"][1],
+            "guidance_embeds": "time_text_embed.guidance_embedder.linear_1.weight" in shapes,
+        }
+    except (KeyError, ValueError, IndexError):
+        return None
+    axes = flux_axes_dims(head_dim)
+    if axes is None:
+        return None
+    config["axes_dims_rope"] = axes
+    return config
+
+
 def transformer_key(key: str) -> str:
     """ComfyUI saves diffusers-named FLUX transformers with a `model.diffusion_model.` prefix."""
     for prefix in ("model.diffusion_model.", "diffusion_model."):
@@ -146,9 +191,12 @@ def clip_text_key(key: str) -> str:
 DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="FluxTransformer2DModel",
     known_configs={"black-forest-labs/FLUX.1-dev transformer": FLUX1_DEV_TRANSFORMER_CONFIG,
-                   "black-forest-labs/FLUX.1-schnell transformer": FLUX1_SCHNELL_TRANSFORMER_CONFIG},
+                   "black-forest-labs/FLUX.1-schnell transformer": FLUX1_SCHNELL_TRANSFORMER_CONFIG,
+                   "black-forest-labs/FLUX.1-Fill-dev transformer": FLUX1_FILL_TRANSFORMER_CONFIG,
+                   "ostris/Flex.2-preview transformer": FLEX2_TRANSFORMER_CONFIG},
     marker_keys=("x_embedder.weight", "context_embedder.weight", "time_text_embed.text_embedder.linear_1.weight"),
-    normalize_key=transformer_key, description="FLUX.1 MMDiT (12B)")
+    normalize_key=transformer_key, infer_config=infer_flux_config,
+    description="FLUX.1 MMDiT (12B; Fill: 384 inputs; FLEX.2: 196 inputs, 8 double blocks)")
 
 VAE = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKL",
@@ -172,8 +220,8 @@ TEXT_ENCODER_2 = ComponentSpec(
 DIT_BFL = ComponentSpec(
     name="dit", library="diffusers", class_name="FluxTransformer2DModel", known_configs=DIT.known_configs,
     marker_keys=("img_in.weight", "double_blocks.0.img_attn.qkv.weight", "final_layer.linear.weight"),
-    normalize_key=transformer_key, convert_state_dict=convert_bfl_transformer,
-    description="FLUX.1 MMDiT (12B), BFL single-file layout")
+    normalize_key=transformer_key, convert_state_dict=convert_bfl_transformer, infer_config=infer_flux_config,
+    description="FLUX.1 MMDiT, BFL single-file layout (flux1-dev / -krea / -kontext / -fill, Flex.2-preview)")
 
 VAE_BFL = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKL", known_configs=VAE.known_configs,

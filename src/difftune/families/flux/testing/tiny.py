@@ -216,13 +216,16 @@ def _tiny_flux(folder: Path) -> TinyFamily:
 
     kontext = TinyVariant(flags=("--data_file_keys", "image,kontext_images", "--extra_inputs", "kontext_images"),
                           write_dataset=lambda root: write_kontext_dataset(root, n=2))
+    from .contract import OPTIONAL_SLOTS, contract_variants
+
+    variants = {"kontext": kontext, **contract_variants(folder / "variants", folder / "repo")}
     return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
                       flags=("--max_pixels", "4096"),
                       trainable_cases={
                           "clip_lora": ("--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj"),
                           "t5_lora": ("--lora_base_model", "text_encoder_2", "--lora_target_modules", "q,v")},
-                      variants={"kontext": kontext})
+                      optional_slots=OPTIONAL_SLOTS, variants=variants)
 
 
 register_tiny("flux", _tiny_flux)

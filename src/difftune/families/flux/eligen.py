@@ -1,0 +1,89 @@
+"""FLUX.1 EliGen (entity-level control; DiffSynth-Studio's FLUX.1-dev EliGen LoRAs).
+
+Each entity is a prompt and a mask image (`eligen_entity_prompts`, `eligen_entity_masks`). As the reference's
+`FluxImageUnit_EntityControl` and `FluxDiT.process_entity_masks`:
+
+* every entity prompt is encoded by T5 like the prompt (padded to 512 tokens, padding kept), and the DiT's text
+  sequence becomes [entity 1, ..., entity N, prompt], all with text ids 0;
+* the attention mask lets an entity's text tokens and the image tokens inside its mask attend to each other (the
+  prompt's: all image tokens), text tokens attend only within their own segment, image tokens to every image token.
+
+Masks are taken at latent resolution (nearest), a pixel counting where its channels average above mid-grey; a 2x2
+patch token is inside when any of its latent pixels is (`media/masks.py`, shared with Qwen-Image's EliGen); the
+mask itself is `core/regional.py`'s, also family-free. The attention runs through `attention.py`'s processor.
+"""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image
+
+from ...core.regional import segment_attention_mask
+from ...core.units import PipelineUnit
+from ...errors import UserError
+from ...media.image import as_image_list
+from ...media.masks import entity_token_masks
+from .units import VAE_SCALE, t5_hidden
+
+ENTITY_OUTPUTS = ("entity_prompt_embeds", "entity_masks")
+
+
+def _per_sample(value, n: int, what: str) -> list:
+    if n == 1 and (isinstance(value, (str, Image.Image)) or (isinstance(value, list) and value and
+                                                              not isinstance(value[0], list))):
+        return [value]
+    if not isinstance(value, list) or len(value) != n:
+        raise UserError(f"{what}: expected a list per sample")
+    return value
+
+
+class FluxEntityControl(PipelineUnit):
+    """Entity prompts (T5, 512 tokens each) and masks -> `entity_prompt_embeds` (B, N, 512, D) and `entity_masks`
+    (B, N, tokens). The negative side gets entities only from `negative_eligen_entity_prompts` (else none)."""
+
+    feature = "eligen"
+    inputs = ("eligen_entity_masks", "height", "width", "batch_size")
+    cfg_inputs = {"entity_prompts": ("eligen_entity_prompts", "negative_eligen_entity_prompts")}
+    cfg_outputs = {name: (name, "negative_" + name) for name in ENTITY_OUTPUTS}
+    models = ("text_encoder_2",)
+
+    def process(self, pipe, eligen_entity_masks, height, width, batch_size, entity_prompts):
+        if entity_prompts is None:
+            return dict.fromkeys(ENTITY_OUTPUTS)  # explicit None: this side has no entities
+        if eligen_entity_masks is None:
+            raise UserError("eligen_entity_prompts are given without eligen_entity_masks")
+        n = int(batch_size or 1)
+        prompts = _per_sample(entity_prompts, n, "eligen_entity_prompts")
+        masks = _per_sample(eligen_entity_masks, n, "eligen_entity_masks")
+        embeds, token_masks = [], []
+        for p, m in zip(prompts, masks):
+            p, m = ([p] if isinstance(p, str) else list(p)), as_image_list(m)
+            if not p or len(p) != len(m) or not all(isinstance(x, str) for x in p):
+                raise UserError(f"EliGen needs one entity prompt (text) per entity mask, got {len(p)} prompt(s) and "
+                                f"{len(m)} mask(s)")
+            embeds.append(t5_hidden(pipe, p))
+            token_masks.append(entity_token_masks(m, height, width, VAE_SCALE))
+        if len({e.shape[0] for e in embeds}) > 1:
+            raise UserError("EliGen: samples of one batch have different numbers of entities (--batch_size 1 avoids "
+                            "it)")
+        return {"entity_prompt_embeds": torch.stack(embeds).to(pipe.torch_dtype),
+                "entity_masks": torch.stack(token_masks).to(pipe.device)}
+
+
+def eligen_text_and_mask(prompt_embeds: torch.Tensor, entity_prompt_embeds: torch.Tensor, entity_masks: torch.Tensor,
+                         image_len: int):
+    """(text (B, (N+1)*L, D) = [entity 1, ..., entity N, prompt], attention mask (B, 1, S + I, S + I) bool)."""
+    b, n, length, _ = entity_prompt_embeds.shape
+    if entity_masks.shape[-1] != image_len:
+        raise UserError(f"EliGen: the entity masks cover {entity_masks.shape[-1]} image tokens, the DiT sees "
+                        f"{image_len} (EliGen does not combine with reference images)")
+    text = torch.cat([entity_prompt_embeds.to(prompt_embeds).flatten(1, 2), prompt_embeds], dim=1)
+    segment = torch.cat([torch.arange(n).repeat_interleave(length),
+                         torch.full((prompt_embeds.shape[1],), n)]).to(prompt_embeds.device)
+    valid = torch.ones(b, text.shape[1], dtype=torch.bool, device=prompt_embeds.device)
+    inside = entity_masks.to(prompt_embeds.device) > 0
+    regions = torch.cat([inside, torch.ones_like(inside[:, :1])], dim=1)
+    return text, segment_attention_mask(valid, segment, regions, image_len)
+
+
+__all__ = ["FluxEntityControl", "eligen_text_and_mask"]
