@@ -154,7 +154,11 @@ def _strip_comfy_prefix(key: str) -> str:
 def _dit_from_original(state):
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
-    return convert_wan_transformer_to_diffusers(dict(state))
+    out = convert_wan_transformer_to_diffusers(dict(state))
+    # FLF2V's image position embedding, which diffusers' converter leaves under Wan's name
+    if "img_emb.emb_pos" in out:
+        out["condition_embedder.image_embedder.pos_embed"] = out.pop("img_emb.emb_pos")
+    return out
 
 
 def _vae_from_original(state):

@@ -1,0 +1,35 @@
+"""FLF2V's image position embedding under Wan-AI's own key name, and the Fun-InP 1.3B DiT: recognised from the
+released files' headers (full size, nothing loaded) and converted both ways."""
+
+import torch
+
+from difftune.families.wan.components import DIT_ORIGINAL, WAN_DIT_CONFIGS, _dit_from_original
+from difftune.families.wan.dit_keys import dit_to_original
+from difftune.models.detect import match_header
+
+
+def _original_header(label):
+    """The released file's {key: shape}, in Wan-AI's names, from the official config's tensors."""
+    return {k: s for k, s in dit_to_original(DIT_ORIGINAL.signature(WAN_DIT_CONFIGS[label])).items()}
+
+
+def test_flf2v_header_in_wan_names_is_recognised_as_flf2v():
+    header = _original_header("Wan2.1-FLF2V-14B")
+    # Wan-AI's file names the tensor img_emb.emb_pos (the reference's MLP.emb_pos), never diffusers' name
+    assert header["img_emb.emb_pos"] == (1, 514, 1280)
+    assert not any(k.startswith("condition_embedder") for k in header)
+    match = match_header(header, [DIT_ORIGINAL])
+    assert match is not None and match.label == "Wan2.1-FLF2V-14B"
+    # without the position embedding it is the I2V 14B DiT, not FLF2V
+    del header["img_emb.emb_pos"]
+    assert match_header(header, [DIT_ORIGINAL]).label == "Wan2.1-I2V-14B"
+
+
+def test_flf2v_position_embedding_converts_both_ways():
+    torch.manual_seed(0)
+    pos = torch.randn(1, 6, 4)
+    state = {"img_emb.emb_pos": pos, "patch_embedding.weight": torch.randn(8, 4, 1, 2, 2)}
+    converted = _dit_from_original(state)
+    assert torch.equal(converted["condition_embedder.image_embedder.pos_embed"], pos)
+    assert "img_emb.emb_pos" not in converted
+    assert torch.equal(dit_to_original(converted)["img_emb.emb_pos"], pos)
