@@ -33,3 +33,14 @@ def test_flf2v_position_embedding_converts_both_ways():
     assert torch.equal(converted["condition_embedder.image_embedder.pos_embed"], pos)
     assert "img_emb.emb_pos" not in converted
     assert torch.equal(dit_to_original(converted)["img_emb.emb_pos"], pos)
+
+
+def test_fun_inp_13b_header_is_recognised_as_the_13b_i2v_dit():
+    header = _original_header("Wan2.1-Fun-1.3B-InP")
+    # the I2V 1.3B DiT: 36 input channels, CLIP image branch (1280 -> 1536), no position embedding
+    assert header["patch_embedding.weight"] == (1536, 36, 1, 2, 2)
+    assert header["img_emb.proj.1.weight"] == (1280, 1280) and header["img_emb.proj.3.weight"] == (1536, 1280)
+    assert header["blocks.29.cross_attn.k_img.weight"] == (1536, 1536)
+    match = match_header(header, [DIT_ORIGINAL])
+    assert match is not None and match.label == "Wan2.1-Fun-1.3B-InP"
+    assert match.config["image_dim"] == 1280 and match.config["added_kv_proj_dim"] == 1536

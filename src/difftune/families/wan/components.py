@@ -105,6 +105,8 @@ def _dit_config(heads, ffn, layers, in_channels=16, out_channels=16, image=False
 WAN_DIT_CONFIGS = {
     "Wan2.1-T2V-1.3B": _dit_config(12, 8960, 30),
     "Wan2.1-T2V-14B / Wan2.2-T2V-A14B expert": _dit_config(40, 13824, 40),
+    # PAI's Wan2.1-Fun-1.3B-InP and Fun-V1.1-1.3B-InP: the I2V DiT (CLIP image, first/last frame) at 1.3B size
+    "Wan2.1-Fun-1.3B-InP": _dit_config(12, 8960, 30, in_channels=36, image=True),
     "Wan2.1-I2V-14B": _dit_config(40, 13824, 40, in_channels=36, image=True),
     "Wan2.1-FLF2V-14B": _dit_config(40, 13824, 40, in_channels=36, image=True, pos_embed_seq_len=514),
     "Wan2.2-I2V-A14B expert": _dit_config(40, 13824, 40, in_channels=36),
