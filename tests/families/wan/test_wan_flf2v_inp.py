@@ -44,3 +44,36 @@ def test_fun_inp_13b_header_is_recognised_as_the_13b_i2v_dit():
     match = match_header(header, [DIT_ORIGINAL])
     assert match is not None and match.label == "Wan2.1-Fun-1.3B-InP"
     assert match.config["image_dim"] == 1280 and match.config["added_kv_proj_dim"] == 1536
+
+
+def test_tiny_flf2v_file_keeps_wan_names_and_loads_its_position_embedding(tmp_path, monkeypatch):
+    from safetensors import safe_open
+
+    from difftune.families.wan.testing.flf2v_inp import tiny_flf2v_transformer, write_tiny_flf2v_original
+    from difftune.models.load import load_component
+
+    root, known = write_tiny_flf2v_original(tmp_path / "Wan2.1-FLF2V-14B-720P")
+    for spec, label, config in known:
+        monkeypatch.setitem(spec.known_configs, label, config)
+    path = str(root / "diffusion_pytorch_model.safetensors")
+    with safe_open(path, "pt") as f:
+        keys = set(f.keys())
+    assert "img_emb.emb_pos" in keys and not any(k.startswith("condition_embedder") for k in keys)
+    loaded = load_component(path, [DIT_ORIGINAL], torch_dtype=torch.float32).module
+    expected = tiny_flf2v_transformer().state_dict()
+    assert loaded.state_dict().keys() == expected.keys()
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in expected.items())
+    assert expected["condition_embedder.image_embedder.pos_embed"].abs().sum() > 0
+
+
+def test_tiny_fun_inp_repo_is_recognised_as_an_i2v_dit_with_clip(tmp_path, monkeypatch):
+    from difftune.families.wan.testing.flf2v_inp import write_tiny_fun_inp_original
+    from difftune.models.detect import detect_component
+
+    root, known = write_tiny_fun_inp_original(tmp_path / "Wan2.1-Fun-1.3B-InP")
+    for spec, label, config in known:
+        monkeypatch.setitem(spec.known_configs, label, config)
+    assert (root / "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth").is_file()
+    det = detect_component(str(root / "diffusion_pytorch_model.safetensors"), [DIT_ORIGINAL])
+    assert det.source == "weights match tiny fun-inp" and det.config["in_channels"] == 36
+    assert det.config["image_dim"] is not None
