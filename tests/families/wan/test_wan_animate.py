@@ -16,7 +16,6 @@ from difftune.families.wan.dit_forward import wan_dit_forward
 from difftune.families.wan.pipeline import WanVideoPipeline
 from difftune.families.wan.testing.animate import (animate_file_state, tiny_animate_transformer,
                                                    write_tiny_animate_original)
-from difftune.families.wan.units import vae_encode, video_tensor
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component
 
@@ -85,8 +84,9 @@ def test_loading_the_file_gives_diffusers_animate_transformer_outputs(known):
     # diffusers' class from the converted file: diffusers' converter for the DiT, ours for the adapter (diffusers'
     # assumes 512 px faces; the two agree there, test_adapter_keys_match_diffusers_converter_and_invert)
     state = load_file(path)
-    converted = convert_wan_transformer_to_diffusers({k: v for k, v in state.items() if not k.startswith(ADAPTER_PREFIXES)})
-    converted.update(animate_adapter_from_original({k: v for k, v in state.items() if k.startswith(ADAPTER_PREFIXES)}))
+    adapter_keys = {k for k in state if k.startswith(ADAPTER_PREFIXES)}
+    converted = convert_wan_transformer_to_diffusers({k: v for k, v in state.items() if k not in adapter_keys})
+    converted.update(animate_adapter_from_original({k: state[k] for k in adapter_keys}))
     ref = WanAnimateTransformer3DModel.from_config(tiny_animate_transformer().config).eval()
     ref.load_state_dict(converted, strict=True)
     g = torch.Generator().manual_seed(1)

@@ -194,10 +194,36 @@ def test_reference_image_leads_the_training_latents_and_the_noise():
     from difftune.families.wan.units import vae_encode, video_tensor
 
     with torch.no_grad():
-        expected = torch.cat([vae_encode(pipe, video_tensor([ref], 32, 48)), vae_encode(pipe, video_tensor(clip, 32, 48))],
-                             dim=2)
+        expected = torch.cat([vae_encode(pipe, video_tensor([ref], 32, 48)),
+                              vae_encode(pipe, video_tensor(clip, 32, 48))], dim=2)
     assert torch.equal(values["input_latents"], expected)
     # no reference: the base unit's values
     values = {"height": 32, "width": 48, "num_frames": 5, "seed": 0, "rand_device": "cpu", "batch_size": 1}
     run_unit(pipe, WanVaceNoiseInitializer(), values)
     assert values["noise"].shape == (1, 16, 2, 4, 6)
+
+
+def test_gradient_checkpointing_of_dit_and_branch_keeps_the_gradients():
+    from diffusers import WanTransformer3DModel
+
+    from difftune.core.checkpointing import set_gradient_checkpointing
+    from difftune.families.wan.testing.vace import tiny_vace_configs
+    from difftune.families.wan.vace import WanVACEModel
+
+    full = tiny_vace_transformer()
+    dit_config, vace_config = tiny_vace_configs(full)
+    state = full.state_dict()
+    dit = WanTransformer3DModel.from_config(dit_config)
+    dit.load_state_dict({k: v for k, v in state.items() if not k.startswith("vace_")})
+    vace = WanVACEModel.from_config(vace_config)
+    vace.load_state_dict({k: v for k, v in state.items() if k.startswith("vace_")})
+    x, t, text, context = _inputs(full)
+    grads = []
+    for enabled in (False, True):
+        for model in (dit, vace):
+            set_gradient_checkpointing(model, enabled)
+            model.zero_grad()
+        wan_dit_forward(dit, x, t, text, block_hooks=[vace.block_hook(context)]).square().mean().backward()
+        grads.append([p.grad.clone() for p in vace.parameters()])
+    assert vace.gradient_checkpointing and vace.vace_blocks[0].proj_in.weight.grad.abs().sum() > 0
+    assert all((a - b).abs().max() <= 1e-6 for a, b in zip(*grads))

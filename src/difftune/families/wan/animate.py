@@ -15,7 +15,6 @@ face videos are cut to the clip's length minus 4 frames (one latent frame fewer:
 
 from __future__ import annotations
 
-import math
 import re
 
 import torch
@@ -33,7 +32,7 @@ from ...errors import UserError
 from ...models.detect import ComponentSpec
 from .components import WAN_DIT_CONFIGS, _dit_from_original, _strip_comfy_prefix
 from .dit_forward import BlockInputs, run_checkpointed
-from .units import _per_sample, frames_of, latent_frames, vae_encode, vae_scales, video_tensor
+from .units import _per_sample, frames_of, vae_encode, vae_scales, video_tensor
 
 ADAPTER_PREFIXES = ("pose_patch_embedding.", "motion_encoder.", "face_encoder.", "face_adapter.")
 INJECT_EVERY = 5  # the face adapter follows DiT blocks 0, 5, 10, ...

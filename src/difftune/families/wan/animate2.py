@@ -224,7 +224,10 @@ class WanAnimate2CLIPEmbedder(PipelineUnit):
         clip = WanImageEmbedderCLIP()
         images = _per_sample(animate2_reference_image, n)
         firsts = [c[0] for c in _clips(animate2_reference_video, n)]
-        embed = lambda ims: clip.process(pipe, ims if n > 1 else ims[0], None, height, width, n)["image_embeds"]  # noqa: E731
+
+        def embed(ims):
+            return clip.process(pipe, ims if n > 1 else ims[0], None, height, width, n)["image_embeds"]
+
         return {"image_embeds": embed(images), "animate2_reference_image_embeds": embed(firsts)}
 
 

@@ -67,4 +67,5 @@ def write_tiny_animate_original(path) -> tuple[Path, list[tuple]]:
                                              (ANIMATE_ADAPTER_ORIGINAL, "tiny", adapter)]
 
 
-__all__ = ["TINY_FACE_SIZE", "animate_file_state", "tiny_animate_configs", "tiny_animate_transformer", "write_tiny_animate_original"]
+__all__ = ["TINY_FACE_SIZE", "animate_file_state", "tiny_animate_configs", "tiny_animate_transformer",
+           "write_tiny_animate_original"]
