@@ -96,14 +96,16 @@ def test_loading_the_file_gives_diffusers_animate_transformer_outputs(known):
     with torch.no_grad():
         theirs = ref(x, t, text, image, pose_hidden_states=pose, face_pixel_values=faces, return_dict=False)[0]
         ours = wan_dit_forward(dit, x, t, text, image, patch_residual=adapter.pose_residual(pose),
-                               block_hooks=[adapter.block_hook(faces)])
+                               block_hooks=[adapter.block_hook(adapter.motion_vectors(faces))])
         no_face = wan_dit_forward(dit, x, t, text, image, patch_residual=adapter.pose_residual(pose))
         other_face = wan_dit_forward(dit, x, t, text, image, patch_residual=adapter.pose_residual(pose),
-                                     block_hooks=[adapter.block_hook(negative_face_pixels(faces))])
+                                     block_hooks=[adapter.block_hook(adapter.motion_vectors(
+                                         negative_face_pixels(faces)))])
     assert (ours - theirs).abs().max() <= 1e-5
     assert (ours - no_face).abs().max() > 1e-4 and (ours - other_face).abs().max() > 1e-4
     with pytest.raises(Exception, match="animate_face_video"), torch.no_grad():
-        wan_dit_forward(dit, x, t, text, image, block_hooks=[adapter.block_hook(_faces(9, 32, 3))])
+        wan_dit_forward(dit, x, t, text, image,
+                        block_hooks=[adapter.block_hook(adapter.motion_vectors(_faces(9, 32, 3)))])
 
 
 def test_faces_not_at_the_encoder_size_are_resized():
@@ -192,3 +194,32 @@ def test_replacement_condition_equals_diffusers():
     assert values["condition"].shape == expected.shape == (1, 20, 3, 4, 6)
     assert (values["condition"] - expected).abs().max() <= 1e-5
     assert torch.equal(i2v_mask(2, 4, 6, 1)[:, 0], torch.ones(4, 4, 6))
+
+
+def test_face_motion_unit_and_what_the_split_caches():
+    from difftune.core.graph import split_units
+    from difftune.families.wan.animate import WanAnimateAdapter, WanAnimateFaceMotion
+    from difftune.families.wan.testing.animate import tiny_animate_configs
+
+    model = tiny_animate_transformer()
+    adapter = WanAnimateAdapter.from_config(tiny_animate_configs(model)[1]).eval()
+    class Pipe(WanVideoPipeline):  # the slot the pipeline gains when Animate is wired in
+        model_names = WanVideoPipeline.model_names + ("animate_adapter",)
+
+    pipe = Pipe(torch_dtype=torch.float32)
+    pipe.animate_adapter = adapter
+    assert pipe.models["animate_adapter"] is adapter
+    faces = _faces(5, 32, 7)
+    with torch.no_grad():
+        motion = run_unit(pipe, WanAnimateFaceMotion(), {"face_pixel_values": faces})["face_motion"]
+        assert torch.equal(motion, adapter.motion_vectors(faces))
+    units = [WanAnimateVideoSplit(), WanAnimatePoseLatents(), WanAnimateFacePixels(), WanAnimateFaceMotion()]
+    reads = ("input_latents", "pose_latents", "face_motion")
+    # a LoRA on the DiT: the adapter is frozen, its face tokens are cached (not the face frames)
+    lora = split_units(units, ["dit"], reads, loss_models=("dit", "animate_adapter"))
+    assert not lora.stage2 and "face_motion" in lora.frontier and "face_pixel_values" not in lora.frontier
+    # the adapter trained: only the face-token unit moves to stage 2, which reads the cached face frames
+    full = split_units(units, ["animate_adapter"], reads, loss_models=("dit", "animate_adapter"))
+    assert [u.name for u in full.stage2] == ["WanAnimateFaceMotion"]
+    assert {"face_pixel_values", "pose_latents"} <= set(full.frontier) and "face_motion" not in full.frontier
+    assert "vae" not in full.stage2_models

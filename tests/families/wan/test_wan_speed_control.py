@@ -77,3 +77,25 @@ def test_speed_control_unit_reads_the_column_as_a_number():
     assert torch.equal(batch["motion_bucket_id"], torch.tensor([2.0, 5.0]))
     with pytest.raises(Exception, match="motion_bucket_id 'fast'"):
         run_unit(pipe, WanSpeedControl(), {"motion_bucket_id": "fast", "batch_size": 1})
+
+
+def test_motion_residual_unit_is_cached_unless_the_controller_trains():
+    from difftune.core.graph import split_units
+    from difftune.families.wan.speed_control import WanMotionResidual
+
+    class Pipe(WanVideoPipeline):  # the slot the pipeline gains when speed control is wired in
+        model_names = WanVideoPipeline.model_names + ("motion_controller",)
+
+    pipe = Pipe(torch_dtype=torch.float32)
+    controller = tiny_motion_controller()
+    pipe.motion_controller = controller
+    assert pipe.models["motion_controller"] is controller
+    values = run_unit(pipe, WanSpeedControl(), {"motion_bucket_id": "5", "batch_size": 1})
+    with torch.no_grad():
+        residual = run_unit(pipe, WanMotionResidual(), values)["motion_residual"]
+        assert torch.equal(residual, controller(torch.tensor([5.0])))
+    units = [WanSpeedControl(), WanMotionResidual()]
+    lora = split_units(units, ["dit"], ("motion_residual",), loss_models=("dit",))
+    assert not lora.stage2 and lora.frontier == ("motion_residual",)
+    full = split_units(units, ["motion_controller"], ("motion_residual",), loss_models=("dit",))
+    assert [u.name for u in full.stage2] == ["WanMotionResidual"] and full.frontier == ("motion_bucket_id",)

@@ -88,13 +88,13 @@ class WanAnimateAdapter(ModelMixin, ConfigMixin):
         motion = self.face_encoder(motion.view(b, t, -1))
         return torch.cat([torch.zeros_like(motion[:, :1]), motion], dim=1)
 
-    def block_hook(self, face_pixel_values: torch.Tensor):
+    def block_hook(self, face_motion: torch.Tensor):
         """The `wan_dit_forward` hook: after every `inject_face_latents_blocks`-th DiT block, the face adapter's
-        cross-attention to the motion tokens of each token's own latent frame."""
+        cross-attention to the face tokens (`motion_vectors`) of each video token's own latent frame."""
         every = self.config.inject_face_latents_blocks
+        motion = face_motion
 
         def hook(inputs: BlockInputs):
-            motion = self.motion_vectors(face_pixel_values)
             if inputs.hidden_states.shape[1] % motion.shape[1]:
                 raise UserError(f"the face video gives {motion.shape[1]} latent frames, the clip "
                                 f"{inputs.hidden_states.shape[1]} tokens: animate_face_video must have the clip's "
@@ -314,6 +314,22 @@ def negative_face_pixels(face_pixel_values: torch.Tensor) -> torch.Tensor:
     return torch.full_like(face_pixel_values, -1.0)
 
 
+class WanAnimateFaceMotion(PipelineUnit):
+    """The face tokens (B, latent frames, heads + 1, D) from the face frames, through the adapter's motion and face
+    encoders: cached by stage 1 when the adapter is frozen (a LoRA on the DiT), recomputed in stage 2 when it is
+    trained. The unguided prediction's tokens come from `negative_face_pixels` (sampling)."""
+
+    feature = "animate"
+    inputs = ("face_pixel_values",)
+    outputs = ("face_motion",)
+    models = ("animate_adapter",)
+
+    def process(self, pipe, face_pixel_values):
+        if face_pixel_values is None:
+            return {}
+        return {"face_motion": pipe.animate_adapter.motion_vectors(face_pixel_values.to(pipe.device))}
+
+
 def i2v_mask(frames: int, h: int, w: int, known: int = 1, pixels: torch.Tensor | None = None,
              temporal: int = 4) -> torch.Tensor:
     """The 4-channel I2V mask over `latent frames` (`frames` = latent frames): the first `known` pixel frames 1 (or
@@ -355,7 +371,8 @@ class WanAnimateInpaint(PipelineUnit):
         return {"condition": torch.cat(out).to(pipe.torch_dtype)}
 
 
-__all__ = ["ANIMATE_ADAPTER_ORIGINAL", "ANIMATE_DIT_ORIGINAL", "WanAnimateAdapter", "WanAnimateFacePixels",
+__all__ = ["ANIMATE_ADAPTER_ORIGINAL", "ANIMATE_DIT_ORIGINAL", "WanAnimateAdapter", "WanAnimateFaceMotion",
+           "WanAnimateFacePixels",
            "WanAnimateInpaint", "WanAnimatePoseLatents", "WanAnimateVideoSplit", "animate_adapter_config",
            "animate_adapter_from_original", "animate_adapter_to_original", "animate_dit_from_original",
            "i2v_mask", "negative_face_pixels"]

@@ -93,10 +93,26 @@ class WanSpeedControl(PipelineUnit):
 
 
 def motion_time_residual(motion_controller, motion_bucket_id: torch.Tensor | None) -> torch.Tensor | None:
-    """model_fn's part: `wan_dit_forward(timestep_proj_residual=...)`, or None without an id or a controller."""
+    """The (B, 6 * D) residual for `wan_dit_forward(timestep_proj_residual=...)`, or None without an id or a
+    controller."""
     if motion_bucket_id is None or motion_controller is None:
         return None
     return motion_controller(motion_bucket_id)
 
 
-__all__ = ["MOTION_CONTROLLER", "WanMotionController", "WanSpeedControl", "motion_time_residual", "sinusoid"]
+class WanMotionResidual(PipelineUnit):
+    """The motion controller's residual on the DiT's block modulation: cached by stage 1 when the controller is
+    frozen (a LoRA on the DiT), recomputed in stage 2 when it is trained (--trainable_models motion_controller)."""
+
+    feature = "speed_control"
+    inputs = ("motion_bucket_id",)
+    outputs = ("motion_residual",)
+    models = ("motion_controller",)
+
+    def process(self, pipe, motion_bucket_id):
+        residual = motion_time_residual(pipe.models.get("motion_controller"), motion_bucket_id)
+        return {} if residual is None else {"motion_residual": residual}
+
+
+__all__ = ["MOTION_CONTROLLER", "WanMotionController", "WanMotionResidual", "WanSpeedControl", "motion_time_residual",
+           "sinusoid"]
