@@ -105,6 +105,8 @@ def _dit_config(heads, ffn, layers, in_channels=16, out_channels=16, image=False
 WAN_DIT_CONFIGS = {
     "Wan2.1-T2V-1.3B": _dit_config(12, 8960, 30),
     "Wan2.1-T2V-14B / Wan2.2-T2V-A14B expert": _dit_config(40, 13824, 40),
+    # PAI's Wan2.1-Fun-1.3B-InP and Fun-V1.1-1.3B-InP: the I2V DiT (CLIP image, first/last frame) at 1.3B size
+    "Wan2.1-Fun-1.3B-InP": _dit_config(12, 8960, 30, in_channels=36, image=True),
     "Wan2.1-I2V-14B": _dit_config(40, 13824, 40, in_channels=36, image=True),
     "Wan2.1-FLF2V-14B": _dit_config(40, 13824, 40, in_channels=36, image=True, pos_embed_seq_len=514),
     "Wan2.2-I2V-A14B expert": _dit_config(40, 13824, 40, in_channels=36),
@@ -154,7 +156,11 @@ def _strip_comfy_prefix(key: str) -> str:
 def _dit_from_original(state):
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
-    return convert_wan_transformer_to_diffusers(dict(state))
+    out = convert_wan_transformer_to_diffusers(dict(state))
+    # FLF2V's image position embedding, which diffusers' converter leaves under Wan's name
+    if "img_emb.emb_pos" in out:
+        out["condition_embedder.image_embedder.pos_embed"] = out.pop("img_emb.emb_pos")
+    return out
 
 
 def _vae_from_original(state):
