@@ -43,6 +43,9 @@ class BasePipeline:
     model_fn_settings: tuple[str, ...] = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")
     # Models `model_fn` uses (the denoiser first): stage 2 always loads them.
     loss_models: tuple[str, ...] = ()
+    # slot -> {the reference's module name: ours} for a variant class whose model names its modules unlike the
+    # family's (None: the family's `lora_target_aliases`).
+    lora_target_aliases: Mapping[str, Mapping[str, str]] | None = None
     # Models `decode` uses (the VAE): validation loads them for a render when the stage has not.
     decode_models: tuple[str, ...] = ()
     # Training images are cropped so both sides are multiples of this.

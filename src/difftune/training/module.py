@@ -21,9 +21,11 @@ from .losses import all_losses, sample_generator
 
 def lora_targets(pipe, slot: str, targets: list[str]) -> list[str]:
     """`--lora_target_modules` with the family's aliases for `slot` expanded (the reference's own module names,
-    e.g. FLUX's fused `a_to_qkv`, onto the diffusers modules that hold those weights)."""
+    e.g. FLUX's fused `a_to_qkv`, onto the diffusers modules that hold those weights); a variant pipeline class whose
+    model in that slot names its modules otherwise gives its own (`BasePipeline.lora_target_aliases`)."""
     family = getattr(pipe, "spec", None)
-    aliases = dict((getattr(family, "lora_target_aliases", None) or {}).get(slot, {}))
+    own = getattr(pipe, "lora_target_aliases", None)
+    aliases = dict((own if own is not None else getattr(family, "lora_target_aliases", None) or {}).get(slot, {}))
     out = []
     for t in targets:
         for name in _names(aliases.get(t, t)):
