@@ -8,9 +8,9 @@ from PIL import Image
 
 from difftune.core.units import run_unit
 from difftune.families.wan.animate import (ADAPTER_PREFIXES, ANIMATE_ADAPTER_ORIGINAL, ANIMATE_DIT_ORIGINAL,
-                                           WanAnimateFacePixels, WanAnimateInpaint, WanAnimatePoseLatents,
-                                           WanAnimateVideoSplit, animate_adapter_from_original,
-                                           animate_adapter_to_original, i2v_mask, negative_face_pixels)
+                                           WanAnimateInpaint, WanAnimatePoseLatents, WanAnimateVideoSplit,
+                                           animate_adapter_from_original, animate_adapter_to_original, face_pixels,
+                                           i2v_mask)
 from difftune.families.wan.components import DIT_ORIGINAL
 from difftune.families.wan.dit_forward import wan_dit_forward
 from difftune.families.wan.pipeline import WanVideoPipeline
@@ -100,7 +100,7 @@ def test_loading_the_file_gives_diffusers_animate_transformer_outputs(known):
         no_face = wan_dit_forward(dit, x, t, text, image, patch_residual=adapter.pose_residual(pose))
         other_face = wan_dit_forward(dit, x, t, text, image, patch_residual=adapter.pose_residual(pose),
                                      block_hooks=[adapter.block_hook(adapter.motion_vectors(
-                                         negative_face_pixels(faces)))])
+                                         torch.full_like(faces, -1.0)))])
     assert (ours - theirs).abs().max() <= 1e-5
     assert (ours - no_face).abs().max() > 1e-4 and (ours - other_face).abs().max() > 1e-4
     with pytest.raises(Exception, match="animate_face_video"), torch.no_grad():
@@ -154,7 +154,7 @@ def test_split_pose_and_face_units():
     clip, pose, face = _clip(9, (48, 32), 1), _clip(9, (48, 32), 2), _clip(9, (24, 24), 3)
     values = {"input_video": clip, "animate_pose_video": pose, "animate_face_video": face,
               "animate_inpaint_video": None, "animate_mask_video": None, "height": 32, "width": 48, "batch_size": 1}
-    for unit in (WanAnimateVideoSplit(), WanAnimatePoseLatents(), WanAnimateFacePixels()):
+    for unit in (WanAnimateVideoSplit(), WanAnimatePoseLatents()):
         run_unit(pipe, unit, values)
     assert values["animate_pose_video"] == pose[:5] and values["animate_face_video"] == face[:5]
     theirs = _diffusers_pipe(pipe.vae)
@@ -163,8 +163,10 @@ def test_split_pose_and_face_units():
     assert values["pose_latents"].shape == (1, 16, 2, 4, 6)
     assert (values["pose_latents"] - expected).abs().max() <= 1e-5
     faces = theirs.video_processor.preprocess_video(face[:5], height=24, width=24)
-    assert (values["face_pixel_values"] - faces).abs().max() <= 1e-6
-    assert torch.equal(negative_face_pixels(faces), torch.full_like(faces, -1.0))
+    assert (face_pixels(values["animate_face_video"], 1, "cpu", torch.float32) - faces).abs().max() <= 1e-6
+    # the unguided side's face video is black: -1 everywhere, as diffusers' and the reference's
+    black = [Image.new("RGB", f.size) for f in face[:5]]
+    assert torch.equal(face_pixels(black, 1, "cpu", torch.float32), torch.full_like(faces, -1.0))
 
 
 def _mask_clip(n, size):
@@ -203,23 +205,23 @@ def test_face_motion_unit_and_what_the_split_caches():
 
     model = tiny_animate_transformer()
     adapter = WanAnimateAdapter.from_config(tiny_animate_configs(model)[1]).eval()
-    class Pipe(WanVideoPipeline):  # the slot the pipeline gains when Animate is wired in
-        model_names = WanVideoPipeline.model_names + ("animate_adapter",)
-
-    pipe = Pipe(torch_dtype=torch.float32)
+    pipe = WanVideoPipeline(torch_dtype=torch.float32)
     pipe.animate_adapter = adapter
     assert pipe.models["animate_adapter"] is adapter
     faces = _faces(5, 32, 7)
+    frames = [Image.fromarray(((f.permute(1, 2, 0) + 1) * 127.5).round().clamp(0, 255).byte().numpy())
+              for f in faces[0].unbind(1)]
     with torch.no_grad():
-        motion = run_unit(pipe, WanAnimateFaceMotion(), {"face_pixel_values": faces})["face_motion"]
-        assert torch.equal(motion, adapter.motion_vectors(faces))
-    units = [WanAnimateVideoSplit(), WanAnimatePoseLatents(), WanAnimateFacePixels(), WanAnimateFaceMotion()]
+        motion = run_unit(pipe, WanAnimateFaceMotion(), {"animate_face_video": frames, "batch_size": 1})
+        assert torch.equal(motion["face_motion"],
+                           adapter.motion_vectors(face_pixels(frames, 1, "cpu", torch.float32)))
+    units = [WanAnimateVideoSplit(), WanAnimatePoseLatents(), WanAnimateFaceMotion()]
     reads = ("input_latents", "pose_latents", "face_motion")
     # a LoRA on the DiT: the adapter is frozen, its face tokens are cached (not the face frames)
     lora = split_units(units, ["dit"], reads, loss_models=("dit", "animate_adapter"))
-    assert not lora.stage2 and "face_motion" in lora.frontier and "face_pixel_values" not in lora.frontier
-    # the adapter trained: only the face-token unit moves to stage 2, which reads the cached face frames
+    assert not lora.stage2 and "face_motion" in lora.frontier and "animate_face_video" not in lora.frontier
+    # the adapter trained: only the face-token unit moves to stage 2, which reads the cached (cut) face frames
     full = split_units(units, ["animate_adapter"], reads, loss_models=("dit", "animate_adapter"))
     assert [u.name for u in full.stage2] == ["WanAnimateFaceMotion"]
-    assert {"face_pixel_values", "pose_latents"} <= set(full.frontier) and "face_motion" not in full.frontier
+    assert {"animate_face_video", "pose_latents"} <= set(full.frontier) and "face_motion" not in full.frontier
     assert "vae" not in full.stage2_models

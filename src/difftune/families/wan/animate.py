@@ -111,6 +111,16 @@ class WanAnimateAdapter(ModelMixin, ConfigMixin):
         return hook
 
 
+def animate_inputs(adapter, pose_latents: torch.Tensor | None, face_motion: torch.Tensor | None):
+    """model_fn's part: (the pose residual on the patch grid, the face adapter's block hook)."""
+    if adapter is None:
+        raise UserError("animate_pose_video / animate_face_video were given but no animate adapter is loaded (the "
+                        "Wan2.2-Animate-14B file holds one)")
+    if pose_latents is None or face_motion is None:
+        raise UserError("Wan-Animate needs both animate_pose_video and animate_face_video")
+    return adapter.pose_residual(pose_latents), adapter.block_hook(face_motion)
+
+
 # -- the released file -----------------------------------------------------------------------------------------
 _CONVS = re.compile(r"motion_encoder\.enc\.net_app\.convs\.(\d+)\.(.+)")
 
@@ -231,7 +241,7 @@ ANIMATE_DIT_ORIGINAL = ComponentSpec(
     description="the DiT of Wan2.2-Animate-14B (its adapter fills `animate_adapter`)")
 
 ANIMATE_ADAPTER_ORIGINAL = ComponentSpec(
-    name="animate_adapter", library=__name__, class_name="WanAnimateAdapter",
+    name="animate_adapter", library=__name__, class_name="WanAnimateAdapter", companion=True,
     known_configs={"Wan2.2-Animate-14B": animate_adapter_config()},
     marker_keys=("pose_patch_embedding.weight", "motion_encoder.dec.direction.weight",
                  "face_adapter.fuser_blocks.0.linear1_kv.weight"),
@@ -292,42 +302,31 @@ class WanAnimatePoseLatents(PipelineUnit):
         return {"pose_latents": latents.to(pipe.torch_dtype)}
 
 
-class WanAnimateFacePixels(PipelineUnit):
-    """The face video as (B, 3, T, H, W) in [-1, 1], at its loaded size (the adapter resizes to its motion
-    encoder's). The unguided side of classifier-free guidance sees -1 everywhere (`negative_face_pixels`)."""
-
-    feature = "animate"
-    inputs = ("animate_face_video", "batch_size")
-    outputs = ("face_pixel_values",)
-
-    def process(self, pipe, animate_face_video, batch_size):
-        if animate_face_video is None:
-            return {}
-        clips = [frames_of(c) for c in _clips(animate_face_video, int(batch_size or 1))]
-        w, h = clips[0][0].size
-        pixels = torch.cat([video_tensor(c, h, w) for c in clips])
-        return {"face_pixel_values": pixels.to(pipe.device, pipe.torch_dtype)}
-
-
-def negative_face_pixels(face_pixel_values: torch.Tensor) -> torch.Tensor:
-    """The face input of the unguided prediction (the reference's and diffusers': all pixels -1)."""
-    return torch.full_like(face_pixel_values, -1.0)
+def face_pixels(face_video, batch_size: int, device, dtype) -> torch.Tensor:
+    """Face frames (a clip per sample) as (B, 3, T, H, W) in [-1, 1], at their loaded size (the adapter resizes to
+    its motion encoder's)."""
+    clips = [frames_of(c) for c in _clips(face_video, batch_size)]
+    w, h = clips[0][0].size
+    return torch.cat([video_tensor(c, h, w) for c in clips]).to(device, dtype)
 
 
 class WanAnimateFaceMotion(PipelineUnit):
     """The face tokens (B, latent frames, heads + 1, D) from the face frames, through the adapter's motion and face
-    encoders: cached by stage 1 when the adapter is frozen (a LoRA on the DiT), recomputed in stage 2 when it is
-    trained. The unguided prediction's tokens come from `negative_face_pixels` (sampling)."""
+    encoders: cached by stage 1 when the adapter is frozen (a LoRA on the DiT), recomputed in stage 2 from the
+    cached frames when it is trained. The unguided prediction's tokens are those of a black face video (-1
+    everywhere, the reference's and diffusers' unconditional face), which sampling gives as its negative side."""
 
     feature = "animate"
-    inputs = ("face_pixel_values",)
-    outputs = ("face_motion",)
+    inputs = ("batch_size",)
+    cfg_inputs = {"animate_face_video": ("animate_face_video", "negative_animate_face_video")}
+    cfg_outputs = {"face_motion": ("face_motion", "negative_face_motion")}
     models = ("animate_adapter",)
 
-    def process(self, pipe, face_pixel_values):
-        if face_pixel_values is None:
+    def process(self, pipe, batch_size, animate_face_video):
+        if animate_face_video is None:
             return {}
-        return {"face_motion": pipe.animate_adapter.motion_vectors(face_pixel_values.to(pipe.device))}
+        pixels = face_pixels(animate_face_video, int(batch_size or 1), pipe.device, pipe.torch_dtype)
+        return {"face_motion": pipe.animate_adapter.motion_vectors(pixels)}
 
 
 def i2v_mask(frames: int, h: int, w: int, known: int = 1, pixels: torch.Tensor | None = None,
@@ -372,7 +371,6 @@ class WanAnimateInpaint(PipelineUnit):
 
 
 __all__ = ["ANIMATE_ADAPTER_ORIGINAL", "ANIMATE_DIT_ORIGINAL", "WanAnimateAdapter", "WanAnimateFaceMotion",
-           "WanAnimateFacePixels",
            "WanAnimateInpaint", "WanAnimatePoseLatents", "WanAnimateVideoSplit", "animate_adapter_config",
            "animate_adapter_from_original", "animate_adapter_to_original", "animate_dit_from_original",
-           "i2v_mask", "negative_face_pixels"]
+           "animate_inputs", "face_pixels", "i2v_mask"]

@@ -26,12 +26,15 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_wan_animate_2 import (WanAnimate2AttnProcessor, WanAnimate2KVCache,
                                                                      _get_qkv_projections, rope_apply)
 
+from ...core.checkpointing import set_gradient_checkpointing
+from ...core.features import Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
 from .components import _strip_comfy_prefix
+from .pipeline import WanVideoPipeline
 from .units import (WanImageEmbedderCLIP, WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder,
-                    _per_sample, frames_of, vae_encode, vae_scales, video_tensor)
+                    WanShapeChecker, _per_sample, frames_of, vae_encode, vae_scales, video_tensor)
 
 DEFAULT_PROMPT_REF = " "  # the reference's animate2_prompt_ref default
 
@@ -139,9 +142,12 @@ def animate2_forward(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_
                      image_embeds: torch.Tensor | None, condition: torch.Tensor,
                      animate2_condition_latents: torch.Tensor, animate2_condition_y: torch.Tensor,
                      animate2_prompt_embeds: torch.Tensor, animate2_reference_image_embeds: torch.Tensor | None,
-                     unconditional: bool = False, dense: bool = True) -> torch.Tensor:
+                     unconditional: bool = False, dense: bool = True,
+                     reference_timestep: torch.Tensor | None = None) -> torch.Tensor:
     """model_fn's part: the reference pass, then the clip's (B, 16, F, h, w) -> (B, 16, F, h, w). `dense`: the
-    dense in-context attention (any device, with gradients); else diffusers' flex path."""
+    dense in-context attention (any device, with gradients); else diffusers' flex path. `reference_timestep`: the
+    reference pass's timestep (sampling: the first step's, as the reference computes its KV cache once; training:
+    the sample's own)."""
     if condition is None or animate2_condition_latents is None:
         raise UserError("Wan-Animate-2 needs animate2_reference_image and animate2_reference_video")
     use_dense_attention(dit) if dense else use_flex_attention(dit)
@@ -153,8 +159,9 @@ def animate2_forward(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_
     dtype = dit.patch_embedding.weight.dtype
     as_list = lambda x: [u.to(dtype) for u in x.unbind(0)]  # noqa: E731
     t = timestep.to(latents.device).reshape(-1).expand(b)
+    t_ref = t if reference_timestep is None else reference_timestep.to(latents.device).reshape(-1).expand(b)
     cache = WanAnimate2KVCache(len(dit.blocks))
-    dit(hidden_states=as_list(animate2_condition_latents), timestep=t,
+    dit(hidden_states=as_list(animate2_condition_latents), timestep=t_ref,
         encoder_hidden_states=as_list(animate2_prompt_embeds), condition_latents=as_list(animate2_condition_y),
         kv_cache=cache, kv_cache_mode="extract", seq_len=int(math.prod(ref_grid[0].tolist())),
         encoder_hidden_states_image=None if animate2_reference_image_embeds is None else
@@ -306,7 +313,109 @@ class WanAnimate2InputVideoEmbedder(WanInputVideoEmbedder):
         return out
 
 
+class WanAnimate2Guidance(PipelineUnit):
+    """Which pass model_fn runs: the guided one (True) or, on classifier-free guidance's unguided side, the one
+    that skips block 9 (False), as the reference's `positive` input. No model."""
+
+    feature = "animate2"
+    outputs = ("animate2_conditional", "negative_animate2_conditional")
+
+    def process(self, pipe):
+        return {"animate2_conditional": True, "negative_animate2_conditional": False}
+
+
+ANIMATE2 = Feature("animate2", when=lambda c: True,
+                   data_inputs=("animate2_prompt_ref", "animate2_reference_image", "animate2_reference_video",
+                                "animate2_refert_images"),
+                   model_fn_inputs=("image_embeds", "condition", "animate2_condition_latents", "animate2_condition_y",
+                                    "animate2_prompt_embeds", "animate2_reference_image_embeds",
+                                    "animate2_conditional"),
+                   description="Wan2.2-Animate-2: a reference image and a reference video (with its prompt) read "
+                               "in context")
+ANIMATE2_COLUMNS = ("animate2_prompt_ref", "animate2_reference_image", "animate2_reference_video")
+
+
+class WanAnimate2Pipeline(WanVideoPipeline):
+    """Wan2.2-Animate-2-14B (and -Distilled): its own transformer and model_fn (a reference pass, then the clip's),
+    one leading latent frame (the reference image's) that sampling drops. A run is its own when its DiT is a
+    WanAnimate2Transformer3DModel or its data has the animate2_* columns (the reference's stage 1 names no DiT)."""
+
+    model_names = ("dit", "text_encoder", "vae", "image_encoder")
+    features = (ANIMATE2,)
+    loss_models = ("dit",)
+    lora_target_aliases = {"dit": ANIMATE2_LORA_TARGETS}
+    image_inputs = ("animate2_reference_image",)
+    clip_inputs = ("animate2_reference_video", "animate2_refert_images")
+    same_length = ()
+    value_inputs = ("animate2_prompt_ref",)
+
+    def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
+        super().__init__(device, torch_dtype, scheduler)
+        self.units = [WanShapeChecker(), WanAnimate2NoiseInitializer(), WanAnimate2InputVideoEmbedder(),
+                      WanPromptEmbedder(), WanAnimate2PromptEmbedder(), WanAnimate2CLIPEmbedder(),
+                      WanAnimate2VAEEmbedder(), WanAnimate2Guidance()]
+
+    @classmethod
+    def claims(cls, context) -> bool:
+        dit = context.config("dit") or {}
+        return dit.get("_class_name") == "WanAnimate2Transformer3DModel" or context.has(*ANIMATE2_COLUMNS)
+
+    @classmethod
+    def check_run(cls, context, features):
+        if not context.has("animate2_reference_image") or not context.has("animate2_reference_video"):
+            raise UserError("Wan2.2-Animate-2 trains on animate2_reference_image and animate2_reference_video: "
+                            "name both in --extra_inputs")
+        dit = context.config("dit")
+        if dit is not None and dit.get("_class_name") != "WanAnimate2Transformer3DModel":
+            raise UserError("animate2_* inputs were given but the DiT is not Wan2.2-Animate-2's")
+
+    @classmethod
+    def data_operators(cls, config) -> dict:
+        return {}
+
+    def negative_name(self, name: str) -> str:
+        return "negative_animate2_conditional" if name == "animate2_conditional" else super().negative_name(name)
+
+    def model_fn(self, latents, timestep, prompt_embeds, image_embeds=None, condition=None,
+                 animate2_condition_latents=None, animate2_condition_y=None, animate2_prompt_embeds=None,
+                 animate2_reference_image_embeds=None, animate2_conditional=None, reference_timestep=None,
+                 use_gradient_checkpointing=False, use_gradient_checkpointing_offload=False, **_):
+        if self.dit is None:
+            raise UserError("no Wan2.2-Animate-2 DiT loaded")
+        set_gradient_checkpointing(self.dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
+        return animate2_forward(self.dit, latents, timestep, prompt_embeds, image_embeds, condition,
+                                animate2_condition_latents, animate2_condition_y, animate2_prompt_embeds,
+                                animate2_reference_image_embeds, unconditional=not animate2_conditional,
+                                reference_timestep=reference_timestep)
+
+    def sampling_settings(self, values):
+        # the reference computes the reference pass's KV cache once, at the first sampling step
+        return {"reference_timestep": self.scheduler.timesteps[0]}
+
+    def finish_latents(self, latents, values):
+        return latents[:, :, 1:]  # the reference image's leading frame
+
+    def __call__(self, prompt, negative_prompt="", *, animate2_reference_image, animate2_reference_video,
+                 animate2_prompt_ref: str = DEFAULT_PROMPT_REF, animate2_refert_images=None,
+                 height: int | None = None, width: int | None = None, num_frames: int | None = None,
+                 num_inference_steps: int = 50, cfg_scale: float = 5.0, seed: int | None = None,
+                 progress: bool = True, output_type: str = "pil"):
+        """A clip of `animate2_reference_image`'s character moving as in `animate2_reference_video` (frames); its
+        size and length default to the reference video's. `animate2_refert_images`: the previous clip's last
+        frames, to continue a long video."""
+        frames = frames_of(animate2_reference_video)
+        width, height = (width or frames[0].size[0]), (height or frames[0].size[1])
+        values = self.prompt_values(prompt, negative_prompt)
+        values.update({"height": height, "width": width, "num_frames": num_frames or len(frames), "seed": seed,
+                       "animate2_reference_image": animate2_reference_image, "animate2_reference_video": frames,
+                       "animate2_prompt_ref": animate2_prompt_ref, "animate2_refert_images": animate2_refert_images})
+        out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps, progress=progress,
+                            output_type=output_type)
+        return out[0] if isinstance(prompt, str) and output_type == "pil" else out
+
+
 __all__ = ["ANIMATE2_CONFIG", "ANIMATE2_LORA_TARGETS", "ANIMATE2_ORIGINAL", "DenseInContextAttnProcessor",
+           "WanAnimate2Guidance", "WanAnimate2Pipeline",
            "WanAnimate2CLIPEmbedder", "WanAnimate2InputVideoEmbedder", "WanAnimate2NoiseInitializer",
            "WanAnimate2PromptEmbedder", "WanAnimate2VAEEmbedder", "animate2_forward", "animate2_from_original",
            "animate2_module_name", "animate2_to_original", "use_dense_attention", "use_flex_attention"]

@@ -145,17 +145,16 @@ class WanCameraControl(PipelineUnit):
 
 
 class WanCameraImageLatents(PipelineUnit):
-    """The Wan2.1 camera DiTs' image condition: the input image VAE-encoded alone as the first latent frame, zeros
-    after it (B, 16, latent frames, h, w)."""
+    """The Wan2.1 camera DiTs' image condition, in place of the I2V one: the input image VAE-encoded alone as the
+    first latent frame, zeros after it (B, 16, latent frames, h, w)."""
 
-    feature = "camera"
-    inputs = ("input_image", "camera_control_direction", "num_frames", "height", "width", "batch_size")
+    feature = "camera_image"
+    replaces = ("WanImageEmbedderVAE",)
+    inputs = ("input_image", "num_frames", "height", "width", "batch_size")
     outputs = ("camera_image_latents",)
     models = ("vae",)
 
-    def process(self, pipe, input_image, camera_control_direction, num_frames, height, width, batch_size):
-        if camera_control_direction is None:
-            return {}
+    def process(self, pipe, input_image, num_frames, height, width, batch_size):
         if input_image is None:
             raise UserError("camera control needs the first frame: --extra_inputs input_image")
         channels, spatial, temporal = vae_scales(pipe.vae)

@@ -147,7 +147,9 @@ UMT5_XXL_CONFIG = {"architectures": ["UMT5EncoderModel"], "model_type": "umt5", 
 
 
 def _strip_comfy_prefix(key: str) -> str:
-    for prefix in ("model.diffusion_model.", "diffusion_model."):
+    # ComfyUI's prefixes, and the `model.` that some released DiT files carry (krea/krea-realtime-video's; the
+    # reference strips it from every Wan DiT file)
+    for prefix in ("model.diffusion_model.", "diffusion_model.", "model."):
         if key.startswith(prefix):
             return key[len(prefix):]
     return key

@@ -19,6 +19,8 @@ _BLOCK = {
     "ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2",
 }
 _FROM_ORIGINAL = {v: k for k, v in _BLOCK.items()}
+ORIGINAL_MODULE_NAMES = dict(_FROM_ORIGINAL)  # Wan's original module names (self_attn.q, ...) -> diffusers'
+
 _FLAT = {v.replace(".", "_"): k for k, v in _BLOCK.items()}
 
 

@@ -26,7 +26,7 @@ from torch import nn
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
-from .components import WAN_DIT_CONFIGS, _dit_from_original, _strip_comfy_prefix
+from .components import REFERENCE_LORA_TARGETS, WAN_DIT_CONFIGS, _dit_from_original, _strip_comfy_prefix
 from .dit_forward import BlockInputs, run_checkpointed
 from .units import (WanInputVideoEmbedder, WanNoiseInitializer, _per_sample, frames_of, latent_frames, vae_encode,
                     vae_scales, video_tensor)
@@ -145,6 +145,9 @@ def vace_to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+# The reference's LoRA target names (q,k,v,o,ffn.0,ffn.2) on the VACE blocks: the DiT blocks' modules, as diffusers'
+VACE_LORA_TARGETS = REFERENCE_LORA_TARGETS
+
 # Wan-AI's config.json beside the VACE files (class VaceWanModel; VideoX-Fun's VaceWanTransformer3DModel for the
 # Wan2.2 VACE-Fun experts) is not in diffusers' terms: the weights are recognised instead.
 _FOREIGN = ("WanModel", "VaceWanModel", "VaceWanTransformer3DModel")
@@ -158,6 +161,7 @@ VACE_DIT_ORIGINAL = ComponentSpec(
 
 VACE_ORIGINAL = ComponentSpec(
     name="vace", library=__name__, class_name="WanVACEModel", extra_slots=("vace2",), known_configs=VACE_CONFIGS,
+    companion=True,
     marker_keys=("vace_patch_embedding.weight", "vace_blocks.0.before_proj.weight", "vace_blocks.0.after_proj.weight"),
     normalize_key=_strip_comfy_prefix, convert_state_dict=vace_from_original, foreign_config_classes=_FOREIGN,
     description="the VACE branch of a Wan VACE file (vace_patch_embedding, vace_blocks)")
@@ -287,7 +291,7 @@ def reference_frame_count(vace_reference_image) -> int:
     return len(_references(_per_sample(vace_reference_image, 1)[0]))
 
 
-__all__ = ["CONTEXT_CHANNELS", "VACE_CONFIGS", "VACE_DIT_ORIGINAL", "VACE_ORIGINAL", "WanVACEModel",
+__all__ = ["CONTEXT_CHANNELS", "VACE_CONFIGS", "VACE_DIT_ORIGINAL", "VACE_LORA_TARGETS", "VACE_ORIGINAL", "WanVACEModel",
            "WanVaceEmbedder", "WanVaceInputVideoEmbedder", "WanVaceNoiseInitializer", "mask_latents",
            "reference_frame_count", "reference_latents", "vace_dit_from_original", "vace_from_original",
            "vace_to_original"]
