@@ -81,11 +81,8 @@ class DiffusionTrainingModule(torch.nn.Module):
 
         pipe.scheduler.set_training(sampling=timestep_sampling, shift=timestep_shift, weighting=loss_weighting,
                                     boundaries=timestep_boundaries)
-        trainable = _names(trainable_models)
-        pipe.freeze_except(trainable)
-        for name in trainable:
-            if pipe.models.get(name) is not None:
-                pipe.models[name].float()
+        for module in pipe.freeze_except(_names(trainable_models)):
+            module.float()
         if preset_lora_path:
             if not preset_lora_model or pipe.models.get(preset_lora_model) is None:
                 raise UserError(f"--preset_lora_model must name a loaded model (got {preset_lora_model!r})")
