@@ -1,6 +1,7 @@
 """The Wan video family (Wan2.1 T2V / I2V, Wan2.2 A14B experts, TI2V-5B; diffusers and Wan-AI's layouts): its spec,
 found by the family scan."""
 
+import re
 from dataclasses import dataclass
 
 from ...core.family import FamilySpec, TokenizerSpec
@@ -40,6 +41,12 @@ def load_image_processor(path_or_config):
         return CLIPImageProcessor.from_pretrained(str(path))
     except Exception as err:
         raise UserError(f"{path}: cannot load the CLIP image processor ({first_line(err)})") from err
+
+
+def dit_keys_to_original(state: dict) -> dict:
+    """A trained DiT's keys in its released names: Wan-AI's, or Wan2.2-Animate-2's (blocks.N.block.self_attn.q)."""
+    animate2 = any(re.match(r"blocks\.\d+\.(self_attn|cross_attn)\.", k) for k in state)
+    return animate2_to_original(state) if animate2 else dit_to_original(state)
 
 
 GROUP = "Wan"
@@ -101,8 +108,8 @@ FAMILY = FamilySpec(
                          "vace2": VACE_LORA_TARGETS},
     lora_converters=(convert_original_wan_lora,),
     lora_native_names=wan_native_names,
-    full_native_keys={"dit": dit_to_original, "vace": vace_to_original, "animate_adapter": animate_adapter_to_original,
-                      "motion_controller": dict},
+    full_native_keys={"dit": dit_keys_to_original, "vace": vace_to_original,
+                      "animate_adapter": animate_adapter_to_original, "motion_controller": dict},
     experts=("dit", "dit2"),
     expert_boundary=expert_boundary,
     data="video",  # clips (a still image is a one-frame clip); input_image / end_image from their frames

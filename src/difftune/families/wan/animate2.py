@@ -373,6 +373,10 @@ class WanAnimate2Pipeline(WanVideoPipeline):
     def data_operators(cls, config) -> dict:
         return {}
 
+    def module_path(self, slot: str, path: str) -> str:
+        """The reference's names of this DiT's modules (`blocks.0.block.self_attn.q`) -> diffusers'."""
+        return animate2_module_name(path) if slot == "dit" else path
+
     def negative_name(self, name: str) -> str:
         return "negative_animate2_conditional" if name == "animate2_conditional" else super().negative_name(name)
 

@@ -98,7 +98,8 @@ def plucker_embedding(poses: list[list], height: int, width: int) -> torch.Tenso
     fx, fy, cx, cy = (intrinsics[:, k:k + 1] for k in range(4))
     d = torch.stack([(i - cx) / fx, (j - cy) / fy, torch.ones_like((i - cx) / fx)], dim=-1)  # (F, HW, 3)
     d = d / d.norm(dim=-1, keepdim=True)
-    d = d @ c2w[:, :3, :3].transpose(-1, -2)
+    # rotated by elementwise products, not a matmul: float32 under mixed-precision autocast too
+    d = (d[..., None, :] * c2w[:, None, :3, :3]).sum(-1)
     o = c2w[:, None, :3, 3].expand_as(d)
     return torch.cat([torch.linalg.cross(o, d, dim=-1), d], dim=-1).reshape(len(poses), height, width, 6)
 

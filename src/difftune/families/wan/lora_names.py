@@ -33,6 +33,12 @@ def original_name(path: str) -> str:
     return f"blocks.{m[1]}.{_BLOCK[m[2]]}"
 
 
+def module_in_diffusers(path: str) -> str:
+    """blocks.3.self_attn.q (Wan's original module name) -> blocks.3.attn1.to_q; any other path unchanged."""
+    m = re.fullmatch(r"blocks\.(\d+)\.(.+)", path)
+    return f"blocks.{m[1]}.{_FROM_ORIGINAL[m[2]]}" if m is not None and m[2] in _FROM_ORIGINAL else path
+
+
 def wan_native_names(sd: dict, alphas: dict) -> tuple[dict, dict]:
     """The DiT's LoRA (`<path>.lora_A/B.weight`, alpha per path) on Wan's original module names, for the ComfyUI /
     kohya layouts (`FamilySpec.lora_native_names`)."""

@@ -194,6 +194,12 @@ class WanVideoPipeline(BasePipeline):
         return model_fn_wan(dit, latents, timestep, prompt_embeds, image_embeds, condition, first_frame_latents,
                             end_image_embeds, vace=vace, animate_adapter=self.animate_adapter, **inputs)
 
+    def module_path(self, slot: str, path: str) -> str:
+        """`--trainable_models dit.blocks.0.self_attn.q` (Wan's original module names) -> blocks.0.attn1.to_q."""
+        from .lora_names import module_in_diffusers
+
+        return module_in_diffusers(path) if slot in ("dit", "dit2") else path
+
     def load_lora(self, module, path: str, alpha: float = 1.0) -> None:
         """As `BasePipeline.load_lora`; a DiT LoRA (`transformer.`) also fuses into the low-noise expert `dit2`,
         whose runs train it as `dit` (diffusers: `load_lora_weights(..., load_into_transformer_2=True)`)."""

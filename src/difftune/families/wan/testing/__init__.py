@@ -5,3 +5,4 @@ family's tiny models for the contract suite."""
 
 from .tiny import *  # noqa: F401,F403
 from .original import *  # noqa: F401,F403
+from .scripts import write_wan_script_workspace  # noqa: F401

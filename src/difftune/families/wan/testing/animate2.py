@@ -21,12 +21,14 @@ FILES = {"wan_animate_2_bf16.safetensors": 0, "wan_animate_2_bf16_distillation.s
 TINY_LAYERS = 10  # the unguided pass skips block 9
 
 
-def tiny_animate2_transformer(seed: int = TINY.seed + 60):
+def tiny_animate2_transformer(seed: int = TINY.seed + 60, num_layers: int = TINY_LAYERS):
+    """diffusers' WanAnimate2Transformer3DModel at the tiny width (the released depth is 40 blocks: the reference's
+    full-training script names blocks 0-39)."""
     from diffusers import WanAnimate2Transformer3DModel
 
     torch.manual_seed(seed)
     return WanAnimate2Transformer3DModel(dim=TINY_INNER, num_heads=TINY.num_attention_heads, ffn_dim=TINY.ffn_dim,
-                                         text_dim=TINY.text_dim, freq_dim=16, num_layers=TINY_LAYERS, in_dim=36,
+                                         text_dim=TINY.text_dim, freq_dim=16, num_layers=num_layers, in_dim=36,
                                          out_dim=16).eval()
 
 

@@ -22,7 +22,7 @@ def tiny_dit_kwargs(num_layers: int = 2, in_channels: int = 16, out_channels: in
                 text_dim=TINY.text_dim, freq_dim=16, ffn_dim=TINY.ffn_dim, num_layers=num_layers,
                 cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
                 image_dim=TINY.clip_hidden if image else None, added_kv_proj_dim=TINY_INNER if image else None,
-                rope_max_seq_len=64)
+                rope_max_seq_len=1024)
 
 
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> Path:
