@@ -342,3 +342,18 @@ def test_text_encoder_lora_round_trips(parts, adapted, tmp_path):
     assert diff(fresh.model.language_model(input_ids=ids).last_hidden_state, expected) <= TOL
     with pytest.raises(UserError, match="several"):
         fuse_lora(tiny_qwen_text_encoder(SPEC, tok), imported)  # which component is meant must be said
+
+
+def test_a_variant_pipeline_class_gives_its_own_target_aliases():
+    """`--lora_target_modules` in the reference's names expand through the family's aliases, unless the pipeline
+    class (a variant whose model in that slot names its modules otherwise) gives its own."""
+    from types import SimpleNamespace
+
+    from difftune.training.module import lora_targets
+
+    family = SimpleNamespace(lora_target_aliases={"dit": {"q": "attn1.to_q"}})
+    plain = SimpleNamespace(spec=family, lora_target_aliases=None)
+    variant = SimpleNamespace(spec=family, lora_target_aliases={"dit": {"q": "self_attn.to_q"}})
+    assert lora_targets(plain, "dit", ["q", "proj"]) == ["attn1.to_q", "proj"]
+    assert lora_targets(variant, "dit", ["q", "proj"]) == ["self_attn.to_q", "proj"]
+    assert lora_targets(variant, "vae", ["q"]) == ["q"]  # the variant's table replaces the family's

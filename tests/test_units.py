@@ -113,6 +113,29 @@ def test_freeze_except():
         pipe.freeze_except(["unet"])
 
 
+def test_freeze_except_trains_a_named_submodule():
+    """`--trainable_models dit.<module path>` (the reference's submodule form) trains that submodule alone, the
+    pipeline's `module_path` mapping the reference's module names onto its own."""
+
+    class Renamed(Pipe):
+        def module_path(self, slot, path):
+            return path.replace("q", "0")
+
+    pipe = Renamed()
+    pipe.enc = torch.nn.Linear(2, 2)
+    pipe.dit = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    trained = pipe.freeze_except(["dit.q"])
+    assert trained == [pipe.dit[0]] and pipe.dit[0].training
+    assert all(p.requires_grad for p in pipe.dit[0].parameters())
+    assert not any(p.requires_grad for p in [*pipe.dit[1].parameters(), *pipe.enc.parameters()])
+    with pytest.raises(UserError, match="--trainable_models dit.k: dit .* has no module k"):
+        pipe.freeze_except(["dit.k"])
+    from difftune.training.config import RunConfig
+
+    config = RunConfig(trainable_models="dit.blocks.0.q,dit.blocks.1.q,vae", lora_base_model=None)
+    assert config.fully_trained == ["dit", "vae"] and config.trainable == ["dit", "vae"]
+
+
 def test_collate_pads_and_split_restores():
     a = {"emb": torch.ones(3, 2), "mask": torch.ones(3, dtype=torch.long), "x": torch.zeros(4), "s": "a"}
     b = {"emb": torch.full((5, 2), 2.0), "mask": torch.ones(5, dtype=torch.long), "x": torch.ones(4), "s": "b"}

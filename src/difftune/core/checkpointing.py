@@ -7,18 +7,23 @@ import torch
 
 
 def checkpoint_function(offload: bool):
-    """A gradient-checkpointing function for diffusers' blocks; `offload` keeps the saved inputs on CPU."""
+    """A gradient-checkpointing function for diffusers' blocks; `offload` keeps the saved inputs on CPU. Keyword
+    arguments are passed through (diffusers' Wan-Animate-2 blocks take their KV cache and settings by name);
+    keyword tensors are offloaded as the positional ones are."""
 
-    def checkpointed(module, *args):
+    def checkpointed(module, *args, **kwargs):
         if not offload:
-            return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False)
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+            return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        device = tensors[0].device if tensors else None
+        names, n = list(kwargs), len(args)
 
         def run(*cpu_args):
-            return module(*[a.to(device, non_blocking=True) if isinstance(a, torch.Tensor) else a for a in cpu_args])
+            back = [a.to(device, non_blocking=True) if isinstance(a, torch.Tensor) else a for a in cpu_args]
+            return module(*back[:n], **dict(zip(names, back[n:])))
 
         # The checkpoint holds only what it is given: CPU copies. Their `.to(device)` is recomputed in backward.
-        cpu_args = [a.to("cpu") if isinstance(a, torch.Tensor) else a for a in args]
+        cpu_args = [a.to("cpu") if isinstance(a, torch.Tensor) else a for a in (*args, *kwargs.values())]
         return torch.utils.checkpoint.checkpoint(run, *cpu_args, use_reentrant=False)
 
     return checkpointed

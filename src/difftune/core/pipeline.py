@@ -43,6 +43,9 @@ class BasePipeline:
     model_fn_settings: tuple[str, ...] = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload")
     # Models `model_fn` uses (the denoiser first): stage 2 always loads them.
     loss_models: tuple[str, ...] = ()
+    # slot -> {the reference's module name: ours} for a variant class whose model names its modules unlike the
+    # family's (None: the family's `lora_target_aliases`).
+    lora_target_aliases: Mapping[str, Mapping[str, str]] | None = None
     # Models `decode` uses (the VAE): validation loads them for a render when the stage has not.
     decode_models: tuple[str, ...] = ()
     # Training images are cropped so both sides are multiples of this.
@@ -232,17 +235,41 @@ class BasePipeline:
         for name in names:
             self.models[name] = None
 
-    def freeze_except(self, names: Iterable[str]) -> None:
-        """Eval mode and no gradients for every model, except the named ones (train mode, gradients on)."""
-        names = set(n for n in names if n)
-        unknown = names - set(self.model_names)
+    def module_path(self, slot: str, path: str) -> str:
+        """A submodule of `slot` as `--trainable_models <slot>.<path>` names it (the reference's module names) -> its
+        path in the model this pipeline holds (a family whose names differ overrides it)."""
+        return path
+
+    def freeze_except(self, names: Iterable[str]) -> list[torch.nn.Module]:
+        """Eval mode and no gradients for every model, except the named ones (train mode, gradients on): a slot
+        trains its whole model, `<slot>.<module path>` (e.g. dit.blocks.0.self_attn.q, as the reference's
+        --trainable_models takes it) that submodule alone. Returns the modules that train."""
+        names = [n for n in names if n]
+        unknown = sorted({n.split(".", 1)[0] for n in names} - set(self.model_names))
         if unknown:
-            raise UserError(f"--trainable_models: unknown model(s) {sorted(unknown)}; "
+            raise UserError(f"--trainable_models: unknown model(s) {unknown}; "
                             f"this pipeline has {list(self.model_names)}")
-        for name, model in self.loaded_models().items():
-            train = name in names
-            model.train(train)
-            model.requires_grad_(train)
+        for model in self.loaded_models().values():
+            model.train(False)
+            model.requires_grad_(False)
+        trained = []
+        for name in names:
+            slot, _, path = name.partition(".")
+            model = self.models.get(slot)
+            if model is None:
+                continue  # not loaded in this stage
+            module = model
+            if path:
+                ours = self.module_path(slot, path)
+                try:
+                    module = model.get_submodule(ours)
+                except AttributeError:
+                    raise UserError(f"--trainable_models {name}: {slot} ({type(model).__name__}) has no module "
+                                    f"{ours}") from None
+            module.train(True)
+            module.requires_grad_(True)
+            trained.append(module)
+        return trained
 
     # -- units ----------------------------------------------------------------------------------------
     def run_units(self, values: dict[str, Any], units: Iterable[PipelineUnit] | None = None,

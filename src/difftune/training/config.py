@@ -266,8 +266,13 @@ class RunConfig:
 
     @property
     def trainable(self) -> list[str]:
-        """Every model that trains: --trainable_models and --lora_base_model."""
-        return names([*names(self.trainable_models), self.lora_base_model])
+        """Every model that trains (its slot): --trainable_models and --lora_base_model."""
+        return names([*self.fully_trained, self.lora_base_model])
+
+    @property
+    def fully_trained(self) -> list[str]:
+        """The slots --trainable_models names (a submodule, `dit.blocks.0.self_attn.q`, counts as its model)."""
+        return list(dict.fromkeys(n.split(".", 1)[0] for n in names(self.trainable_models)))
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)

@@ -23,11 +23,13 @@ def lora_targets(pipe, slot: str, targets: list[str]) -> list[str]:
     """`--lora_target_modules` with the family's aliases for `slot` expanded (the reference's own module names,
     e.g. FLUX's fused `a_to_qkv`, onto the diffusers modules that hold those weights). An alias may name modules by
     a path with `*` standing for one part (`single_transformer_blocks.*.proj_out`): it becomes the full names of the
-    model's modules it matches, which peft takes as they are."""
+    model's modules it matches, which peft takes as they are. A variant pipeline class whose model in that slot names
+    its modules otherwise gives its own aliases (`BasePipeline.lora_target_aliases`)."""
     import fnmatch
 
     family = getattr(pipe, "spec", None)
-    aliases = dict((getattr(family, "lora_target_aliases", None) or {}).get(slot, {}))
+    own = getattr(pipe, "lora_target_aliases", None)
+    aliases = dict((own if own is not None else getattr(family, "lora_target_aliases", None) or {}).get(slot, {}))
     model = pipe.models.get(slot) if hasattr(pipe, "models") else None
     modules = [n for n, _ in model.named_modules()] if model is not None else []
     out, shown = [], []
@@ -103,11 +105,8 @@ class DiffusionTrainingModule(torch.nn.Module):
                                     boundaries=timestep_boundaries)
         if inject_lora:
             check_lora_and_full(trainable_models, lora_base_model)
-        trainable = _names(trainable_models)
-        pipe.freeze_except(trainable)
-        for name in trainable:
-            if pipe.models.get(name) is not None:
-                pipe.models[name].float()
+        for module in pipe.freeze_except(_names(trainable_models)):
+            module.float()
         if preset_lora_path:
             if not preset_lora_model or pipe.models.get(preset_lora_model) is None:
                 raise UserError(f"--preset_lora_model must name a loaded model (got {preset_lora_model!r})")

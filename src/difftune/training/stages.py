@@ -69,11 +69,9 @@ def lora_format(config, family, denoiser: str | None) -> str:
 def full_converters(config, family) -> dict:
     """`--full_format original`: each fully trained model's key renamer, refused before any model loads where the
     family has none for it."""
-    from ..util import names
-
     if config.full_format != "original":
         return {}
-    trained = names(config.trainable_models)
+    trained = config.fully_trained
     if not trained:
         raise UserError("--full_format original: no model is fully trained (set --trainable_models)")
     missing = [m for m in trained if m not in family.full_native_keys]
@@ -99,8 +97,8 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
         log(f"training from the cache at {config.dataset_base_path} ({len(dataset)} samples): {split.describe()}")
     else:
         dataset, wanted = make_dataset(run), None
-    check_fp8_frozen([slot for slot, c in run.models if c.wants_fp8(slot)], config.trainable_models)
-    check_quant_frozen([slot for slot, c in run.models if c.quant is not None], config.trainable_models)
+    check_fp8_frozen([slot for slot, c in run.models if c.wants_fp8(slot)], config.fully_trained)
+    check_quant_frozen([slot for slot, c in run.models if c.quant is not None], config.fully_trained)
     pipe = stage_pipeline(run, wanted)
     units = list(split.stage2) if from_cache else pipe.units
     module = PipelineTrainingModule(pipe, run.task.loss, units, seed=config.seed,

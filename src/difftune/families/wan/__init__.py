@@ -1,6 +1,7 @@
 """The Wan video family (Wan2.1 T2V / I2V, Wan2.2 A14B experts, TI2V-5B; diffusers and Wan-AI's layouts): its spec,
 found by the family scan."""
 
+import re
 from dataclasses import dataclass
 
 from ...core.family import FamilySpec, TokenizerSpec
@@ -10,8 +11,14 @@ from .components import (DIT, DIT_ORIGINAL, IMAGE_ENCODER, IMAGE_ENCODER_ORIGINA
                          LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_ORIGINAL, VAE,
                          VAE22_ORIGINAL, VAE_ORIGINAL, load_repo_scheduler)
 from .dit_keys import dit_to_original, expert_boundary
-from .lora_names import convert_original_wan_lora, wan_native_names
+from .lora_names import ORIGINAL_MODULE_NAMES, convert_original_wan_lora, wan_native_names
 from .pipeline import WanVideoPipeline
+# the variants (docs/wan.md): their models, their released files' layouts, their pipeline classes
+from .animate import ANIMATE_ADAPTER_ORIGINAL, ANIMATE_DIT_ORIGINAL, animate_adapter_to_original
+from .animate2 import ANIMATE2_ORIGINAL, WanAnimate2Pipeline, animate2_to_original
+from .fun_control import FUN_DIT_ORIGINAL
+from .speed_control import MOTION_CONTROLLER
+from .vace import VACE_DIT_ORIGINAL, VACE_LORA_TARGETS, VACE_ORIGINAL, vace_to_original
 
 
 def load_image_processor(path_or_config):
@@ -36,7 +43,16 @@ def load_image_processor(path_or_config):
         raise UserError(f"{path}: cannot load the CLIP image processor ({first_line(err)})") from err
 
 
+def dit_keys_to_original(state: dict) -> dict:
+    """A trained DiT's keys in its released names: Wan-AI's, or Wan2.2-Animate-2's (blocks.N.block.self_attn.q)."""
+    animate2 = any(re.match(r"blocks\.\d+\.(self_attn|cross_attn)\.", k) for k in state)
+    return animate2_to_original(state) if animate2 else dit_to_original(state)
+
+
 GROUP = "Wan"
+# the reference's names on the Wan DiT: q, k, v, o, ffn.0, ffn.2 and the qualified ones (self_attn.q, ...); the
+# Wan2.2-Animate-2 pipeline class has its own (its DiT names its modules otherwise)
+DIT_LORA_TARGETS = {**ORIGINAL_MODULE_NAMES, **REFERENCE_LORA_TARGETS}
 
 
 @dataclass(frozen=True)
@@ -68,7 +84,10 @@ FAMILY = FamilySpec(
     name="wan",
     pipeline=WanVideoPipeline,
     components=(DIT, TEXT_ENCODER, VAE, IMAGE_ENCODER, IMAGE_ENCODER_PROJ, DIT_ORIGINAL, TEXT_ENCODER_ORIGINAL,
-                VAE22_ORIGINAL, VAE_ORIGINAL, IMAGE_ENCODER_ORIGINAL),
+                VAE22_ORIGINAL, VAE_ORIGINAL, IMAGE_ENCODER_ORIGINAL,
+                # the variants' models; a VACE / Animate-14B file holds the DiT and a companion model
+                FUN_DIT_ORIGINAL, VACE_DIT_ORIGINAL, VACE_ORIGINAL, ANIMATE_DIT_ORIGINAL, ANIMATE_ADAPTER_ORIGINAL,
+                ANIMATE2_ORIGINAL, MOTION_CONTROLLER),
     tokenizers=(
         TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
                       flag="tokenizer_path", default="Wan-AI/Wan2.1-T2V-1.3B:google/umt5-xxl/"),
@@ -80,19 +99,25 @@ FAMILY = FamilySpec(
         TokenizerSpec(attr="repo_scheduler", slot="dit", folder="scheduler", load=load_repo_scheduler,
                       required=False, download=False),
     ),
-    lora_prefixes={"dit": "transformer", "dit2": "transformer_2", "text_encoder": "text_encoder"},
+    # VACE's branch and Animate's adapter are modules of diffusers' one transformer (WanVACETransformer3DModel,
+    # WanAnimateTransformer3DModel), so their LoRAs are keyed under `transformer.` as the DiT's
+    lora_prefixes={"dit": "transformer", "dit2": "transformer_2", "text_encoder": "text_encoder",
+                   "vace": "transformer", "vace2": "transformer_2", "animate_adapter": "transformer"},
     lora_target_modules=LORA_TARGET_MODULES,
-    lora_target_aliases={"dit": REFERENCE_LORA_TARGETS, "dit2": REFERENCE_LORA_TARGETS},
+    lora_target_aliases={"dit": DIT_LORA_TARGETS, "dit2": DIT_LORA_TARGETS, "vace": VACE_LORA_TARGETS,
+                         "vace2": VACE_LORA_TARGETS},
     lora_converters=(convert_original_wan_lora,),
     lora_native_names=wan_native_names,
     # diffusion_model.<Wan's module names> + .alpha: diffusers, ComfyUI and DiffSynth-Studio all read it
     lora_default_format="comfyui",
-    full_native_keys={"dit": dit_to_original},
+    full_native_keys={"dit": dit_keys_to_original, "vace": vace_to_original,
+                      "animate_adapter": animate_adapter_to_original, "motion_controller": dict},
     experts=("dit", "dit2"),
     expert_boundary=expert_boundary,
     data="video",  # clips (a still image is a one-frame clip); input_image / end_image from their frames
     options=WanOptions,
+    variants=(WanAnimate2Pipeline,),
     description="Wan2.1 / Wan2.2 video (diffusers WanTransformer3DModel, AutoencoderKLWan, UMT5, CLIP vision)",
 )
 
-__all__ = ["FAMILY", "WanVideoPipeline"]
+__all__ = ["FAMILY", "WanAnimate2Pipeline", "WanVideoPipeline"]

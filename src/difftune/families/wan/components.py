@@ -105,6 +105,8 @@ def _dit_config(heads, ffn, layers, in_channels=16, out_channels=16, image=False
 WAN_DIT_CONFIGS = {
     "Wan2.1-T2V-1.3B": _dit_config(12, 8960, 30),
     "Wan2.1-T2V-14B / Wan2.2-T2V-A14B expert": _dit_config(40, 13824, 40),
+    # PAI's Wan2.1-Fun-1.3B-InP and Fun-V1.1-1.3B-InP: the I2V DiT (CLIP image, first/last frame) at 1.3B size
+    "Wan2.1-Fun-1.3B-InP": _dit_config(12, 8960, 30, in_channels=36, image=True),
     "Wan2.1-I2V-14B": _dit_config(40, 13824, 40, in_channels=36, image=True),
     "Wan2.1-FLF2V-14B": _dit_config(40, 13824, 40, in_channels=36, image=True, pos_embed_seq_len=514),
     "Wan2.2-I2V-A14B expert": _dit_config(40, 13824, 40, in_channels=36),
@@ -145,7 +147,9 @@ UMT5_XXL_CONFIG = {"architectures": ["UMT5EncoderModel"], "model_type": "umt5", 
 
 
 def _strip_comfy_prefix(key: str) -> str:
-    for prefix in ("model.diffusion_model.", "diffusion_model."):
+    # ComfyUI's prefixes, and the `model.` that some released DiT files carry (krea/krea-realtime-video's; the
+    # reference strips it from every Wan DiT file)
+    for prefix in ("model.diffusion_model.", "diffusion_model.", "model."):
         if key.startswith(prefix):
             return key[len(prefix):]
     return key
@@ -154,7 +158,11 @@ def _strip_comfy_prefix(key: str) -> str:
 def _dit_from_original(state):
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
-    return convert_wan_transformer_to_diffusers(dict(state))
+    out = convert_wan_transformer_to_diffusers(dict(state))
+    # FLF2V's image position embedding, which diffusers' converter leaves under Wan's name
+    if "img_emb.emb_pos" in out:
+        out["condition_embedder.image_embedder.pos_embed"] = out.pop("img_emb.emb_pos")
+    return out
 
 
 def _vae_from_original(state):

@@ -35,6 +35,8 @@ def dit_to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             new = "head.modulation"
         elif new.startswith("proj_out."):
             new = "head.head." + new[len("proj_out."):]
+        elif new == "condition_embedder.image_embedder.pos_embed":
+            new = "img_emb.emb_pos"  # FLF2V's, which diffusers' converter does not rename
         elif new.endswith(".scale_shift_table"):
             new = new[: -len("scale_shift_table")] + "modulation"
         for a, b in _DIT:

@@ -19,6 +19,8 @@ _BLOCK = {
     "ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2",
 }
 _FROM_ORIGINAL = {v: k for k, v in _BLOCK.items()}
+ORIGINAL_MODULE_NAMES = dict(_FROM_ORIGINAL)  # Wan's original module names (self_attn.q, ...) -> diffusers'
+
 _FLAT = {v.replace(".", "_"): k for k, v in _BLOCK.items()}
 
 
@@ -29,6 +31,12 @@ def original_name(path: str) -> str:
         raise UserError(f"LoRA on {path}: the ComfyUI / kohya layouts name Wan's modules in its original names, and "
                         f"this one has none here (use --lora_format diffusers)")
     return f"blocks.{m[1]}.{_BLOCK[m[2]]}"
+
+
+def module_in_diffusers(path: str) -> str:
+    """blocks.3.self_attn.q (Wan's original module name) -> blocks.3.attn1.to_q; any other path unchanged."""
+    m = re.fullmatch(r"blocks\.(\d+)\.(.+)", path)
+    return f"blocks.{m[1]}.{_FROM_ORIGINAL[m[2]]}" if m is not None and m[2] in _FROM_ORIGINAL else path
 
 
 def wan_native_names(sd: dict, alphas: dict) -> tuple[dict, dict]:

@@ -67,7 +67,7 @@ def _transformer(variant: str, spec: TinyWanSpec, seed: int):
         text_dim=spec.text_dim, freq_dim=16, ffn_dim=spec.ffn_dim, num_layers=spec.num_layers,
         cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
         image_dim=spec.clip_hidden if clip else None, added_kv_proj_dim=inner if clip else None,
-        pos_embed_seq_len=2 * CLIP_TOKENS if variant == "flf2v" else None, rope_max_seq_len=64)
+        pos_embed_seq_len=2 * CLIP_TOKENS if variant == "flf2v" else None, rope_max_seq_len=1024)
 
 
 def _vae(variant: str, spec: TinyWanSpec, seed: int):
@@ -151,14 +151,16 @@ def tiny_wan_paths(root: str | os.PathLike) -> dict[str, list[str]]:
 CLIP_PTH = "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
 
 
-def write_tiny_wan_original(path: str | os.PathLike, variant: str = "t2v") -> tuple[Path, Path]:
+def write_tiny_wan_original(path: str | os.PathLike, variant: str = "t2v",
+                            vae_base_dim: int = 8) -> tuple[Path, Path]:
     """A tiny Wan repository in Wan-AI's ORIGINAL layout, as the reference's commands name its files:
     `diffusion_pytorch_model.safetensors` (Wan's key names) with Wan's own `config.json` (class WanModel) — for
     the A14B variants in `high_noise_model/` and `low_noise_model/` —, `models_t5_umt5-xxl-enc-bf16.pth`,
     `Wan2.1_VAE.pth` (`Wan2.2_VAE.pth` for ti2v), for i2v the CLIP `.pth` (vision tower, with a random
     projection head as open-clip's file has, and a stand-in text-tower tensor that loading drops), and the
     tokenizer in `google/umt5-xxl/`. Written from a diffusers-layout repository of the same tensors (returned
-    second) through the inverse of the converters the family loads them with."""
+    second) through the inverse of the converters the family loads them with. `vae_base_dim`: the VAE's first
+    width (the reference scripts' workspace takes 2: its clips are encoded at the scripts' 480 x 832)."""
     from safetensors.torch import load_file, save_file
 
     from .original import (clip_vision_to_wan, umt5_to_wan, wan22_vae_to_original, wan_dit_to_original,
@@ -167,7 +169,8 @@ def write_tiny_wan_original(path: str | os.PathLike, variant: str = "t2v") -> tu
     if variant not in ("t2v", "i2v", "a14b", "i2v_a14b", "ti2v"):
         raise ValueError("the original layout is written for t2v, i2v, a14b, i2v_a14b and ti2v")
     root = Path(path)
-    reference = write_tiny_wan(root / "diffusers", variant, TinyWanSpec(vae_res_blocks=2, vae_dim_mult=(1, 2, 4, 4)))
+    reference = write_tiny_wan(root / "diffusers", variant, TinyWanSpec(vae_res_blocks=2, vae_dim_mult=(1, 2, 4, 4),
+                                                                     vae_base_dim=vae_base_dim))
     paths = tiny_wan_paths(reference)
     dits = {"": paths["transformer"]} if "transformer_2" not in paths else \
         {"high_noise_model": paths["transformer"], "low_noise_model": paths["transformer_2"]}
