@@ -44,7 +44,7 @@ def known(request, tmp_path_factory):
 def default_layout(family: str, *flags) -> str:
     """What `difftune train` writes with no --lora_format, as the command resolves it."""
     from difftune.training.config import RunConfig
-    from difftune.training.recipe import lora_format
+    from difftune.training.stages import lora_format
 
     spec = get_family(family)
     config = RunConfig.from_namespace(train_args("--dataset_base_path", ".", "--family", family,

@@ -1,6 +1,6 @@
 """Saving what was trained: LoRA files that diffusers, ComfyUI and the reference load, full models with official keys.
 
-A LoRA is saved in the layout the run resolved (`recipe.lora_format`: by default the family's, which diffusers'
+A LoRA is saved in the layout the run resolved (`stages.lora_format`: by default the family's, which diffusers'
 `load_lora_weights`, ComfyUI and DiffSynth-Studio's loader all read at the trained strength; docs/lora_files.md):
 "diffusers" (`transformer.<module>.lora_A.weight`, alpha/rank folded into lora_B, the trained alpha in difftune's
 metadata), "comfyui" / "kohya" (with `.alpha` tensors). A fully trained model is saved with the
