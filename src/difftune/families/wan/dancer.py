@@ -33,6 +33,7 @@ from diffusers.configuration_utils import register_to_config
 from torch import nn
 
 from ...core.checkpointing import gradient_checkpoint_forward
+from ...core.features import Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
@@ -529,13 +530,24 @@ class WanDancerFramewiseVideo(PipelineUnit):
         raise UserError("video-to-video sampling (input_video) is not supported yet")
 
 
+DANCER = Feature(name=FEATURE, columns=("wantodance_music_path", "wantodance_keyframes", "wantodance_reference_image"),
+                 model_fn_inputs=("wantodance_refimage_feature", "music_feature", "wantodance_fps"),
+                 data_inputs=("wantodance_music_path", "wantodance_reference_image", "wantodance_fps",
+                              "wantodance_keyframes", "wantodance_keyframes_mask"),
+                 description="Wan-Dancer: music, reference image and keyframes")
+# the global model's data: a `framewise_decoding` column (and --framewise_decoding for the frame count rule)
+DANCER_FRAMEWISE = Feature(name=FRAMEWISE, columns=("framewise_decoding",), requires=(FEATURE,),
+                           description="Wan-Dancer global: one latent frame per video frame")
+DANCER_UNITS = (WanDancerMusic, WanDancerReferenceImage, WanDancerKeyframes, WanDancerFramewiseVideo)
+
+
 def framewise_num_frames(clip_frames: int) -> int:
     """The frame count the global model's latents stand for: 4 (n - 1) + 1 for n framewise-encoded frames (the
     reference's training script sets num_frames so)."""
     return 4 * (int(clip_frames) - 1) + 1
 
 
-__all__ = ["DANCER_14B_CONFIG", "DANCER_DIT", "FEATURE", "FRAMEWISE", "WanDancerFramewiseVideo",
+__all__ = ["DANCER", "DANCER_14B_CONFIG", "DANCER_DIT", "DANCER_FRAMEWISE", "DANCER_UNITS", "FEATURE", "FRAMEWISE", "WanDancerFramewiseVideo",
            "WanDancerKeyframes", "WanDancerMusic", "WanDancerReferenceImage", "WanDancerTransformer",
            "dancer_from_original", "dancer_to_original", "framewise_num_frames", "global_frame_rope",
            "infer_dancer_config", "keyframe_mask", "model_fn_wan_dancer", "music_features"]

@@ -25,6 +25,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from ...core.checkpointing import gradient_checkpoint_forward
+from ...core.features import Feature
 from ...core.units import PipelineUnit
 from ...models.detect import ComponentSpec
 from .units import vae_encode, video_tensor
@@ -326,5 +327,9 @@ class LongCatVideoEmbedder(PipelineUnit):
         return {"longcat_latents": vae_encode(pipe, video_tensor(longcat_video, height, width)).to(pipe.torch_dtype)}
 
 
-__all__ = ["FEATURE", "LONGCAT_DIT", "LONGCAT_VIDEO_CONFIG", "LORA_TARGET_MODULES", "LongCatVideoEmbedder",
+LONGCAT = Feature(name=FEATURE, columns=("longcat_video",), model_fn_inputs=("longcat_latents",),
+                  description="LongCat-Video continuation: the first frames given clean")
+
+
+__all__ = ["FEATURE", "LONGCAT", "LONGCAT_DIT", "LONGCAT_VIDEO_CONFIG", "LORA_TARGET_MODULES", "LongCatVideoEmbedder",
            "LongCatVideoTransformer3DModel", "infer_longcat_config", "model_fn_longcat"]

@@ -30,6 +30,8 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from ...core.checkpointing import gradient_checkpoint_forward
+from ...core.family import TokenizerSpec
+from ...core.features import Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
@@ -548,11 +550,23 @@ class WanS2VReferenceEmbedder(PipelineUnit):
         return {"first_frame_latents": torch.cat(z).to(pipe.torch_dtype)}
 
 
+# -- the feature (wired into the Wan family's S2V pipeline) ------------------------------------------------
+
+AUDIO_PROCESSOR = TokenizerSpec(attr="audio_processor", slot="audio_encoder", folder="wav2vec2-large-xlsr-53-english",
+                                load=load_audio_processor, flag="audio_processor_path")
+
+S2V = Feature(name=FEATURE, columns=("input_audio", "s2v_pose_video"), models=("audio_encoder",),
+              model_fn_inputs=("audio_embeds", "s2v_pose_latents", "first_frame_latents"),
+              data_inputs=("input_audio", "s2v_pose_video", "input_image"),
+              description="Wan2.2-S2V: speech (wav2vec2 features), pose clip and reference image")
+S2V_UNITS = (WanS2VReferenceEmbedder, WanS2VAudioEmbedder, WanS2VPoseEmbedder)
+
+
 def s2v_latent_frames(num_frames: int, vae) -> int:
     _, _, temporal = vae_scales(vae)
     return (num_frames - 1) // temporal + 1
 
 
-__all__ = ["AUDIO_ENCODER", "FEATURE", "S2V_DIT", "S2V_14B_CONFIG", "WAV2VEC2_XLSR_CONFIG", "WanModel_S2V",
+__all__ = ["AUDIO_ENCODER", "AUDIO_PROCESSOR", "FEATURE", "S2V", "S2V_DIT", "S2V_UNITS", "S2V_14B_CONFIG", "WAV2VEC2_XLSR_CONFIG", "WanModel_S2V",
            "WanS2VAudioEmbedder", "WanS2VPoseEmbedder", "WanS2VReferenceEmbedder", "audio_frame_indices",
            "infer_s2v_config", "load_audio_processor", "model_fn_wan_s2v", "s2v_audio_embeds", "wav2vec2_from_file"]

@@ -36,6 +36,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from ...core.checkpointing import gradient_checkpoint_forward
+from ...core.features import Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec, detect_component
@@ -437,6 +438,13 @@ class WanVAPVideoEmbedder(PipelineUnit):
         return {"vap_hidden_state": torch.cat(hidden), "vap_clip_feature": torch.cat(clip)}
 
 
-__all__ = ["FEATURE", "VAP", "VAP_14B_CONFIG", "VAP_DIT", "WanTransformer3DMOTModel", "WanVAPModel",
+VAP_FEATURE = Feature(name=FEATURE, columns=("vap_video",), models=("vap",),
+                      model_fn_inputs=("vap_hidden_state", "vap_clip_feature", "context_vap"),
+                      data_inputs=("vap_video", "vap_prompt"),
+                      description="Video-As-Prompt: a reference clip through the mixture-of-transformers branch")
+VAP_UNITS = (WanVAPPromptEmbedder, WanVAPVideoEmbedder)
+
+
+__all__ = ["FEATURE", "VAP", "VAP_14B_CONFIG", "VAP_DIT", "VAP_FEATURE", "VAP_UNITS", "WanTransformer3DMOTModel", "WanVAPModel",
            "WanVAPPromptEmbedder", "WanVAPVideoEmbedder", "dit_from_released", "infer_vap_config",
            "model_fn_wan_vap", "recognise_vap_file", "vap_from_released"]
