@@ -425,7 +425,9 @@ def music_features(path: str, fps: int = NATIVE_FPS):
     peaks = librosa.onset.onset_detect(onset_envelope=envelope.flatten(), sr=sr, hop_length=hop)
     peak = np.zeros_like(envelope, dtype=np.float32)
     peak[peaks] = 1.0
-    tempo = librosa.beat.tempo(y=librosa.load(path)[0])[0]
+    # librosa.beat.tempo (the reference's call) moved to librosa.feature.rhythm.tempo in 0.10 and is gone in 1.0
+    tempo_of = getattr(getattr(librosa.feature, "rhythm", None), "tempo", None) or librosa.beat.tempo
+    tempo = tempo_of(y=librosa.load(path)[0])[0]
     _, beats = librosa.beat.beat_track(onset_envelope=envelope, sr=sr, hop_length=hop, start_bpm=tempo, tightness=100)
     beat = np.zeros_like(envelope, dtype=np.float32)
     beat[beats] = 1.0
