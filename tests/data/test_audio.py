@@ -130,3 +130,61 @@ def test_stereo_operator_and_rate_checks(files):
     with pytest.raises(DataError, match="sample rate 0"):
         LoadAudio(sample_rate=0)
     assert check_audio(files["clip"]).sample_rate == 16000
+
+
+# -- the data set's audio columns ---------------------------------------------------------------------------------
+
+def _metadata(root, rows, name="metadata.csv"):
+    import csv
+
+    path = root / name
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_an_audio_column_loads_checks_and_fingerprints_its_files(files, tmp_path):
+    """An audio column named only in --extra_inputs is a file column: loaded by the operator declared for it, its
+    files among the row's source files (the cache's fingerprint), checked before the first step."""
+    import shutil
+
+    from difftune.data import UnifiedDataset
+    from difftune.data.audio import audio_path_operator
+
+    shutil.copy(files[".wav"], tmp_path / "a.wav")
+    shutil.copy(files["clip"], tmp_path / "b.mp4")
+    meta = _metadata(tmp_path, [{"prompt": "x", "input_audio": "a.wav", "music": "a.wav"},
+                                {"prompt": "y", "input_audio": "b.mp4", "music": "a.wav"}])
+    ops = {"input_audio": audio_operator(tmp_path, 16000), "music": audio_path_operator(tmp_path)}
+    data = UnifiedDataset(tmp_path, meta, data_file_keys=(), extra_inputs=("input_audio", "music"),
+                          special_operator_map=ops)
+    assert data.data_file_keys == ["input_audio", "music"]
+    first, second = data[0], data[1]
+    assert first["input_audio"].shape == (8000,) and first["music"] == str(tmp_path / "a.wav")
+    # the clip's audio track, 0.3125 s (AAC pads its last 1024-sample frame)
+    assert second["input_audio"].ndim == 1 and 5000 <= len(second["input_audio"]) <= 5000 + 1024
+    assert data.source_files(1) == [str(tmp_path / "b.mp4"), str(tmp_path / "a.wav")]
+    # a bad audio file stops the run before training, in one line naming the row, the column and the file
+    (tmp_path / "bad.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
+    bad = _metadata(tmp_path, [{"prompt": "x", "input_audio": "bad.wav"}], "bad.csv")
+    with pytest.raises(DataError) as err:
+        UnifiedDataset(tmp_path, bad, data_file_keys=("input_audio",), special_operator_map=ops)
+    assert "row 1 'input_audio'" in str(err.value) and "bad.wav" in str(err.value) and "\n" not in str(err.value)
+    silent = _metadata(tmp_path, [{"prompt": "x", "music": "../" + files["silent_clip"].parent.name + "/silent.mp4"}],
+                       "silent.csv")
+    with pytest.raises(DataError, match="no audio stream"):
+        UnifiedDataset(tmp_path, silent, data_file_keys=("music",), special_operator_map=ops)
+
+
+def test_an_audio_file_where_no_part_reads_audio_is_named_as_such(files, tmp_path):
+    import shutil
+
+    from difftune.data import UnifiedDataset
+
+    shutil.copy(files[".wav"], tmp_path / "a.wav")
+    meta = _metadata(tmp_path, [{"prompt": "x", "video": "a.wav"}])
+    with pytest.raises(DataError, match=r"'video': an audio file \('\.wav'\) where this run reads .*a\.wav"):
+        UnifiedDataset(tmp_path, meta, data_file_keys=("video",),
+                       main_data_operator=UnifiedDataset.default_video_operator(tmp_path, num_frames=5))

@@ -59,9 +59,30 @@ class LoadAudio(DataOperator):
         return ("audio", self.sample_rate, "mono" if self.mono else "channels")
 
 
+class AudioPath(LoadAudio):
+    """A file -> its path, checked like `LoadAudio` checks it (header, stream, first moments) but not decoded: for
+    a model whose own feature extractor reads the file (Wan-Dancer's music features)."""
+
+    def __init__(self):
+        super().__init__(sample_rate=None)
+
+    def __call__(self, path, context=None):
+        path = os.fspath(path)
+        self._known(path, context)
+        return path
+
+    def shape(self, path, context=None):
+        return ("audio file",)
+
+
 def audio_operator(base_path, sample_rate: int | None = 16000, mono: bool = True) -> DataOperator:
     """A path relative to the data set -> waveform (`LoadAudio`)."""
     return ToAbsolutePath(base_path) >> LoadAudio(sample_rate, mono)
 
 
-__all__ = ["AUDIO_SOURCE_EXTENSIONS", "LoadAudio", "audio_operator"]
+def audio_path_operator(base_path) -> DataOperator:
+    """A path relative to the data set -> the audio file's absolute path, checked (`AudioPath`)."""
+    return ToAbsolutePath(base_path) >> AudioPath()
+
+
+__all__ = ["AUDIO_SOURCE_EXTENSIONS", "AudioPath", "LoadAudio", "audio_operator", "audio_path_operator"]

@@ -26,12 +26,14 @@ from typing import Any
 
 import torch
 
+from ..media.audio import AUDIO_EXTENSIONS
 from ..media.video import VIDEO_EXTENSIONS
 from ..util import names
 from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension, RouteByListing,
                         ToAbsolutePath, compose, one_line)
 
-FILE_EXTENSIONS = IMAGE_EXTENSIONS + VIDEO_EXTENSIONS  # what makes an --extra_inputs column a file column
+# what makes an --extra_inputs column a file column (loaded by its operator, and in the cache's fingerprint)
+FILE_EXTENSIONS = IMAGE_EXTENSIONS + VIDEO_EXTENSIONS + AUDIO_EXTENSIONS
 PROMPT_KEY = "prompt"
 # Always text, whatever they look like: a prompt "1984" or "False" is words, not a number or a flag.
 TEXT_COLUMNS = (PROMPT_KEY, "negative_prompt")
