@@ -64,6 +64,9 @@ class BasePipeline:
     sampling_values: tuple[str, ...] = ()
     # What a call returns per prompt: "image", "clip" (a list of frames) or "layers" (a list of RGBA images).
     output_kind: str = "image"
+    # slot -> {the reference's module name: the names of the modules here}, for a variant whose models name their
+    # modules otherwise than the family's (`FamilySpec.lora_target_aliases`); None: the family's.
+    lora_target_aliases: Mapping[str, Mapping[str, str]] | None = None
     # The family's spec (set when its FamilySpec is made): how shared code finds the family of a pipeline.
     spec = None
     # Latent layout, for the loss and sampling: latents (B, C, [frames,] H, W) are cut into patch_size^2 tokens.

@@ -23,7 +23,10 @@ def lora_targets(pipe, slot: str, targets: list[str]) -> list[str]:
     """`--lora_target_modules` with the family's aliases for `slot` expanded (the reference's own module names,
     e.g. FLUX's fused `a_to_qkv`, onto the diffusers modules that hold those weights)."""
     family = getattr(pipe, "spec", None)
-    aliases = dict((getattr(family, "lora_target_aliases", None) or {}).get(slot, {}))
+    table = getattr(type(pipe), "lora_target_aliases", None)  # a variant pipeline class's own, else the family's
+    if table is None:
+        table = getattr(family, "lora_target_aliases", None)
+    aliases = dict((table or {}).get(slot, {}))
     out = []
     for t in targets:
         for name in _names(aliases.get(t, t)):
