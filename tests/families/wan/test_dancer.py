@@ -227,7 +227,7 @@ def test_music_features_need_librosa_or_give_35_per_frame(tmp_path):
     try:
         import librosa  # noqa: F401
     except ImportError:
-        with pytest.raises(UserError, match="need librosa"):
+        with pytest.raises(UserError, match=r"librosa is not installed: pip install .difftune\[audio\]"):
             music_features(str(path))
         return
     feats = music_features(str(path))

@@ -136,7 +136,7 @@ def test_dancer_reference_image_and_framewise_clip(pipe):
         ref = WanDancerReferenceImage().process(pipe, [image], H, W)["wantodance_refimage_feature"]
         frames = clip(3, seed=6)
         noise = torch.randn(1, 16, 3, H // 8, W // 8)
-        out = WanDancerFramewiseVideo().process(pipe, frames, noise, H, W)
+        out = WanDancerFramewiseVideo().process(pipe, frames, noise, H, W, True)
         singles = [vae_encode(pipe, video_tensor([f], H, W)) for f in frames]
     assert torch.equal(ref, WanImageEmbedderCLIP().process(pipe, image, None, H, W, 1)["image_embeds"])
     assert out["input_latents"].shape == (1, 16, 3, H // 8, W // 8)

@@ -39,7 +39,9 @@ from ...errors import UserError
 from ...models.detect import ComponentSpec
 from .components import WAN_DIT_CONFIGS
 from .s2v import RMSNorm
-from .units import WanImageEmbedderCLIP, frames_of, vae_encode, vae_scales, video_tensor
+from .units import (WanImageEmbedderCLIP, WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder,
+                    WanShapeChecker, frames_of, vae_decode, vae_encode, vae_scales, video_tensor)
+from .variant import WanVariantPipeline, as_list, dit_class
 
 FEATURE = "dancer"
 FRAMEWISE = "dancer_framewise"
@@ -399,6 +401,15 @@ DANCER_DIT = ComponentSpec(
 
 # -- the music features -----------------------------------------------------------------------------------
 
+LIBROSA_MISSING = ("wantodance_music_path: Wan-Dancer's music features are librosa's (as the reference's), and "
+                   "librosa is not installed: pip install 'difftune[audio]'")
+
+
+def has_librosa() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("librosa") is not None
+
 def music_features(path: str, fps: int = NATIVE_FPS):
     """The reference's music features of an audio file, (T, 35) float32 at `fps` a second (librosa: onset
     strength, 20 MFCCs, 12 CENS chroma, onset-peak and beat one-hots), computed as the reference does (the
@@ -408,8 +419,7 @@ def music_features(path: str, fps: int = NATIVE_FPS):
         import librosa
         import numpy as np
     except ImportError:
-        raise UserError("Wan-Dancer's music features need librosa (pip install librosa), as the reference's "
-                        "do") from None
+        raise UserError(LIBROSA_MISSING) from None
     from ...media.audio import AudioError, check_audio
 
     try:
@@ -514,33 +524,63 @@ class WanDancerKeyframes(PipelineUnit):
 
 
 class WanDancerFramewiseVideo(PipelineUnit):
-    """The global model's clips (`framewise_decoding`): every frame VAE-encoded alone, one latent frame each."""
+    """The global model's clips (a true `framewise_decoding`): every frame VAE-encoded alone, one latent frame
+    each; other rows' clips as usual."""
 
     feature = FRAMEWISE
     replaces = ("WanInputVideoEmbedder",)
-    inputs = ("input_video", "noise", "height", "width")
+    inputs = ("input_video", "noise", "height", "width", "framewise_decoding")
     outputs = ("latents", "input_latents")
     models = ("vae",)
 
-    def process(self, pipe, input_video, noise, height, width):
+    def process(self, pipe, input_video, noise, height, width, framewise_decoding):
         if input_video is None:
             return {"latents": noise}
         frames = frames_of(input_video)
+        if not framewise_decoding:
+            return WanInputVideoEmbedder().process(pipe, input_video, noise, height, width)
         latents = torch.cat([vae_encode(pipe, video_tensor([f], height, width)) for f in frames], dim=2)
         if pipe.scheduler.training:
             return {"latents": noise, "input_latents": latents}
         raise UserError("video-to-video sampling (input_video) is not supported yet")
 
 
-DANCER = Feature(name=FEATURE, columns=("wantodance_music_path", "wantodance_keyframes", "wantodance_reference_image"),
-                 model_fn_inputs=("wantodance_refimage_feature", "music_feature", "wantodance_fps"),
+class WanDancerFps(PipelineUnit):
+    """`wantodance_fps`: the clip's frame rate (30 when not given, the plain path), a positive number."""
+
+    feature = FEATURE
+    inputs = ("wantodance_fps",)
+    outputs = ("wantodance_fps",)
+
+    def process(self, pipe, wantodance_fps):
+        values = wantodance_fps if isinstance(wantodance_fps, (list, tuple)) else [wantodance_fps]
+        rates = {NATIVE_FPS if v is None else v for v in values}
+        try:
+            rates = {float(v) for v in rates}
+        except (TypeError, ValueError):
+            raise UserError(f"wantodance_fps must be a number (frames a second), got {sorted(map(str, rates))}") \
+                from None
+        if len(rates) != 1 or min(rates) <= 0:
+            raise UserError(f"wantodance_fps must be one positive number per batch, got {sorted(rates)}")
+        return {"wantodance_fps": rates.pop()}
+
+
+def is_dancer(context) -> bool:
+    return dit_class(context) == "WanDancerTransformer"
+
+
+DANCER = Feature(name=FEATURE, when=lambda c: is_dancer(c) or c.has("wantodance_music_path", "wantodance_keyframes",
+                                                                    "wantodance_reference_image"),
+                 model_fn_inputs=("wantodance_refimage_feature", "music_feature", "wantodance_fps", "image_embeds",
+                                  "condition"),
                  data_inputs=("wantodance_music_path", "wantodance_reference_image", "wantodance_fps",
                               "wantodance_keyframes", "wantodance_keyframes_mask"),
                  description="Wan-Dancer: music, reference image and keyframes")
 # the global model's data: a `framewise_decoding` column (and --framewise_decoding for the frame count rule)
 DANCER_FRAMEWISE = Feature(name=FRAMEWISE, columns=("framewise_decoding",), requires=(FEATURE,),
+                           data_inputs=("framewise_decoding",),
                            description="Wan-Dancer global: one latent frame per video frame")
-DANCER_UNITS = (WanDancerMusic, WanDancerReferenceImage, WanDancerKeyframes, WanDancerFramewiseVideo)
+DANCER_UNITS = (WanDancerFps, WanDancerMusic, WanDancerReferenceImage, WanDancerKeyframes, WanDancerFramewiseVideo)
 
 
 def framewise_num_frames(clip_frames: int) -> int:
@@ -549,7 +589,108 @@ def framewise_num_frames(clip_frames: int) -> int:
     return 4 * (int(clip_frames) - 1) + 1
 
 
-__all__ = ["DANCER", "DANCER_14B_CONFIG", "DANCER_DIT", "DANCER_FRAMEWISE", "DANCER_UNITS", "FEATURE", "FRAMEWISE", "WanDancerFramewiseVideo",
+# the reference's LoRA names on the Dancer DiT also reach the music injectors' q, k, v, o (Wan's own names there)
+DANCER_LORA_ALIASES = {"q": "to_q,q", "k": "to_k,k", "v": "to_v,v", "o": "to_out.0,o", "ffn.0": "ffn.net.0.proj",
+                       "ffn.2": "ffn.net.2"}
+
+
+class WanDancerPipeline(WanVariantPipeline):
+    """Wan-Dancer-14B (global and local models: one architecture): music, a reference image and keyframes
+    (`model_fn_wan_dancer`); with a true `framewise_decoding` (the global model's keyframe clips) one latent frame per
+    video frame, encoded and decoded frame by frame. Guidance's negative pass leaves block 9 out, as the
+    reference's. Its runs: its DiT, or the wantodance_* columns."""
+
+    features = (DANCER, DANCER_FRAMEWISE)
+    variant_inputs = ("wantodance_music_path", "wantodance_reference_image", "wantodance_fps", "wantodance_keyframes",
+                      "wantodance_keyframes_mask", "framewise_decoding")
+    lora_target_aliases = {"dit": DANCER_LORA_ALIASES}
+
+    def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
+        super().__init__(device, torch_dtype, scheduler)
+        self.units = [WanShapeChecker(), WanNoiseInitializer(), WanInputVideoEmbedder(), WanPromptEmbedder(),
+                      *(cls() for cls in DANCER_UNITS)]
+        self.framewise = False  # how the latents of the last call decode
+
+    @classmethod
+    def claims(cls, context) -> bool:
+        return is_dancer(context) or context.has("wantodance_music_path", "wantodance_keyframes",
+                                                 "wantodance_reference_image")
+
+    @classmethod
+    def check_run(cls, context, features):
+        if context.config("dit") is not None and not is_dancer(context):
+            raise UserError("the wantodance_* inputs are Wan-Dancer's: its DiT (Wan-AI/Wan-Dancer-14B "
+                            "global_model / local_model .safetensors) is not among the models")
+        if context.has("wantodance_keyframes") and not context.has("wantodance_keyframes_mask"):
+            raise UserError("--extra_inputs wantodance_keyframes needs wantodance_keyframes_mask too (which frames "
+                            "are keyframes)")
+        if context.has("wantodance_music_path") and not has_librosa():
+            raise UserError(LIBROSA_MISSING)
+
+    @classmethod
+    def data_operators(cls, config) -> dict:
+        from ...data.audio import audio_path_operator
+
+        return {"wantodance_music_path": audio_path_operator(config.dataset_base_path)}
+
+    def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
+        """As Wan's, with the Dancer's columns; a clip of a row with a true framewise_decoding may have any number
+        of frames, which stand for 4 (n - 1) + 1 (`framewise_num_frames`)."""
+        row = data.get("_row", "?")
+        framewise = bool(data.get("framewise_decoding"))
+        video = data.get("video") if data.get("video") is not None else data.get("image")
+        frames = frames_of(video)
+        if framewise and frames and (len(frames) - 1) % 4:  # the base checks 4k+1: give it a count it takes
+            values = super().training_inputs({**data, "video": frames[:1], "image": None})
+            values.update(input_video=frames)
+        else:
+            values = super().training_inputs(data)
+        if framewise:
+            values["num_frames"] = framewise_num_frames(len(frames))
+        values["wantodance_keyframes_mask"] = as_list(data.get("wantodance_keyframes_mask"),
+                                                      "wantodance_keyframes_mask", row)
+        values["framewise_decoding"] = framewise
+        return values
+
+    def model_fn(self, latents, timestep, prompt_embeds, image_embeds=None, condition=None,
+                 wantodance_refimage_feature=None, music_feature=None, wantodance_fps=None, skip_9th_layer=None,
+                 **settings):
+        settings.pop("expert_boundary", None)
+        return model_fn_wan_dancer(self.dit, latents, timestep, prompt_embeds, image_embeds, condition,
+                                   wantodance_refimage_feature, music_feature, wantodance_fps,
+                                   skip_9th_layer=bool(skip_9th_layer), **settings)
+
+    # guidance: the negative pass skips block 9 (the reference's skip_9th_layer)
+    def model_fn_kwargs(self, values):
+        return {**super().model_fn_kwargs(values), "skip_9th_layer": values.get("skip_9th_layer")}
+
+    def negative_name(self, name: str) -> str:
+        return "negative_skip_9th_layer" if name == "skip_9th_layer" else super().negative_name(name)
+
+    def denoise(self, values, cfg_scale=1.0, progress=True, settings=None):
+        values["negative_skip_9th_layer"] = bool(getattr(self.dit.config, "enable_global", False))
+        return super().denoise(values, cfg_scale=cfg_scale, progress=progress, settings=settings)
+
+    def finish_latents(self, latents, values):
+        self.framewise = bool(values.get("framewise_decoding"))
+        return super().finish_latents(latents, values)
+
+    def decode(self, latents):
+        if not self.framewise:
+            return super().decode(latents)
+        video = torch.cat([vae_decode(self, latents[:, :, t:t + 1]) for t in range(latents.shape[2])], dim=2)
+        return video[:, :, 0] if video.shape[2] == 1 else video
+
+    def postprocess(self, latents, output_type="pil"):
+        if output_type == "latent" or not self.framewise:
+            return super().postprocess(latents, output_type)
+        from ...media.video import tensor_to_clips
+
+        video = torch.cat([vae_decode(self, latents[:, :, t:t + 1]) for t in range(latents.shape[2])], dim=2)
+        return (video.float() / 2 + 0.5).clamp(0, 1) if output_type == "pt" else tensor_to_clips(video)
+
+
+__all__ = ["WanDancerPipeline", "WanDancerFps", "DANCER", "DANCER_14B_CONFIG", "DANCER_DIT", "DANCER_FRAMEWISE", "DANCER_UNITS", "FEATURE", "FRAMEWISE", "WanDancerFramewiseVideo",
            "WanDancerKeyframes", "WanDancerMusic", "WanDancerReferenceImage", "WanDancerTransformer",
            "dancer_from_original", "dancer_to_original", "framewise_num_frames", "global_frame_rope",
            "infer_dancer_config", "keyframe_mask", "model_fn_wan_dancer", "music_features"]

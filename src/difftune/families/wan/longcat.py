@@ -27,8 +27,11 @@ from torch import nn
 from ...core.checkpointing import gradient_checkpoint_forward
 from ...core.features import Feature
 from ...core.units import PipelineUnit
+from ...errors import UserError
 from ...models.detect import ComponentSpec
-from .units import vae_encode, video_tensor
+from .units import (WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker, vae_encode,
+                    video_tensor)
+from .variant import WanVariantPipeline, dit_class
 
 FEATURE = "longcat"
 # the reference's LoRA targets for LongCat-Video (lora/LongCat-Video.sh), which are this model's module names
@@ -327,9 +330,42 @@ class LongCatVideoEmbedder(PipelineUnit):
         return {"longcat_latents": vae_encode(pipe, video_tensor(longcat_video, height, width)).to(pipe.torch_dtype)}
 
 
-LONGCAT = Feature(name=FEATURE, columns=("longcat_video",), model_fn_inputs=("longcat_latents",),
-                  description="LongCat-Video continuation: the first frames given clean")
+def is_longcat(context) -> bool:
+    return dit_class(context) == "LongCatVideoTransformer3DModel"
 
 
-__all__ = ["FEATURE", "LONGCAT", "LONGCAT_DIT", "LONGCAT_VIDEO_CONFIG", "LORA_TARGET_MODULES", "LongCatVideoEmbedder",
+LONGCAT = Feature(name=FEATURE, when=lambda c: is_longcat(c) or c.has("longcat_video"),
+                  model_fn_inputs=("longcat_latents",), data_inputs=("longcat_video",),
+                  description="LongCat-Video: its own text-to-video DiT over Wan's VAE and UMT5 (with longcat_video, "
+                              "a continuation of that clip's first frames, given clean)")
+
+
+class WanLongCatPipeline(WanVariantPipeline):
+    """LongCat-Video on Wan2.1's VAE and UMT5: `model_fn_longcat` (its DiT's velocity negated). Its runs: its DiT,
+    or a longcat_video column."""
+
+    features = (LONGCAT,)
+    variant_inputs = ("longcat_video",)
+    lora_target_aliases = {"dit": {}}  # the scripts name LongCat's own modules (attn.qkv, ffn.w1, ...)
+
+    def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
+        super().__init__(device, torch_dtype, scheduler)
+        self.units = [WanShapeChecker(), WanNoiseInitializer(), WanInputVideoEmbedder(), WanPromptEmbedder(),
+                      LongCatVideoEmbedder()]
+
+    @classmethod
+    def claims(cls, context) -> bool:
+        return is_longcat(context) or context.has("longcat_video")
+
+    @classmethod
+    def check_run(cls, context, features):
+        if context.config("dit") is not None and not is_longcat(context):
+            raise UserError("longcat_video is LongCat-Video's input: its DiT (meituan-longcat/LongCat-Video dit/) "
+                            "is not among the models")
+
+    def model_fn(self, latents, timestep, prompt_embeds, longcat_latents=None, **settings):
+        return model_fn_longcat(self.dit, latents, timestep, prompt_embeds, longcat_latents, **settings)
+
+
+__all__ = ["WanLongCatPipeline", "FEATURE", "LONGCAT", "LONGCAT_DIT", "LONGCAT_VIDEO_CONFIG", "LORA_TARGET_MODULES", "LongCatVideoEmbedder",
            "LongCatVideoTransformer3DModel", "infer_longcat_config", "model_fn_longcat"]

@@ -12,8 +12,8 @@ class `WanTransformer3DMOTModel`. Here they are two slots, as the reference has 
     `time_projection.1`, ... with M the branch's own block index), so a fully trained `vap` saved here loads with
     the reference's `pipe.vap.load_state_dict`. `vap_from_released` converts the released names.
 
-One file fills both slots: `recognise_vap_file` gives the two components (wiring: the family's recognition takes
-the `vap` from the file it recognised as the DiT).
+One file fills both slots: `VAP` is a companion component (recognised in the files recognised as the DiT; its
+heads are Wan's 128 channels wide, as the released 5120 / 40, and its blocks sit beside DiT blocks 0, 4, 8, ...).
 
 Training (`lora|full/Video-As-Prompt-Wan2.1-14B.sh`, `--extra_inputs vap_video,input_image`): the DiT is conditioned
 as Wan2.1 I2V-14B on the clip's first frame; `vap_video` (a clip as long as the training clip) gives the branch's
@@ -24,8 +24,6 @@ frames at RoPE positions -f..-1 (before the clip's).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,10 +37,14 @@ from ...core.checkpointing import gradient_checkpoint_forward
 from ...core.features import Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...models.detect import ComponentSpec, detect_component
+from ...models.detect import ComponentSpec
 from .components import WAN_DIT_CONFIGS
 from .s2v import RMSNorm, sinusoidal
-from .units import MAX_PROMPT_TOKENS, _per_sample, frames_of, vae_encode, video_tensor
+from .pipeline import CLIP, I2V
+from .units import (MAX_PROMPT_TOKENS, WanImageEmbedderCLIP, WanImageEmbedderFused, WanImageEmbedderVAE,
+                    WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker, _per_sample,
+                    frames_of, vae_encode, video_tensor)
+from .variant import WanVariantPipeline, dit_class
 
 FEATURE = "vap"
 MOT = "_mot_ref"
@@ -353,28 +355,8 @@ VAP_DIT = ComponentSpec(
 VAP = ComponentSpec(
     name="vap", library=__name__, class_name="WanVAPModel", known_configs={"Video-As-Prompt-Wan2.1-14B": VAP_14B_CONFIG},
     marker_keys=("patch_embedding_mot_ref.weight", "blocks.0.attn1_mot_ref.to_q.weight"),
-    convert_state_dict=vap_from_released, foreign_config_classes=("WanTransformer3DMOTModel",),
-    infer_config=infer_vap_config,
+    convert_state_dict=vap_from_released, infer_config=infer_vap_config, companion=True,
     description="Video-As-Prompt branch (the _mot_ref tensors of ByteDance/Video-As-Prompt-Wan2.1-14B transformer/)")
-
-
-def recognise_vap_file(files: list[str]):
-    """The released VAP transformer files -> (the `dit` component, the `vap` component), both read from them.
-    The DiT takes the config.json beside the files (class WanTransformer3DMOTModel) or the known config; the
-    branch takes its heads and blocks from the same config.json where there is one (`block_idx_with_mot_ref`)."""
-    from dataclasses import replace
-
-    dit = detect_component(list(files), [VAP_DIT])
-    vap = detect_component(list(files), [VAP])
-    beside = Path(files[0]).parent / "config.json"
-    config = json.loads(beside.read_text()) if beside.is_file() else {}
-    heads = config.get("num_attention_heads") or dit.config.get("num_attention_heads")
-    shapes = VAP.model_shapes(vap.shapes)
-    inferred = infer_vap_config(shapes, heads)
-    if inferred is None:
-        raise UserError(f"{files[0]}: the Video-As-Prompt branch's tensors are incomplete")
-    inferred["mot_layers"] = [int(i) for i in config.get("block_idx_with_mot_ref") or _mot_layers_of(vap.shapes)]
-    return dit, replace(vap, config=inferred)
 
 
 # -- units -------------------------------------------------------------------------------------------------
@@ -445,6 +427,40 @@ VAP_FEATURE = Feature(name=FEATURE, columns=("vap_video",), models=("vap",),
 VAP_UNITS = (WanVAPPromptEmbedder, WanVAPVideoEmbedder)
 
 
-__all__ = ["FEATURE", "VAP", "VAP_14B_CONFIG", "VAP_DIT", "VAP_FEATURE", "VAP_UNITS", "WanTransformer3DMOTModel", "WanVAPModel",
+class WanVAPPipeline(WanVariantPipeline):
+    """Video-As-Prompt: Wan2.1 I2V-14B (conditioned on input_image as usual) with the `vap` branch reading a reference
+    clip (`model_fn_wan_vap`). Its runs: the branch, its DiT file, or a vap_video column."""
+
+    model_names = (*WanVariantPipeline.model_names, "vap")
+    loss_models = ("dit", "vap")
+    features = (I2V, CLIP, VAP_FEATURE)
+    variant_inputs = ("vap_video", "vap_prompt", "negative_vap_prompt")
+
+    def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
+        super().__init__(device, torch_dtype, scheduler)
+        self.units = [WanShapeChecker(), WanNoiseInitializer(), WanInputVideoEmbedder(), WanPromptEmbedder(),
+                      WanImageEmbedderCLIP(), WanImageEmbedderVAE(), WanImageEmbedderFused(),
+                      *(cls() for cls in VAP_UNITS)]
+
+    @classmethod
+    def claims(cls, context) -> bool:
+        return context.config("vap") is not None or dit_class(context) == "WanTransformer3DMOTModel" \
+            or context.has("vap_video")
+
+    @classmethod
+    def check_run(cls, context, features):
+        super().check_run(context, features)
+        if FEATURE not in features:
+            raise UserError("Video-As-Prompt needs its reference clip: --extra_inputs vap_video (and the branch, "
+                            "the transformer/ files of ByteDance/Video-As-Prompt-Wan2.1-14B)")
+
+    def model_fn(self, latents, timestep, prompt_embeds, image_embeds=None, condition=None, first_frame_latents=None,
+                 end_image_embeds=None, vap_hidden_state=None, vap_clip_feature=None, context_vap=None, **settings):
+        settings.pop("expert_boundary", None)
+        return model_fn_wan_vap(self.dit, self.vap, latents, timestep, prompt_embeds, image_embeds, condition,
+                                vap_hidden_state, vap_clip_feature, context_vap, **settings)
+
+
+__all__ = ["WanVAPPipeline", "FEATURE", "VAP", "VAP_14B_CONFIG", "VAP_DIT", "VAP_FEATURE", "VAP_UNITS", "WanTransformer3DMOTModel", "WanVAPModel",
            "WanVAPPromptEmbedder", "WanVAPVideoEmbedder", "dit_from_released", "infer_vap_config",
-           "model_fn_wan_vap", "recognise_vap_file", "vap_from_released"]
+           "model_fn_wan_vap", "vap_from_released"]

@@ -16,19 +16,21 @@ from .common import TEXT_DIM, randomise, wan_common_files
 TRANSFORMER_FOLDER = "ByteDance/Video-As-Prompt-Wan2.1-14B/transformer"
 WAN_FOLDER = "Wan-AI/Wan2.1-I2V-14B-720P"
 MOT_LAYERS = [0]  # of the tiny DiT's two blocks: one joint, one plain
+# Wan's 128-channel heads (one head), as the released 5120 / 40: the branch's heads do not show in its shapes
+SPEC = dict(num_attention_heads=1, attention_head_dim=128)
 
 
 def tiny_vap_dit(seed: int = 31):
     from .tiny import TinyWanSpec, _transformer
 
-    return randomise(_transformer("i2v", TinyWanSpec(), seed), seed)
+    return randomise(_transformer("i2v", TinyWanSpec(**SPEC), seed), seed)
 
 
 def tiny_vap_branch(seed: int = 32, mot_layers=tuple(MOT_LAYERS)):
     from .tiny import TinyWanSpec
     from ..vap import WanVAPModel
 
-    spec = TinyWanSpec()
+    spec = TinyWanSpec(**SPEC)
     torch.manual_seed(seed)
     vap = WanVAPModel(mot_layers=list(mot_layers), dim=spec.num_attention_heads * spec.attention_head_dim,
                       num_heads=spec.num_attention_heads, ffn_dim=spec.ffn_dim, freq_dim=16, text_dim=TEXT_DIM,
