@@ -32,6 +32,7 @@ from diffusers import WanTransformer3DModel
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from ...core.batch import LIST, SAME
 from ...core.checkpointing import gradient_checkpoint_forward
 from ...core.features import Feature
 from ...core.units import PipelineUnit
@@ -551,6 +552,7 @@ class WanDancerFps(PipelineUnit):
     feature = FEATURE
     inputs = ("wantodance_fps",)
     outputs = ("wantodance_fps",)
+    batching = {"wantodance_fps": SAME}  # one path per batch: the global or the plain one
 
     def process(self, pipe, wantodance_fps):
         values = wantodance_fps if isinstance(wantodance_fps, (list, tuple)) else [wantodance_fps]
@@ -604,6 +606,8 @@ class WanDancerPipeline(WanVariantPipeline):
     variant_inputs = ("wantodance_music_path", "wantodance_reference_image", "wantodance_fps", "wantodance_keyframes",
                       "wantodance_keyframes_mask", "framewise_decoding")
     lora_target_aliases = {"dit": DANCER_LORA_ALIASES}
+    input_batching = {**WanVariantPipeline.input_batching, "wantodance_fps": SAME, "framewise_decoding": SAME,
+                      "wantodance_keyframes_mask": LIST}
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype, scheduler)

@@ -346,7 +346,11 @@ class WanLongCatPipeline(WanVariantPipeline):
 
     features = (LONGCAT,)
     variant_inputs = ("longcat_video",)
-    lora_target_aliases = {"dit": {}}  # the scripts name LongCat's own modules (attn.qkv, ffn.w1, ...)
+    # the scripts name LongCat's own modules (attn.qkv, ffn.w1, ...); diffusers' Wan names (the family's default
+    # targets) reach the same layers here
+    lora_target_aliases = {"dit": {"to_q": "attn.qkv,cross_attn.q_linear", "to_k": "cross_attn.kv_linear",
+                                   "to_v": "cross_attn.kv_linear", "to_out.0": "attn.proj,cross_attn.proj",
+                                   "ffn.net.0.proj": "ffn.w1,ffn.w3", "ffn.net.2": "ffn.w2"}}
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype, scheduler)

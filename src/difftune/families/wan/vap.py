@@ -454,6 +454,13 @@ class WanVAPPipeline(WanVariantPipeline):
             raise UserError("Video-As-Prompt needs its reference clip: --extra_inputs vap_video (and the branch, "
                             "the transformer/ files of ByteDance/Video-As-Prompt-Wan2.1-14B)")
 
+    def denoise(self, values, cfg_scale=1.0, progress=True, settings=None):
+        # no negative reference-clip prompt (validation's renders): the positive one, as the reference's defaults
+        # (" " for both) give
+        if values.get("negative_context_vap") is None:
+            values["negative_context_vap"] = values.get("context_vap")
+        return super().denoise(values, cfg_scale=cfg_scale, progress=progress, settings=settings)
+
     def model_fn(self, latents, timestep, prompt_embeds, image_embeds=None, condition=None, first_frame_latents=None,
                  end_image_embeds=None, vap_hidden_state=None, vap_clip_feature=None, context_vap=None, **settings):
         settings.pop("expert_boundary", None)

@@ -8,3 +8,4 @@ from .s2v import *  # noqa: F401,F403
 from .dancer import *  # noqa: F401,F403
 from .longcat import *  # noqa: F401,F403
 from .vap import *  # noqa: F401,F403
+from .variant_data import *  # noqa: F401,F403
