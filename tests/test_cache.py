@@ -12,7 +12,7 @@ from PIL import Image
 
 from difftune.cache import (CacheManifest, CacheReader, CacheWriter, file_identity, fingerprint_diff,
                             fingerprint_hash, verify_cache)
-from difftune.cache import store
+from difftune.cache import writer as store  # the writer writes the index files (atomic_write_json)
 from difftune.errors import UserError
 
 FP = {"weights": {"vae": [{"file": "vae.safetensors", "size": 123, "header_sha256": "ab"}]},

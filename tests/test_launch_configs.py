@@ -157,7 +157,8 @@ def test_training_loop_tells_deepspeed_the_micro_batch_size(monkeypatch):
     """difftune prepares no DataLoader, from which accelerate would read DeepSpeed's micro-batch size."""
     from types import SimpleNamespace
 
-    from difftune.training.loop import LoopConfig, train
+    from difftune.training.fit import train
+    from difftune.training.loop import LoopConfig
 
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
     plugin = DeepSpeedPlugin()

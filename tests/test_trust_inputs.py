@@ -413,7 +413,7 @@ def test_disk_full_while_saving_a_checkpoint(tmp_path, tiny_repo, capsys, monkey
 
 
 def test_disk_full_while_writing_the_cache(tmp_path, tiny_repo, capsys, monkeypatch):
-    import difftune.cache.store as store
+    import difftune.cache.writer as store
     from conftest import make_image_dataset
     from test_bad_input import base_args, cli, one_line_error
 
@@ -457,7 +457,7 @@ def test_corrupt_shard_stops_stage_2_in_one_line(tmp_path, tiny_repo, capsys):
 def test_cache_reader_checks_each_tensor_once(tmp_path, monkeypatch):
     import torch
 
-    import difftune.cache.store as store
+    import difftune.cache.reader as store
     from difftune.cache import CacheManifest, CacheReader, CacheWriter
 
     with CacheWriter(tmp_path / "c", manifest=CacheManifest.new(family="toy", fingerprint={})) as writer:

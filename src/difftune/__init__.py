@@ -4,7 +4,7 @@ The Python API (`difftune.api`, docs/api.md) is re-exported here lazily, so `imp
 for the command line: `from difftune import DiffusionTrainingModule, launch_training_task, ...`.
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _API = (
     "BasePipeline", "ComponentSpec", "DiffusionTrainingModule", "FamilySpec", "FlowMatchScheduler", "ModelConfig",

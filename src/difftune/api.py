@@ -142,7 +142,8 @@ def launch_training_task(accelerator, dataset, model: DiffusionTrainingModule, m
 
     Returns {"steps", "losses" (per optimizer step), "seconds", "saved" (checkpoint paths)}.
     """
-    from .training.loop import LoopConfig, train
+    from .training.fit import train
+    from .training.loop import LoopConfig
 
     if not isinstance(model, DiffusionTrainingModule):
         raise TypeError(f"model must be a difftune.DiffusionTrainingModule, got {type(model).__name__}")

@@ -240,13 +240,13 @@ def draw_grid(rows: list[tuple[str, list]], columns: list[str], path: Path, scal
 # -- the demo -------------------------------------------------------------------------------------------
 
 def _train(argv: list[str]) -> dict:
-    """The `difftune train` command path: its parser, then `run`."""
-    from .cli.args import training_parser
+    """The `difftune train` command path: its flags (the shared ones), then `run`."""
+    from .training.config import RunConfig
     from .training.setup import reset_accelerate_state
     from .training.recipe import run
 
     try:
-        return run(training_parser().parse_args(argv))
+        return run(RunConfig.parse(argv))
     finally:
         reset_accelerate_state()  # each stage builds its own Accelerator, as separate commands do
 

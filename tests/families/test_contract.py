@@ -223,3 +223,26 @@ def test_every_variant_trains_and_renders_validation(tiny, tmp_path):
             assert grid.size[0] >= 32 and pixels[0] < pixels[1], (name, out)  # a picture, not a blank
         features = json.loads((root / "cache" / "manifest.json").read_text())["fingerprint"]["features"]
         assert (name in features) or name == "base" or tiny.name == "qwen_image" and name == "layered", (name, features)
+
+
+def test_a_plain_run_runs_logs_and_caches_no_feature(tiny, tmp_path, capsys):
+    """A run of the family's base data (text-to-image / text-to-video) runs, logs and caches its base units only: no
+    unit of a feature, and none of a feature's values in the cache index."""
+    data = tiny.metadata.parent
+    run_train("--task", "sft:data_process", "--dataset_base_path", data, "--dataset_metadata_path", tiny.metadata,
+              "--output_path", tmp_path / "cache", *flags(tiny, *lora_flags(tiny)))
+    log = capsys.readouterr().out
+    spec = get_family(tiny.name)
+    pipe = spec.pipeline()
+    feature_units = [u.name for u in pipe.all_units if u.feature != "base"]
+    base_values = {n for u in pipe.all_units if u.feature == "base" for n in u.writes(cfg=True)}
+    feature_values = ({n for f in pipe.features for n in f.model_fn_inputs} | {
+        n for u in pipe.all_units if u.feature != "base" for n in u.writes(cfg=True)}) - base_values
+    split_line = next(line for line in log.splitlines() if line.startswith("split: "))
+    assert "features: base\n" in log
+    assert not [u for u in feature_units if u in split_line], split_line
+    manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
+    index = json.loads(next((tmp_path / "cache").glob("part-*/shard-*.json")).read_text())
+    cached = set(manifest["frontier"]) | {n for s in index["samples"].values() for n in s}
+    assert not cached & feature_values, cached & feature_values
+    assert all(u.split("@")[0] not in feature_units for u in manifest["fingerprint"]["units"])

@@ -6,7 +6,8 @@ guarantees: docs/cache_format.md.
 
 from .manifest import (FORMAT_VERSION, CacheManifest, file_identity, fingerprint_diff, fingerprint_hash, source_change,
                        source_identity)
-from .store import CacheReader, CacheWriter, remove_cache
+from .reader import CacheReader
+from .writer import CacheWriter, remove_cache
 from .verify import VerifyReport, verify_cache
 
 __all__ = ["CacheManifest", "CacheWriter", "CacheReader", "VerifyReport", "verify_cache",

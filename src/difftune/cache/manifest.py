@@ -24,7 +24,7 @@ KINDS = ("tensor", "json", "tree")  # tree: a list/dict that holds tensors
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 

@@ -16,9 +16,9 @@ from safetensors import safe_open
 
 from ..errors import UserError
 from .manifest import CacheManifest
-from .store import (COMPLETE_NAME, Shard, content_of, find_pickles, is_complete, list_parts, merge_spec,
-                    read_shard, committed_indexes, spec_of, superseded, tensor_refs, tensor_sha256,
-                    uncommitted_files)
+from .codec import content_of, merge_spec, spec_of, tensor_refs, tensor_sha256
+from .index import (COMPLETE_NAME, Shard, committed_indexes, find_pickles, is_complete, list_parts, read_shard,
+                    superseded, uncommitted_files)
 
 MAX_PROBLEMS = 200  # a broken cache can have one problem per sample; the first ones tell the story
 

@@ -22,8 +22,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         if action.dest == "task":
             action.choices = task_choices(all_losses())
     seen = {f.name for f in flag_fields(RunConfig)}
-    for name, spec in sorted(families().items()):
-        add_flags(parser, spec.options, "train", title=f"{name} flags", suppress_defaults=True, seen=seen)
+    add_family_flags(parser, "train", seen)
     g = parser.add_argument_group("reference flags difftune refuses (not implemented yet: a run that names one stops)")
     for name, (kind, why) in REFUSED.items():
         if kind == "switch":
@@ -31,6 +30,25 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         else:
             g.add_argument(f"--{name}", default=None, help=why)
     return parser
+
+
+def add_family_flags(parser: argparse.ArgumentParser, command: str, seen: set[str]) -> None:
+    """Every family's flags for `command`, grouped by family; a flag several families declare is listed once,
+    under all their names (absent flags stay out of the namespace: a run can tell which were given)."""
+    specs = sorted(families().items())
+    owners: dict[str, list[str]] = {}
+    for name, spec in specs:
+        for f in flag_fields(spec.options):
+            if f.metadata["flag"][command]:
+                owners.setdefault(f.name, []).append(name)
+    for name, spec in specs:
+        shared = {flag for flag, who in owners.items() if len(who) > 1 and who[0] == name and flag not in seen}
+        if shared:
+            add_flags(parser, spec.options, command, title=f"{', '.join(owners[next(iter(shared))])} flags",
+                      suppress_defaults=True, seen=seen | (set(owners) - shared))
+            seen |= shared
+    for name, spec in specs:
+        add_flags(parser, spec.options, command, title=f"{name} flags", suppress_defaults=True, seen=seen)
 
 
 # The reference's flags we do not implement: refused by name rather than ignored (name -> (kind, why)).

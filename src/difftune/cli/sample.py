@@ -9,8 +9,7 @@ import argparse
 import dataclasses
 import os
 
-from ..core.family import families
-from ..core.options import add_flags, flag_fields, option_names
+from ..core.options import flag_fields, option_names
 from ..errors import UserError
 from ..io import atomic_save_image
 
@@ -42,9 +41,9 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=float, default=16, help="Video families: frame rate of the written clip.")
     p.add_argument("--output", default=None, help="Output file (several prompts: NAME-<i>.EXT); default sample.png, or "
                    "sample.mp4 for a video family (.mp4/.mov/.mkv/.avi/.webm, or an animated .gif/.webp).")
-    seen = {a.dest for a in p._actions}
-    for name, spec in sorted(families().items()):
-        add_flags(p, spec.options, "sample", title=f"{name} flags", suppress_defaults=True, seen=seen)
+    from .args import add_family_flags
+
+    add_family_flags(p, "sample", {a.dest for a in p._actions})
     return p
 
 

@@ -149,7 +149,7 @@ def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, to
     (default: the slot written with the `transformer` prefix), renamed by `native_names` (the family's
     `lora_native_names`, e.g. FLUX's BFL names) where given.
     """
-    from .. import __version__
+    from ..version import __version__
 
     if denoiser is None:
         denoiser = next((n for n in state_dicts if ((prefixes or {}).get(n) or component_prefix(n)) == "transformer"),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..errors import UserError
 from ..io import atomic_save_safetensors, atomic_write_text
 from .loop import Hooks, LoopState

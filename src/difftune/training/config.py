@@ -238,6 +238,18 @@ class RunConfig:
         resolved = dataclasses.replace(self, family_options=options)
         return dataclasses.replace(resolved, frames=frame_settings(resolved, family))
 
+    @classmethod
+    def parse(cls, argv: list[str]) -> RunConfig:
+        """The configuration of `difftune train` flags given as a list (the shared flags only; the command line
+        itself, with every family's flags and the refused ones, is `cli.args.training_parser`)."""
+        import argparse
+
+        from ..core.options import add_flags
+
+        parser = argparse.ArgumentParser(prog="difftune train")
+        add_flags(parser, cls, "train")
+        return cls.from_namespace(parser.parse_args([str(a) for a in argv]))
+
     @property
     def task_spec(self) -> TaskSpec:
         return TaskSpec.parse(self.task, _all_losses())

@@ -65,7 +65,7 @@ def expert_runs(run, high: str, low: str, boundary: float) -> list[tuple[str, ob
 
 def train_experts(run, stop) -> dict:
     """Stage 1 once (unless training from a cache), then stage 2 per expert."""
-    from .recipe import fit, from_cache, stage1
+    from .stages import fit, from_cache, stage1
     from .stage1 import CACHE_SUBDIR
 
     high, low, boundary = check_experts(run)

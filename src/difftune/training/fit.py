@@ -137,4 +137,11 @@ def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
                     batches, start_epoch, start_step)
 
 
-__all__ = ["Training", "make_lr_schedule", "make_optimizer", "prepare"]
+def train(accelerator, dataset, module, config: LoopConfig, hooks=None, on_step=None, stop=None) -> dict:
+    """Prepare and loop: train `module` (forward(samples, indices, epoch) -> loss) on `dataset`; a summary dict."""
+    from .loop import loop
+
+    return loop(prepare(accelerator, dataset, module, config), hooks, on_step=on_step, stop=stop)
+
+
+__all__ = ["Training", "make_lr_schedule", "make_optimizer", "prepare", "train"]

@@ -160,14 +160,6 @@ def loop(training, hooks: Hooks | None = None, on_step: Callable[[int, float], N
     return summary
 
 
-def train(accelerator, dataset, module, config: LoopConfig, hooks: Hooks | None = None,
-          on_step: Callable[[int, float], None] | None = None, stop=None) -> dict:
-    """Prepare (fit.prepare) and loop: train `module` (forward(samples, indices, epoch) -> loss) on `dataset`."""
-    from .fit import prepare
-
-    return loop(prepare(accelerator, dataset, module, config), hooks, on_step=on_step, stop=stop)
-
-
 def bucket_keys(dataset, module) -> list | None:
     """Each sample's bucket (what must agree for samples to share a batch), if the data set can tell; the
     module's pipeline says which data values must agree besides the shapes (e.g. a step count)."""

@@ -99,7 +99,7 @@ def data_columns(config: RunConfig) -> frozenset[str]:
 def features_of_cache(path: str, family: FamilySpec) -> tuple[type, frozenset[str]]:
     """Stage 2: the pipeline class and features stage 1 recorded in the cache."""
     from ..cache import CacheManifest
-    from ..cache.store import check_cache_dir
+    from ..cache.index import check_cache_dir
 
     check_cache_dir(Path(path))  # a raw data set or an unfinished cache is named as such
     manifest = CacheManifest.load(path)

@@ -220,8 +220,8 @@ class Validator:
                     clean = values.pop("input_latents")
                     latents = torch.randn(clean.shape, generator=g)
                     values.update(pipe.size_of(clean))
-                    self._note("size", f"validation renders each prompt with the conditioning of the training "
-                               f"sample of its index, at that sample's size")
+                    self._note("size", "validation renders each prompt with the conditioning of the training "
+                               "sample of its index, at that sample's size")
                 else:
                     shape = pipe.noise_shape(self.height, self.width, **(
                         {"num_frames": self.num_frames} if self.num_frames is not None else {}))

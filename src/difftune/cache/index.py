@@ -1,0 +1,189 @@
+"""The cache on disk: its layout (docs/cache_format.md), its committed shards and their indexes, what is complete.
+
+    <root>/manifest.json                      what the cache is and what produced it (manifest.py)
+    <root>/part-<rank>/shard-<k>.safetensors  tensors of a batch of samples, key "<sample_id>/<name>"
+    <root>/part-<rank>/shard-<k>.json         the shard's index: every sample's values (JSON ones inline,
+                                              tensors as references: codec.py); renaming it in commits the shard.
+                                              Also "sources" (id -> identities of the files the sample was
+                                              made from) and "replaces" (id -> earlier shards whose entry
+                                              of that sample it supersedes: its files had changed)
+    <root>/part-<rank>/complete.json          written by that rank's writer on close()
+
+The writer (writer.py) adds shards, the reader (reader.py) and `difftune cache verify` (verify.py) read them.
+Nothing here is ever unpickled; a directory holding pickle files is refused outright.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+from ..util import PICKLE_SUFFIXES
+from .manifest import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, TMP_MARK, CacheManifest
+
+PART_RE = re.compile(r"^part-(\d{5,})$")
+SHARD_RE = re.compile(r"^shard-(\d{6,})\.(safetensors|json)$")
+COMPLETE_NAME = "complete.json"
+RAW_DATA_HINTS = ("metadata.csv", "metadata.json", "metadata.jsonl")
+STAGE1_HINT = "stage 2 needs the output of --task sft:data_process"
+
+
+# -- layout -------------------------------------------------------------------------------------------
+
+def part_name(rank: int) -> str:
+    return f"part-{rank:05d}"
+
+
+def shard_stem(number: int) -> str:
+    return f"shard-{number:06d}"
+
+
+def is_temp(name: str) -> bool:
+    return name.startswith(".") and TMP_MARK in name
+
+
+def _owned_in_part(name: str) -> bool:
+    return bool(SHARD_RE.match(name)) or name == COMPLETE_NAME or is_temp(name)
+
+
+def list_parts(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and PART_RE.match(p.name))
+
+
+def committed_indexes(part: Path) -> list[Path]:
+    """Index files of committed shards, in shard order."""
+    return sorted(p for p in part.iterdir() if (m := SHARD_RE.match(p.name)) and m.group(2) == "json")
+
+
+def uncommitted_files(root: Path) -> list[Path]:
+    """Temp files and shard tensors without an index: what a killed writer leaves behind."""
+    out = [p for p in root.iterdir() if p.is_file() and is_temp(p.name)] if root.is_dir() else []
+    for part in list_parts(root):
+        names = {p.name for p in part.iterdir()}
+        for name in sorted(names):
+            m = SHARD_RE.match(name)
+            if is_temp(name) or (m and m.group(2) == "safetensors" and f"{shard_stem(int(m.group(1)))}.json"
+                                 not in names):
+                out.append(part / name)
+    return out
+
+
+def find_pickles(root: Path) -> list[Path]:
+    """Files that are (or are named like) pickles: .pt/.pth/.bin/... or starting with a pickle opcode."""
+    hits = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath) / name
+            if path.suffix.lower() in PICKLE_SUFFIXES:
+                hits.append(path)
+            elif not (SHARD_RE.match(name) or name in (MANIFEST_NAME, COMPLETE_NAME) or is_temp(name)):
+                try:
+                    with open(path, "rb") as f:
+                        head = f.read(2)
+                except OSError:
+                    continue
+                if len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5:  # PROTO opcode
+                    hits.append(path)
+    return sorted(hits)
+
+
+def natural_key(sample_id: str):
+    """Sort "row-2" before "row-10"; ties broken by the plain string, so the order is total."""
+    parts = re.split(r"(\d+)", sample_id)
+    return [int(p) if i % 2 else p for i, p in enumerate(parts)], sample_id
+
+
+# -- shards -------------------------------------------------------------------------------------------
+
+@dataclass
+class Shard:
+    """A committed shard: its index (parsed) and where its tensors are."""
+
+    part: str
+    index_path: Path
+    tensor_path: Path | None
+    index: dict
+
+    @property
+    def name(self) -> str:
+        return f"{self.part}/{self.index_path.stem}"
+
+
+def read_shard(index_path: Path) -> Shard:
+    """Parse a shard index; ValueError if it is unreadable or not ours."""
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{index_path} is unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
+        raise ValueError(f"{index_path} is not a difftune shard index")
+    if index.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{index_path} has format version {index.get('format_version')}, not {FORMAT_VERSION}")
+    if not isinstance(index.get("samples"), dict):
+        raise ValueError(f"{index_path} has no samples table")
+    tensor_file = index.get("tensor_file")
+    tensor_path = index_path.parent / tensor_file if tensor_file else None
+    return Shard(index_path.parent.name, index_path, tensor_path, index)
+
+
+def scan_shards(root: Path) -> tuple[list[Shard], list[str]]:
+    """All committed shards of all parts, and a problem line for each index that cannot be read."""
+    shards, problems = [], []
+    for part in list_parts(root):
+        for index_path in committed_indexes(part):
+            try:
+                shards.append(read_shard(index_path))
+            except ValueError as e:
+                problems.append(str(e))
+    return shards, problems
+
+
+def superseded(shards: list[Shard]) -> set[tuple[str, str]]:
+    """(shard name, sample id) of entries that a later stage-1 run replaced because the sample's source
+    files had changed: each shard index lists, under "replaces", the earlier shards of the samples it
+    re-encoded (or skipped). Appending instead of rewriting keeps every committed file as it was."""
+    gone = set()
+    for shard in shards:
+        for sample_id, names in (shard.index.get("replaces") or {}).items():
+            gone.update((name, sample_id) for name in names)
+    return gone
+
+
+def is_complete(root: Path, manifest: CacheManifest) -> tuple[bool, list[str]]:
+    """Did every rank of the last writer run close? Returns (complete, parts that did not)."""
+    missing = []
+    for rank in range(manifest.world_size):
+        path = root / part_name(rank) / COMPLETE_NAME
+        try:
+            done = json.loads(path.read_text())
+            if done.get("world_size") != manifest.world_size:
+                missing.append(part_name(rank))
+        except (OSError, ValueError):
+            missing.append(part_name(rank))
+    return not missing, missing
+
+
+
+def check_cache_dir(root: Path) -> None:
+    """UserError unless `root` is a directory holding a difftune cache and no pickles."""
+    if not root.is_dir():
+        raise UserError(f"cache directory {root} does not exist" if not root.exists() else
+                        f"cache path {root} is a file, not a directory")
+    pickles = find_pickles(root)
+    if pickles:
+        raise UserError(f"{root} holds pickle files ({pickles[0].relative_to(root)}"
+                        f"{f' and {len(pickles) - 1} more' if len(pickles) > 1 else ''}); difftune never loads "
+                        f"pickles (they can run code) — remove them, or build a cache with --task sft:data_process")
+    if not (root / MANIFEST_NAME).exists():
+        raw = [n for n in RAW_DATA_HINTS if (root / n).exists()]
+        if raw:
+            raise UserError(f"{root} looks like a raw dataset (it has {raw[0]}), not a cache; {STAGE1_HINT}")
+        raise UserError(f"{root} is not a difftune cache (no {MANIFEST_NAME}); {STAGE1_HINT}")
+
+
