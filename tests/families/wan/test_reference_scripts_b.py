@@ -24,8 +24,9 @@ from difftune.testing.scripts import flag_value
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "wanvideo" / "model_training"
 needs_librosa = pytest.mark.skipif(not has_librosa(), reason="Wan-Dancer's music features need librosa "
                                                              "(difftune[audio])")
-DANCER = [pytest.param(s, marks=needs_librosa) for s in ("lora/Wan-Dancer-14B-global.sh", "lora/Wan-Dancer-14B-local.sh",
-                                                       "full/Wan-Dancer-14B-global.sh", "full/Wan-Dancer-14B-local.sh")]
+DANCER = [pytest.param(s, marks=needs_librosa) for s in (
+    "lora/Wan-Dancer-14B-global.sh", "lora/Wan-Dancer-14B-local.sh", "full/Wan-Dancer-14B-global.sh",
+    "full/Wan-Dancer-14B-local.sh")]
 
 
 @pytest.fixture(scope="module")

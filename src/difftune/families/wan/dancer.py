@@ -394,7 +394,8 @@ def infer_dancer_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
 
 
 DANCER_DIT = ComponentSpec(
-    name="dit", library=__name__, class_name="WanDancerTransformer", known_configs={"Wan-Dancer-14B": DANCER_14B_CONFIG},
+    name="dit", library=__name__, class_name="WanDancerTransformer",
+    known_configs={"Wan-Dancer-14B": DANCER_14B_CONFIG},
     marker_keys=("music_projection.weight", "blocks.0.self_attn.q.weight", "head.modulation"),
     convert_state_dict=dancer_from_original, infer_config=infer_dancer_config,
     description="Wan-Dancer-14B DiT (Wan-AI/Wan-Dancer-14B global_model / local_model .safetensors)")
@@ -694,7 +695,8 @@ class WanDancerPipeline(WanVariantPipeline):
         return (video.float() / 2 + 0.5).clamp(0, 1) if output_type == "pt" else tensor_to_clips(video)
 
 
-__all__ = ["WanDancerPipeline", "WanDancerFps", "DANCER", "DANCER_14B_CONFIG", "DANCER_DIT", "DANCER_FRAMEWISE", "DANCER_UNITS", "FEATURE", "FRAMEWISE", "WanDancerFramewiseVideo",
-           "WanDancerKeyframes", "WanDancerMusic", "WanDancerReferenceImage", "WanDancerTransformer",
-           "dancer_from_original", "dancer_to_original", "framewise_num_frames", "global_frame_rope",
-           "infer_dancer_config", "keyframe_mask", "model_fn_wan_dancer", "music_features"]
+__all__ = ["WanDancerPipeline", "WanDancerFps", "DANCER", "DANCER_14B_CONFIG", "DANCER_DIT", "DANCER_FRAMEWISE",
+           "DANCER_UNITS", "FEATURE", "FRAMEWISE", "WanDancerFramewiseVideo", "WanDancerKeyframes", "WanDancerMusic",
+           "WanDancerReferenceImage", "WanDancerTransformer", "dancer_from_original", "dancer_to_original",
+           "framewise_num_frames", "global_frame_rope", "infer_dancer_config", "keyframe_mask", "model_fn_wan_dancer",
+           "music_features"]

@@ -371,5 +371,5 @@ class WanLongCatPipeline(WanVariantPipeline):
         return model_fn_longcat(self.dit, latents, timestep, prompt_embeds, longcat_latents, **settings)
 
 
-__all__ = ["WanLongCatPipeline", "FEATURE", "LONGCAT", "LONGCAT_DIT", "LONGCAT_VIDEO_CONFIG", "LORA_TARGET_MODULES", "LongCatVideoEmbedder",
-           "LongCatVideoTransformer3DModel", "infer_longcat_config", "model_fn_longcat"]
+__all__ = ["WanLongCatPipeline", "FEATURE", "LONGCAT", "LONGCAT_DIT", "LONGCAT_VIDEO_CONFIG", "LORA_TARGET_MODULES",
+           "LongCatVideoEmbedder", "LongCatVideoTransformer3DModel", "infer_longcat_config", "model_fn_longcat"]

@@ -624,6 +624,7 @@ class WanS2VPipeline(WanVariantPipeline):
         return super().denoise(values, cfg_scale=cfg_scale, progress=progress, settings=settings)
 
 
-__all__ = ["WanS2VPipeline", "AUDIO_ENCODER", "AUDIO_PROCESSOR", "FEATURE", "S2V", "S2V_DIT", "S2V_UNITS", "S2V_14B_CONFIG", "WAV2VEC2_XLSR_CONFIG", "WanModel_S2V",
-           "WanS2VAudioEmbedder", "WanS2VPoseEmbedder", "WanS2VReferenceEmbedder", "audio_frame_indices",
-           "infer_s2v_config", "load_audio_processor", "model_fn_wan_s2v", "s2v_audio_embeds", "wav2vec2_from_file"]
+__all__ = ["WanS2VPipeline", "AUDIO_ENCODER", "AUDIO_PROCESSOR", "FEATURE", "S2V", "S2V_DIT", "S2V_UNITS",
+           "S2V_14B_CONFIG", "WAV2VEC2_XLSR_CONFIG", "WanModel_S2V", "WanS2VAudioEmbedder", "WanS2VPoseEmbedder",
+           "WanS2VReferenceEmbedder", "audio_frame_indices", "infer_s2v_config", "load_audio_processor",
+           "model_fn_wan_s2v", "s2v_audio_embeds", "wav2vec2_from_file"]

@@ -353,7 +353,8 @@ VAP_DIT = ComponentSpec(
     description="Video-As-Prompt's Wan2.1 I2V DiT (ByteDance/Video-As-Prompt-Wan2.1-14B transformer/)")
 
 VAP = ComponentSpec(
-    name="vap", library=__name__, class_name="WanVAPModel", known_configs={"Video-As-Prompt-Wan2.1-14B": VAP_14B_CONFIG},
+    name="vap", library=__name__, class_name="WanVAPModel",
+    known_configs={"Video-As-Prompt-Wan2.1-14B": VAP_14B_CONFIG},
     marker_keys=("patch_embedding_mot_ref.weight", "blocks.0.attn1_mot_ref.to_q.weight"),
     convert_state_dict=vap_from_released, infer_config=infer_vap_config, companion=True,
     description="Video-As-Prompt branch (the _mot_ref tensors of ByteDance/Video-As-Prompt-Wan2.1-14B transformer/)")
@@ -468,6 +469,6 @@ class WanVAPPipeline(WanVariantPipeline):
                                 vap_hidden_state, vap_clip_feature, context_vap, **settings)
 
 
-__all__ = ["WanVAPPipeline", "FEATURE", "VAP", "VAP_14B_CONFIG", "VAP_DIT", "VAP_FEATURE", "VAP_UNITS", "WanTransformer3DMOTModel", "WanVAPModel",
-           "WanVAPPromptEmbedder", "WanVAPVideoEmbedder", "dit_from_released", "infer_vap_config",
-           "model_fn_wan_vap", "vap_from_released"]
+__all__ = ["WanVAPPipeline", "FEATURE", "VAP", "VAP_14B_CONFIG", "VAP_DIT", "VAP_FEATURE", "VAP_UNITS",
+           "WanTransformer3DMOTModel", "WanVAPModel", "WanVAPPromptEmbedder", "WanVAPVideoEmbedder",
+           "dit_from_released", "infer_vap_config", "model_fn_wan_vap", "vap_from_released"]

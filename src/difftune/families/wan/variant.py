@@ -59,7 +59,8 @@ class WanVariantPipeline(WanVideoPipeline):
         return None  # per-sample audio, clips and lists: stage 1 encodes one sample at a time
 
     def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "", input_image=None,
-                 end_image=None, height: int | None = CALL_DEFAULTS["height"], width: int | None = CALL_DEFAULTS["width"],
+                 end_image=None, height: int | None = CALL_DEFAULTS["height"],
+                 width: int | None = CALL_DEFAULTS["width"],
                  num_frames: int = CALL_DEFAULTS["num_frames"],
                  num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"],
                  cfg_scale: float = CALL_DEFAULTS["cfg_scale"], seed: int | None = None, progress: bool = True,
