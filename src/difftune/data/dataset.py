@@ -27,12 +27,14 @@ from typing import Any
 
 import torch
 
+from ..media.audio import AUDIO_EXTENSIONS
 from ..media.video import VIDEO_EXTENSIONS
 from ..util import names
 from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension, RouteByListing,
                         ToAbsolutePath, compose, one_line)
 
-FILE_EXTENSIONS = IMAGE_EXTENSIONS + VIDEO_EXTENSIONS  # what makes an --extra_inputs column a file column
+# what makes an --extra_inputs column a file column (loaded by its operator, and in the cache's fingerprint)
+FILE_EXTENSIONS = IMAGE_EXTENSIONS + VIDEO_EXTENSIONS + AUDIO_EXTENSIONS
 PROMPT_KEY = "prompt"
 # Always text, whatever they look like: a prompt "1984" or "False" is words, not a number or a flag.
 TEXT_COLUMNS = (PROMPT_KEY, "negative_prompt")
@@ -343,8 +345,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
 
     def row_shape(self, row: int) -> tuple:
         """The sizes row `row` (0-based) will have once loaded, per file column, from the headers where the
-        operators can tell (else by loading the row)."""
-        parts = []
+        operators can tell (else by loading the row, for the columns they cannot tell)."""
+        parts, unknown = [], False
         for key in self.data_file_keys:
             op, context = self._operator(key), self._context(row, key)
             try:
@@ -352,13 +354,15 @@ class UnifiedDataset(torch.utils.data.Dataset):
             except DataError:
                 return ("unreadable", row)  # found bad when loaded (skipped, or the error stops the run)
             if any(s is UNKNOWN for s in sizes):
-                return self._loaded_shape(row)
-            if key in self.frame_inputs:  # loaded as the frame itself (see `_one_frame`)
+                unknown = True
+            elif key in self.frame_inputs:  # loaded as the frame itself (see `_one_frame`)
                 sizes = tuple(s[:2] if isinstance(s, tuple) and s[2:] == (1,) else s for s in sizes)
             parts.append((key, sizes))
-        return tuple(parts)
+        return self._loaded_shape(row, dict(parts)) if unknown else tuple(parts)
 
-    def _loaded_shape(self, row: int) -> tuple:
+    def _loaded_shape(self, row: int, known: dict | None = None) -> tuple:
+        """As `row_shape`, loading the row for the columns whose operators cannot tell (`known`: the others'
+        sizes, kept as the operators give them, so that rows agree however they were measured)."""
         try:
             item = self.load_row(row)
         except DataError:
@@ -367,12 +371,14 @@ class UnifiedDataset(torch.utils.data.Dataset):
         def size(v):
             if _is_clip(v):  # (width, height, frames), as the headers give it
                 return (*v[0].size, len(v))
-            return tuple(v.size) if hasattr(v, "size") and not callable(v.size) else \
-                tuple(v.shape) if hasattr(v, "shape") else repr(type(v))
+            if hasattr(v, "shape"):  # an array or tensor (e.g. a waveform)
+                return tuple(v.shape)
+            return tuple(v.size) if hasattr(v, "size") and not callable(v.size) else repr(type(v))
 
+        known = {k: v for k, v in (known or {}).items() if all(s is not UNKNOWN for s in v)}
         # a list value in the metadata is several files; a clip alone is one value
-        return tuple((key, tuple(size(v) for v in (item[key] if isinstance(self.rows[row].get(key), list)
-                                                    else [item[key]])))
+        return tuple((key, known[key] if key in known else
+                      tuple(size(v) for v in (item[key] if isinstance(self.rows[row].get(key), list) else [item[key]])))
                      for key in self.data_file_keys)
 
     def bucket_keys(self, columns=()) -> list:

@@ -168,6 +168,11 @@ class RouteByExtension(DataOperator):
         for exts, op in self.routes:
             if exts is None or ext in exts:
                 return op
+        from ..media.audio import AUDIO_EXTENSIONS
+
+        if ext in AUDIO_EXTENSIONS:  # an audio column is read by the operator its family declares for it
+            raise DataError(f"{_where(context)}: an audio file ('{ext}') where this run reads "
+                            f"{', '.join(self.extensions)} files (no part of it reads this column as audio): {path}")
         raise DataError(f"{_where(context)}: unsupported file type '{ext or '(no extension)'}' "
                         f"(expected {', '.join(self.extensions)}): {path}")
 

@@ -246,7 +246,8 @@ class RunConfig:
         notes = getattr(options, "notes", None)
         for note in (notes() if notes else []):
             print(f"note: {note}")
-        return dataclasses.replace(self, family_options=options, frames=frame_settings(self, family))
+        resolved = dataclasses.replace(self, family_options=options)
+        return dataclasses.replace(resolved, frames=frame_settings(resolved, family))
 
     @classmethod
     def parse(cls, argv: list[str]) -> RunConfig:
@@ -303,6 +304,11 @@ def frame_settings(config: RunConfig, family) -> FrameSettings | None:
                                 f"(--{flag} is for video families)")
         return None
     factor, remainder = pipe.time_division_factor, pipe.time_division_remainder
+    # a family option may change the frame counts clips are cut to (the options' `time_division()`, e.g. a flag
+    # for a model whose latents take one frame each)
+    division = getattr(config.family_options, "time_division", None)
+    if callable(division) and division() is not None:
+        factor, remainder = division()
     num_frames = config.num_frames if config.num_frames is not None else pipe.default_num_frames
     checked = (("num_frames", num_frames), ("validation_num_frames", config.validation_num_frames))
     for flag, value in checked:

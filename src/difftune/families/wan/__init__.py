@@ -10,7 +10,7 @@ from ...models.load import load_tokenizer
 from .components import (DIT, DIT_ORIGINAL, IMAGE_ENCODER, IMAGE_ENCODER_ORIGINAL, IMAGE_ENCODER_PROJ,
                          LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_ORIGINAL, VAE,
                          VAE22_ORIGINAL, VAE_ORIGINAL, load_repo_scheduler)
-from .dit_keys import dit_to_original, expert_boundary
+from .dit_keys import expert_boundary
 from .lora_names import ORIGINAL_MODULE_NAMES, convert_original_wan_lora, wan_native_names
 from .pipeline import WanVideoPipeline
 # the variants (docs/wan.md): their models, their released files' layouts, their pipeline classes
@@ -19,6 +19,11 @@ from .animate2 import ANIMATE2_ORIGINAL, WanAnimate2Pipeline, animate2_to_origin
 from .fun_control import FUN_DIT_ORIGINAL
 from .speed_control import MOTION_CONTROLLER
 from .vace import VACE_DIT_ORIGINAL, VACE_LORA_TARGETS, VACE_ORIGINAL, vace_to_original
+from .dancer import DANCER_DIT, WanDancerPipeline
+from .longcat import LONGCAT_DIT, WanLongCatPipeline
+from .s2v import AUDIO_ENCODER, AUDIO_PROCESSOR, S2V_DIT, WanS2VPipeline
+from .variant import dit_native_keys
+from .vap import VAP, VAP_DIT, WanVAPPipeline
 
 
 def load_image_processor(path_or_config):
@@ -44,9 +49,10 @@ def load_image_processor(path_or_config):
 
 
 def dit_keys_to_original(state: dict) -> dict:
-    """A trained DiT's keys in its released names: Wan-AI's, or Wan2.2-Animate-2's (blocks.N.block.self_attn.q)."""
+    """A trained DiT's keys in its released names: Wan-AI's, Wan2.2-Animate-2's (blocks.N.block.self_attn.q), or
+    those of the variants with DiTs of their own (S2V, Wan-Dancer, LongCat-Video)."""
     animate2 = any(re.match(r"blocks\.\d+\.(self_attn|cross_attn)\.", k) for k in state)
-    return animate2_to_original(state) if animate2 else dit_to_original(state)
+    return animate2_to_original(state) if animate2 else dit_native_keys(state)
 
 
 GROUP = "Wan"
@@ -60,31 +66,28 @@ class WanOptions:
     tokenizer_path: str | None = option(None, "The UMT5 tokenizer: a directory or model_id:folder/ (default: "
                                         "tokenizer/ beside the text encoder, else Wan-AI/Wan2.1-T2V-1.3B's).",
                                         group=GROUP, sample=True)
-    # the reference's flags of variants not built yet: refused by name rather than ignored
-    audio_processor_path: str | None = option(None, "Wan2.2-S2V's audio processor (not implemented yet: refused).",
-                                              group=GROUP)
-    framewise_decoding: bool = option(False, "Wan-Dancer's frame-by-frame VAE encoding (not implemented yet: "
-                                      "refused).", kind=SWITCH, group=GROUP)
+    audio_processor_path: str | None = option(None, "Wan2.2-S2V's wav2vec2 audio processor: a directory or "
+                                              "model_id:folder/ (default: wav2vec2-large-xlsr-53-english/ beside "
+                                              "the audio encoder).", group=GROUP)
+    framewise_decoding: bool = option(False, "Wan-Dancer's global model: clips of any frame count (each frame its "
+                                      "own latent frame, for rows whose framewise_decoding is true).", kind=SWITCH,
+                                      group=GROUP)
     # difftune sample's inputs
     end_image: str | None = option(None, "Wan I2V / FLF2V: the last frame.", load="RGB", group=GROUP, sample=True,
                                    train=False)
 
-    def __post_init__(self):
-        from ...errors import UserError
-
-        if self.audio_processor_path is not None:
-            raise UserError("--audio_processor_path: not supported by difftune: audio-conditioned Wan (S2V) is not "
-                            "implemented")
-        if self.framewise_decoding:
-            raise UserError("--framewise_decoding: not supported by difftune: frame-by-frame VAE encoding is not "
-                            "implemented (clips are encoded whole)")
+    def time_division(self):
+        """--framewise_decoding: clips keep every frame they have (the reference's loader then cuts to 1k+0)."""
+        return (1, 0) if self.framewise_decoding else None
 
 
 FAMILY = FamilySpec(
     name="wan",
     pipeline=WanVideoPipeline,
-    components=(DIT, TEXT_ENCODER, VAE, IMAGE_ENCODER, IMAGE_ENCODER_PROJ, DIT_ORIGINAL, TEXT_ENCODER_ORIGINAL,
-                VAE22_ORIGINAL, VAE_ORIGINAL, IMAGE_ENCODER_ORIGINAL,
+    components=(DIT, TEXT_ENCODER, VAE, IMAGE_ENCODER, IMAGE_ENCODER_PROJ,
+                # variants with DiTs of their own, before Wan-AI's layout (whose markers their files share)
+                S2V_DIT, DANCER_DIT, LONGCAT_DIT, VAP_DIT, AUDIO_ENCODER, VAP,
+                DIT_ORIGINAL, TEXT_ENCODER_ORIGINAL, VAE22_ORIGINAL, VAE_ORIGINAL, IMAGE_ENCODER_ORIGINAL,
                 # the variants' models; a VACE / Animate-14B file holds the DiT and a companion model
                 FUN_DIT_ORIGINAL, VACE_DIT_ORIGINAL, VACE_ORIGINAL, ANIMATE_DIT_ORIGINAL, ANIMATE_ADAPTER_ORIGINAL,
                 ANIMATE2_ORIGINAL, MOTION_CONTROLLER),
@@ -98,6 +101,7 @@ FAMILY = FamilySpec(
         # the repository's sampling scheduler (diffusers layout), beside the DiT; none for bare files
         TokenizerSpec(attr="repo_scheduler", slot="dit", folder="scheduler", load=load_repo_scheduler,
                       required=False, download=False),
+        AUDIO_PROCESSOR,  # Wan2.2-S2V's wav2vec2 feature extractor (--audio_processor_path)
     ),
     # VACE's branch and Animate's adapter are modules of diffusers' one transformer (WanVACETransformer3DModel,
     # WanAnimateTransformer3DModel), so their LoRAs are keyed under `transformer.` as the DiT's
@@ -116,8 +120,9 @@ FAMILY = FamilySpec(
     expert_boundary=expert_boundary,
     data="video",  # clips (a still image is a one-frame clip); input_image / end_image from their frames
     options=WanOptions,
-    variants=(WanAnimate2Pipeline,),
+    variants=(WanAnimate2Pipeline, WanS2VPipeline, WanDancerPipeline, WanLongCatPipeline, WanVAPPipeline),
     description="Wan2.1 / Wan2.2 video (diffusers WanTransformer3DModel, AutoencoderKLWan, UMT5, CLIP vision)",
 )
 
-__all__ = ["FAMILY", "WanAnimate2Pipeline", "WanVideoPipeline"]
+__all__ = ["FAMILY", "WanAnimate2Pipeline", "WanDancerPipeline", "WanLongCatPipeline", "WanS2VPipeline",
+           "WanVAPPipeline", "WanVideoPipeline"]

@@ -213,6 +213,7 @@ def _tiny_wan(folder: Path) -> TinyFamily:
     paths = tiny_wan_paths(write_tiny_wan(folder / "repo", "t2v"))
     entries = [p if len(p) > 1 else p[0] for p in paths.values()]
     from ....testing.common import TinyVariant
+    from .variants_b import variants_b
 
     def with_input_image(root):
         meta = write_example_dataset(root, n=2, size=(48, 32))  # a still is a one-frame clip: its first frame
@@ -231,7 +232,7 @@ def _tiny_wan(folder: Path) -> TinyFamily:
                       flags=("--max_pixels", "4096"), optional_slots=("dit2", "image_encoder"),
                       trainable_cases={"umt5_lora": ("--lora_base_model", "text_encoder", "--lora_target_modules",
                                                      "q,v")},
-                      variants=image_to_video)
+                      variants={**image_to_video, **variants_b(folder)})
 
 
 register_tiny("wan", _tiny_wan)

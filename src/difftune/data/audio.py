@@ -1,0 +1,88 @@
+"""Audio data operators: an audio file, or a video file's audio stream -> a float32 waveform, with the row and
+file named in every error (`media.audio.read_audio`: mono, resampled, as the reference's `LoadAudio(sr=16000)`).
+
+Family-free: a family names its audio columns and rate (Wan2.2-S2V's `input_audio` at 16 kHz); the
+audio-video families read theirs through the same operator.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..media.audio import AUDIO_EXTENSIONS, AudioError, check_audio, read_audio
+from ..media.video import VIDEO_EXTENSIONS
+from .operators import CHECKED, DataError, DataOperator, ToAbsolutePath, _where
+
+# files an audio column may name: audio files, and clips whose audio stream is read
+AUDIO_SOURCE_EXTENSIONS = AUDIO_EXTENSIONS + VIDEO_EXTENSIONS
+
+
+class LoadAudio(DataOperator):
+    """A file -> its first audio stream as a float32 waveform at `sample_rate` Hz: 1-D (the channels averaged)
+    with `mono`, else (channels, samples)."""
+
+    def __init__(self, sample_rate: int | None = 16000, mono: bool = True):
+        if sample_rate is not None and int(sample_rate) <= 0:
+            raise DataError(f"audio sample rate {sample_rate}: must be positive")
+        self.sample_rate, self.mono = sample_rate, mono
+
+    def _fail(self, err: AudioError, path, context):
+        raise DataError(f"{_where(context)}: {err.reason}: {path}") from None
+
+    def _known(self, path, context):
+        if os.path.splitext(path)[1].lower() not in AUDIO_SOURCE_EXTENSIONS:
+            raise DataError(f"{_where(context)}: not an audio file (expected one of "
+                            f"{', '.join(AUDIO_SOURCE_EXTENSIONS)}): {path}")
+
+    def __call__(self, path, context=None):
+        path = os.fspath(path)
+        self._known(path, context)
+        try:
+            return read_audio(path, self.sample_rate, self.mono)
+        except AudioError as err:
+            self._fail(err, path, context)
+
+    def check(self, path, context=None):
+        """The header, an audio stream with a decoder, and its first moments (a WAV cut short of its
+        declared samples is found here too)."""
+        path = os.fspath(path)
+        self._known(path, context)
+        try:
+            check_audio(path)
+        except AudioError as err:
+            self._fail(err, path, context)
+        return CHECKED
+
+    def shape(self, path, context=None):
+        """The waveform's length does not shape a sample (audio features are taken per video frame), so every
+        audio file batches with every other: its rate and channel rule."""
+        return ("audio", self.sample_rate, "mono" if self.mono else "channels")
+
+
+class AudioPath(LoadAudio):
+    """A file -> its path, checked like `LoadAudio` checks it (header, stream, first moments) but not decoded: for
+    a model whose own feature extractor reads the file (Wan-Dancer's music features)."""
+
+    def __init__(self):
+        super().__init__(sample_rate=None)
+
+    def __call__(self, path, context=None):
+        path = os.fspath(path)
+        self._known(path, context)
+        return path
+
+    def shape(self, path, context=None):
+        return ("audio file",)
+
+
+def audio_operator(base_path, sample_rate: int | None = 16000, mono: bool = True) -> DataOperator:
+    """A path relative to the data set -> waveform (`LoadAudio`)."""
+    return ToAbsolutePath(base_path) >> LoadAudio(sample_rate, mono)
+
+
+def audio_path_operator(base_path) -> DataOperator:
+    """A path relative to the data set -> the audio file's absolute path, checked (`AudioPath`)."""
+    return ToAbsolutePath(base_path) >> AudioPath()
+
+
+__all__ = ["AUDIO_SOURCE_EXTENSIONS", "AudioPath", "LoadAudio", "audio_operator", "audio_path_operator"]

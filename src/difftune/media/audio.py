@@ -1,0 +1,200 @@
+"""Audio as float32 waveforms: decoding audio files and a video file's audio stream with PyAV's bundled FFmpeg.
+
+`read_audio(path, sample_rate=16000)` gives what the reference's audio loader (`librosa.load(path, sr=16000)`)
+gives: the channels averaged to mono, then resampled to `sample_rate`, as a 1-D float32 array in [-1, 1]. The
+resampler is FFmpeg's (libswresample) rather than librosa's soxr, so values differ by resampling round-off;
+the timing (first sample at t = 0, length round(n * rate_out / rate_in)) is the same. `mono=False` keeps the
+channels, (channels, samples), for the audio-video families.
+
+Every file that cannot give audio raises `AudioError`, whose message is one line: what is wrong, then the path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import UserError
+from ..util import file_problem
+
+AUDIO_EXTENSIONS = (".wav", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma")
+TRUNCATED_SHARE = 0.9  # decoding less than this share of the duration the header gives: a cut-off file
+
+
+class AudioError(UserError):
+    """Audio that cannot be read. `reason` is the problem without the path (the data set puts the row in
+    front of it); the message is `reason: path`."""
+
+    def __init__(self, reason: str, path: str = ""):
+        self.reason, self.path = " ".join(str(reason).split()), os.fspath(path)
+        super().__init__(f"{self.reason}: {self.path}" if self.path else self.reason)
+
+
+class AudioInfo(NamedTuple):
+    sample_rate: int
+    channels: int
+    duration: float | None  # seconds, as the header says; None where it does not
+    codec: str
+
+
+def _av():
+    from .video import _av as load
+
+    return load()
+
+
+def _reason(err: BaseException) -> str:
+    text = getattr(err, "strerror", None) or str(err)
+    return " ".join(str(text).split()) or type(err).__name__
+
+
+def _open(path: str):
+    """(container, its first audio stream); AudioError for whatever keeps the audio from being decoded."""
+    av = _av()
+    problem = file_problem(path)
+    if problem:
+        raise AudioError(problem, path)
+    short = _wav_shortfall(path)
+    if short:
+        raise AudioError(f"truncated audio: its WAV header declares {short[0]} bytes of samples, "
+                         f"only {short[1]} are in the file", path)
+    try:
+        container = av.open(path)
+    except (av.error.FFmpegError, OSError, ValueError, EOFError) as err:
+        raise AudioError(f"unreadable or corrupt audio ({_reason(err)})", path) from None
+    if not container.streams.audio:
+        what = "only video" if container.streams.video else "no stream at all"
+        container.close()
+        raise AudioError(f"no audio stream (the file holds {what})", path)
+    stream = container.streams.audio[0]
+    if stream.codec_context is None:
+        container.close()
+        raise AudioError("unreadable codec (the FFmpeg bundled with PyAV has no decoder for this audio)", path)
+    return container, stream
+
+
+def _wav_shortfall(path: str) -> tuple[int, int] | None:
+    """(bytes the WAV header's data chunk declares, bytes present) when the file is cut short of its data
+    chunk (FFmpeg then estimates the duration from the file size, so the header check below cannot see it)."""
+    import struct
+
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+        while True:
+            chunk = f.read(8)
+            if len(chunk) < 8:
+                return None
+            name, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+            if name == b"data":
+                present = os.path.getsize(path) - f.tell()
+                # 0 and 0xFFFFFFFF: written while streaming, size unknown
+                return (size, present) if 0 < size < 0xFFFFFFFF and present < size else None
+            f.seek(size + (size & 1), 1)
+
+
+def _duration(container, stream) -> float | None:
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    if container.duration:
+        return container.duration / 1_000_000  # AV_TIME_BASE
+    return None
+
+
+def probe_audio(path: str | os.PathLike) -> AudioInfo:
+    """Sample rate, channels, duration and codec from the header (no decoding)."""
+    path = os.fspath(path)
+    container, stream = _open(path)
+    with container:
+        cc = stream.codec_context
+        return AudioInfo(int(cc.sample_rate or 0), int(cc.channels or 0), _duration(container, stream), cc.name)
+
+
+def _decode(path: str, max_seconds: float | None) -> tuple[np.ndarray, int]:
+    """The first audio stream as float32 (channels, samples) at its own rate."""
+    av = _av()
+    container, stream = _open(path)
+    chunks: list[np.ndarray] = []
+    rate = int(stream.codec_context.sample_rate or 0)
+    # every decoded frame to planar float32 in its own layout and rate (so the mixing below is ours)
+    to_float = av.AudioResampler(format="fltp")
+    decoded = 0
+    with container:
+        header = _duration(container, stream)
+        try:
+            for frame in container.decode(stream):
+                rate = frame.sample_rate or rate
+                for out in to_float.resample(frame):
+                    chunks.append(out.to_ndarray().reshape(len(out.layout.channels), -1))
+                    decoded += out.samples
+                if max_seconds is not None and rate and decoded >= max_seconds * rate:
+                    break
+        except (av.error.FFmpegError, OSError, ValueError, EOFError) as err:
+            raise AudioError(f"corrupt audio: decoding stopped after {decoded / max(rate, 1):.2f} s "
+                             f"({_reason(err)})", path) from None
+        else:
+            if max_seconds is None:
+                for out in to_float.resample(None):
+                    chunks.append(out.to_ndarray().reshape(len(out.layout.channels), -1))
+    if not chunks or sum(c.shape[1] for c in chunks) == 0:
+        raise AudioError("no audio (the stream decodes to no samples)", path)
+    wave = np.concatenate(chunks, axis=1).astype(np.float32, copy=False)
+    seconds = wave.shape[1] / rate
+    if max_seconds is None and header and seconds < TRUNCATED_SHARE * header:
+        raise AudioError(f"truncated audio: its header gives {header:.2f} s, only {seconds:.2f} s decode", path)
+    return wave, rate
+
+
+def resample(wave: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """(channels, samples) float32 from `rate` to `target` Hz with FFmpeg's resampler (libswresample), its
+    output aligned to the input's start and flushed, so the length is round(samples * target / rate)."""
+    if rate == target:
+        return wave
+    av = _av()
+    channels = wave.shape[0]
+    layout = {1: "mono", 2: "stereo"}.get(channels)
+    if layout is None:  # resample channel by channel (any channel count)
+        return np.stack([resample(wave[c:c + 1], rate, target)[0] for c in range(channels)])
+    resampler = av.AudioResampler(format="fltp", layout=layout, rate=target)
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave, dtype=np.float32), format="fltp", layout=layout)
+    frame.sample_rate = rate
+    parts = [f.to_ndarray().reshape(channels, -1) for f in resampler.resample(frame)]
+    parts += [f.to_ndarray().reshape(channels, -1) for f in resampler.resample(None)]
+    out = np.concatenate(parts, axis=1) if parts else np.zeros((channels, 0), np.float32)
+    want = int(round(wave.shape[1] * target / rate))
+    if out.shape[1] < want:
+        out = np.pad(out, ((0, 0), (0, want - out.shape[1])))
+    return np.ascontiguousarray(out[:, :want], dtype=np.float32)
+
+
+def read_audio(path: str | os.PathLike, sample_rate: int | None = 16000, mono: bool = True,
+               max_seconds: float | None = None) -> np.ndarray:
+    """The first audio stream of an audio file or a video file: mono (the channels averaged, as librosa does)
+    1-D float32, or (channels, samples) with `mono=False`; resampled to `sample_rate` (None: the file's own rate).
+    `max_seconds`: decode only the start. AudioError for a file that gives no audio."""
+    path = os.fspath(path)
+    if sample_rate is not None and int(sample_rate) <= 0:
+        raise UserError(f"audio sample rate must be positive, got {sample_rate}")
+    wave, rate = _decode(path, max_seconds)
+    if mono:
+        wave = wave.mean(axis=0, keepdims=True)
+    if sample_rate is not None:
+        wave = resample(wave, rate, int(sample_rate))
+    if max_seconds is not None:
+        wave = wave[:, :int(round(max_seconds * (sample_rate or rate)))]
+    return wave[0] if mono else wave
+
+
+def check_audio(path: str | os.PathLike) -> AudioInfo:
+    """The cheap check the data set runs on every row before training: the header parses, an audio stream with
+    a decoder is there, and its first moments decode."""
+    path = os.fspath(path)
+    info = probe_audio(path)
+    _decode(path, max_seconds=0.1)
+    return info
+
+
+__all__ = ["AUDIO_EXTENSIONS", "AudioError", "AudioInfo", "check_audio", "probe_audio", "read_audio", "resample"]
