@@ -21,8 +21,8 @@ from difftune.testing.scripts import flag_value
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "wanvideo" / "model_training"
 WAN_SCRIPTS = sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*.sh"))
-# Variants built by the other half of issue 22 (S2V and the audio path, Wan-Dancer, LongCat-Video, Video-As-Prompt):
-# expected to run once it lands (then this list goes).
+# S2V and the audio path, Wan-Dancer, LongCat-Video, Video-As-Prompt: their scripts run in test_reference_scripts_b.py
+# (a workspace of their own)
 PART_B = {f"{kind}/{name}.sh" for kind in ("lora", "full") for name in (
     "Wan2.2-S2V-14B", "Wan-Dancer-14B-global", "Wan-Dancer-14B-local", "LongCat-Video", "Video-As-Prompt-Wan2.1-14B")}
 # What a script needs besides its own commands, and why.
@@ -90,8 +90,7 @@ def _check_checkpoint(argv: list[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.xfail(strict=False, reason="part B"))
-                                    if s in PART_B else s for s in WAN_SCRIPTS])
+@pytest.mark.parametrize("script", [s for s in WAN_SCRIPTS if s not in PART_B])
 def test_reference_script_runs(script, workspace, monkeypatch, capsys):
     monkeypatch.chdir(workspace)
     monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
