@@ -43,6 +43,26 @@ def fsdp_on_cpu(accelerator) -> bool:
     return True
 
 
+def deepspeed_on_cpu() -> None:
+    """`Accelerator(cpu=True)` drops DeepSpeed (DDP instead) and `cpu=False` without CUDA counts one process while
+    DeepSpeed's communication has N; naming the gloo backend, without cpu=True, gives accelerate's DeepSpeed
+    engine over N CPU processes. (Integration: make_accelerator passes these arguments itself.)"""
+    import accelerate
+    from accelerate.utils import InitProcessGroupKwargs
+
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true" or torch.cuda.is_available():
+        return
+    original = accelerate.Accelerator
+
+    class CpuDeepSpeedAccelerator(original):
+        def __init__(self, *args, cpu=False, kwargs_handlers=None, **kwargs):
+            handlers = [h for h in (kwargs_handlers or []) if not isinstance(h, InitProcessGroupKwargs)]
+            super().__init__(*args, cpu=False, kwargs_handlers=[*handlers, InitProcessGroupKwargs(backend="gloo")],
+                             **kwargs)
+
+    accelerate.Accelerator = CpuDeepSpeedAccelerator
+
+
 def block_classes(model: torch.nn.Module) -> list[str]:
     """The repeated block classes of a diffusers denoiser: the FSDP unit (QwenImageTransformerBlock;
     FluxTransformerBlock + FluxSingleTransformerBlock; WanTransformerBlock)."""

@@ -31,6 +31,8 @@ import sharded_state  # noqa: E402
 def install() -> None:
     from difftune.training import builders, recipe, state
 
+    engine.deepspeed_on_cpu()
+
     original_make = builders.make_accelerator
 
     def make_accelerator(args, project_dir):  # -> builders.make_accelerator
