@@ -59,6 +59,12 @@ def after_accelerator(accelerator) -> None:
         if version != 2:
             raise UserError(f"the accelerate config sets fsdp_version {version}: difftune trains with FSDP2 "
                             f"(fsdp_version: 2, as in examples/accelerate/fsdp.yaml)")
+        try:  # the sharded training state's storage
+            from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter  # noqa: F401
+        except ImportError:
+            raise UserError(f"FSDP2 training with torch {torch.__version__}: its torch.distributed.checkpoint has no "
+                            f"safetensors storage (HuggingFaceStorageWriter), which the sharded training state needs; "
+                            f"upgrade torch") from None
 
 
 def fsdp_on_cpu(accelerator) -> bool:
