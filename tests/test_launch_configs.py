@@ -2,9 +2,10 @@
 
 Each file goes through accelerate's own parser (`load_config_from_file`) and launcher preparation
 (`_validate_launch_command`, then the environment its launcher would give the training processes), and the
-DeepSpeed and FSDP plugins are built from that environment, as they are in a real run. DeepSpeed is not
-installed here, so the ZeRO config is checked up to the plugin; the DDP config really runs on 2 CPU
-processes in tests/test_distributed.py.
+DeepSpeed and FSDP plugins are built from that environment, as they are in a real run, and difftune's settings
+(training/engines.py) are applied to them. Where they run for real on 2 CPU processes: the DDP config in
+tests/test_distributed.py, fsdp.yaml in tests/training/test_sharded.py, the three DeepSpeed configs in
+tests/training/test_deepspeed.py (skipped where DeepSpeed is not installed, as in CI).
 """
 
 import os
@@ -195,9 +196,59 @@ def test_training_loop_tells_deepspeed_the_micro_batch_size(monkeypatch):
         raise Stop
 
     accelerator = SimpleNamespace(num_processes=2, process_index=0, is_main_process=True, prepare=prepare,
-                                  state=SimpleNamespace(deepspeed_plugin=plugin))
+                                  state=SimpleNamespace(deepspeed_plugin=plugin,
+                                                        distributed_type=DistributedType.DEEPSPEED))
     module = torch.nn.Linear(2, 2)
     module.trainable_modules = lambda: list(module.parameters())
     with pytest.raises(Stop):
         train(accelerator, list(range(12)), module, LoopConfig(batch_size=3, progress=False))
     assert seen["micro"] == 3
+
+
+def deepspeed_plugin(monkeypatch, name):
+    monkeypatch.chdir(CONFIGS.parents[1])  # the single-GPU config names its JSON file from the repository root
+    args, defaults = launcher_args(CONFIGS / name)
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+    _, env = prepare_deepspeed_cmd_env(args)
+    launcher_env(monkeypatch, env)
+    return DeepSpeedPlugin()
+
+
+@pytest.mark.parametrize("name", ["deepspeed_zero2_offload.yaml", "deepspeed_zero3.yaml",
+                                  "deepspeed_zero3_offload_single_gpu.yaml"])
+def test_deepspeed_clips_at_max_grad_norm_and_takes_the_micro_batch_from_the_flags(monkeypatch, name):
+    """accelerate fills DeepSpeed's `auto` clipping with 1.0 and the loop's own clip does nothing under DeepSpeed:
+    --max_grad_norm is handed to DeepSpeed instead (0: off, as without the flag)."""
+    from types import SimpleNamespace
+
+    from difftune.training.engines import configure_deepspeed, engine_line
+
+    for flag, clip in ((None, 0.0), (0.5, 0.5)):
+        plugin = deepspeed_plugin(monkeypatch, name)
+        accelerator = SimpleNamespace(state=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED,
+                                                            deepspeed_plugin=plugin),
+                                      num_processes=8, device=torch.device("cuda"))
+        chosen = configure_deepspeed(accelerator, batch_size=2, max_grad_norm=flag)
+        assert plugin.deepspeed_config["gradient_clipping"] == clip
+        assert plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == 2
+        line = engine_line(accelerator, chosen)
+        assert line.startswith(f"engine: DeepSpeed ZeRO-{3 if 'zero3' in name else 2} over 8 processes (cuda)")
+        assert line.endswith("no gradient clipping" if clip == 0 else "gradient clipping 0.5")
+        assert ("optimizer on cpu" in line) == ("offload" in name)
+        assert ("parameters on cpu" in line) == (name == "deepspeed_zero3_offload_single_gpu.yaml")  # ZeRO-3 only
+
+
+def test_a_deepspeed_clipping_that_disagrees_with_the_flag_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    from difftune.training.engines import configure_deepspeed
+
+    plugin = deepspeed_plugin(monkeypatch, "deepspeed_zero3.yaml")
+    plugin.deepspeed_config["gradient_clipping"] = 1.0  # as a config with gradient_clipping: 1.0 gives it
+    accelerator = SimpleNamespace(state=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED,
+                                                        deepspeed_plugin=plugin))
+    with pytest.raises(UserError) as err:
+        configure_deepspeed(accelerator, batch_size=1, max_grad_norm=None)
+    assert str(err.value) == ("the DeepSpeed config sets gradient_clipping to 1.0 but --max_grad_norm is not given (no "
+                              "clipping): remove it from the config or pass --max_grad_norm 1.0 (the flag decides)")
+    configure_deepspeed(accelerator, batch_size=1, max_grad_norm=1.0)  # agreeing: accepted

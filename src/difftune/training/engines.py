@@ -181,8 +181,9 @@ def configure_deepspeed(accelerator, batch_size: int, max_grad_norm: float | Non
     if given == "auto" or given is None:
         config["gradient_clipping"] = wanted
     elif float(given) != wanted:
-        raise UserError(f"the DeepSpeed config sets gradient_clipping to {given} but --max_grad_norm is "
-                        f"{max_grad_norm}: remove it from the config or pass --max_grad_norm {given} (the flag decides)")
+        flag = f"is {max_grad_norm:g}" if max_grad_norm else "is not given (no clipping)"
+        raise UserError(f"the DeepSpeed config sets gradient_clipping to {given} but --max_grad_norm {flag}: "
+                        f"remove it from the config or pass --max_grad_norm {given} (the flag decides)")
     return {"clipping": wanted}
 
 
