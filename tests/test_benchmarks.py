@@ -99,3 +99,12 @@ def test_z_image_split_vs_unsplit_quick(tmp_path):
     assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio",
                       "qwen3_share_of_one_stage_step", "vae_share_of_one_stage_step"])
     assert set(r["params"]) == {"transformer", "text_encoder", "vae"} and r["params"]["transformer"] > 0
+
+
+def test_sharded_memory_quick(tmp_path):
+    """FSDP2 on 2 CPU processes holds half of the parameters and AdamW state per process (the issue's figure)."""
+    r = run_quick("sharded_memory.py", tmp_path, timeout=300)
+    assert r["benchmark"] == "sharded_memory" and r["engine_line_fsdp2"].startswith("engine: FSDP2 over 2 processes")
+    assert_ratios(r, ["params_plus_optimizer_ratio_fsdp2", "state_ratio_fsdp2", "peak_rss_ratio_fsdp2"])
+    assert abs(r["params_plus_optimizer_ratio_fsdp2"] - 0.5) < 0.01  # every block tensor is split in two
+    assert len(r["fsdp2_per_process"]) == 2 and r["max_diff_fsdp2_vs_one"] <= 1e-5

@@ -2,9 +2,10 @@
 
 Each file goes through accelerate's own parser (`load_config_from_file`) and launcher preparation
 (`_validate_launch_command`, then the environment its launcher would give the training processes), and the
-DeepSpeed and FSDP plugins are built from that environment, as they are in a real run. DeepSpeed is not
-installed here, so the ZeRO config is checked up to the plugin; the DDP config really runs on 2 CPU
-processes in tests/test_distributed.py.
+DeepSpeed and FSDP plugins are built from that environment, as they are in a real run, and difftune's settings
+(training/engines.py) are applied to them. Where they run for real on 2 CPU processes: the DDP config in
+tests/test_distributed.py, fsdp.yaml in tests/training/test_sharded.py, the three DeepSpeed configs in
+tests/training/test_deepspeed.py (skipped where DeepSpeed is not installed, as in CI).
 """
 
 import os
@@ -26,8 +27,11 @@ EXPECTED = {
     "single_gpu.yaml": DistributedType.NO,
     "multi_gpu_ddp.yaml": DistributedType.MULTI_GPU,
     "deepspeed_zero2_offload.yaml": DistributedType.DEEPSPEED,
+    "deepspeed_zero3.yaml": DistributedType.DEEPSPEED,
+    "deepspeed_zero3_offload_single_gpu.yaml": DistributedType.DEEPSPEED,
     "fsdp.yaml": DistributedType.FSDP,
 }
+JSON_CONFIGURED = {"deepspeed_zero3_offload_single_gpu.yaml"}  # precision is in its DeepSpeed JSON file
 
 
 def launcher_args(path, *overrides):
@@ -64,7 +68,8 @@ def test_config_loads_with_accelerates_parser_and_has_no_unknown_keys(name):
     assert isinstance(config, ClusterConfig)  # a local-machine config, not SageMaker
     assert config == ClusterConfig.from_yaml_file(str(path))
     assert config.distributed_type == EXPECTED[name]
-    assert config.mixed_precision == "bf16" and config.num_machines == 1 and not config.use_cpu
+    assert config.num_machines == 1 and not config.use_cpu
+    assert config.mixed_precision == (None if name in JSON_CONFIGURED else "bf16")
     # accelerate copies nested keys onto its launch arguments without checking them: a typo is ignored
     # silently, so every nested key must be a real `accelerate launch` argument.
     known = {action.dest for action in launch_command_parser()._actions}
@@ -111,7 +116,7 @@ def test_deepspeed_config_is_zero2_with_cpu_offload_and_leaves_accumulation_to_d
     assert plugin.is_auto("train_micro_batch_size_per_gpu")  # filled by the training loop (no DataLoader)
 
 
-def test_fsdp_config_fully_shards_each_qwen_image_block(monkeypatch, tiny_repo):
+def test_fsdp_config_fully_shards_each_block_of_the_denoiser(monkeypatch, tiny_repo):
     from diffusers import QwenImageTransformer2DModel
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 
@@ -123,13 +128,33 @@ def test_fsdp_config_fully_shards_each_qwen_image_block(monkeypatch, tiny_repo):
     plugin = FullyShardedDataParallelPlugin()  # built from the launcher's environment
     assert plugin.fsdp_version == 2
     assert plugin.reshard_after_forward is True  # FSDP2's FULL_SHARD
-    assert plugin.state_dict_type.name == "FULL_STATE_DICT" and not plugin.activation_checkpointing
-    assert plugin.transformer_cls_names_to_wrap == ["QwenImageTransformerBlock"]
-    # The class name must exist in the real model, or accelerate stops at prepare(); one unit per block.
+    assert plugin.state_dict_type.name == "SHARDED_STATE_DICT" and not plugin.activation_checkpointing
+    # No class named: one config for every family; the unit is the model's own block class (_no_split_modules).
+    assert plugin.transformer_cls_names_to_wrap is None
     dit = QwenImageTransformer2DModel.from_pretrained(Path(tiny_repo) / "transformer", torch_dtype=torch.float32)
     policy = fsdp2_prepare_auto_wrap_policy(plugin, dit)
     wrapped = [m for m in dit.modules() if policy(m)]
     assert len(wrapped) == len(dit.transformer_blocks) >= 2 and all(m in wrapped for m in dit.transformer_blocks)
+
+
+@pytest.mark.parametrize("name, processes, offload", [("deepspeed_zero3.yaml", 8, "none"),
+                                                      ("deepspeed_zero3_offload_single_gpu.yaml", 1, "cpu")])
+def test_zero3_configs_partition_everything_and_can_write_checkpoints(monkeypatch, name, processes, offload):
+    monkeypatch.chdir(CONFIGS.parents[1])  # the JSON file's path is relative to where `accelerate launch` runs
+    args, defaults = launcher_args(CONFIGS / name)
+    assert args.use_deepspeed and args.num_processes == processes and args.gradient_accumulation_steps is None
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+    _, env = prepare_deepspeed_cmd_env(args)
+    launcher_env(monkeypatch, env)
+    plugin = DeepSpeedPlugin()
+    plugin.set_mixed_precision("bf16")
+    zero = plugin.deepspeed_config["zero_optimization"]
+    assert zero["stage"] == 3 and plugin.zero3_init_flag
+    assert zero["offload_param"]["device"] == zero["offload_optimizer"]["device"] == offload
+    # without it accelerate's get_state_dict refuses to gather the weights, so no checkpoint could be saved
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    assert plugin.deepspeed_config["bf16"]["enabled"] is True
+    assert plugin.deepspeed_config["gradient_accumulation_steps"] == "auto"  # filled from the Accelerator
 
 
 def test_accumulation_from_an_accelerate_config_that_disagrees_with_the_flag_is_refused(monkeypatch, tmp_path):
@@ -172,9 +197,59 @@ def test_training_loop_tells_deepspeed_the_micro_batch_size(monkeypatch):
         raise Stop
 
     accelerator = SimpleNamespace(num_processes=2, process_index=0, is_main_process=True, prepare=prepare,
-                                  state=SimpleNamespace(deepspeed_plugin=plugin))
+                                  state=SimpleNamespace(deepspeed_plugin=plugin,
+                                                        distributed_type=DistributedType.DEEPSPEED))
     module = torch.nn.Linear(2, 2)
     module.trainable_modules = lambda: list(module.parameters())
     with pytest.raises(Stop):
         train(accelerator, list(range(12)), module, LoopConfig(batch_size=3, progress=False))
     assert seen["micro"] == 3
+
+
+def deepspeed_plugin(monkeypatch, name):
+    monkeypatch.chdir(CONFIGS.parents[1])  # the single-GPU config names its JSON file from the repository root
+    args, defaults = launcher_args(CONFIGS / name)
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+    _, env = prepare_deepspeed_cmd_env(args)
+    launcher_env(monkeypatch, env)
+    return DeepSpeedPlugin()
+
+
+@pytest.mark.parametrize("name", ["deepspeed_zero2_offload.yaml", "deepspeed_zero3.yaml",
+                                  "deepspeed_zero3_offload_single_gpu.yaml"])
+def test_deepspeed_clips_at_max_grad_norm_and_takes_the_micro_batch_from_the_flags(monkeypatch, name):
+    """accelerate fills DeepSpeed's `auto` clipping with 1.0 and the loop's own clip does nothing under DeepSpeed:
+    --max_grad_norm is handed to DeepSpeed instead (0: off, as without the flag)."""
+    from types import SimpleNamespace
+
+    from difftune.training.engines import configure_deepspeed, engine_line
+
+    for flag, clip in ((None, 0.0), (0.5, 0.5)):
+        plugin = deepspeed_plugin(monkeypatch, name)
+        accelerator = SimpleNamespace(state=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED,
+                                                            deepspeed_plugin=plugin),
+                                      num_processes=8, device=torch.device("cuda"))
+        chosen = configure_deepspeed(accelerator, batch_size=2, max_grad_norm=flag)
+        assert plugin.deepspeed_config["gradient_clipping"] == clip
+        assert plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == 2
+        line = engine_line(accelerator, chosen)
+        assert line.startswith(f"engine: DeepSpeed ZeRO-{3 if 'zero3' in name else 2} over 8 processes (cuda)")
+        assert line.endswith("no gradient clipping" if clip == 0 else "gradient clipping 0.5")
+        assert ("optimizer on cpu" in line) == ("offload" in name)
+        assert ("parameters on cpu" in line) == (name == "deepspeed_zero3_offload_single_gpu.yaml")  # ZeRO-3 only
+
+
+def test_a_deepspeed_clipping_that_disagrees_with_the_flag_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    from difftune.training.engines import configure_deepspeed
+
+    plugin = deepspeed_plugin(monkeypatch, "deepspeed_zero3.yaml")
+    plugin.deepspeed_config["gradient_clipping"] = 1.0  # as a config with gradient_clipping: 1.0 gives it
+    accelerator = SimpleNamespace(state=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED,
+                                                        deepspeed_plugin=plugin))
+    with pytest.raises(UserError) as err:
+        configure_deepspeed(accelerator, batch_size=1, max_grad_norm=None)
+    assert str(err.value) == ("the DeepSpeed config sets gradient_clipping to 1.0 but --max_grad_norm is not given (no "
+                              "clipping): remove it from the config or pass --max_grad_norm 1.0 (the flag decides)")
+    configure_deepspeed(accelerator, batch_size=1, max_grad_norm=1.0)  # agreeing: accepted

@@ -49,8 +49,10 @@ class CheckpointSaver:
         self.saved: list[Path] = []
 
     def save(self, accelerator, module, name: str) -> list[Path]:
+        from .engines import trained_state_dict
+
         accelerator.wait_for_everyone()
-        state = accelerator.get_state_dict(module)  # gathers sharded weights (ZeRO-3 / FSDP)
+        state = trained_state_dict(accelerator, module)  # each sharded weight gathered whole (FSDP2 / ZeRO)
         inner = accelerator.unwrap_model(module)
         written: list[Path] = []
         if accelerator.is_main_process:
@@ -61,7 +63,7 @@ class CheckpointSaver:
     def write(self, inner, state: dict[str, torch.Tensor], name: str) -> list[Path]:
         from ..lora import canonical_lora_keys, save_lora
 
-        per_model = _split_by_model(state, inner.trainable_param_names())
+        per_model = _split_by_model(state, [n for n in inner.trainable_param_names() if n in state])
         lora = {m: sd for m, sd in per_model.items() if m in inner.lora_configs}
         full = {m: sd for m, sd in per_model.items() if m not in inner.lora_configs}
         written = []

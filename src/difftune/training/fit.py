@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..errors import UserError
+from . import engines
 from .loop import LoopConfig, LoopState, bucket_keys
 from .sampler import EpochPlan
 
@@ -90,6 +91,25 @@ class _Indexed(torch.utils.data.Dataset):
         return i, self.dataset[i]
 
 
+class _StandIn:
+    """A good sample for a process whose micro-batch holds only bad samples (--on_bad_sample skip), under an engine
+    whose forward is a collective call (FSDP2, ZeRO-3): that process runs its forward on this one, weighted 0."""
+
+    def __init__(self, dataset):
+        self.dataset, self.found = dataset, None
+
+    def __call__(self):
+        if self.found is None:
+            for i in range(len(self.dataset)):
+                sample = self.dataset[i]
+                if sample is not None:
+                    self.found = (sample, i)
+                    break
+            else:
+                raise UserError("every sample of the data set failed to load: nothing to train on")
+        return self.found
+
+
 def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
     """The plan, optimizer, schedule, prepared module, resumed position and loader of one training run."""
     from .state import exactness_settings, load_training_state
@@ -110,11 +130,13 @@ def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
         raise UserError("nothing to train: set --trainable_models or --lora_base_model")
     optimizer = make_optimizer(params, config)
     schedule = make_lr_schedule(optimizer, config.lr_scheduler, config.lr_warmup_steps, total_steps)
-    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
-        # No DataLoader goes through prepare(), so DeepSpeed cannot read the micro-batch size from one.
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size
+    chosen = engines.before_prepare(accelerator, module, config.batch_size, config.max_grad_norm)
+    if engines.shards_weights(accelerator) and hasattr(module, "stand_in"):
+        module.stand_in = _StandIn(dataset)
     module, optimizer = accelerator.prepare(module, optimizer)
+    params = engines.trainable_parameters(module)  # the prepared ones: what clipping must see
+    if accelerator.is_main_process:
+        print(engines.engine_line(accelerator, chosen))
     state = LoopState(accelerator, module, optimizer, schedule, exactness_settings(config, world, len(dataset)))
 
     start_epoch, start_step = 0, 0

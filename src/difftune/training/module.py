@@ -160,6 +160,7 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         self.from_cache = from_cache
         self.epoch = 0
         self.skipped: set[int] = set()  # dataset indices that failed to load (--on_bad_sample skip)
+        self.stand_in = None  # set by fit.prepare under FSDP2 / ZeRO-3: (sample, index) to run instead of none
 
     @property
     def needed(self) -> tuple[str, ...]:
@@ -190,7 +191,11 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         epoch = self.epoch if epoch is None else epoch
         self.skipped.update(int(i) for s, i in zip(samples, indices) if s is None)
         kept = [(s, i) for s, i in zip(samples, indices) if s is not None]  # None: a skipped bad sample
-        if not kept:  # keep every parameter in the graph so DDP's gradient sync still happens
+        if not kept:
+            if self.stand_in is not None:  # a sharded forward is collective: run one, on a good sample, weighted 0
+                sample, index = self.stand_in()
+                return self.forward([sample], [index], epoch) * 0.0
+            # keep every parameter in the graph so DDP's gradient sync still happens
             return sum(p.sum() * 0.0 for p in self.trainable_modules())
         samples, indices = [s for s, _ in kept], [i for _, i in kept]
         prepared = [self.prepare_sample(s) for s in samples]

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..core.build import context_of
 from ..core.features import describe
 from ..core.family import FamilySpec, recognise
@@ -149,6 +147,8 @@ def make_accelerator(config: RunConfig, project_dir: str | None):
     from accelerate import Accelerator, DistributedDataParallelKwargs
     from accelerate.utils import ProjectConfiguration
 
+    from .engines import accelerator_arguments as engine_arguments, after_accelerator
+
     mixed = config.mixed_precision
     if mixed is None:
         mixed = "bf16" if config.torch_dtype == "bfloat16" else "fp16" if config.torch_dtype == "float16" else "no"
@@ -157,12 +157,14 @@ def make_accelerator(config: RunConfig, project_dir: str | None):
         log_with.append("tensorboard")
     project = ProjectConfiguration(project_dir=project_dir, logging_dir=os.path.join(project_dir, "logs")) \
         if project_dir else None
+    engine = engine_arguments()  # cpu=True without CUDA: gloo DDP under `accelerate launch --multi_gpu`
     accelerator = Accelerator(
-        cpu=not torch.cuda.is_available(),  # gloo DDP on CPU under `accelerate launch --multi_gpu`
-        gradient_accumulation_steps=config.gradient_accumulation_steps, mixed_precision=mixed,
+        cpu=engine["cpu"], gradient_accumulation_steps=config.gradient_accumulation_steps, mixed_precision=mixed,
         log_with=log_with or None, project_config=project,
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(config.find_unused_parameters))],
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(config.find_unused_parameters)),
+                         *engine["kwargs_handlers"]],
     )
+    after_accelerator(accelerator)  # FSDP2 on CPU processes; FSDP1 refused
     # A DeepSpeed accelerate config's gradient_accumulation_steps arrives through the environment and beats
     # the argument above; the sampler and step counts follow the flag, so a mismatch would go wrong silently.
     if accelerator.gradient_accumulation_steps != config.gradient_accumulation_steps:

@@ -5,6 +5,16 @@ A state directory `<output_path>/state/step-<N>/` holds the trainable weights, t
 state, the data position (epoch, step inside the epoch, global step) and the settings that must not
 change for the resume to be exact. It is written to a temporary directory and renamed, and only the last
 `keep` states are kept, so a run killed at any moment leaves the previous states intact.
+
+The tensors are laid out by the engine that trained (state.json's `format`):
+  1  one process or DDP: `weights.safetensors`, `optimizer.safetensors`, whole, written by the main process;
+  2  FSDP2: `shards/shard-<rank>-model-00001-of-00001.safetensors`, each process the shards of the weights and
+     optimizer moments it holds, with their offsets in the header (torch.distributed.checkpoint's safetensors
+     storage: no pickled `.metadata`); read back into any number of processes, sharded or not;
+  3  DeepSpeed ZeRO: `deepspeed-<rank>.safetensors`, each process the whole fp32 weights and moments of its share
+     of the parameters (`deepspeed_state.py`); read back by DeepSpeed on any number of processes.
+A format-1 state also resumes under FSDP2. Another number of processes resumes exactly when processes x
+--batch_size x --gradient_accumulation_steps is unchanged (every step then sees the same samples).
 """
 
 from __future__ import annotations
@@ -22,7 +32,12 @@ from ..io import normal_permissions, os_error_of, write_error
 from ..util import PICKLE_SUFFIXES
 
 STATE_DIR = "state"
-FORMAT = 1
+FORMAT = 1  # whole tensors (one process, DDP)
+SHARDED_FORMAT = 2  # FSDP2
+DEEPSPEED_FORMAT = 3  # DeepSpeed ZeRO
+FORMATS = {FORMAT: "one process / DDP", SHARDED_FORMAT: "FSDP2", DEEPSPEED_FORMAT: "DeepSpeed"}
+SHARDS = "shards"
+LAYOUT = ("world_size", "batch_size", "gradient_accumulation_steps")  # their product: the samples of one step
 
 
 def exactness_settings(config, world_size: int, dataset_len: int) -> dict:
@@ -82,9 +97,16 @@ def _os_step(what: Path, action, *args) -> None:
         raise write_error(what, err) from None
 
 
+def _state_format(accelerator) -> int:
+    from .engines import DEEPSPEED, FSDP, engine_of
+
+    return {FSDP: SHARDED_FORMAT, DEEPSPEED: DEEPSPEED_FORMAT}.get(engine_of(accelerator), FORMAT)
+
+
 def save_training_state(accelerator, module, optimizer, schedule, position: dict, settings: dict,
                         output_path: str | os.PathLike, keep: int = 2) -> Path | None:
-    """Write state/step-<N> atomically (every process writes its RNG; the main process the rest).
+    """Write state/step-<N> atomically: every process writes its RNG (and, sharded, its part of the tensors); the
+    main process the rest.
 
     A write that fails (disk full, ...) is one UserError line naming the file; the temporary directory is
     removed and the earlier states are left as they were."""
@@ -92,8 +114,7 @@ def save_training_state(accelerator, module, optimizer, schedule, position: dict
     step = position["global_step"]
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
-    inner = accelerator.unwrap_model(module)
-    trainable = {n: p for n, p in inner.named_parameters() if p.requires_grad}
+    layout = _state_format(accelerator)
     try:
         if accelerator.is_main_process:
             if tmp.exists():
@@ -103,20 +124,23 @@ def save_training_state(accelerator, module, optimizer, schedule, position: dict
         rng = f"rng-{accelerator.process_index}.safetensors"
         _save_tensors({f"rank{accelerator.process_index}.{k}": v for k, v in _rng_tensors().items()}, tmp / rng,
                       final / rng)
-        optimizer_tensors, optimizer_meta = _optimizer_to_files(optimizer)
+        if layout == SHARDED_FORMAT:
+            tensors_meta = _save_sharded(module, optimizer, tmp, final)
+        elif layout == DEEPSPEED_FORMAT:
+            from .deepspeed_state import save_deepspeed_tensors
+
+            tensors_meta = save_deepspeed_tensors(accelerator, module, tmp, final, _save_tensors)
+        else:
+            tensors_meta = _save_whole(accelerator, module, optimizer, tmp, final)
         if accelerator.is_main_process:
-            _save_tensors({n: p.detach().cpu().contiguous() for n, p in trainable.items()},
-                          tmp / "weights.safetensors", final / "weights.safetensors")
-            _save_tensors(optimizer_tensors or {"_empty": torch.zeros(0)}, tmp / "optimizer.safetensors",
-                          final / "optimizer.safetensors")
             sched = {k: v for k, v in schedule.state_dict().items() if k != "lr_lambdas"}
-            meta = {"format": FORMAT, "position": position, "settings": settings, "optimizer": optimizer_meta,
-                    "schedule": sched, "param_names": list(trainable)}
+            meta = {"format": layout, "position": position, "settings": settings, "schedule": sched, **tensors_meta}
             _os_step(final / "state.json", (tmp / "state.json").write_text, json.dumps(meta, indent=1, default=str))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            for f in tmp.iterdir():
-                normal_permissions(f)
+            for f in tmp.rglob("*"):
+                if f.is_file():
+                    normal_permissions(f)
             if final.exists():
                 shutil.rmtree(final)
             _os_step(final, os.replace, tmp, final)
@@ -130,6 +154,129 @@ def save_training_state(accelerator, module, optimizer, schedule, position: dict
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def _save_whole(accelerator, module, optimizer, tmp: Path, final: Path) -> dict:
+    """Format 1: the main process writes the whole trainable weights and optimizer state."""
+    inner = accelerator.unwrap_model(module)
+    trainable = {n: p for n, p in inner.named_parameters() if p.requires_grad}
+    optimizer_tensors, optimizer_meta = _optimizer_to_files(optimizer)
+    if accelerator.is_main_process:
+        _save_tensors({n: p.detach().cpu().contiguous() for n, p in trainable.items()},
+                      tmp / "weights.safetensors", final / "weights.safetensors")
+        _save_tensors(optimizer_tensors or {"_empty": torch.zeros(0)}, tmp / "optimizer.safetensors",
+                      final / "optimizer.safetensors")
+    return {"optimizer": optimizer_meta, "param_names": list(trainable)}
+
+
+# -- format 2: sharded (FSDP2), any number of processes on reading ---------------------------------------------------
+
+def _inner_optimizer(optimizer):
+    return getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
+
+
+def _dcp_module(module):
+    """What torch.distributed.checkpoint's state-dict functions take: the FSDP2 module itself, else the bare one."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return module if isinstance(module, FSDPModule) else getattr(module, "module", module)
+
+
+def _sharded_tensors(module, optimizer) -> tuple[dict, dict, list[str]]:
+    """{"model": trainable weights, "optim": optimizer tensors as "<param>/<key>"} (DTensors under FSDP2: each
+    process holds its shards), the optimizer's state dict (param_groups, non-tensor values) and the trainable
+    parameter names."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    target = _dcp_module(module)
+    names = [n for n, p in target.named_parameters() if p.requires_grad]
+    options = StateDictOptions(full_state_dict=False)
+    model = get_model_state_dict(target, options=options)
+    model = {n: model[n] for n in names}
+    optim = get_optimizer_state_dict(target, _inner_optimizer(optimizer), options=options)
+    flat = {f"{name}/{key}": value for name, state in optim["state"].items() for key, value in state.items()
+            if isinstance(value, torch.Tensor)}
+    return {"model": model, "optim": flat}, optim, names
+
+
+def _save_sharded(module, optimizer, tmp: Path, final: Path) -> dict:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    tensors, optim, names = _sharded_tensors(module, optimizer)
+    try:
+        dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(tmp / SHARDS), save_distributed=True))
+    except Exception as exc:
+        err = os_error_of(exc)
+        if err is None:
+            raise
+        raise write_error(final / SHARDS, err) from None
+    scalars = {name: {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+               for name, state in optim["state"].items()}
+    return {"param_names": names, "optimizer_keys": sorted(tensors["optim"]),
+            "optimizer_scalars": {n: v for n, v in scalars.items() if v},
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optim["param_groups"]]}
+
+
+def _load_sharded(path: Path, meta: dict, module, optimizer) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    tensors, optim, names = _sharded_tensors(module, optimizer)
+    _check_names(path, meta["param_names"], names)
+    # A parameter that never had a gradient (e.g. a branch the loss does not reach) has no optimizer state in the
+    # saving run, while the template made here has one for every parameter: read only what was saved.
+    saved_keys = set(meta["optimizer_keys"])
+    tensors["optim"] = {k: v for k, v in tensors["optim"].items() if k in saved_keys}
+    if len(tensors["optim"]) != len(saved_keys):
+        raise UserError(f"{path}: the saved optimizer state does not match this run's parameters")
+    dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)))
+    target = _dcp_module(module)
+    set_model_state_dict(target, tensors["model"], options=StateDictOptions(strict=False))
+    with_state = {k.rpartition("/")[0] for k in saved_keys}
+    scalars = meta.get("optimizer_scalars", {})
+    optim["state"] = {name: {**{key: tensors["optim"][f"{name}/{key}"] for key, value in state.items()
+                                if isinstance(value, torch.Tensor)}, **scalars.get(name, {})}
+                      for name, state in optim["state"].items() if name in with_state}
+    _restore_groups(optim["param_groups"], meta["param_groups"])
+    # strict=False: the parameters left without state above
+    set_optimizer_state_dict(target, _inner_optimizer(optimizer), optim,
+                             options=StateDictOptions(full_state_dict=False, strict=False))
+
+
+def _restore_groups(groups: list[dict], saved: list[dict]) -> None:
+    for group, saved_group in zip(groups, saved):
+        group.update({k: (tuple(v) if isinstance(v, list) else v) for k, v in saved_group.items() if k != "params"})
+
+
+def _load_whole_into_sharded(path: Path, meta: dict, module, optimizer) -> None:
+    """A format-1 state (whole tensors) into FSDP2 processes: each process takes its shards of every tensor."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    target = _dcp_module(module)
+    names = [n for n, p in target.named_parameters() if p.requires_grad]
+    _check_names(path, meta["param_names"], names)
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(target, load_file(str(path / "weights.safetensors")), options=options)
+    saved = _optimizer_from_files(load_file(str(path / "optimizer.safetensors")), meta["optimizer"])
+    optim = get_optimizer_state_dict(target, _inner_optimizer(optimizer), options=options)
+    # format 1 numbers the parameters in the optimizer's order, which is the trainable parameters' order
+    optim["state"] = {meta["param_names"][pid]: state for pid, state in saved["state"].items()}
+    _restore_groups(optim["param_groups"], saved["param_groups"])
+    set_optimizer_state_dict(target, _inner_optimizer(optimizer), optim, options=options)
+
+
+def _check_names(path: Path, saved: list[str], names: list[str]) -> None:
+    missing = [n for n in saved if n not in set(names)]
+    extra = [n for n in names if n not in set(saved)]
+    if missing or extra:
+        which = f"has parameters this run does not train, e.g. {missing[0]}" if missing else \
+            f"lacks parameters this run trains, e.g. {extra[0]}"
+        raise UserError(f"{path}: the saved state {which}")
 
 
 def list_states(root: Path) -> list[Path]:
@@ -152,21 +299,75 @@ def find_state(spec: str, output_path: str | os.PathLike) -> Path:
     return path
 
 
+def changed_settings(saved: dict, settings: dict) -> tuple[list[str], str | None]:
+    """The settings that changed in a way that makes the resume inexact, and a note for a change of the process
+    layout that keeps processes x batch x accumulation (the same samples in every step: exact)."""
+    changed = [k for k in sorted(set(saved) | set(settings)) if saved.get(k) != settings.get(k)]
+    note = None
+    layout = [k for k in changed if k in LAYOUT]
+
+    def product(values):
+        try:
+            return int(values["world_size"]) * int(values["batch_size"]) * int(values["gradient_accumulation_steps"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    if layout and product(saved) is not None and product(saved) == product(settings):
+        changed = [k for k in changed if k not in LAYOUT]
+        note = (f"resuming with another layout ({', '.join(f'{k} {saved[k]} -> {settings[k]}' for k in layout)}): "
+                f"{product(settings)} samples per step as before, so every step sees the same samples")
+    return [f"{k} ({saved.get(k)!r} -> {settings.get(k)!r})" for k in changed], note
+
+
 def load_training_state(path: Path, accelerator, module, optimizer, schedule, settings: dict,
                         force: bool = False) -> dict:
     """Restore everything saved by `save_training_state`; returns the data position."""
-    for name in os.listdir(path):
-        if name.endswith(PICKLE_SUFFIXES):
-            raise UserError(f"{path}: contains {name}; difftune never loads pickled files")
+    from .engines import DEEPSPEED, FSDP, engine_of
+
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            if name.endswith(PICKLE_SUFFIXES) or name == ".metadata":  # DCP's own index file is a pickle
+                raise UserError(f"{path}: contains {name}; difftune never loads pickled files")
     meta = json.loads((path / "state.json").read_text())
-    if meta.get("format") != FORMAT:
-        raise UserError(f"{path}: training state format {meta.get('format')} is not supported (expected {FORMAT})")
-    saved = meta["settings"]
-    changed = [f"{k} ({saved.get(k)!r} -> {settings.get(k)!r})" for k in sorted(set(saved) | set(settings))
-               if saved.get(k) != settings.get(k)]
+    layout = meta.get("format")
+    if layout not in FORMATS:
+        raise UserError(f"{path}: training state format {layout} is not supported (expected one of "
+                        f"{', '.join(map(str, FORMATS))})")
+    engine = engine_of(accelerator)
+    if (layout == DEEPSPEED_FORMAT) != (engine == DEEPSPEED):
+        raise UserError(f"--resume_from_checkpoint {path}: a state saved under {FORMATS[layout]} does not resume "
+                        f"under {engine}" + (" (resume it under DeepSpeed)" if layout == DEEPSPEED_FORMAT else
+                                             " (resume it under FSDP2, DDP or one process)"))
+    changed, note = changed_settings(meta["settings"], settings)
     if changed and not force:
         raise UserError(f"--resume_from_checkpoint {path}: these settings changed and the resume would not be exact: "
                         f"{'; '.join(changed)} (add --force_resume to continue anyway)")
+    if note and accelerator.is_main_process:
+        print(f"note: {note}")
+    if layout == SHARDED_FORMAT:
+        _load_sharded(path, meta, module, optimizer)
+    elif layout == DEEPSPEED_FORMAT:
+        from .deepspeed_state import load_deepspeed_tensors
+
+        load_deepspeed_tensors(path, meta, accelerator, module)
+    elif engine == FSDP:
+        _load_whole_into_sharded(path, meta, module, optimizer)
+    else:
+        _load_whole(path, meta, accelerator, module, optimizer)
+    sched_state = schedule.state_dict()
+    sched_state.update(meta["schedule"])
+    schedule.load_state_dict(sched_state)
+    rng_file = path / f"rng-{accelerator.process_index}.safetensors"
+    if rng_file.exists():  # a run with more processes than the saving one: the new ones keep their own seeding
+        rng = load_file(str(rng_file))
+        torch.set_rng_state(rng[f"rank{accelerator.process_index}.torch_cpu"])
+        if torch.cuda.is_available() and f"rank{accelerator.process_index}.torch_cuda" in rng:
+            torch.cuda.set_rng_state(rng[f"rank{accelerator.process_index}.torch_cuda"])
+    return meta["position"]
+
+
+def _load_whole(path: Path, meta: dict, accelerator, module, optimizer) -> None:
+    """Format 1 into one process or DDP."""
     inner = accelerator.unwrap_model(module)
     weights = load_file(str(path / "weights.safetensors"))
     params = dict(inner.named_parameters())
@@ -177,13 +378,3 @@ def load_training_state(path: Path, accelerator, module, optimizer, schedule, se
         for name, value in weights.items():
             params[name].copy_(value.to(params[name].dtype))
     optimizer.load_state_dict(_optimizer_from_files(load_file(str(path / "optimizer.safetensors")), meta["optimizer"]))
-    sched_state = schedule.state_dict()
-    sched_state.update(meta["schedule"])
-    schedule.load_state_dict(sched_state)
-    rng_file = path / f"rng-{accelerator.process_index}.safetensors"
-    if rng_file.exists():
-        rng = load_file(str(rng_file))
-        torch.set_rng_state(rng[f"rank{accelerator.process_index}.torch_cpu"])
-        if torch.cuda.is_available() and f"rank{accelerator.process_index}.torch_cuda" in rng:
-            torch.cuda.set_rng_state(rng[f"rank{accelerator.process_index}.torch_cuda"])
-    return meta["position"]

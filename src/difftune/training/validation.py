@@ -107,6 +107,7 @@ class Validator:
         self.embeds = None
         self.seed = config.seed
         self.warned = set()
+        self.verbose = True  # the notes (only the main process prints them when every process renders)
         self.num_frames = None  # video families: frames per validation clip
         if config.frames is not None:
             self.num_frames = config.validation_num_frames or config.frames.num_frames
@@ -120,7 +121,8 @@ class Validator:
 
     def _note(self, key: str, text: str) -> None:
         if key not in self.warned:
-            print(f"note: {text}")
+            if self.verbose:
+                print(f"note: {text}")
             self.warned.add(key)
 
     def _cached(self, name: str):
@@ -158,7 +160,13 @@ class Validator:
 
     @torch.no_grad()
     def __call__(self, accelerator, module, step: int) -> None:
-        if accelerator.is_main_process:
+        from .engines import shards_weights, whole_weights
+
+        if shards_weights(accelerator):  # the denoiser's forward is collective: every process renders, one writes
+            self.verbose = accelerator.is_main_process
+            with whole_weights(module):
+                self.render(module.pipe, step, accelerator, module, write=accelerator.is_main_process)
+        elif accelerator.is_main_process:
             self.render(module.pipe, step, accelerator, module)
         accelerator.wait_for_everyone()
 
@@ -196,7 +204,7 @@ class Validator:
                 out[negative] = None
         return out
 
-    def render(self, pipe, step: int, accelerator=None, module=None):
+    def render(self, pipe, step: int, accelerator=None, module=None, write: bool = True):
         embeds = self._embeddings(pipe)
         temporary = self._decoders(pipe) if embeds is not None else None
         if embeds is None or temporary is None:
@@ -242,7 +250,7 @@ class Validator:
             denoiser.train(was_training)
             for slot in temporary:
                 pipe.models[slot] = None
-        return self._write(pipe, outputs, step, accelerator)
+        return self._write(pipe, outputs, step, accelerator) if write else None
 
     def _write(self, pipe, outputs, step: int, accelerator):
         kind = getattr(pipe, "output_kind", "image")
