@@ -58,10 +58,10 @@ def _check_checkpoint(argv, workspace, before: dict[Path, int]) -> dict:
     assert files, f"no checkpoint in {flag_value(argv, '--output_path')}"
     saved = load_file(str(files[-1]))
     if flag_value(argv, "--lora_base_model"):
-        # the reference's targets on diffusers' modules, in diffusers' layout, at the script's rank
-        assert all(k.startswith("transformer.") for k in saved)
+        # the reference's targets on diffusers' modules, in the default (comfyui) layout, at the script's rank
+        assert all(k.startswith("diffusion_model.") for k in saved)
         for module in ("attention.to_q", "attention.to_out.0", "feed_forward.w1", "feed_forward.w3"):
-            key = f"transformer.layers.0.{module}.lora_A.weight"
+            key = f"diffusion_model.layers.0.{module}.lora_A.weight"
             assert key in saved and saved[key].shape[0] == int(flag_value(argv, "--lora_rank")), key
         assert any(v.abs().max() > 0 for k, v in saved.items() if ".lora_B." in k)
     elif flag_value(argv, "--trainable_models") == "controlnet":
@@ -93,7 +93,7 @@ def test_reference_script_runs(in_workspace, script, capsys, monkeypatch):
         # it continued from the reference-layout LoRA the script names (rank 32), not from zero
         start = load_file(str(in_workspace / "models" / "train" / "Z-Image-Turbo_lora" / "epoch-4.safetensors"))
         key = "layers.0.attention.to_q.lora_B"
-        assert (saved[f"transformer.{key}.weight"] - start[f"{key}.default.weight"]).abs().max() < 1e-2
+        assert (saved[f"diffusion_model.{key}.weight"] - start[f"{key}.default.weight"]).abs().max() < 1e-2
     if "quant_training" in script:  # the DiT and the text encoder in NF4, the LoRA on the 4-bit DiT
         assert sorted(quantised) == [("Qwen3Model", "bitsandbytes_nf4"), ("ZImageTransformer2DModel", "bitsandbytes_nf4")]
     else:

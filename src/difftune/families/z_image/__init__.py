@@ -75,6 +75,9 @@ FAMILY = FamilySpec(
     # --lora_format comfyui writes diffusers' module names behind diffusion_model.: ComfyUI maps them onto its fused
     # qkv itself (comfy/lora.py's Lumina2 branch, comfy/utils.py z_image_to_diffusers), so no renaming is needed.
     lora_native_names=None,
+    # the default file: diffusion_model.<module> + .alpha, which diffusers, ComfyUI and the reference's loader all read
+    # (diffusers' layout under transformer. is not read by the reference's loader)
+    lora_default_format="comfyui",
     full_native_keys={"dit": original_dit_keys},
     data="image",
     options=ZImageOptions,
