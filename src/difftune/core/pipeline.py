@@ -46,6 +46,9 @@ class BasePipeline:
     # slot -> {the reference's module name: ours} for a variant class whose model names its modules unlike the
     # family's (None: the family's `lora_target_aliases`).
     lora_target_aliases: Mapping[str, Mapping[str, str]] | None = None
+    # The layout `--lora_format default` writes for the denoiser's LoRA where a variant's model differs from the family's
+    # (None: the family's `lora_default_format`).
+    lora_default_format: str | None = None
     # Models `decode` uses (the VAE): validation loads them for a render when the stage has not.
     decode_models: tuple[str, ...] = ()
     # Training images are cropped so both sides are multiples of this.

@@ -73,7 +73,9 @@ class CheckpointSaver:
             if layout == "default":  # a script's ModelLogger: the family's layout, as the train command writes it
                 family = getattr(getattr(inner, "pipe", None), "spec", None)
                 denoiser = denoiser or (getattr(inner.pipe, "loss_models", None) or (None,))[0]
-                layout = family.lora_default_format if family is not None and set(lora) == {denoiser} else "diffusers"
+                own = getattr(inner.pipe, "lora_default_format", None)
+                layout = (own or family.lora_default_format) if family is not None and set(lora) == {denoiser} \
+                    else "diffusers"
                 if family is not None:
                     prefixes = prefixes or dict(family.lora_prefixes)
                     native = native or family.lora_native_names

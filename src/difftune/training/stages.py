@@ -38,7 +38,7 @@ def check_outputs(run: Run) -> None:
     from ..lora import lora_layout_problem
 
     denoiser = (run.pipeline.loss_models or (None,))[0]
-    layout = lora_format(config, family, denoiser)
+    layout = lora_format(config, family, denoiser, run.pipeline)
     problem = lora_layout_problem(layout, [config.lora_base_model] if config.lora_base_model else [],
                                   denoiser, dict(family.lora_prefixes))
     if problem:
@@ -46,7 +46,7 @@ def check_outputs(run: Run) -> None:
     full_converters(config, family)
 
 
-def lora_format(config, family, denoiser: str | None) -> str:
+def lora_format(config, family, denoiser: str | None, pipeline=None) -> str:
     """The layout LoRA checkpoints are written in: --lora_format, or a family flag that asks for one (FLUX's
     --align_to_opensource_format: kohya); left at "default", the family's `lora_default_format` for the denoiser's
     LoRA (the layout diffusers, ComfyUI and the reference's loader all read) and the diffusers layout for another
@@ -63,7 +63,7 @@ def lora_format(config, family, denoiser: str | None) -> str:
         return requested
     if config.lora_base_model and config.lora_base_model != denoiser:
         return "diffusers"
-    return family.lora_default_format
+    return getattr(pipeline, "lora_default_format", None) or family.lora_default_format
 
 
 def full_converters(config, family) -> dict:
@@ -138,7 +138,7 @@ def check_lora_names(config, family, module, pipe, log=print) -> None:
     from ..lora import lora_state_dict
 
     denoiser = (pipe.loss_models or (None,))[0]
-    layout = lora_format(config, family, denoiser)
+    layout = lora_format(config, family, denoiser, pipe)
     initial = lora_state_dict(pipe.models[config.lora_base_model])
     paths = sorted({k.rpartition(".lora_")[0] for k in initial})
     if layout != "diffusers" and family.lora_native_names:
@@ -172,7 +172,7 @@ def make_hooks(run: Run, dataset, from_cache: bool, resume_state):
         validate = Validator(run, cache_dir=config.dataset_base_path if from_cache else None, dataset=dataset)
     saver = CheckpointSaver(config.output_path, config.remove_prefix_in_ckpt, lora_prefixes=dict(family.lora_prefixes),
                             base_info={"family": family.name, "task": config.task},
-                            lora_format=lora_format(config, family, (run.pipeline.loss_models or (None,))[0]),
+                            lora_format=lora_format(config, family, (run.pipeline.loss_models or (None,))[0], run.pipeline),
                             denoiser=(run.pipeline.loss_models or (None,))[0],
                             native_names=family.lora_native_names,
                             full_converters=full_converters(config, family))

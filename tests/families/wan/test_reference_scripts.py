@@ -79,7 +79,8 @@ def _check_checkpoint(argv: list[str]) -> None:
         assert a and all(t.shape[0] == rank for t in a), "LoRA rank"
         # the DiT's LoRA in Wan's default layout (Wan's own module names under diffusion_model., what ComfyUI and the
         # reference's loader read); another model's (VACE's branch) in diffusers' layout under the transformer
-        prefix = "diffusion_model." if lora_model == "dit" else "transformer."
+        prefix = "diffusion_model." if lora_model == "dit" and "Animate-2" not in flag_value(argv, "--output_path") \
+            else "transformer."
         assert all(k.startswith(prefix) for k in saved), f"LoRA keys not under {prefix}: {sorted(saved)[:3]}"
         assert any(v.abs().max() > 0 for k, v in saved.items() if ".lora_B." in k), "the LoRA did not train"
         return

@@ -344,6 +344,8 @@ class WanAnimate2Pipeline(WanVideoPipeline):
     features = (ANIMATE2,)
     loss_models = ("dit",)
     lora_target_aliases = {"dit": ANIMATE2_LORA_TARGETS}
+    # its DiT's modules have no Wan-AI names (blocks.N.block.*): the default LoRA file keeps diffusers' layout
+    lora_default_format = "diffusers"
     image_inputs = ("animate2_reference_image",)
     clip_inputs = ("animate2_reference_video", "animate2_refert_images")
     same_length = ()
