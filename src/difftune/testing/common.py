@@ -72,6 +72,9 @@ class TinyFamily:
     # The family's variants (its features and variant pipeline classes): name -> TinyVariant. The contract suite
     # trains each (one stage and split) and renders its validation.
     variants: dict = field(default_factory=dict)
+    # How far one stage and split may differ on a saved tensor (fp32). Adam's first steps divide each gradient by
+    # its own magnitude, so where a gradient is ~1e-8 a rounding difference in it moves that weight by a part of lr.
+    split_tolerance: float = 1e-5
 
 
 @dataclass

@@ -41,7 +41,7 @@ from ...models.detect import ComponentSpec
 from .components import WAN_DIT_CONFIGS
 from .s2v import RMSNorm, sinusoidal
 from .pipeline import CLIP, I2V
-from .units import (MAX_PROMPT_TOKENS, WanImageEmbedderCLIP, WanImageEmbedderFused, WanImageEmbedderVAE,
+from .units import (MAX_PROMPT_TOKENS, WanImageEmbedderCLIP, WanImageEmbedderVAE,
                     WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker, _per_sample,
                     frames_of, vae_encode, video_tensor)
 from .variant import WanVariantPipeline, dit_class
@@ -440,8 +440,7 @@ class WanVAPPipeline(WanVariantPipeline):
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype, scheduler)
         self.units = [WanShapeChecker(), WanNoiseInitializer(), WanInputVideoEmbedder(), WanPromptEmbedder(),
-                      WanImageEmbedderCLIP(), WanImageEmbedderVAE(), WanImageEmbedderFused(),
-                      *(cls() for cls in VAP_UNITS)]
+                      WanImageEmbedderCLIP(), WanImageEmbedderVAE(), *(cls() for cls in VAP_UNITS)]
 
     @classmethod
     def claims(cls, context) -> bool:

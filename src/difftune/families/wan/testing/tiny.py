@@ -229,7 +229,10 @@ def _tiny_wan(folder: Path) -> TinyFamily:
                                         model_paths=repo(name)) for name in ("i2v", "ti2v")}
     return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
-                      flags=("--max_pixels", "4096"), optional_slots=("dit2", "image_encoder"),
+                      flags=("--max_pixels", "4096"),
+                      # a second expert, CLIP and the variants' own models: not in the T2V repository
+                      optional_slots=("dit2", "image_encoder", "vace", "vace2", "animate_adapter", "motion_controller",
+                                      "audio_encoder", "vap"),
                       trainable_cases={"umt5_lora": ("--lora_base_model", "text_encoder", "--lora_target_modules",
                                                      "q,v")},
                       variants={**image_to_video, **variants_b(folder)})

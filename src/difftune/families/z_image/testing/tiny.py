@@ -320,7 +320,9 @@ def _tiny_z_image(folder: Path) -> TinyFamily:
                       flags=("--max_pixels", "1024"), optional_slots=("image_encoder", "controlnet"),
                       trainable_cases={"text_encoder_lora": ("--lora_base_model", "text_encoder",
                                                              "--lora_target_modules", "q_proj,v_proj")},
-                      variants=variants)
+                      # measured: 7.9e-6 after one step, 1.7e-5 after two, on layers.1's w2 LoRA (lr 1e-3), the
+                      # Adam effect the field describes; Z-Image's own split test holds 1e-5 at its settings
+                      split_tolerance=3e-5, variants=variants)
 
 
 register_tiny("z_image", _tiny_z_image)
