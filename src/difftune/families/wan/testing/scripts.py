@@ -251,8 +251,14 @@ def write_rows(folder: Path, rows: list[dict], fmt: str = "csv") -> Path:
     return path
 
 
-def plain(folder: Path, **extra) -> Path:
-    return write_rows(folder, [{"video": _clip(folder / "video_1.mp4", 0), "prompt": "a ball rolling", **extra}])
+def plain(folder: Path, frames: int = FRAMES, **extra) -> Path:
+    return write_rows(folder, [{"video": _clip(folder / "video_1.mp4", 0, frames), "prompt": "a ball rolling",
+                                **extra}])
+
+
+def first_last(folder: Path) -> Path:
+    """Clips with a first and a last frame apart (FLF2V / Fun-InP: input_image and end_image from the clip)."""
+    return plain(folder, frames=5)
 
 
 def distill(folder: Path) -> Path:
@@ -293,9 +299,9 @@ def animate2(folder: Path) -> Path:
 # data set folder -> writer (folder -> metadata path); each script names its folder
 DATASETS: dict[str, Callable[[Path], Path]] = {
     **{name: plain for name in ("Wan2.1-T2V-1.3B", "Wan2.1-T2V-14B", "Wan2.2-T2V-A14B", "krea-realtime-video",
-                                "Wan2.1-I2V-14B-480P", "Wan2.1-I2V-14B-720P", "Wan2.2-I2V-A14B", "Wan2.2-TI2V-5B",
-                                "Wan2.1-FLF2V-14B-720P", "Wan2.1-Fun-1.3B-InP", "Wan2.1-Fun-14B-InP",
-                                "Wan2.1-Fun-V1.1-1.3B-InP", "Wan2.1-Fun-V1.1-14B-InP", "Wan2.2-Fun-A14B-InP")},
+                                "Wan2.1-I2V-14B-480P", "Wan2.1-I2V-14B-720P", "Wan2.2-I2V-A14B", "Wan2.2-TI2V-5B")},
+    **{name: first_last for name in ("Wan2.1-FLF2V-14B-720P", "Wan2.1-Fun-1.3B-InP", "Wan2.1-Fun-14B-InP",
+                                     "Wan2.1-Fun-V1.1-1.3B-InP", "Wan2.1-Fun-V1.1-14B-InP", "Wan2.2-Fun-A14B-InP")},
     "Wan2.1-T2V-1.3B_direct_distill": distill,
     "Wan2.1-Fun-1.3B-Control": control, "Wan2.1-Fun-14B-Control": control,
     **{name: lambda f: control(f, reference=True) for name in ("Wan2.1-Fun-V1.1-1.3B-Control",
