@@ -604,7 +604,7 @@ class WanDancerPipeline(WanVariantPipeline):
     reference's. Its runs: its DiT, or the wantodance_* columns."""
 
     features = (DANCER, DANCER_FRAMEWISE)
-    variant_inputs = ("wantodance_music_path", "wantodance_reference_image", "wantodance_fps", "wantodance_keyframes",
+    own_inputs = ("wantodance_music_path", "wantodance_reference_image", "wantodance_fps", "wantodance_keyframes",
                       "wantodance_keyframes_mask", "framewise_decoding")
     lora_target_aliases = {"dit": DANCER_LORA_ALIASES}
     input_batching = {**WanVariantPipeline.input_batching, "wantodance_fps": SAME, "framewise_decoding": SAME,

@@ -345,7 +345,7 @@ class WanLongCatPipeline(WanVariantPipeline):
     or a longcat_video column."""
 
     features = (LONGCAT,)
-    variant_inputs = ("longcat_video",)
+    own_inputs = ("longcat_video",)
     # the scripts name LongCat's own modules (attn.qkv, ffn.w1, ...); diffusers' Wan names (the family's default
     # targets) reach the same layers here
     lora_target_aliases = {"dit": {"to_q": "attn.qkv,cross_attn.q_linear", "to_k": "cross_attn.kv_linear",

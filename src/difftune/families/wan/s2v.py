@@ -578,7 +578,7 @@ class WanS2VPipeline(WanVariantPipeline):
 
     model_names = (*WanVariantPipeline.model_names, "audio_encoder")
     features = (S2V,)
-    variant_inputs = ("input_audio", "s2v_pose_video")
+    own_inputs = ("input_audio", "s2v_pose_video")
     # the DiT is in Wan's own module names: the reference's q,k,v,o,ffn.0,ffn.2 as they are, diffusers' Wan names
     # (the family's default targets) onto them
     lora_target_aliases = {"dit": {"to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "o", "ffn.net.0.proj": "ffn.0",

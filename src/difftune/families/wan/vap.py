@@ -435,7 +435,7 @@ class WanVAPPipeline(WanVariantPipeline):
     model_names = (*WanVariantPipeline.model_names, "vap")
     loss_models = ("dit", "vap")
     features = (I2V, CLIP, VAP_FEATURE)
-    variant_inputs = ("vap_video", "vap_prompt", "negative_vap_prompt")
+    own_inputs = ("vap_video", "vap_prompt", "negative_vap_prompt")
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype, scheduler)

@@ -44,14 +44,17 @@ def dit_native_keys(state: dict) -> dict:
 
 
 class WanVariantPipeline(WanVideoPipeline):
-    """A Wan variant with its own models and inputs: `variant_inputs` are data columns and `__call__` inputs that
+    """A Wan variant with its own models and inputs: `own_inputs` are data columns and `__call__` inputs that
     its units read as they come (clips as frames, audio as waveforms or paths, numbers, lists)."""
 
-    variant_inputs: tuple[str, ...] = ()
+    own_inputs: tuple[str, ...] = ()
+    # their DiTs keep their released module names, which Wan's comfyui renaming does not know: the default LoRA file
+    # keeps diffusers' layout
+    lora_default_format = "diffusers"
 
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
         values = super().training_inputs(data)
-        values.update({name: data.get(name) for name in self.variant_inputs})
+        values.update({name: data.get(name) for name in self.own_inputs})
         return values
 
     @staticmethod
@@ -65,11 +68,11 @@ class WanVariantPipeline(WanVideoPipeline):
                  num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"],
                  cfg_scale: float = CALL_DEFAULTS["cfg_scale"], seed: int | None = None, progress: bool = True,
                  output_type: str = "pil", **inputs):
-        """As `WanVideoPipeline.__call__`, with the variant's inputs by name (`variant_inputs`)."""
-        unknown = sorted(set(inputs) - set(self.variant_inputs))
+        """As `WanVideoPipeline.__call__`, with the variant's inputs by name (`own_inputs`)."""
+        unknown = sorted(set(inputs) - set(self.own_inputs))
         if unknown:
             raise TypeError(f"{type(self).__name__}() got unexpected input(s) {unknown}; it takes "
-                            f"{', '.join(self.variant_inputs)}")
+                            f"{', '.join(self.own_inputs)}")
         values = self.prompt_values(prompt, negative_prompt)
         if input_image is not None and (height is None or width is None):
             width, height = input_image.size
