@@ -196,16 +196,23 @@ DIT_ORIGINAL = ComponentSpec(
     normalize_key=_strip_comfy_prefix, convert_state_dict=_dit_from_original, foreign_config_classes=("WanModel",),
     description="Wan DiT, Wan-AI's original layout (diffusion_pytorch_model*.safetensors)")
 
+# Classes of the config.json a variant's repository keeps at its root beside the base models' .pth files (it describes
+# the variant's DiT, not them): those files are recognised by their weights.
+VARIANT_ROOT_CONFIGS = ("WanModel_S2V", "WanDancerTransformer", "LongCatVideoTransformer3DModel",
+                        "WanTransformer3DMOTModel")
+
 VAE_ORIGINAL = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKLWan", known_configs={"Wan2.1 VAE": WAN21_VAE_CONFIG},
     marker_keys=("encoder.conv1.weight", "decoder.middle.0.residual.0.gamma", "conv1.weight"),
-    convert_state_dict=_vae_from_original, description="Wan2.1 VAE, Wan-AI's original layout (Wan2.1_VAE.pth)")
+    convert_state_dict=_vae_from_original, foreign_config_classes=VARIANT_ROOT_CONFIGS,
+    description="Wan2.1 VAE, Wan-AI's original layout (Wan2.1_VAE.pth)")
 
 VAE22_ORIGINAL = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKLWan", known_configs={"Wan2.2 VAE": WAN22_VAE_CONFIG},
     marker_keys=("encoder.downsamples.0.downsamples.0.residual.0.gamma",
                  "decoder.upsamples.0.upsamples.0.residual.0.gamma", "conv1.weight"),
     convert_state_dict=_vae22_from_original,
+    foreign_config_classes=VARIANT_ROOT_CONFIGS,
     description="Wan2.2 VAE (TI2V-5B), Wan-AI's original layout (Wan2.2_VAE.pth)")
 
 IMAGE_ENCODER_ORIGINAL = ComponentSpec(
@@ -213,6 +220,7 @@ IMAGE_ENCODER_ORIGINAL = ComponentSpec(
     config_class_name="CLIPVisionConfig", known_configs={"CLIP ViT-H/14 (open-clip xlm-roberta)": CLIP_VIT_H14_CONFIG},
     marker_keys=("visual.patch_embedding.weight", "visual.cls_embedding", "visual.transformer.0.attn.to_qkv.weight"),
     convert_state_dict=_clip_from_original,
+    foreign_config_classes=VARIANT_ROOT_CONFIGS,
     description="CLIP ViT-H/14 image encoder, Wan-AI's original layout "
                 "(models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth; its text tower is not used)")
 
@@ -221,4 +229,5 @@ TEXT_ENCODER_ORIGINAL = ComponentSpec(
     known_configs={"UMT5-XXL encoder": UMT5_XXL_CONFIG},
     marker_keys=("token_embedding.weight", "blocks.0.attn.q.weight", "blocks.0.ffn.gate.0.weight"),
     convert_state_dict=_umt5_from_original,
+    foreign_config_classes=VARIANT_ROOT_CONFIGS,
     description="UMT5-XXL encoder, Wan-AI's original layout (models_t5_umt5-xxl-enc-bf16.pth)")
