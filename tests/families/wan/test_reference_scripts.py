@@ -106,3 +106,77 @@ def test_reference_script_runs(script, workspace, monkeypatch, capsys):
             assert any(Path(flag_value(argv, "--output_path")).rglob("complete.json")), f"{script}: no cache"
         else:
             _check_checkpoint(argv)
+
+
+# -- a variant's extra inputs change what trains -----------------------------------------------------------------
+# One script per variant (its LoRA command), and each input changed alone on a copy of its data set: the trained
+# LoRA must differ from the script's own run.
+INPUT_CHANGES = [("lora/Wan2.1-VACE-1.3B.sh", "vace_video"), ("lora/Wan2.1-VACE-1.3B.sh", "vace_reference_image"),
+                 ("lora/Wan2.1-Fun-V1.1-1.3B-Control.sh", "control_video"),
+                 ("lora/Wan2.1-Fun-V1.1-1.3B-Control.sh", "reference_image"),
+                 ("lora/Wan2.1-Fun-V1.1-1.3B-Control-Camera.sh", "camera_control_direction"),
+                 ("lora/Wan2.2-Animate-14B.sh", "animate_pose_video"),
+                 ("lora/Wan2.2-Animate-14B.sh", "animate_face_video"),
+                 ("lora/Wan2.1-1.3b-speedcontrol-v1.sh", "motion_bucket_id")]
+
+
+def _changed(folder: Path, column: str, value: str) -> str:
+    """Another value of `column`: another clip (as many frames, as large), another picture, another number or
+    direction."""
+    from PIL import Image, ImageOps
+
+    from difftune.families.wan.testing import scripts
+    from difftune.media.video import probe_video
+
+    if value.endswith(".mp4"):
+        info = probe_video(folder / value)
+        return scripts._clip(folder / f"other_{value}", 3, info.frames, (info.width, info.height))
+    if value.endswith(".png"):
+        with Image.open(folder / value) as image:
+            ImageOps.invert(image.convert("RGB")).save(folder / f"other_{value}")
+        return f"other_{value}"
+    if column == "camera_control_direction":
+        return "RightDown" if value != "RightDown" else "LeftUp"
+    return str(int(value) + 40)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,column", INPUT_CHANGES)
+def test_changing_an_extra_input_changes_the_trained_lora(script, column, workspace, monkeypatch, capsys, tmp_path):
+    import csv
+    import shutil
+
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
+    (argv,) = read_reference_script(SCRIPTS / script).commands
+    assert column in flag_value(argv, "--extra_inputs").split(",")
+    source = Path(flag_value(argv, "--dataset_base_path"))
+    folder = tmp_path / "data"
+    shutil.copytree(source, folder)
+    meta = folder / Path(flag_value(argv, "--dataset_metadata_path")).name
+    with meta.open() as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        row[column] = _changed(folder, column, row[column])
+    with meta.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    def with_(values):
+        out = list(argv)
+        for flag, value in values.items():
+            out[out.index(flag) + 1] = str(value)
+        return out
+
+    runs = {}
+    for name, data, metadata in (("same", source, flag_value(argv, "--dataset_metadata_path")),
+                                 ("changed", folder, meta)):
+        run = with_({"--dataset_base_path": data, "--dataset_metadata_path": metadata,
+                     "--output_path": tmp_path / name})
+        _run(run, capsys)
+        runs[name] = load_file(str(sorted((tmp_path / name).glob("*.safetensors"))[-1]))
+    a, b = runs["same"], runs["changed"]
+    assert a.keys() == b.keys() and a
+    diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    assert diff > 1e-7, f"{script}: changing {column} left the LoRA as it was"

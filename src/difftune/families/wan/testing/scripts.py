@@ -271,7 +271,8 @@ def control(folder: Path, reference: bool = False) -> Path:
 
 
 def camera(folder: Path) -> Path:
-    return plain(folder, camera_control_direction="LeftUp", camera_control_speed=0.0185)
+    # 5 frames: the camera moves from the first frame's pose, which a one-frame clip never leaves
+    return plain(folder, frames=5, camera_control_direction="LeftUp", camera_control_speed=0.0185)
 
 
 def vace(folder: Path) -> Path:
