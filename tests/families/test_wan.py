@@ -265,7 +265,7 @@ def test_saved_lora_loads_in_diffusers(repos, tmp_path):
     meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
     paths = [p[0] for p in tiny_wan_paths(repos["t2v"]).values()]
     run_train("--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,
-              "--output_path", tmp_path / "out", *flags(paths, "--learning_rate", 5e-2))
+              "--output_path", tmp_path / "out", *flags(paths, "--learning_rate", 5e-2, "--lora_format", "diffusers"))
     lora = tmp_path / "out" / "epoch-0.safetensors"
     saved = load_file(str(lora))
     theirs = WanPipeline.from_pretrained(str(repos["t2v"]), torch_dtype=torch.float32)

@@ -300,8 +300,10 @@ def animate2(folder: Path) -> Path:
 # data set folder -> writer (folder -> metadata path); each script names its folder
 DATASETS: dict[str, Callable[[Path], Path]] = {
     **{name: plain for name in ("Wan2.1-T2V-1.3B", "Wan2.1-T2V-14B", "Wan2.2-T2V-A14B", "krea-realtime-video",
-                                "Wan2.1-I2V-14B-480P", "Wan2.1-I2V-14B-720P", "Wan2.2-I2V-A14B", "Wan2.2-TI2V-5B")},
-    **{name: first_last for name in ("Wan2.1-FLF2V-14B-720P", "Wan2.1-Fun-1.3B-InP", "Wan2.1-Fun-14B-InP",
+                                "Wan2.1-I2V-14B-480P", "Wan2.1-I2V-14B-720P", "Wan2.2-I2V-A14B")},
+    # TI2V-5B's first latent frame is the input image, kept out of the loss: a one-frame clip would train nothing
+    **{name: first_last for name in ("Wan2.2-TI2V-5B", "Wan2.1-FLF2V-14B-720P", "Wan2.1-Fun-1.3B-InP",
+                                     "Wan2.1-Fun-14B-InP",
                                      "Wan2.1-Fun-V1.1-1.3B-InP", "Wan2.1-Fun-V1.1-14B-InP", "Wan2.2-Fun-A14B-InP")},
     "Wan2.1-T2V-1.3B_direct_distill": distill,
     "Wan2.1-Fun-1.3B-Control": control, "Wan2.1-Fun-14B-Control": control,
