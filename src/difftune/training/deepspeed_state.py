@@ -104,7 +104,7 @@ def load_deepspeed_tensors(path: Path, meta: dict, accelerator, module) -> None:
     import deepspeed
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    from .state import _check_names
+    from .state_names import check_names as _check_names
 
     _, zero, base = _engine(module)
     params = trained(module, accelerator)

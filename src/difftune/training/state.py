@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from ..errors import UserError
 from ..io import normal_permissions, os_error_of, write_error
 from ..util import PICKLE_SUFFIXES
+from .state_names import check_names as _check_names
 
 STATE_DIR = "state"
 FORMAT = 1  # whole tensors (one process, DDP)
@@ -268,15 +269,6 @@ def _load_whole_into_sharded(path: Path, meta: dict, module, optimizer) -> None:
     optim["state"] = {meta["param_names"][pid]: state for pid, state in saved["state"].items()}
     _restore_groups(optim["param_groups"], saved["param_groups"])
     set_optimizer_state_dict(target, _inner_optimizer(optimizer), optim, options=options)
-
-
-def _check_names(path: Path, saved: list[str], names: list[str]) -> None:
-    missing = [n for n in saved if n not in set(names)]
-    extra = [n for n in names if n not in set(saved)]
-    if missing or extra:
-        which = f"has parameters this run does not train, e.g. {missing[0]}" if missing else \
-            f"lacks parameters this run trains, e.g. {extra[0]}"
-        raise UserError(f"{path}: the saved state {which}")
 
 
 def list_states(root: Path) -> list[Path]:

@@ -22,7 +22,6 @@ from .vace import VACE_DIT_ORIGINAL, VACE_LORA_TARGETS, VACE_ORIGINAL, vace_to_o
 from .dancer import DANCER_DIT, WanDancerPipeline
 from .longcat import LONGCAT_DIT, WanLongCatPipeline
 from .s2v import AUDIO_ENCODER, AUDIO_PROCESSOR, S2V_DIT, WanS2VPipeline
-from .variant import dit_native_keys
 from .vap import VAP, VAP_DIT, WanVAPPipeline
 
 
@@ -46,6 +45,19 @@ def load_image_processor(path_or_config):
         return CLIPImageProcessor.from_pretrained(str(path))
     except Exception as err:
         raise UserError(f"{path}: cannot load the CLIP image processor ({first_line(err)})") from err
+
+
+def dit_native_keys(state: dict) -> dict:
+    """--full_format original for every Wan DiT: S2V's and LongCat's are in their released names already, the
+    Dancer's base goes to Wan-AI's names with its own modules as they are, the rest through Wan's map."""
+    from .dancer import _EXTRA_PREFIXES, dancer_to_original
+    from .dit_keys import dit_to_original
+
+    if any(k.startswith(("casual_audio_encoder.", "x_embedder.")) for k in state):
+        return dict(state)
+    if any(k.startswith(_EXTRA_PREFIXES) for k in state):
+        return dancer_to_original(state)
+    return dit_to_original(state)
 
 
 def dit_keys_to_original(state: dict) -> dict:

@@ -30,19 +30,6 @@ def as_list(value, name: str, row) -> list | None:
     raise UserError(f"row {row}: '{name}' must be a list (a JSON list such as [1, 0, 0]), got {value!r}")
 
 
-def dit_native_keys(state: dict) -> dict:
-    """--full_format original for every Wan DiT: S2V's and LongCat's are in their released names already, the
-    Dancer's base goes to Wan-AI's names with its own modules as they are, the rest through Wan's map."""
-    from .dancer import _EXTRA_PREFIXES, dancer_to_original
-    from .dit_keys import dit_to_original
-
-    if any(k.startswith(("casual_audio_encoder.", "x_embedder.")) for k in state):
-        return dict(state)
-    if any(k.startswith(_EXTRA_PREFIXES) for k in state):
-        return dancer_to_original(state)
-    return dit_to_original(state)
-
-
 class WanVariantPipeline(WanVideoPipeline):
     """A Wan variant with its own models and inputs: `own_inputs` are data columns and `__call__` inputs that
     its units read as they come (clips as frames, audio as waveforms or paths, numbers, lists)."""
@@ -83,4 +70,4 @@ class WanVariantPipeline(WanVideoPipeline):
         return out[0] if isinstance(prompt, str) and output_type == "pil" else out
 
 
-__all__ = ["WanVariantPipeline", "as_list", "dit_class", "dit_native_keys"]
+__all__ = ["WanVariantPipeline", "as_list", "dit_class"]
