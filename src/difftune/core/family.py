@@ -220,6 +220,12 @@ def recognise(configs: Sequence, family: str | None = None, log=print) -> tuple[
         except UserError as err:
             errors[spec.name] = str(err)
     if len(fits) > 1:
+        # a model that is one family's own and another's add-on (Qwen2.5-VL: Qwen-Image's text encoder, and the
+        # encoder of FLUX's Step1X-Edit variant) belongs to the family whose base pipeline has a slot for every model
+        base = [(s, d) for s, d in fits if _base_slots_only(s, d)]
+        if len(base) == 1:
+            fits = base
+    if len(fits) > 1:
         raise UserError(f"the weights fit several families ({', '.join(s.name for s, _ in fits)}): "
                         f"choose one with --family")
     if not fits:
@@ -269,6 +275,13 @@ def _detect_all(configs, spec: FamilySpec) -> list:
     from ..models.detect import detect_components
 
     return [(det, c) for c in configs for det in detect_components(c, spec.components)]
+
+
+def _base_slots_only(spec: FamilySpec, detected) -> bool:
+    try:
+        return all(slot in spec.pipeline.model_names for slot, _, _ in _slots(spec, detected))
+    except UserError:
+        return False
 
 
 def _slots(spec: FamilySpec, detected) -> list:
