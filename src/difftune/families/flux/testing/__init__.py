@@ -10,3 +10,4 @@ from .variants import (TINY_CONTROLNETS, tiny_controlnet_config, write_tiny_cont
                        write_tiny_siglip)
 from .scripts import tiny_known_configs, write_flux_script_workspace  # noqa: F401
 from .variants import tiny_dit, tiny_dit_config, write_tiny_bfl_dit  # noqa: F401
+from . import contract  # noqa: F401,E402  (registers the family's tiny models, variants included)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ....testing.common import TinyVariant
+from ....testing.common import TinyFamily, TinyVariant, register_tiny, write_example_dataset
 from .scripts import _box, _csv, _other, _rows
-from .tiny import TinyFluxSpec, tiny_flux_paths
+from .tiny import TinyFluxSpec, tiny_flux_paths, write_kontext_dataset, write_tiny_flux
 from .variants import (tiny_controlnet_config, tiny_dit, tiny_image_proj_config, tiny_ipadapter_config,
                        write_tiny_redux, write_tiny_siglip)
 
@@ -244,3 +244,24 @@ OPTIONAL_SLOTS = ("controlnet", "ipadapter", "ipadapter_image_encoder", "flux_re
                   "nexus_gen_editing_adapter", "qwenvl", "step1x_connector")
 
 __all__ = ["ContractModels", "OPTIONAL_SLOTS", "contract_variants"]
+
+
+def _tiny_flux(folder: Path) -> TinyFamily:
+    """The family's tiny models for the contract suite, with every variant above."""
+    from ..components import LORA_TARGET_MODULES
+
+    paths = tiny_flux_paths(write_tiny_flux(folder / "repo"))
+    entries = [p if len(p) > 1 else p[0] for p in paths.values()]
+    kontext = TinyVariant(flags=("--data_file_keys", "image,kontext_images", "--extra_inputs", "kontext_images"),
+                          write_dataset=lambda root: write_kontext_dataset(root, n=2))
+    variants = {"kontext": kontext, **contract_variants(folder / "variants", folder / "repo")}
+    return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
+                      write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
+                      flags=("--max_pixels", "4096"),
+                      trainable_cases={
+                          "clip_lora": ("--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj"),
+                          "t5_lora": ("--lora_base_model", "text_encoder_2", "--lora_target_modules", "q,v")},
+                      optional_slots=OPTIONAL_SLOTS, variants=variants)
+
+
+register_tiny("flux", _tiny_flux)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ....testing.common import _quiet_hf, register_tiny, TinyFamily, write_example_dataset
+from ....testing.common import _quiet_hf, write_example_dataset
 from ....testing.tokenizers import clip_tokenizer, t5_tokenizer
 
 
@@ -205,27 +205,3 @@ def write_kontext_dataset(root: str | os.PathLike, n: int = 2, size: tuple[int, 
     csv.unlink()
     (root / "metadata.json").write_text(json.dumps(rows, indent=1))
     return root / "metadata.json"
-
-
-def _tiny_flux(folder: Path) -> TinyFamily:
-    from ..components import LORA_TARGET_MODULES
-
-    paths = tiny_flux_paths(write_tiny_flux(folder / "repo"))
-    entries = [p if len(p) > 1 else p[0] for p in paths.values()]
-    from ....testing.common import TinyVariant
-
-    kontext = TinyVariant(flags=("--data_file_keys", "image,kontext_images", "--extra_inputs", "kontext_images"),
-                          write_dataset=lambda root: write_kontext_dataset(root, n=2))
-    from .contract import OPTIONAL_SLOTS, contract_variants
-
-    variants = {"kontext": kontext, **contract_variants(folder / "variants", folder / "repo")}
-    return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
-                      write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
-                      flags=("--max_pixels", "4096"),
-                      trainable_cases={
-                          "clip_lora": ("--lora_base_model", "text_encoder", "--lora_target_modules", "q_proj,v_proj"),
-                          "t5_lora": ("--lora_base_model", "text_encoder_2", "--lora_target_modules", "q,v")},
-                      optional_slots=OPTIONAL_SLOTS, variants=variants)
-
-
-register_tiny("flux", _tiny_flux)

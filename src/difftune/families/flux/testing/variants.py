@@ -16,7 +16,6 @@ can fail. Everything is seeded.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import torch

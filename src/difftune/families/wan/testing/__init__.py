@@ -11,3 +11,4 @@ from .longcat import *  # noqa: F401,F403
 from .vap import *  # noqa: F401,F403
 from .variant_data import *  # noqa: F401,F403
 from .scripts import write_wan_script_workspace  # noqa: F401
+from . import contract  # noqa: F401,E402  (registers the family's tiny models, variants included)

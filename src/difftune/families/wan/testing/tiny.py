@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ....testing.common import TinyFamily, _quiet_hf, register_tiny, write_example_dataset
+from ....testing.common import _quiet_hf
 from ....testing.tokenizers import t5_tokenizer as flux_t5_tokenizer
 
 VARIANTS = ("t2v", "i2v", "flf2v", "a14b", "i2v_a14b", "ti2v")
@@ -205,37 +205,3 @@ def write_tiny_wan_original(path: str | os.PathLike, variant: str = "t2v",
         torch.save(clip, root / CLIP_PTH)
     flux_t5_tokenizer().save_pretrained(root / "google" / "umt5-xxl")
     return root, reference
-
-
-def _tiny_wan(folder: Path) -> TinyFamily:
-    from ..components import LORA_TARGET_MODULES
-
-    paths = tiny_wan_paths(write_tiny_wan(folder / "repo", "t2v"))
-    entries = [p if len(p) > 1 else p[0] for p in paths.values()]
-    from ....testing.common import TinyVariant
-    from .variants_b import variants_b
-
-    def with_input_image(root):
-        meta = write_example_dataset(root, n=2, size=(48, 32))  # a still is a one-frame clip: its first frame
-        lines = meta.read_text().splitlines()
-        meta.write_text("\n".join([lines[0] + ",input_image"] + [f"{ln},{ln.split(',')[0]}" for ln in lines[1:]]))
-        return meta
-
-    def repo(variant):
-        return lambda: [p if len(p) > 1 else p[0]
-                        for p in tiny_wan_paths(write_tiny_wan(folder / variant, variant)).values()]
-
-    image_to_video = {name: TinyVariant(flags=("--extra_inputs", "input_image"), write_dataset=with_input_image,
-                                        model_paths=repo(name)) for name in ("i2v", "ti2v")}
-    return TinyFamily(model_paths=entries, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
-                      write_dataset=lambda root: write_example_dataset(root, n=2, size=(48, 32)),
-                      flags=("--max_pixels", "4096"),
-                      # a second expert, CLIP and the variants' own models: not in the T2V repository
-                      optional_slots=("dit2", "image_encoder", "vace", "vace2", "animate_adapter", "motion_controller",
-                                      "audio_encoder", "vap"),
-                      trainable_cases={"umt5_lora": ("--lora_base_model", "text_encoder", "--lora_target_modules",
-                                                     "q,v")},
-                      variants={**image_to_video, **variants_b(folder)})
-
-
-register_tiny("wan", _tiny_wan)
