@@ -2,11 +2,18 @@
 
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from difftune.families.qwen_image.components import LORA_TARGET_MODULES as LORA_TARGETS  # re-exported for the tests
+
+# Tests in other folders take helpers from test_bad_input (data/) and test_resume (training/) by plain name.
+for _folder in ("data", "training"):
+    if str(Path(__file__).parent / _folder) not in sys.path:
+        sys.path.insert(0, str(Path(__file__).parent / _folder))
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

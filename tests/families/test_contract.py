@@ -159,7 +159,7 @@ def test_saved_lora_loads_back_exactly(tiny, tmp_path):
     from difftune.lora import fuse_lora, load_lora_file, load_lora_into, lora_state_dict
 
     data = tiny.metadata.parent
-    # diffusers' layout (the family's default may rename modules: tests/test_lora_readers.py reads that one back)
+    # diffusers' layout (the family's default may rename modules: tests/lora/test_lora_readers.py reads that one back)
     run_train("--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", tiny.metadata,
               "--output_path", tmp_path / "out", *flags(tiny, *lora_flags(tiny)), "--lora_format", "diffusers")
     path = tmp_path / "out" / "epoch-0.safetensors"

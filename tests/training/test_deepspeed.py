@@ -4,7 +4,7 @@ DeepSpeed is not among difftune's dependencies, so CI (which installs only `.[te
 `pip install deepspeed` (an sdist: `pip install wheel setuptools`, then `DS_BUILD_OPS=0 pip install
 --no-build-isolation deepspeed`) it runs here. What needs no DeepSpeed (the configs build their plugins, the
 flags decide clipping and micro-batch, the state layout is what the reader expects) runs always, in
-tests/test_launch_configs.py and tests/training/test_engines.py.
+tests/training/test_launch_configs.py and tests/training/test_engines.py.
 """
 
 import json

@@ -14,7 +14,7 @@ from difftune.cli.main import main
 from difftune.testing import read_reference_script, write_qwen_image_script_workspace
 from difftune.testing.scripts import flag_value
 
-SCRIPTS = Path(__file__).parent / "reference_scripts" / "qwen_image" / "model_training"
+SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "qwen_image" / "model_training"
 QWEN_SCRIPTS = sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*.sh"))
 
 # What a script needs besides --max_steps 2, and why.

@@ -23,7 +23,7 @@ from difftune.testing import (tiny_qwen_image_paths, write_layered_dataset, writ
 
 from conftest import run_train
 
-SCRIPTS = Path(__file__).parent / "reference_scripts" / "qwen_image" / "model_training"
+SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "qwen_image" / "model_training"
 
 
 @pytest.fixture(scope="module")

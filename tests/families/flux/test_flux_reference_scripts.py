@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from difftune.cli.main import main as difftune
 from difftune.testing.scripts import flag_value, reference_commands
 
-ROOT = Path(__file__).resolve().parents[1] / "reference_scripts" / "flux" / "model_training"
+ROOT = Path(__file__).resolve().parents[2] / "reference_scripts" / "flux" / "model_training"
 SCRIPTS = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.sh"))
 # what InfiniteYou's face embedding needs and this machine lacks
 REFUSED = {"lora/FLUX.1-dev-InfiniteYou.sh": "insightface", "full/FLUX.1-dev-InfiniteYou.sh": "insightface"}

@@ -29,7 +29,7 @@ from difftune.cache import CacheReader
 
 pytestmark = pytest.mark.slow  # each test launches 2 processes: 25-60 s on 2 cores
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DDP_CONFIG = ROOT / "examples" / "accelerate" / "multi_gpu_ddp.yaml"
 TOLERANCE = 1e-6
 DIST_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}

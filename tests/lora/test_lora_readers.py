@@ -24,11 +24,11 @@ from conftest import run_train, train_args
 from difftune.core.family import get_family
 from difftune.testing.lora_readers import KnownLora, max_difference, reference_weights
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ("qwen_image", "flux", "wan")
 TOLERANCE = 1e-5
 # (family, layout) -> (diffusers reads it whole, DiffSynth-Studio reads it whole): docs/lora_files.md's table.
-# FLUX's kohya file in diffusers: see tests/families/test_flux.py (diffusers' reader needs FLUX.1's widths).
+# FLUX's kohya file in diffusers: see tests/families/flux/test_flux.py (diffusers' reader needs FLUX.1's widths).
 READS = {("qwen_image", "diffusers"): (True, False), ("qwen_image", "comfyui"): (True, True),
          ("qwen_image", "kohya"): (True, False),
          ("flux", "diffusers"): (True, True), ("flux", "comfyui"): (False, False), ("flux", "kohya"): (None, True),

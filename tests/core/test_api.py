@@ -20,7 +20,7 @@ from difftune import (DiffusionTrainingModule, ModelConfig, ModelLogger, QwenIma
 from difftune.errors import UserError
 from difftune.training.setup import reset_accelerate_state
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "qwen_image" / "simple_train.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen_image" / "simple_train.py"
 
 
 def max_diff(a_path, b_path):

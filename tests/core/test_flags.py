@@ -59,7 +59,7 @@ def test_no_csv_without_the_flag(tmp_path, tiny_repo):
     assert not (tmp_path / "out" / "loss.csv").exists()
 
 
-# (--enable_wandb_log / --enable_swanlab_log are implemented now: tests/test_trackers.py)
+# (--enable_wandb_log / --enable_swanlab_log are implemented now: tests/training/test_trackers.py)
 @pytest.mark.parametrize("flag,value", [("--framewise_decoding", None), ("--num_frames", "49")])
 def test_unimplemented_reference_flag_is_refused_in_one_line(tmp_path, tiny_repo, capsys, flag, value):
     meta = make_image_dataset(tmp_path / "data", n=2)

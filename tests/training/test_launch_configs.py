@@ -4,7 +4,7 @@ Each file goes through accelerate's own parser (`load_config_from_file`) and lau
 (`_validate_launch_command`, then the environment its launcher would give the training processes), and the
 DeepSpeed and FSDP plugins are built from that environment, as they are in a real run, and difftune's settings
 (training/engines.py) are applied to them. Where they run for real on 2 CPU processes: the DDP config in
-tests/test_distributed.py, fsdp.yaml in tests/training/test_sharded.py, the three DeepSpeed configs in
+tests/training/test_distributed.py, fsdp.yaml in tests/training/test_sharded.py, the three DeepSpeed configs in
 tests/training/test_deepspeed.py (skipped where DeepSpeed is not installed, as in CI).
 """
 
@@ -22,7 +22,7 @@ from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu
 from conftest import train_args
 from difftune.errors import UserError
 
-CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "accelerate"
+CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "accelerate"
 EXPECTED = {
     "single_gpu.yaml": DistributedType.NO,
     "multi_gpu_ddp.yaml": DistributedType.MULTI_GPU,

@@ -15,7 +15,7 @@ from difftune.models import ModelConfig
 from difftune.models.quant import QuantOption, parse_quant_options
 from difftune.testing import TinyQwenImageSpec, tiny_qwen_image_paths, write_tiny_qwen_image
 
-SCRIPT = (Path(__file__).parent / "reference_scripts" / "qwen_image" / "model_training" / "special" / "quant_training"
+SCRIPT = (Path(__file__).resolve().parents[1] / "reference_scripts" / "qwen_image" / "model_training" / "special" / "quant_training"
           / "Qwen-Image-2512-bitsandbytes_nf4.sh")
 KEEP = ("img_mod.1", "txt_mod.1", "norm_out.linear", "img_in", "txt_in", "proj_out", "timestep_embedder.linear_1",
         "timestep_embedder.linear_2")
