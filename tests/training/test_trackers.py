@@ -147,3 +147,33 @@ def test_a_missing_tracker_package_is_one_line_naming_the_extra(tmp_path, monkey
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "--enable_swanlab_log" in err[0] and "pip install 'difftune[swanlab]'" in err[0]
+
+
+def test_a_service_that_does_not_start_is_one_line(tmp_path, monkeypatch, capsys):
+    """W&B online without a login (no API key, no terminal to ask for one): a one-line error naming the flag and the
+    offline mode, not the service's traceback or a prompt."""
+    from accelerate.tracking import WandBTracker
+
+    def refuse(self):
+        raise RuntimeError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(WandBTracker, "start", refuse)  # what wandb raises without a key, without the network
+    from difftune.training.trackers import start
+
+    class Accel:
+        is_main_process = True
+        trackers = []
+
+    class Config:
+        enable_wandb_log, enable_swanlab_log, wandb_project, output_path = True, False, "p", str(tmp_path / "out")
+
+        def record(self):
+            return {}
+
+    from difftune.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        start(Accel(), Config(), "run")
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("--enable_wandb_log: wandb did not start (") and "No API key" in line
+    assert "WANDB_MODE=offline" in line

@@ -49,7 +49,14 @@ def start(accelerator, config, run_id: str) -> None:
             tracker = WandBTracker(project_of(config, name), name=run_id, dir=str(folder))
         else:
             tracker = SwanLabTracker(project_of(config, name), experiment_name=run_id, logdir=str(folder))
-        tracker.start()
+        try:
+            tracker.start()
+        except Exception as err:  # no login / API key, a login prompt without a terminal, the service unreachable
+            from ..util import first_line
+
+            offline = "WANDB_MODE=offline" if name == "wandb" else "SWANLAB_MODE=local"
+            raise UserError(f"--enable_{name}_log: {name} did not start ({first_line(err)}); log in to {name}, "
+                            f"or set {offline} to keep the run's logs on this machine") from err
         tracker.store_init_configuration(values)
         accelerator.trackers.append(tracker)
 
