@@ -168,3 +168,42 @@ def test_union_needs_a_mode_and_bad_modes_are_one_line_errors(flux_models, tmp_p
         run_unit_on(FluxControlNetEmbedder(), {"vae": flux_models["vae"]}, controlnet_image=_image(),
                     controlnet_processor_id="sketch", height=32, width=32)
     assert "sketch" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["upscaler", "union"])
+@torch.no_grad()
+def test_sampling_equals_flux_controlnet_pipeline(flux_repo, flux_models, tmp_path, kind):
+    """The whole sampling loop with a ControlNet == diffusers' FluxControlNetPipeline (fp32, tiny, latents)."""
+    from difftune import FluxImagePipeline
+    from difftune.models import ModelConfig
+    from difftune.testing import tiny_flux_paths
+
+    paths = tiny_flux_paths(flux_repo)
+    ours = FluxImagePipeline.from_pretrained(
+        torch_dtype=torch.float32, model_configs=[ModelConfig(p if len(p) > 1 else p[0]) for p in paths.values()],
+        tokenizer_1_config=ModelConfig(str(flux_repo / "tokenizer")),
+        tokenizer_2_config=ModelConfig(str(flux_repo / "tokenizer_2")))
+    controlnet = _controlnet(tmp_path, kind)
+    ours.vae, ours.controlnet = flux_models["vae"], controlnet  # the fixture's near-deterministic VAE encode
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    theirs = _diffusers_pipe(flux_models, controlnet)
+    theirs.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(str(flux_repo / "scheduler"))  # the repo's
+    theirs.set_progress_bar_config(disable=True)
+    image = _image((48, 32), seed=4)
+    mode = {"processor": "depth", "index": 2} if kind == "union" else None
+    a = ours("a red circle", controlnet_image=image, controlnet_scale=0.7, height=32, width=48,
+             num_inference_steps=3, seed=7, progress=False, output_type="latent",
+             controlnet_processor_id=mode and mode["processor"])
+    # FluxControlNetPipeline draws the control image's VAE sample from the generator before the noise: it is given
+    # the noise FluxPipeline draws for seed 7 (which is ours)
+    noise = pack_latents(torch.randn(1, 16, 4, 6, generator=torch.Generator().manual_seed(7)))
+    b = theirs("a red circle", control_image=image, controlnet_conditioning_scale=0.7, height=32, width=48,
+               num_inference_steps=3, guidance_scale=3.5, generator=torch.Generator().manual_seed(0), latents=noise,
+               control_mode=mode and mode["index"], output_type="latent").images
+    plain = ours("a red circle", height=32, width=48, num_inference_steps=3, seed=7, progress=False,
+                 output_type="latent")
+    diff = (pack_latents(a) - b).abs().max().item()
+    print(f"flux ControlNet ({kind}) vs FluxControlNetPipeline: latents max difference {diff:.2e}")
+    assert diff <= 1e-5
+    assert (a - plain).abs().max() > 1e-3  # the ControlNet steered the sample
