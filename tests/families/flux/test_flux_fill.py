@@ -104,3 +104,38 @@ def test_no_fill_image_means_everything_to_fill_and_half_a_pair_is_refused(flux_
     assert out.shape == (2, 80, 4, 4) and out[:, :16].abs().max() == 0 and out[:, 16:].min() == 1
     with pytest.raises(UserError, match="both"):
         run_unit_on(FluxFillCondition(), vae, flux_fill_image=_pair()[0], height=32, width=48)
+
+
+@torch.no_grad()
+def test_sampling_equals_flux_fill_pipeline(flux_repo, flux_models, tmp_path):
+    """The whole sampling loop of a Fill DiT with an image and a mask == diffusers' FluxFillPipeline (fp32, tiny,
+    latents)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxFillPipeline
+
+    from difftune import FluxImagePipeline
+    from difftune.models import ModelConfig
+    from difftune.testing import tiny_flux_paths
+
+    dit = load_component(str(write_tiny_fill_dit(tmp_path)), [with_config(DIT_BFL, TINY_FILL)],
+                         torch_dtype=torch.float32).module
+    paths = tiny_flux_paths(flux_repo)
+    ours = FluxImagePipeline.from_pretrained(
+        torch_dtype=torch.float32, model_configs=[ModelConfig(p if len(p) > 1 else p[0]) for p in paths.values()],
+        tokenizer_1_config=ModelConfig(str(flux_repo / "tokenizer")),
+        tokenizer_2_config=ModelConfig(str(flux_repo / "tokenizer_2")))
+    ours.dit, ours.vae = dit, flux_models["vae"]  # the fixture's near-deterministic VAE encode
+    m = flux_models
+    theirs = FluxFillPipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(str(flux_repo / "scheduler")),
+                              vae=m["vae"], text_encoder=m["text_encoder"], tokenizer=m["tokenizer"],
+                              text_encoder_2=m["text_encoder_2"], tokenizer_2=m["tokenizer_2"], transformer=dit)
+    theirs.set_progress_bar_config(disable=True)
+    image, mask = _pair()
+    a = ours("a red circle", flux_fill_image=image, flux_fill_mask=mask, height=32, width=48,
+             num_inference_steps=3, seed=7, progress=False, output_type="latent")
+    noise = pack_latents(torch.randn(1, 16, 4, 6, generator=torch.Generator().manual_seed(7)))
+    b = theirs("a red circle", image=image, mask_image=mask, height=32, width=48, num_inference_steps=3,
+               guidance_scale=3.5, generator=torch.Generator().manual_seed(0), latents=noise,
+               output_type="latent").images
+    diff = (pack_latents(a) - b).abs().max().item()
+    print(f"flux Fill vs FluxFillPipeline: latents max difference {diff:.2e}")
+    assert diff <= 1e-5
