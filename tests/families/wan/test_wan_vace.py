@@ -227,3 +227,55 @@ def test_gradient_checkpointing_of_dit_and_branch_keeps_the_gradients():
         grads.append([p.grad.clone() for p in vace.parameters()])
     assert vace.gradient_checkpointing and vace.vace_blocks[0].proj_in.weight.grad.abs().sum() > 0
     assert all((a - b).abs().max() <= 1e-6 for a, b in zip(*grads))
+
+
+@pytest.mark.parametrize("with_ref", [False, True])
+@torch.no_grad()
+def test_sampling_equals_diffusers_wan_vace_pipeline(tmp_path, with_ref):
+    """The whole sampling loop with a VACE branch (control video, mask, and a reference image) == diffusers'
+    WanVACEPipeline (fp32, tiny, latents; diffusers keeps the reference's leading latent frame, sampling drops it)."""
+    import diffusers.pipelines.wan.pipeline_wan as t2v_module
+    import diffusers.pipelines.wan.pipeline_wan_vace as vace_module
+    from diffusers import WanPipeline, WanTransformer3DModel, WanVACEPipeline
+
+    from difftune.families.wan.testing.common import tiny_dit_kwargs
+    from difftune.families.wan.vace import WanVACEModel
+    from difftune.models import ModelConfig
+    from difftune.testing import tiny_wan_paths, write_tiny_wan
+
+    vace_module.basic_clean = t2v_module.basic_clean  # diffusers 0.42 calls ftfy without checking it is installed
+    root = write_tiny_wan(tmp_path / "t2v", "t2v")
+    ours = WanVideoPipeline.from_pretrained(
+        torch_dtype=torch.float32, model_configs=[ModelConfig(p[0]) for p in tiny_wan_paths(root).values()],
+        tokenizer_config=ModelConfig(str(root / "tokenizer")))
+    ref = tiny_vace_transformer(seed=1)
+    kw = tiny_dit_kwargs(4)
+    state = ref.state_dict()
+    dit = WanTransformer3DModel(**kw).eval()
+    dit.load_state_dict({k: v for k, v in state.items() if not k.startswith("vace_")})
+    vace = WanVACEModel(vace_layers=(0, 2), num_attention_heads=kw["num_attention_heads"],
+                        attention_head_dim=kw["attention_head_dim"], ffn_dim=kw["ffn_dim"],
+                        patch_size=kw["patch_size"], cross_attn_norm=kw["cross_attn_norm"], qk_norm=kw["qk_norm"],
+                        eps=kw["eps"]).eval()
+    vace.load_state_dict({k: v for k, v in state.items() if k.startswith("vace_")})
+    ours.dit, ours.vace = dit, vace
+    base = WanPipeline.from_pretrained(str(root), torch_dtype=torch.float32)
+    theirs = WanVACEPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
+                             scheduler=base.scheduler, transformer=ref)
+    theirs.set_progress_bar_config(disable=True)
+    video = _clip(9, (48, 32), 1)
+    mask = _mask_clip(9, (48, 32))
+    reference = _clip(1, (48, 32), 5)[0] if with_ref else None
+    kw2 = dict(height=32, width=48, num_frames=9, num_inference_steps=4)
+    a = ours("a red fox", negative_prompt="blurry", cfg_scale=5.0, seed=3, progress=False, output_type="latent",
+             vace_video=video, vace_video_mask=mask, vace_reference_image=reference, **kw2)
+    b = theirs(prompt="a red fox", negative_prompt="blurry", guidance_scale=5.0, video=video, mask=mask,
+               reference_images=[reference] if with_ref else None, generator=torch.Generator("cpu").manual_seed(3),
+               output_type="latent", **kw2).frames
+    assert b.shape[2] == a.shape[2] + int(with_ref)
+    diff = (a - b[:, :, int(with_ref):]).abs().max().item()
+    print(f"wan VACE (reference image: {with_ref}) vs WanVACEPipeline: latents max difference {diff:.2e}")
+    assert diff <= 1e-5
+    plain = ours("a red fox", negative_prompt="blurry", cfg_scale=5.0, seed=3, progress=False, output_type="latent",
+                 **kw2)
+    assert (a - plain).abs().max() > 1e-3  # the branch steered the sample
