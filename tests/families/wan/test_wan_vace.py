@@ -279,3 +279,37 @@ def test_sampling_equals_diffusers_wan_vace_pipeline(tmp_path, with_ref):
     plain = ours("a red fox", negative_prompt="blurry", cfg_scale=5.0, seed=3, progress=False, output_type="latent",
                  **kw2)
     assert (a - plain).abs().max() > 1e-3  # the branch steered the sample
+
+
+@pytest.mark.parametrize("trained", ["lora", "full"])
+def test_a_vace_lora_and_a_trainable_vace_train_the_same_one_stage_and_split(known, tmp_path, trained):
+    """VACE's branch trained (a LoRA on it, or the whole branch) from a control clip and a reference image: split
+    training (stage 1 caches the prompt, the VACE context and the latents; stage 2 loads the DiT and the branch)
+    equals one-stage training."""
+    import json
+
+    from conftest import run_train
+    from safetensors.torch import load_file
+
+    from difftune.families.wan.testing.scripts import vace as write_vace_data
+
+    meta = write_vace_data(tmp_path / "data")
+    models = [str(known / "diffusion_pytorch_model.safetensors"), str(known / "models_t5_umt5-xxl-enc-bf16.pth"),
+              str(known / "Wan2.1_VAE.pth")]
+    what = (["--lora_base_model", "vace", "--lora_target_modules", "q,k,v,o,ffn.0,ffn.2", "--lora_rank", "4"]
+            if trained == "lora" else ["--trainable_models", "vace"])
+    common = ["--model_paths", json.dumps(models), "--tokenizer_path", str(known / "google" / "umt5-xxl"),
+              "--data_file_keys", "video,vace_video,vace_reference_image",
+              "--extra_inputs", "vace_video,vace_reference_image", "--height", "32", "--width", "48",
+              "--torch_dtype", "float32", "--learning_rate", "1e-3", "--dataset_repeat", "2", "--num_epochs", "1",
+              "--seed", "5", "--no_progress", "--enable_tensorboard_log", "false", *what]
+    data = ["--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta]
+    run_train("--task", "sft", *data, "--output_path", tmp_path / "one", *common)
+    run_train("--task", "sft:split", *data, "--output_path", tmp_path / "two", *common)
+    a, b = (load_file(str(tmp_path / d / "epoch-0.safetensors")) for d in ("one", "two"))
+    assert a.keys() == b.keys() and a
+    prefix = "transformer.vace_" if trained == "lora" else "pipe.vace.vace_"  # the branch's LoRA / its own weights
+    assert all(k.startswith(prefix) for k in a), sorted(a)[:3]
+    diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    print(f"wan VACE ({trained}) one-stage vs split: max difference {diff:.2e}")
+    assert diff <= 1e-5
