@@ -125,12 +125,12 @@ def _changed(folder: Path, column: str, value: str) -> str:
     direction."""
     from PIL import Image, ImageOps
 
-    from difftune.families.wan.testing import scripts
-    from difftune.media.video import probe_video
+    from difftune.media.video import probe_video, read_video, write_video
 
-    if value.endswith(".mp4"):
-        info = probe_video(folder / value)
-        return scripts._clip(folder / f"other_{value}", 3, info.frames, (info.width, info.height))
+    if value.endswith(".mp4"):  # the same clip with its colours inverted and its frames in reverse
+        frames = [ImageOps.invert(f.convert("RGB")) for f in read_video(folder / value)][::-1]
+        write_video(frames, folder / f"other_{value}", fps=probe_video(folder / value).fps or 16)
+        return f"other_{value}"
     if value.endswith(".png"):
         with Image.open(folder / value) as image:
             ImageOps.invert(image.convert("RGB")).save(folder / f"other_{value}")
