@@ -207,3 +207,45 @@ def test_sampling_equals_flux_controlnet_pipeline(flux_repo, flux_models, tmp_pa
     print(f"flux ControlNet ({kind}) vs FluxControlNetPipeline: latents max difference {diff:.2e}")
     assert diff <= 1e-5
     assert (a - plain).abs().max() > 1e-3  # the ControlNet steered the sample
+
+
+@pytest.mark.parametrize("trained", ["lora", "full"])
+def test_a_controlnet_lora_and_a_trainable_controlnet_train_the_same_one_stage_and_split(flux_repo, tmp_path,
+                                                                                         trained):
+    """The ControlNet trained (a LoRA on it, or the whole ControlNet, as the full scripts do) from a control image
+    column: split training (stage 1 caches the prompt, the control image's latents and the target's; stage 2 loads
+    the DiT and the ControlNet) equals one-stage training."""
+    import json
+
+    from conftest import run_train
+    from safetensors.torch import load_file
+
+    from difftune.testing import tiny_flux_paths, write_example_dataset
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    rows = meta.read_text().splitlines()
+    for i in range(1, len(rows)):
+        name = f"control_{i}.png"
+        _image((48, 32), seed=10 + i).save(tmp_path / "data" / name)
+        rows[i] = f"{rows[i]},{name}"
+    meta.write_text("\n".join([rows[0] + ",controlnet_image", *rows[1:]]) + "\n")
+    models = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(flux_repo).values()]
+    from difftune.families.flux.testing.contract import ContractModels
+
+    models.append(ContractModels(tmp_path / "variants", flux_repo).controlnet("upscaler"))  # random output blocks
+    what = (["--lora_base_model", "controlnet", "--lora_target_modules", "to_q,to_k,to_v", "--lora_rank", "4"]
+            if trained == "lora" else ["--trainable_models", "controlnet"])
+    common = ["--model_paths", json.dumps(models), "--data_file_keys", "image,controlnet_image",
+              "--extra_inputs", "controlnet_image", "--max_pixels", "4096", "--torch_dtype", "float32",
+              "--learning_rate", "1e-3", "--dataset_repeat", "2", "--num_epochs", "1", "--seed", "5", "--no_progress",
+              "--enable_tensorboard_log", "false", *what]
+    data = ["--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta]
+    run_train("--task", "sft", *data, "--output_path", tmp_path / "one", *common)
+    run_train("--task", "sft:split", *data, "--output_path", tmp_path / "two", *common)
+    a, b = (load_file(str(tmp_path / d / "epoch-0.safetensors")) for d in ("one", "two"))
+    assert a.keys() == b.keys() and a
+    prefix = "controlnet." if trained == "lora" else "pipe.controlnet."
+    assert all(k.startswith(prefix) for k in a), sorted(a)[:3]
+    diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    print(f"flux ControlNet ({trained}) one-stage vs split: max difference {diff:.2e}")
+    assert diff <= 1e-5
