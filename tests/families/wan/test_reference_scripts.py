@@ -2,7 +2,7 @@
 (DiffSynth-Studio fed7b18, see SOURCE.md) runs with only `accelerate launch .../train.py` replaced by
 `difftune train` and `--max_steps 2` appended, in one tiny workspace laid out as the scripts name their files
 (`difftune.testing.write_wan_script_workspace`: Wan-AI's, PAI's, iic's and krea's original layouts, one-sample data
-sets of 5-frame clips). The scripts' --height 480 --width 832 and frame counts are kept (the clips are resized; the
+sets of one-frame clips, five frames where a script reads a first and a last frame, moves a camera or animates). The scripts' --height 480 --width 832 and frame counts are kept (the clips are resized; the
 4k+1 rule cuts them). Each command must leave what it is for: a complete stage-1 cache, or a checkpoint holding
 what it trained (a LoRA of the named model at the named rank that moved; a fully trained model's own keys, changed).
 """
