@@ -10,7 +10,6 @@ load with their own key names. docs/flux.md lists the variants with their weight
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -20,6 +19,7 @@ from PIL import Image
 from ...core.batch import SAME
 from ...core.features import Feature, RunContext
 from ...core.pipeline import BasePipeline
+from ...core.regional import entity_prompts
 from ...errors import UserError
 from ...media.image import as_image_list
 from .components import SCHEDULER_CONFIG, TRAINING_MU
@@ -312,19 +312,4 @@ def _images(value, column: str, where: str):
     return value
 
 
-def entity_prompts(value, where: str) -> list[str] | None:
-    """EliGen's entity prompts: a list of strings (a CSV cell may hold a JSON list); a plain string is one entity."""
-    if value is None:
-        return None
-    if isinstance(value, str) and value.lstrip().startswith("["):
-        try:
-            value = json.loads(value)
-        except ValueError as err:
-            raise UserError(f"{where}: eligen_entity_prompts is not a JSON list of strings ({err})") from None
-    value = [value] if isinstance(value, str) else value
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UserError(f"{where}: eligen_entity_prompts must be a list of strings, got {value!r:.60}")
-    return value
-
-
-__all__ = ["CALL_DEFAULTS", "FluxImagePipeline", "IMAGE_COLUMNS", "entity_prompts"]
+__all__ = ["CALL_DEFAULTS", "FluxImagePipeline", "IMAGE_COLUMNS"]

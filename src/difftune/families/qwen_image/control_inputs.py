@@ -3,30 +3,16 @@ arguments they take, and the values `model_fn` reads."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from PIL import Image
 
+from ...core.regional import entity_prompts
 from ...errors import UserError
+
 IMAGE_INPUTS = ("context_image", "eligen_entity_masks", "blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask")
-
-
-def _entity_prompts(value, row) -> list[str] | None:
-    """A JSON list of strings (a CSV cell may hold one as text); a plain string is one entity."""
-    if value is None:
-        return None
-    if isinstance(value, str) and value.lstrip().startswith("["):
-        try:
-            value = json.loads(value)
-        except ValueError as err:
-            raise UserError(f"row {row}: eligen_entity_prompts is not a JSON list of strings ({err})") from None
-    value = [value] if isinstance(value, str) else value
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UserError(f"row {row}: eligen_entity_prompts must be a list of strings, got {value!r:.60}")
-    return value
 
 
 def _loaded(value):
@@ -40,7 +26,7 @@ def control_training_inputs(data: dict[str, Any]) -> dict[str, Any]:
     row = data.get("_row", "?") if not isinstance(data.get("_row"), int) else data["_row"] + 1
     data = {**data, **{k: _loaded(data.get(k)) for k in IMAGE_INPUTS}}
     masks = data.get("eligen_entity_masks")
-    prompts = _entity_prompts(data.get("eligen_entity_prompts"), row) if masks is not None else None
+    prompts = entity_prompts(data.get("eligen_entity_prompts"), f"row {row}") if masks is not None else None
     if (prompts is None) != (masks is None):
         given = "eligen_entity_prompts" if masks is None else "eligen_entity_masks"
         raise UserError(f"row {row}: {given} without its other half (EliGen needs eligen_entity_prompts and "
@@ -91,7 +77,7 @@ def control_call_inputs(batch: int, negatives: list[str], context_image, eligen_
             raise UserError("give blockwise_controlnet_inputs or blockwise_controlnet_image, not both")
         blockwise_controlnet_image, blockwise_controlnet_inpaint_mask = controlnet_from_inputs(
             blockwise_controlnet_inputs)
-    prompts = _entity_prompts(eligen_entity_prompts, "(call)")
+    prompts = entity_prompts(eligen_entity_prompts, "(call)")
     if (prompts is None) != (eligen_entity_masks is None):
         raise UserError("EliGen needs both eligen_entity_prompts and eligen_entity_masks")
 
