@@ -1,5 +1,5 @@
-"""Small pieces several layers share: comma-separated name lists, dtype names, pickle file suffixes, the
-one-line form of an exception (for the one-line errors users see), and why a data file cannot be opened."""
+"""Small pieces several layers share: comma-separated name lists, a column of text lists, dtype names, pickle file
+suffixes, the one-line form of an exception (for the one-line errors users see), and why a data file cannot be opened."""
 
 from __future__ import annotations
 
@@ -21,6 +21,26 @@ def names(value) -> list[str]:
         if item and item not in out:
             out.append(item)
     return out
+
+
+def text_list(value, column: str, where: str) -> list[str] | None:
+    """A column (or call argument) that holds a list of strings: a list, a JSON list in a CSV cell, or a plain string
+    (one item). `where` names the row (or the call) in the one-line errors."""
+    import json
+
+    from .errors import UserError
+
+    if value is None:
+        return None
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except ValueError as err:
+            raise UserError(f"{where}: {column} is not a JSON list of strings ({err})") from None
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{where}: {column} must be a list of strings, got {value!r:.60}")
+    return value
 
 
 def first_line(err: BaseException | str) -> str:

@@ -9,11 +9,7 @@ tokens (padding) attend only to themselves and are seen by none.
 
 from __future__ import annotations
 
-import json
-
 import torch
-
-from ..errors import UserError
 
 
 def segment_attention_mask(valid: torch.Tensor, segment: torch.Tensor, regions: torch.Tensor,
@@ -39,20 +35,4 @@ def segment_attention_mask(valid: torch.Tensor, segment: torch.Tensor, regions: 
     return mask[:, None]
 
 
-def entity_prompts(value, where: str) -> list[str] | None:
-    """EliGen's entity prompts as a column or call argument gives them: a list of strings (a CSV cell may hold a JSON
-    list); a plain string is one entity. `where` names the row (or the call) in errors."""
-    if value is None:
-        return None
-    if isinstance(value, str) and value.lstrip().startswith("["):
-        try:
-            value = json.loads(value)
-        except ValueError as err:
-            raise UserError(f"{where}: eligen_entity_prompts is not a JSON list of strings ({err})") from None
-    value = [value] if isinstance(value, str) else value
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UserError(f"{where}: eligen_entity_prompts must be a list of strings, got {value!r:.60}")
-    return value
-
-
-__all__ = ["entity_prompts", "segment_attention_mask"]
+__all__ = ["segment_attention_mask"]

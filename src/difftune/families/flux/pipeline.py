@@ -19,8 +19,8 @@ from PIL import Image
 from ...core.batch import SAME
 from ...core.features import Feature, RunContext
 from ...core.pipeline import BasePipeline
-from ...core.regional import entity_prompts
 from ...errors import UserError
+from ...util import text_list
 from ...media.image import as_image_list
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .controlnet import FluxControlNetEmbedder, controlnet_call_inputs
@@ -212,7 +212,7 @@ class FluxImagePipeline(BasePipeline):
                 values[column] = [values[column]]
         for column in VALUE_COLUMNS:
             values[column] = data.get(column)
-        values["eligen_entity_prompts"] = entity_prompts(values["eligen_entity_prompts"], where)
+        values["eligen_entity_prompts"] = text_list(values["eligen_entity_prompts"], "eligen_entity_prompts", where)
         if (values["eligen_entity_prompts"] is None) != (values["eligen_entity_masks"] is None):
             raise UserError(f"{where}: EliGen needs eligen_entity_prompts and eligen_entity_masks (one prompt per mask "
                             f"image), one of them is missing")
@@ -267,7 +267,7 @@ class FluxImagePipeline(BasePipeline):
             flux_redux_image, height, width = inputs["flux_redux_image"], inputs["height"], inputs["width"]
         if input_image is not None and (height is None or width is None):
             width, height = as_image_list(input_image)[0].size
-        prompts = entity_prompts(eligen_entity_prompts, "(call)")
+        prompts = text_list(eligen_entity_prompts, "eligen_entity_prompts", "(call)")
         if (prompts is None) != (eligen_entity_masks is None):
             raise UserError("EliGen needs both eligen_entity_prompts and eligen_entity_masks")
         if nexus_gen_reference_image is not None and cfg_scale != 1.0:

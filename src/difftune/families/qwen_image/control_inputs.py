@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ...core.regional import entity_prompts
 from ...errors import UserError
+from ...util import text_list
 
 IMAGE_INPUTS = ("context_image", "eligen_entity_masks", "blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask")
 
@@ -26,7 +26,8 @@ def control_training_inputs(data: dict[str, Any]) -> dict[str, Any]:
     row = data.get("_row", "?") if not isinstance(data.get("_row"), int) else data["_row"] + 1
     data = {**data, **{k: _loaded(data.get(k)) for k in IMAGE_INPUTS}}
     masks = data.get("eligen_entity_masks")
-    prompts = entity_prompts(data.get("eligen_entity_prompts"), f"row {row}") if masks is not None else None
+    prompts = None if masks is None else \
+        text_list(data.get("eligen_entity_prompts"), "eligen_entity_prompts", f"row {row}")
     if (prompts is None) != (masks is None):
         given = "eligen_entity_prompts" if masks is None else "eligen_entity_masks"
         raise UserError(f"row {row}: {given} without its other half (EliGen needs eligen_entity_prompts and "
@@ -77,7 +78,7 @@ def control_call_inputs(batch: int, negatives: list[str], context_image, eligen_
             raise UserError("give blockwise_controlnet_inputs or blockwise_controlnet_image, not both")
         blockwise_controlnet_image, blockwise_controlnet_inpaint_mask = controlnet_from_inputs(
             blockwise_controlnet_inputs)
-    prompts = entity_prompts(eligen_entity_prompts, "(call)")
+    prompts = text_list(eligen_entity_prompts, "eligen_entity_prompts", "(call)")
     if (prompts is None) != (eligen_entity_masks is None):
         raise UserError("EliGen needs both eligen_entity_prompts and eligen_entity_masks")
 
