@@ -132,19 +132,44 @@ def prepare(workdir: Path, config: BenchConfig, n_images: int) -> Workspace:
 
     workdir = Path(workdir)
     repo = workdir / f"model-{config.name}"
-    marker = repo / "bench_config.json"
-    wanted = json.dumps({"spec": config.tiny_spec().__dict__, "word_tokenizer": config.word_tokenizer}, indent=2,
-                        default=list)
-    if not (marker.is_file() and marker.read_text() == wanted):
+
+    def write(repo):
         write_tiny_qwen_image(repo, config.tiny_spec(), shard=False)
         if config.word_tokenizer:
             use_word_tokenizer(repo)
-        marker.write_text(wanted)
+
+    reuse_or_write(repo, {"spec": config.tiny_spec().__dict__, "word_tokenizer": config.word_tokenizer}, write)
     data = workdir / f"data-{config.resolution}-{n_images}"
     metadata = data / "metadata.csv"
     if not metadata.is_file():
         write_images(data, n_images, config.resolution)
     return Workspace(repo, data, metadata, config)
+
+
+def reuse_or_write(repo: Path, settings, write) -> Path:
+    """`repo` as `write(repo)` makes it for `settings` (anything JSON can hold): kept when it was last written for the
+    same settings (recorded in its bench_config.json), else written again."""
+    marker = repo / "bench_config.json"
+    wanted = json.dumps(settings, sort_keys=True, indent=2, default=list)
+    if not (marker.is_file() and marker.read_text() == wanted):
+        write(repo)
+        marker.write_text(wanted)
+    return repo
+
+
+def median_seconds(fn, repeats: int = 3) -> float:
+    """The median wall time of `fn()` over `repeats` calls, without autograd (an encoder's forward, timed apart)."""
+    import time
+
+    import torch
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with torch.no_grad():
+            fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def write_images(root: Path, n: int, size: int) -> Path:

@@ -19,7 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (base_parser, emit, fresh, machine, machine_line, param_counts, resolve_doc,  # noqa: E402
-                    run_difftune, split_figures, split_rows, table, update_doc, workdir_of, write_images)
+                    reuse_or_write, run_difftune, split_figures, split_rows, table, update_doc, workdir_of,
+                    write_images)
 
 COMPONENTS = ("transformer", "text_encoder", "text_encoder_2", "vae")
 REAL = {"text_encoder_2": 4.7e9, "text_encoder": 0.123e9, "vae": 0.084e9, "transformer": 11.9e9}
@@ -51,11 +52,7 @@ def prepare(workdir: Path, cfg: FluxBench, n: int) -> tuple[Path, Path]:
     from difftune.testing import TinyFluxSpec, write_tiny_flux
 
     repo = workdir / f"flux-{cfg.name}"
-    marker = repo / "bench_config.json"
-    wanted = json.dumps(cfg.spec, sort_keys=True, default=list)
-    if not (marker.is_file() and marker.read_text() == wanted):
-        write_tiny_flux(repo, TinyFluxSpec(**cfg.spec), shard=False)
-        marker.write_text(wanted)
+    reuse_or_write(repo, cfg.spec, lambda repo: write_tiny_flux(repo, TinyFluxSpec(**cfg.spec), shard=False))
     metadata = workdir / f"data-{cfg.resolution}-{n}" / "metadata.csv"
     if not metadata.is_file():
         write_images(metadata.parent, n, cfg.resolution)

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (base_parser, emit, fresh, machine, machine_line, param_counts, ratio, resolve_doc,  # noqa: E402
-                    run_difftune, split_figures, split_rows, table, update_doc, workdir_of)
+from common import (base_parser, emit, fresh, machine, machine_line, median_seconds, param_counts, ratio,  # noqa: E402
+                    resolve_doc, reuse_or_write, run_difftune, split_figures, split_rows, table, update_doc, workdir_of)
 
 COMPONENTS = ("transformer", "text_encoder", "vae")
 REAL = {"transformer": 1.3e9, "text_encoder": 5.7e9, "vae": 0.13e9}  # Wan2.1-T2V-1.3B
@@ -54,11 +53,7 @@ def prepare(workdir: Path, cfg: WanBench, n: int) -> tuple[Path, Path]:
     from difftune.testing import TinyWanSpec, write_example_video_dataset, write_tiny_wan
 
     repo = workdir / f"wan-{cfg.name}"
-    marker = repo / "bench_config.json"
-    wanted = json.dumps(cfg.spec, sort_keys=True, default=list)
-    if not (marker.is_file() and marker.read_text() == wanted):
-        write_tiny_wan(repo, "t2v", TinyWanSpec(**cfg.spec))
-        marker.write_text(wanted)
+    reuse_or_write(repo, cfg.spec, lambda repo: write_tiny_wan(repo, "t2v", TinyWanSpec(**cfg.spec)))
     data = workdir / f"clips-{cfg.resolution}-{cfg.num_frames}-{n}"
     metadata = data / "metadata.csv"
     if not metadata.is_file():
@@ -98,17 +93,9 @@ def encode_times(repo: Path, cfg: WanBench, threads: int, repeats: int = 3) -> d
     ids = tok(["a red ball rolling across a blue background"], padding="max_length", max_length=512,
               truncation=True, return_tensors="pt")
 
-    def median(fn):
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            with torch.no_grad():
-                fn()
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
 
-    return {"vae_encode_s": median(lambda: vae.encode(clip).latent_dist.mode()),
-            "umt5_encode_s": median(lambda: t5(ids.input_ids, attention_mask=ids.attention_mask))}
+    return {"vae_encode_s": median_seconds(lambda: vae.encode(clip).latent_dist.mode(), repeats),
+            "umt5_encode_s": median_seconds(lambda: t5(ids.input_ids, attention_mask=ids.attention_mask), repeats)}
 
 
 def main(argv=None) -> dict:

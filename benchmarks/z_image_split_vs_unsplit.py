@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (PROMPTS, base_parser, emit, fresh, machine, machine_line, param_counts, ratio,  # noqa: E402
-                    resolve_doc, run_difftune, split_figures, split_rows, table, update_doc, workdir_of, write_images)
+from common import (PROMPTS, base_parser, emit, fresh, machine, machine_line, median_seconds, param_counts,  # noqa: E402
+                    ratio, resolve_doc, reuse_or_write, run_difftune, split_figures, split_rows, table, update_doc,
+                    workdir_of, write_images)
 
 COMPONENTS = ("transformer", "text_encoder", "vae")
 # Z-Image-Turbo: the S3-DiT, Qwen3-4B (tied embeddings, loaded without an LM head), the FLUX.1 AE
@@ -55,11 +55,8 @@ def prepare(workdir: Path, cfg: ZImageBench, n: int) -> tuple[Path, Path]:
     from difftune.testing import TinyZImageSpec, write_tiny_z_image_turbo
 
     repo = workdir / f"z-image-{cfg.name}"
-    marker = repo / "bench_config.json"
-    wanted = json.dumps(cfg.spec, sort_keys=True, default=list)
-    if not (marker.is_file() and marker.read_text() == wanted):
-        write_tiny_z_image_turbo(repo, TinyZImageSpec(**cfg.spec), shard=False)
-        marker.write_text(wanted)
+    reuse_or_write(repo, cfg.spec,
+                   lambda repo: write_tiny_z_image_turbo(repo, TinyZImageSpec(**cfg.spec), shard=False))
     metadata = workdir / f"data-{cfg.resolution}-{n}" / "metadata.csv"
     if not metadata.is_file():
         write_images(metadata.parent, n, cfg.resolution)
@@ -97,18 +94,10 @@ def encode_times(repo: Path, cfg: ZImageBench, threads: int, repeats: int = 3) -
     ids = tok([f"<|im_start|>user\n{PROMPTS[0]}<|im_end|>\n<|im_start|>assistant\n"], padding="max_length",
               max_length=512, truncation=True, return_tensors="pt")
 
-    def median(fn):
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            with torch.no_grad():
-                fn()
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
 
-    return {"vae_encode_s": median(lambda: vae.encode(image).latent_dist.mode()),
-            "qwen3_encode_s": median(lambda: qwen(ids.input_ids, attention_mask=ids.attention_mask.bool(),
-                                                  output_hidden_states=True))}
+    return {"vae_encode_s": median_seconds(lambda: vae.encode(image).latent_dist.mode(), repeats),
+            "qwen3_encode_s": median_seconds(lambda: qwen(ids.input_ids, attention_mask=ids.attention_mask.bool(),
+                                                          output_hidden_states=True), repeats)}
 
 
 def main(argv=None) -> dict:
