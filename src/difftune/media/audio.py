@@ -46,8 +46,9 @@ def _av():
 
 
 def _reason(err: BaseException) -> str:
-    text = getattr(err, "strerror", None) or str(err)
-    return " ".join(str(text).split()) or type(err).__name__
+    from .video import _ffmpeg_reason  # PyAV's error text, as the video reader words it
+
+    return _ffmpeg_reason(err)
 
 
 def _open(path: str):
