@@ -1,6 +1,7 @@
 """Wan2.2-Animate-14B: the released file recognised as the DiT and the animate adapter, the adapter's key
 conversion (against diffusers' own converter), our loading + forward equal to diffusers' WanAnimateTransformer3DModel
-built from the converted file, and the units equal to WanAnimatePipeline's preparation (fp32, tiny)."""
+built from the converted file, the units equal to WanAnimatePipeline's preparation, and the whole sampling loop
+equal to WanAnimatePipeline's (fp32, tiny)."""
 
 import pytest
 import torch
@@ -225,3 +226,118 @@ def test_face_motion_unit_and_what_the_split_caches():
     assert [u.name for u in full.stage2] == ["WanAnimateFaceMotion"]
     assert {"animate_face_video", "pose_latents"} <= set(full.frontier) and "face_motion" not in full.frontier
     assert "vae" not in full.stage2_models
+
+
+# -- the whole sampling loop against WanAnimatePipeline ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def sampling_pipes(tmp_path_factory):
+    """Ours (the tiny I2V 14B repository with the tiny Animate DiT and adapter) and diffusers' WanAnimatePipeline on
+    the same weights: the same UMT5, VAE, CLIP, scheduler config and WanAnimateTransformer3DModel."""
+    import diffusers.pipelines.wan.pipeline_wan as t2v_module
+    import diffusers.pipelines.wan.pipeline_wan_animate as animate_module
+    import diffusers.pipelines.wan.pipeline_wan_i2v as i2v_module
+    from diffusers import WanAnimatePipeline, WanImageToVideoPipeline, WanTransformer3DModel
+
+    from difftune.families.wan.animate import WanAnimateAdapter
+    from difftune.families.wan.testing.animate import tiny_animate_configs
+    from difftune.models import ModelConfig
+    from difftune.testing import tiny_wan_paths, write_tiny_wan
+
+    root = write_tiny_wan(tmp_path_factory.mktemp("animate_sampling") / "i2v", "i2v")
+    # diffusers 0.42's I2V and Animate modules call ftfy without checking it is installed
+    i2v_module.basic_clean = animate_module.basic_clean = t2v_module.basic_clean
+    ours = WanVideoPipeline.from_pretrained(
+        torch_dtype=torch.float32, model_configs=[ModelConfig(p[0]) for p in tiny_wan_paths(root).values()],
+        tokenizer_config=ModelConfig(str(root / "tokenizer")),
+        image_processor_config=ModelConfig(str(root / "image_processor")))
+    ref = tiny_animate_transformer(seed=1)
+    dit_config, adapter_config = tiny_animate_configs(ref)
+    state = ref.state_dict()
+    dit = WanTransformer3DModel(**{k: v for k, v in dit_config.items() if not k.startswith("_")}).eval()
+    dit.load_state_dict({k: v for k, v in state.items() if not k.startswith(ADAPTER_PREFIXES)})
+    adapter = WanAnimateAdapter.from_config(adapter_config).eval()
+    adapter.load_state_dict({k: v for k, v in state.items() if k.startswith(ADAPTER_PREFIXES)})
+    ours.dit, ours.animate_adapter = dit, adapter
+    base = WanImageToVideoPipeline.from_pretrained(str(root), torch_dtype=torch.float32)
+    theirs = WanAnimatePipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
+                                scheduler=base.scheduler, image_processor=base.image_processor,
+                                image_encoder=base.image_encoder, transformer=ref)
+    theirs.set_progress_bar_config(disable=True)
+    return ours, theirs
+
+
+def _standardized(pipe, latents):
+    """diffusers' WanAnimatePipeline returns its latents for output_type="latent" destandardized (as its VAE
+    decodes them): back to the sampler's space."""
+    mean = torch.tensor(pipe.vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(pipe.vae.config.latents_std).view(1, -1, 1, 1, 1)
+    return (latents - mean) / std
+
+
+def _reference_condition(theirs, image, num_frames, height, width):
+    """The reference's animate-mode condition (its I2V unit: the character image then num_frames - 1 zero frames,
+    VAE-encoded as one clip, mask 1 on the first frame), in diffusers' terms."""
+    pixels = theirs.vae_image_processor.preprocess(image, height=height, width=width).unsqueeze(2)
+    clip = torch.cat([pixels, torch.zeros(1, 3, num_frames - 1, height, width)], dim=2)
+    return _standardized(theirs, theirs.vae.encode(clip).latent_dist.mode())
+
+
+def _sampling_inputs(mode):
+    image, pose, face = _clip(1, (48, 32), 5)[0], _clip(5, (48, 32), 2), _clip(5, (32, 32), 3)
+    ours = dict(input_image=image, animate_pose_video=pose, animate_face_video=face)
+    theirs = dict(image=image, pose_video=pose, face_video=face, mode=mode)
+    if mode == "replace":
+        background, mask = _clip(5, (48, 32), 6), _mask_clip(5, (48, 32))
+        ours.update(animate_inpaint_video=background, animate_mask_video=mask)
+        theirs.update(background_video=background, mask_video=mask)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("mode, cfg", [("replace", 1.0), ("replace", 5.0), ("animate", 5.0)])
+@torch.no_grad()
+def test_sampling_equals_diffusers_wan_animate_pipeline(sampling_pipes, monkeypatch, mode, cfg):
+    """The whole sampling loop (character image with its CLIP embedding, pose latents, face tokens, the black face
+    on the unguided side, the replacement condition) == diffusers' WanAnimatePipeline (fp32, tiny, latents, same
+    noise). One segment: our 9-frame clip is their segment_frame_length 5 (the pose frames) behind the character's
+    latent frame, which both drop after sampling.
+
+    Animate mode differs by design: the reference (DiffSynth-Studio) conditions on its I2V unit's latents (the
+    character image then zero frames, one VAE clip), diffusers (after Wan-AI's code) on the image's latents then a
+    separately encoded all-zero segment. The first latent frame agrees (the VAE is causal), the rest do not; in
+    animate mode diffusers is handed the reference's condition, and everything else is compared."""
+    from difftune.families.wan.animate import i2v_mask
+
+    ours, theirs = sampling_pipes
+    our_inputs, their_inputs = _sampling_inputs(mode)
+    if mode == "animate":
+        own = theirs.prepare_prev_segment_cond_latents
+        reference = torch.cat([i2v_mask(3, 4, 6, 1)[None], _reference_condition(theirs, our_inputs["input_image"],
+                                                                                  9, 32, 48)], dim=1)
+        gaps = []
+
+        def prepare_prev_segment_cond_latents(*args, **kwargs):
+            diffusers_own = own(*args, **kwargs)
+            gaps.append((diffusers_own - reference[:, :, 1:]).abs().max().item())
+            return reference[:, :, 1:]
+
+        monkeypatch.setattr(theirs, "prepare_prev_segment_cond_latents", prepare_prev_segment_cond_latents)
+    a = ours("a dancer", negative_prompt="blurry", height=32, width=48, num_frames=9, num_inference_steps=3,
+             cfg_scale=cfg, seed=3, progress=False, output_type="latent", **our_inputs)
+    b = theirs(prompt="a dancer", negative_prompt="blurry", height=32, width=48, segment_frame_length=5,
+               num_inference_steps=3, guidance_scale=cfg, generator=torch.Generator("cpu").manual_seed(3),
+               output_type="latent", **their_inputs).frames
+    assert a.shape == (1, 16, 2, 4, 6) and b.shape == (1, 16, 3, 4, 6)  # the character's frame dropped
+    diff = (a - _standardized(theirs, b)[:, :, 1:]).abs().max().item()
+    print(f"wan Animate {mode} (cfg {cfg}) vs WanAnimatePipeline: latents max difference {diff:.2e}")
+    assert diff <= 1e-5
+    if mode == "replace" and cfg == 1.0:  # decoded: the pose video's 5 frames, as diffusers decodes them
+        import numpy as np
+
+        frames = theirs.video_processor.postprocess_video(theirs.vae.decode(b[:, :, 1:]).sample, output_type="np")
+        mine = ours.postprocess(a)[0]
+        assert len(mine) == frames.shape[1] == 5
+        pixels = np.abs(np.round(frames[0] * 255).astype(int) - np.stack([np.asarray(f) for f in mine])).max()
+        assert pixels <= 1
+    if mode == "animate":
+        print(f"diffusers' own animate condition vs the reference's: max difference {gaps[0]:.2e}")
+        assert gaps[0] > 1e-3

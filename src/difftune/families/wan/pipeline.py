@@ -246,6 +246,10 @@ class WanVideoPipeline(BasePipeline):
         if first is not None:
             latents = torch.cat([first.to(latents.dtype), latents[:, :, 1:]], dim=2)
         references = reference_frame_count(values.get("vace_reference_image"))  # VACE: its leading frames go
+        if not references and values.get("pose_latents") is not None:
+            # Animate-14B: the character's leading latent frame goes too (the reference and diffusers decode the
+            # pose video's frames only, num_frames - 4)
+            references = 1
         return latents[:, :, references:] if references else latents
 
     def postprocess(self, latents, output_type="pil"):
