@@ -91,6 +91,14 @@ def test_wan_split_vs_unsplit_quick(tmp_path):
     assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x100", "step_time_ratio", "peak_rss_ratio",
                       "vae_share_of_one_stage_step", "umt5_share_of_one_stage_step"])
     assert set(r["params"]) == {"transformer", "text_encoder", "vae"} and r["params"]["transformer"] > 0
+    # VACE (the default runs both): a control clip and a reference image per row, the LoRA on the branch
+    v = r["vace"]
+    assert v["variant"] == "vace" and v["steps"] == 4 and v["vace_layers"] == [0]
+    assert_ratios(v, ["total_time_ratio", "projected_total_time_ratio_5x100", "step_time_ratio", "peak_rss_ratio",
+                      "vae_share_of_one_stage_step", "vace_context_share_of_one_stage_step"])
+    assert set(v["params"]) == {"transformer", "text_encoder", "vae", "vace"} and v["params"]["vace"] > 0
+    # stage 2 skips UMT5 and five VAE calls (the clip, the control clip twice, the reference image twice): ~7x shorter
+    assert v["step_time_stage2_s"] < v["step_time_one_stage_s"]
 
 
 def test_z_image_split_vs_unsplit_quick(tmp_path):

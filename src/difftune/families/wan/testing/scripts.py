@@ -159,18 +159,14 @@ def fun_control_repos(ws: Workspace) -> None:
 def vace_repos(ws: Workspace) -> None:
     """Wan-AI's / iic's VACE files (the T2V DiT and the VACE branch in one file), PAI's Wan2.2-VACE-Fun-A14B."""
     from ..vace import VACE_DIT_ORIGINAL, VACE_ORIGINAL
-    from .vace import tiny_vace_configs, tiny_vace_transformer, vace_file_state
+    from .vace import tiny_vace_transformer, write_vace_file
 
     for hub_id, experts in (("Wan-AI/Wan2.1-VACE-1.3B", False), ("iic/VACE-Wan2.1-1.3B-Preview", False),
                             ("Wan-AI/Wan2.1-VACE-14B", False), ("PAI/Wan2.2-VACE-Fun-A14B", True)):
         folder = ws.repo(hub_id, "t2v")
 
         def write(where: Path, i: int):
-            model = tiny_vace_transformer(seed=TINY.seed + 20 + i)
-            save_tensors(vace_file_state(model), where / "diffusion_pytorch_model.safetensors")
-            dit, vace = tiny_vace_configs(model)
-            write_wan_config(where, "VaceWanModel", dit, model_type="vace", vace_layers=vace["vace_layers"],
-                             vace_in_dim=vace["vace_in_channels"])
+            dit, vace = write_vace_file(where, tiny_vace_transformer(seed=TINY.seed + 20 + i))
             ws.add(VACE_DIT_ORIGINAL, "tiny", dit)
             ws.add(VACE_ORIGINAL, "tiny", vace)
 

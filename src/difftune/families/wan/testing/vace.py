@@ -20,11 +20,17 @@ TINY_VACE_LAYERS = (0, 2)  # every second block, as the 1.3B's
 
 def tiny_vace_transformer(seed: int = 0, num_layers: int = TINY_LAYERS, vace_layers=TINY_VACE_LAYERS):
     """diffusers' WanVACETransformer3DModel at the tiny size (the source of a tiny VACE file's tensors)."""
+    return vace_transformer(tiny_dit_kwargs(num_layers), vace_layers, seed)
+
+
+def vace_transformer(dit_config: dict, vace_layers, seed: int = 0):
+    """diffusers' WanVACETransformer3DModel: a T2V DiT of `dit_config` (a WanTransformer3DModel config) with a VACE
+    branch after the DiT blocks `vace_layers`."""
     from diffusers import WanVACETransformer3DModel
 
     torch.manual_seed(seed)
-    return WanVACETransformer3DModel(**tiny_dit_kwargs(num_layers), vace_layers=list(vace_layers),
-                                     vace_in_channels=96).eval()
+    dit = {k: v for k, v in dit_config.items() if not k.startswith("_")}
+    return WanVACETransformer3DModel(**dit, vace_layers=list(vace_layers), vace_in_channels=96).eval()
 
 
 def vace_file_state(model) -> dict[str, torch.Tensor]:
@@ -48,6 +54,17 @@ def tiny_vace_configs(model) -> tuple[dict, dict]:
     return dit, vace
 
 
+def write_vace_file(folder: Path, model) -> tuple[dict, dict]:
+    """`model` (a WanVACETransformer3DModel) as a released VACE file in `folder`: one
+    `diffusion_pytorch_model.safetensors` in Wan's names and Wan's config.json (VaceWanModel). Returns its (DiT,
+    branch) configs: bare files are recognised against known configs, so a caller registers them."""
+    save_tensors(vace_file_state(model), Path(folder) / "diffusion_pytorch_model.safetensors")
+    dit, vace = tiny_vace_configs(model)
+    write_wan_config(Path(folder), "VaceWanModel", dit, model_type="vace", vace_layers=vace["vace_layers"],
+                     vace_in_dim=vace["vace_in_channels"])
+    return dit, vace
+
+
 def write_tiny_vace_original(path, variant: str = "1.3b") -> tuple[Path, list[tuple]]:
     """A tiny VACE repository in the released layout; returns its folder and the (spec, label, config) the tests
     add to the official configs to recognise its bare files (the DiT, the VACE branch, UMT5, the VAE)."""
@@ -57,15 +74,11 @@ def write_tiny_vace_original(path, variant: str = "1.3b") -> tuple[Path, list[tu
     folders = [root] if variant != "a14b" else [root / "high_noise_model", root / "low_noise_model"]
     known = base_known_configs(twin)
     for i, folder in enumerate(folders):
-        model = tiny_vace_transformer(seed=TINY.seed + 20 + i)
-        save_tensors(vace_file_state(model), folder / "diffusion_pytorch_model.safetensors")
-        dit, vace = tiny_vace_configs(model)
-        write_wan_config(folder, "VaceWanModel", dit, model_type="vace", vace_layers=vace["vace_layers"],
-                         vace_in_dim=vace["vace_in_channels"])
+        dit, vace = write_vace_file(folder, tiny_vace_transformer(seed=TINY.seed + 20 + i))
         if i == 0:
             known += [(VACE_DIT_ORIGINAL, "tiny", dit), (VACE_ORIGINAL, "tiny", vace)]
     return root, known
 
 
-__all__ = ["TINY_VACE_LAYERS", "tiny_vace_configs", "tiny_vace_transformer", "vace_file_state",
-           "write_tiny_vace_original"]
+__all__ = ["TINY_VACE_LAYERS", "tiny_vace_configs", "tiny_vace_transformer", "vace_file_state", "vace_transformer",
+           "write_tiny_vace_original", "write_vace_file"]

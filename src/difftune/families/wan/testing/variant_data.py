@@ -1,7 +1,8 @@
 """Tiny data sets of the Wan variants with inputs of their own, in the layouts of the reference's example data sets
 (`data/diffsynth_example_dataset/wanvideo/<model>/`): S2V (a clip, its speech, a pose clip), Wan-Dancer (a clip, its
-music, a reference image, keyframes and their mask, the frame rate; the global model's rows framewise), and
-Video-As-Prompt (a clip and the reference clip). Every file is written here: mp4 clips, wav audio, png stills."""
+music, a reference image, keyframes and their mask, the frame rate; the global model's rows framewise),
+Video-As-Prompt (a clip and the reference clip) and VACE (a clip, the control clip, a reference image). Every file
+is written here: mp4 clips, wav audio, png stills."""
 
 from __future__ import annotations
 
@@ -102,4 +103,19 @@ def write_vap_dataset(root: str | os.PathLike, n: int = 2, num_frames: int = 5, 
     return _csv(root / "metadata.csv", rows)
 
 
-__all__ = ["write_dancer_dataset", "write_s2v_dataset", "write_vap_dataset"]
+def write_vace_dataset(root: str | os.PathLike, n: int = 2, num_frames: int = 5, size=(64, 32)) -> Path:
+    """video_<i>.mp4, vace_video_<i>.mp4 (the control clip, as long), vace_reference_<i>.png and metadata.csv (video,
+    prompt, vace_video, vace_reference_image), the columns of the reference's Wan2.1-VACE-1.3B example data."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(n):
+        Image.new("RGB", size, _COLORS[(i + 2) % 4][1]).save(root / f"vace_reference_{i + 1}.png")
+        rows.append({"video": _clip(root, f"video_{i + 1}.mp4", num_frames, size, i),
+                     "prompt": f"a {_COLORS[i % 4][0]} ball following the control video",
+                     "vace_video": _clip(root, f"vace_video_{i + 1}.mp4", num_frames, size, i, shift=1),
+                     "vace_reference_image": f"vace_reference_{i + 1}.png"})
+    return _csv(root / "metadata.csv", rows)
+
+
+__all__ = ["write_dancer_dataset", "write_s2v_dataset", "write_vace_dataset", "write_vap_dataset"]
