@@ -244,8 +244,17 @@ def _instrumented(record: dict):
     import difftune.training.fit as loop  # where the training data loader is built
     from difftune.cache import CacheWriter
 
+    import torch
+
     steps, waits, writes = record["step_stamps"], record["loader_waits"], record["write_stamps"]
-    hook = register_optimizer_step_post_hook(lambda *a: steps.append(time.perf_counter()))
+    cuda = torch.cuda.is_available()
+
+    def stamp(*_):
+        if cuda:  # kernels run ahead of Python: a step ends when the GPU has done its work
+            torch.cuda.synchronize()
+        steps.append(time.perf_counter())
+
+    hook = register_optimizer_step_post_hook(stamp)
     base_loader = loop.DataLoader
 
     class TimedLoader(base_loader):
@@ -300,6 +309,11 @@ def measure_difftune(argv: list[str]) -> dict:
         end = time.perf_counter()
     record.update(start=start, end=end, run_seconds=end - start, rss_before_kb=rss_before,
                   vmhwm_kb=status_kb("VmHWM"), steps=summary.get("steps") if isinstance(summary, dict) else None)
+    import torch
+
+    if torch.cuda.is_available():  # torch's allocator: what tensors held at most, and what it took from the driver
+        record.update(gpu_peak_allocated_mib=torch.cuda.max_memory_allocated() / 2**20,
+                      gpu_peak_reserved_mib=torch.cuda.max_memory_reserved() / 2**20)
     return record
 
 
@@ -307,9 +321,11 @@ def child_command(python: str, script: Path, payload: dict) -> list[str]:
     return [python, str(script), "--child", json.dumps(payload)]
 
 
-def run_child(cmd: list[str], threads: int, timeout: float = 900, env: dict | None = None) -> dict:
+def run_child(cmd: list[str], threads: int, timeout: float | None = None, env: dict | None = None) -> dict:
     """Run a child process that prints one BENCH_RESULT line; adds `wall_seconds` (process wall time).
-    `threads` caps the intra-op threads of every library (OpenMP, MKL) the same way for every run."""
+    `threads` caps the intra-op threads of every library (OpenMP, MKL) the same way for every run. The timeout
+    defaults to $DIFFTUNE_BENCH_CHILD_TIMEOUT seconds, else 900 (a leased GPU's minutes are few)."""
+    timeout = timeout or float(os.environ.get("DIFFTUNE_BENCH_CHILD_TIMEOUT", 900))
     full_env = dict(os.environ, TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error",
                     OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                     HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONPATH=os.pathsep.join(

@@ -1,0 +1,399 @@
+"""GPU: split against one-stage training at real width, and FSDP2 full training against one process.
+
+For a lease of a GPU machine (H100 / H200): one script, parts run in order, each writing `<part>.json` to --out
+as soon as it ends (a part that fails writes its error instead, and the next part still runs):
+- `parity`: the tests' tiny Qwen-Image in fp32 on the GPU, a LoRA trained one stage and split; the largest
+  difference of the two LoRAs (the split's equality on CUDA kernels).
+- `split` (issue 6): a few real-width Qwen-Image blocks (24 heads of 128, text width 3584) with the real VAE's
+  architecture and a text encoder of Qwen2.5-VL-7B's widths at ~0.35x the DiT's parameters (the real ratio is
+  0.4x), 1024x1024 images, bf16, LoRA rank 32 on the reference's 12 target modules with gradient checkpointing:
+  one stage (`sft`) against `sft:data_process` + `sft:train`. Step time, peak GPU memory (torch's allocator) and
+  model-FLOPs utilisation against the GPU's dense bf16 peak.
+- `fsdp` (issue 26): full training of those blocks (`--trainable_models dit`) from the split part's cache, one
+  process against `accelerate launch --config_file examples/accelerate/fsdp.yaml` on every GPU of the machine
+  (and DDP where there are two or more): step time, peak GPU memory, the checkpoints' largest difference.
+- `demo`: `difftune demo` (the README's main job) on the GPU.
+
+    python benchmarks/gpu.py --workdir /tmp/gpu --out DIR        # on the GPU machine
+    python benchmarks/gpu.py --render DIR                        # here: DIR's JSON into docs/benchmarks.md
+    python benchmarks/gpu.py --quick --parts parity,split,fsdp   # smoke run on this CPU (tiny model)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (ROOT, BenchConfig, Workspace, base_parser, fresh, param_counts, prepare, quick,  # noqa: E402
+                    ratio, resolve_doc, reuse_or_write, run_child, run_difftune, step_time, table, train_flags,
+                    update_doc, use_word_tokenizer, workdir_of, write_images)
+
+PARTS = ("split", "fsdp", "parity", "demo")
+# Dense bf16 tensor-core peak (NVIDIA's data sheets, SXM): the H200 has the H100's compute with more memory.
+BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}
+
+
+def realwidth(blocks: int, text_layers: int, resolution: int = 1024) -> BenchConfig:
+    """Qwen-Image's real widths with `blocks` of its 60 DiT blocks and `text_layers` of Qwen2.5-VL-7B's 28 layers."""
+    return BenchConfig("realwidth", dict(
+        num_layers=blocks, num_attention_heads=24, attention_head_dim=128, axes_dims_rope=(16, 56, 56),
+        text_hidden=3584, text_layers=text_layers, text_heads=28, text_intermediate=18944, mrope_section=(16, 24, 24),
+        vae_base_dim=96, vae_dim_mult=(1, 2, 4, 4), vae_num_res_blocks=2), resolution=resolution, word_tokenizer=True)
+
+
+def device_workspace(wd: Path, cfg: BenchConfig, n: int) -> Workspace:
+    """`prepare`, with the models built on the GPU when there is one (random init of billions of parameters)."""
+    import torch
+
+    from difftune.testing import write_tiny_qwen_image
+
+    if cfg.name == "quick":
+        return prepare(wd, cfg, n)
+    repo = wd / f"model-{cfg.name}"
+
+    def write(repo):
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            write_tiny_qwen_image(repo, cfg.tiny_spec(), shard=False)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the measured runs are other processes: give them the memory back
+        use_word_tokenizer(repo)
+
+    reuse_or_write(repo, {"spec": cfg.tiny_spec().__dict__, "word_tokenizer": True}, write)
+    data = wd / f"data-{cfg.resolution}-{n}"
+    if not (data / "metadata.csv").is_file():
+        write_images(data, n, cfg.resolution)
+    return Workspace(repo, data, data / "metadata.csv", cfg)
+
+
+# -- FLOPs -------------------------------------------------------------------------------------------
+
+def dit_flops(spec: dict, image_tokens: int, text_tokens: int) -> dict:
+    """Forward FLOPs of the Qwen-Image DiT for one sample: the linear layers each stream's tokens pass (per block
+    attention q/k/v/out and a 4x MLP, image and text streams apart: 24 D^2 per token; the modulation runs once per
+    sample and is left out), the embedders and the output projection, and joint attention (4 S^2 D per block)."""
+    d = spec["num_attention_heads"] * spec["attention_head_dim"]
+    s = image_tokens + text_tokens
+    linear = spec["num_layers"] * 24 * d * d * s + 2 * d * (64 * image_tokens * 2 + spec["text_hidden"] * text_tokens)
+    attention = spec["num_layers"] * 4 * s * s * d
+    return {"linear": linear, "attention": attention}
+
+
+def training_flops(fwd: dict, full: bool, recompute: bool) -> dict:
+    """Model FLOPs of a training step (frozen linears take only input gradients: 1x forward; trained ones 2x;
+    attention's backward is 2x its forward) and the hardware FLOPs with the checkpointed forward run again.
+    LoRA adapters' own FLOPs (rank / width of the base layer's) are left out."""
+    model = (3 if full else 2) * fwd["linear"] + 3 * fwd["attention"]
+    return {"model": model, "hardware": model + (fwd["linear"] + fwd["attention"] if recompute else 0)}
+
+
+def cached_text_tokens(cache: Path) -> float:
+    """The mean prompt length in tokens, read from the stage-1 cache (the prompt embeddings' sequence length)."""
+    from safetensors import safe_open
+
+    lengths = []
+    for shard in sorted(cache.rglob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            for key in f.keys():
+                if key.endswith("/prompt_embeds"):
+                    lengths.append(f.get_slice(key).get_shape()[-2])
+    if not lengths:
+        raise RuntimeError(f"no prompt embeddings in the cache {cache}")
+    return sum(lengths) / len(lengths)
+
+
+# -- parts -------------------------------------------------------------------------------------------
+
+def max_diff(a: Path, b: Path) -> float:
+    from safetensors.torch import load_file
+
+    x, y = load_file(str(a)), load_file(str(b))
+    if x.keys() != y.keys():
+        raise RuntimeError(f"{a} and {b} hold different tensors")
+    return max((x[k].float() - y[k].float()).abs().max().item() for k in x)
+
+
+def saved(output: Path) -> Path:
+    files = sorted(output.glob("*.safetensors"))
+    if not files:
+        raise RuntimeError(f"no checkpoint in {output}")
+    return files[-1]
+
+
+def part_parity(wd: Path, args) -> dict:
+    ws = prepare(wd, quick(), 2)
+    one = run_difftune(train_flags(ws, "sft", wd / "p-one", repeat=2), True, args.threads)
+    run_difftune(train_flags(ws, "sft:data_process", wd / "p-cache", components=("text_encoder", "vae")), True,
+                 args.threads)
+    two = run_difftune(train_flags(ws, "sft:train", wd / "p-two", dataset=wd / "p-cache", repeat=2,
+                                   components=("transformer",)), True, args.threads)
+    return {"steps": one["steps"], "steps_split": two["steps"], "dtype": "float32",
+            "lora_max_diff": max_diff(saved(wd / "p-one"), saved(wd / "p-two"))}
+
+
+def precision(args) -> list[str]:
+    return ["--torch_dtype", args.dtype, "--use_gradient_checkpointing"]
+
+
+def part_split(wd: Path, args, cfg: BenchConfig) -> dict:
+    n, repeat, warmup = args.images, args.repeat, args.warmup
+    ws = device_workspace(wd, cfg, n)
+    params = param_counts(ws.repo, {"dit": "transformer/*.safetensors", "text_encoder": "text_encoder/*.safetensors",
+                                    "vae": "vae/*.safetensors"})
+    extra = precision(args)
+    one = run_difftune(train_flags(ws, "sft", wd / "one", repeat=repeat, extra=extra), True, args.threads)
+    s1 = run_difftune(train_flags(ws, "sft:data_process", wd / "cache", components=("text_encoder", "vae"),
+                                  extra=extra), True, args.threads)
+    s2 = run_difftune(train_flags(ws, "sft:train", wd / "two", dataset=wd / "cache", repeat=repeat,
+                                  components=("transformer",), extra=extra), True, args.threads)
+    t1, t2 = step_time(one, warmup), step_time(s2, warmup)
+    tokens = (cfg.resolution // 16) ** 2
+    text = cached_text_tokens(wd / "cache")
+    flops = training_flops(dit_flops(cfg.tiny_spec().__dict__, tokens, round(text)), full=False,
+                           recompute=True)
+    return {"config": cfg.name, "spec": cfg.tiny_spec().__dict__, "resolution": cfg.resolution, "images": n, "repeat": repeat,
+            "warmup_steps": warmup, "steps": one["steps"], "dtype": args.dtype, "params": params, "image_tokens": tokens,
+            "text_tokens": text, "dit_model_flops_per_step": flops["model"],
+            "dit_hardware_flops_per_step": flops["hardware"], "lora_rank": cfg.lora_rank,
+            "step_time_one_stage_s": t1, "step_time_stage2_s": t2, "step_time_ratio": ratio(t2, t1),
+            "stage1_seconds": s1["run_seconds"], "stage1_samples_per_s": n / s1["run_seconds"],
+            "total_time_one_stage_s": one["run_seconds"],
+            "total_time_split_s": s1["run_seconds"] + s2["run_seconds"],
+            "runs": {"one": one, "stage1": s1, "stage2": s2}}
+
+
+def launched(config: Path, processes: int, argv: list[str], threads: int) -> dict:
+    """A measured `difftune train` under `accelerate launch --config_file config` (rank 0's record)."""
+    payload = {"kind": "difftune", "argv": argv}
+    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file", str(config),
+           "--num_processes", str(processes), "--main_process_port", "0", "--mixed_precision", "no",  # as the
+           "--dynamo_backend", "no", str(Path(__file__).parent / "common.py"),  # one-process run: --torch_dtype decides
+           "--child", json.dumps(payload)]
+    return run_child(cmd, threads)
+
+
+def part_fsdp(wd: Path, args, cfg: BenchConfig) -> dict:
+    import torch
+
+    ws = device_workspace(wd, cfg, args.images)
+    if not (wd / "cache").is_dir():
+        raise RuntimeError("the fsdp part trains from the split part's cache: run `split` first")
+    gpus = max(1, torch.cuda.device_count())
+    res = str(cfg.resolution)
+
+    def argv(output: Path) -> list[str]:
+        fresh(output)
+        return ["--task", "sft:train", "--dataset_base_path", str(wd / "cache"), "--model_paths",
+                ws.model_paths(("transformer",)), "--height", res, "--width", res, *precision(args), "--learning_rate",
+                "1e-5", "--trainable_models", "dit", "--seed", "0", "--no_progress", "--enable_tensorboard_log",
+                "false", "--num_epochs", "1", "--dataset_repeat", str(args.repeat), "--batch_size", "1",
+                "--gradient_accumulation_steps", str(gpus), "--output_path", str(output)]
+
+    runs = {"one": run_difftune(argv(wd / "full-one"), True, args.threads)}
+    examples = ROOT / "examples" / "accelerate"
+    if torch.cuda.is_available():
+        for kind, config in (("fsdp2", "fsdp.yaml"), ("ddp", "multi_gpu_ddp.yaml")):
+            if kind == "ddp" and gpus < 2:
+                continue  # DDP on one GPU is the one-process run
+            a = argv(wd / f"full-{kind}")
+            a[a.index("--gradient_accumulation_steps") + 1] = "1"  # gpus x batch 1: the same samples per step
+            runs[kind] = launched(examples / config, gpus, a + (["--find_unused_parameters"] if kind == "ddp" else []),
+                                  args.threads)
+    fwd = dit_flops(cfg.tiny_spec().__dict__, (cfg.resolution // 16) ** 2,
+                    round(cached_text_tokens(wd / "cache")))
+    out = {"config": cfg.name, "dtype": args.dtype, "gpus": gpus, "spec": cfg.tiny_spec().__dict__, "params_dit": param_counts(
+        ws.repo, {"dit": "transformer/*.safetensors"})["dit"], "dit_model_flops_per_sample": training_flops(
+            fwd, full=True, recompute=True)["model"], "runs": runs}
+    for kind, record in runs.items():
+        out[f"step_time_{kind}_s"] = step_time(record, args.warmup)
+        if kind != "one":
+            out[f"max_diff_{kind}_vs_one"] = max_diff(saved(wd / "full-one"), saved(wd / f"full-{kind}"))
+    return out
+
+
+def part_demo(wd: Path, args) -> dict:
+    out = fresh(wd / "demo")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "difftune.cli.main", "demo", "--output", str(out)],
+                          capture_output=True, text=True, timeout=args.part_timeout, cwd=str(ROOT),
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    if proc.returncode != 0:
+        raise RuntimeError(f"difftune demo exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return {"wall_seconds": time.perf_counter() - start, "summary": json.loads((out / "summary.json").read_text()),
+            "stdout_tail": proc.stdout[-1500:]}
+
+
+def device_info() -> dict:
+    import datetime
+    import importlib.metadata as md
+    import platform
+
+    import torch
+
+    info = {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "cpus": os.cpu_count(), "versions": {}}
+    for name in ("diffusers", "transformers", "peft", "accelerate"):
+        try:
+            info["versions"][name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=p.name, gpus=torch.cuda.device_count(), gpu_memory_gib=p.total_memory / 2**30)
+        info["bf16_peak"] = next((v for k, v in BF16_PEAK.items() if k in p.name), None)
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            a @ a
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+        info["matmul_bf16_flops"] = 10 * 2 * 8192**3 / (time.perf_counter() - start)  # what this card reaches
+        del a
+        torch.cuda.empty_cache()
+    return info
+
+
+def run_parts(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["DIFFTUNE_BENCH_CHILD_TIMEOUT"] = str(args.part_timeout)
+    (out / "device.json").write_text(json.dumps(device_info(), indent=1))
+    cfg = quick() if args.quick else realwidth(args.blocks, args.text_layers, args.resolution)
+    deadline = time.monotonic() + args.budget
+    with workdir_of(args) as wd:
+        for part in args.parts.split(","):
+            if time.monotonic() > deadline:
+                (out / f"{part}.json").write_text(json.dumps({"skipped": "out of time"}))
+                continue
+            start = time.perf_counter()
+            try:
+                result = {"part_seconds": None, **{
+                    "parity": lambda: part_parity(wd, args), "split": lambda: part_split(wd, args, cfg),
+                    "fsdp": lambda: part_fsdp(wd, args, cfg), "demo": lambda: part_demo(wd, args)}[part]()}
+            except Exception as e:  # the next part still runs; the error is the part's result
+                result = {"error": f"{type(e).__name__}: {e}"[-6000:], "traceback": traceback.format_exc()[-6000:]}
+            result["part_seconds"] = time.perf_counter() - start
+            (out / f"{part}.json").write_text(json.dumps(result, indent=1, default=str))
+            print(f"{part}: {time.perf_counter() - start:.0f} s, "
+                  f"{'error: ' + result['error'][:300] if 'error' in result else 'ok'}", flush=True)
+
+
+# -- the doc ------------------------------------------------------------------------------------------
+
+def render(folder: Path) -> str:
+    def load(name):
+        path = folder / f"{name}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    dev = load("device")
+    peak = dev.get("bf16_peak")
+    gib = 1024.0
+    parts = [f"Device: {dev.get('gpus', 0)} x {dev.get('gpu', 'no GPU')} ({dev.get('gpu_memory_gib', 0):.0f} GiB), "
+             f"{dev['cpus']} CPU cores; torch {dev['torch']} (CUDA {dev['cuda']}), "
+             + ", ".join(f"{k} {v}" for k, v in dev["versions"].items()) + f"; measured {dev['date']}. "
+             f"An 8192^3 bf16 matrix product reached {dev.get('matmul_bf16_flops', 0) / 1e12:.0f} TFLOP/s on it; "
+             f"MFU below is against the data sheet's dense bf16 peak, {(peak or 0) / 1e12:.0f} TFLOP/s."]
+    sp = load("split")
+    if sp and "error" not in sp:
+        p, s = sp["params"], sp["spec"]
+        runs = sp["runs"]
+        step = {"one": sp["step_time_one_stage_s"], "stage2": sp["step_time_stage2_s"]}
+        mfu = {k: sp["dit_model_flops_per_step"] / v / peak if peak else float("nan") for k, v in step.items()}
+        hfu = {k: sp["dit_hardware_flops_per_step"] / v / peak if peak else float("nan") for k, v in step.items()}
+        mem = {k: runs[k].get("gpu_peak_allocated_mib", float("nan")) / gib for k in ("one", "stage1", "stage2")}
+        res = {k: runs[k].get("gpu_peak_reserved_mib", float("nan")) / gib for k in ("one", "stage1", "stage2")}
+        parts.append(
+            f"**Split against one stage at real width** (issue 6): {s['num_layers']} of Qwen-Image's 60 DiT blocks at "
+            f"full width ({p['dit'] / 1e9:.2f}B parameters), a text encoder of Qwen2.5-VL-7B's widths with "
+            f"{s['text_layers']} layers ({p['text_encoder'] / 1e9:.2f}B, {p['text_encoder'] / p['dit']:.2f}x the DiT), "
+            f"the Qwen-Image VAE's architecture ({p['vae'] / 1e6:.0f}M); {sp['images']} images at "
+            f"{sp['resolution']}x{sp['resolution']} ({sp['image_tokens']} image tokens, {sp['text_tokens']:.0f} text "
+            f"tokens), repeat {sp['repeat']} = {sp['steps']} steps; {sp['dtype']}, LoRA rank {sp['lora_rank']} on the 12 "
+            f"reference target modules, `--use_gradient_checkpointing`, batch 1. Step time is the median after "
+            f"{sp['warmup_steps']} warm-up steps, the GPU synchronised at each optimizer step.")
+        parts.append(table(["metric", "one stage", "stage 1", "stage 2", "stage 2 ÷ one stage"], [
+            ["step time (s)", step["one"], "", step["stage2"], sp["step_time_ratio"]],
+            ["DiT model FLOPs per step (TFLOP)", sp["dit_model_flops_per_step"] / 1e12, "",
+             sp["dit_model_flops_per_step"] / 1e12, ""],
+            ["MFU (DiT model FLOPs ÷ step time ÷ peak)", mfu["one"], "", mfu["stage2"], ratio(mfu["stage2"], mfu["one"])],
+            ["same with the checkpointed forward counted (HFU)", hfu["one"], "", hfu["stage2"], ""],
+            ["peak GPU memory allocated (GiB)", mem["one"], mem["stage1"], mem["stage2"],
+             ratio(mem["stage2"], mem["one"])],
+            ["peak GPU memory reserved by torch (GiB)", res["one"], res["stage1"], res["stage2"],
+             ratio(res["stage2"], res["one"])],
+            ["whole run (s), model loading included", sp["total_time_one_stage_s"], sp["stage1_seconds"],
+             runs["stage2"]["run_seconds"], ratio(sp["total_time_split_s"], sp["total_time_one_stage_s"])],
+        ]))
+    elif sp:
+        parts.append(f"The split part failed: `{sp['error'][:500]}`")
+    fs = load("fsdp")
+    if fs and "error" not in fs:
+        rows = []
+        labels = {"one": "1 process", "fsdp2": f"FSDP2 ({fs['gpus']} process(es), examples/accelerate/fsdp.yaml)",
+                  "ddp": f"DDP ({fs['gpus']} processes)"}
+        for kind, record in fs["runs"].items():
+            t = fs[f"step_time_{kind}_s"]
+            rows.append([labels[kind], t, fs["dit_model_flops_per_sample"] * fs["gpus"] / t / peak if peak else "",
+                         record.get("gpu_peak_allocated_mib", float("nan")) / gib,
+                         record.get("gpu_peak_reserved_mib", float("nan")) / gib,
+                         "—" if kind == "one" else f"{fs[f'max_diff_{kind}_vs_one']:.1e}"])
+        parts.append(
+            f"**Full training, FSDP2 against one process** (issue 26): `--trainable_models dit` on the same "
+            f"{fs['spec']['num_layers']} real-width blocks ({fs['params_dit'] / 1e9:.2f}B parameters, {fs['dtype']} weights, "
+            f"AdamW) from the split part's cache, gradient checkpointing, {fs['gpus']} GPU(s) x batch 1 per step.")
+        parts.append(table(["run", "step time (s)", "MFU", "peak GPU memory allocated (GiB, rank 0)",
+                            "reserved (GiB)", "checkpoint's largest difference from 1 process"], rows))
+    elif fs:
+        parts.append(f"The fsdp part failed: `{fs['error'][:500]}`")
+    pa = load("parity")
+    if pa and "error" not in pa:
+        parts.append(f"**Split equals one stage on the GPU**: the tests' tiny Qwen-Image, fp32, a LoRA trained "
+                     f"{pa['steps']} steps one stage and split; the two LoRAs' largest difference is "
+                     f"{pa['lora_max_diff']:.1e} (CPU: the tests hold 1e-5).")
+    dm = load("demo")
+    if dm and "error" not in dm:
+        s = dm["summary"]
+        parts.append(f"**`difftune demo` on the GPU**: exit 0 in {dm['wall_seconds']:.0f} s; summary: "
+                     f"`{json.dumps({k: s[k] for k in list(s)[:8]}, default=str)[:600]}`.")
+    return "\n\n".join(parts)
+
+
+def main(argv=None) -> None:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="where each part's JSON goes")
+    p.add_argument("--render", default=None, help="a folder of part JSONs: write the doc's GPU section from it")
+    p.add_argument("--parts", default=",".join(PARTS))
+    p.add_argument("--blocks", type=int, default=8, help="real-width DiT blocks (Qwen-Image has 60)")
+    p.add_argument("--text_layers", type=int, default=4, help="text-encoder layers (Qwen2.5-VL-7B has 28)")
+    p.add_argument("--resolution", type=int, default=1024)
+    p.add_argument("--dtype", default=None, help="--torch_dtype of the runs (default bfloat16; float32 with --quick)")
+    p.add_argument("--images", type=int, default=None)
+    p.add_argument("--repeat", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--budget", type=float, default=1e9, help="seconds after which no further part starts")
+    p.add_argument("--part_timeout", type=float, default=600, help="seconds a measured process may run")
+    args = p.parse_args(argv)
+    if args.render:
+        update_doc(resolve_doc(args) or Path(args.doc or ROOT / "docs" / "benchmarks.md"), "gpu",
+                   render(Path(args.render)))
+        return
+    args.images = args.images or (2 if args.quick else 8)
+    args.dtype = args.dtype or ("float32" if args.quick else "bfloat16")
+    args.repeat = args.repeat or (2 if args.quick else 3)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 4)
+    args.threads = max(args.threads, 1)
+    if args.out is None:
+        raise SystemExit("--out DIR is needed (each part's JSON goes there)")
+    run_parts(args)
+
+
+if __name__ == "__main__":
+    main()
