@@ -145,8 +145,9 @@ class RunConfig:
                                            group=T)
     rebuild_cache: bool = option(False, "*:data_process: rebuild a cache made with other settings.", kind=SWITCH,
                                  group=T)
-    data_process_batch_size: int = option(8, "*:data_process: samples of equal size encoded together.", kind=int,
-                                          group=T)
+    data_process_batch_size: int | None = option(None, "*:data_process: samples of equal size encoded together "
+                                                 "(default: up to 8 and 1 megapixel in all, one at a time from "
+                                                 "1024x1024 up).", kind=int, group=T)
     cache_commit_every: int = option(64, "*:data_process: commit the cache every N samples (what a crash can "
                                      "lose).", kind=int, group=T)
     # -- output
