@@ -35,7 +35,7 @@ from common import (ROOT, BenchConfig, Workspace, base_parser, fresh, param_coun
                     ratio, resolve_doc, reuse_or_write, run_child, run_difftune, step_time, table, train_flags,
                     update_doc, use_word_tokenizer, workdir_of, write_images)
 
-PARTS = ("split", "fsdp", "parity", "demo")
+PARTS = ("split", "fsdp", "parity", "stage1", "profile", "demo")
 # Dense bf16 tensor-core peak (NVIDIA's data sheets, SXM): the H200 has the H100's compute with more memory.
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}
 
@@ -137,8 +137,8 @@ def part_parity(wd: Path, args) -> dict:
             "lora_max_diff": max_diff(saved(wd / "p-one"), saved(wd / "p-two"))}
 
 
-def precision(args) -> list[str]:
-    return ["--torch_dtype", args.dtype, "--use_gradient_checkpointing"]
+def precision(args, checkpointing: bool = True) -> list[str]:
+    return ["--torch_dtype", args.dtype] + (["--use_gradient_checkpointing"] if checkpointing else [])
 
 
 def part_split(wd: Path, args, cfg: BenchConfig) -> dict:
@@ -166,6 +166,81 @@ def part_split(wd: Path, args, cfg: BenchConfig) -> dict:
             "total_time_one_stage_s": one["run_seconds"],
             "total_time_split_s": s1["run_seconds"] + s2["run_seconds"],
             "runs": {"one": one, "stage1": s1, "stage2": s2}}
+
+
+def part_stage1(wd: Path, args, cfg: BenchConfig) -> dict:
+    """Stage 1 with samples of equal size encoded 8 at a time (the default) against one at a time: samples/s after
+    the first batch and peak GPU memory."""
+    from common import stage1_rate
+
+    n = max(16, args.images)
+    ws = device_workspace(wd, cfg, n)
+    out = {"images": n, "resolution": cfg.resolution, "dtype": args.dtype}
+    for batch in (1, 8):
+        r = run_difftune(train_flags(ws, "sft:data_process", wd / f"cache-b{batch}", components=("text_encoder", "vae"),
+                                     extra=[*precision(args), "--data_process_batch_size", str(batch)]),
+                         True, args.threads)
+        out[f"batch{batch}"] = {"samples_per_s": stage1_rate(r, batch), **{k: r.get(k) for k in (
+            "run_seconds", "gpu_peak_allocated_mib", "gpu_peak_reserved_mib", "vmhwm_kb")}}
+    out["batched_speedup"] = ratio(out["batch8"]["samples_per_s"], out["batch1"]["samples_per_s"])
+    return out
+
+
+def part_profile(wd: Path, args, cfg: BenchConfig) -> dict:
+    """Where a stage-2 step's time goes: torch.profiler over 5 steps after warm-up (the top operators by GPU time
+    and by CPU time, the GPU's busy share), and the step time without gradient checkpointing."""
+    ws = device_workspace(wd, cfg, args.images)
+    if not (wd / "cache").is_dir():
+        raise RuntimeError("the profile part trains from the split part's cache: run `split` first")
+    out, profiled = {}, 5
+    repeat = -(-(args.warmup + profiled + 6) // args.images)  # enough steps to time after the profiled ones
+    for ckpt in (True, False):
+        argv = train_flags(ws, "sft:train", wd / "prof", dataset=wd / "cache", repeat=repeat,
+                           components=("transformer",), extra=precision(args, ckpt))
+        payload = {"kind": "profile", "argv": argv, "start": args.warmup, "steps": profiled,
+                   "out": str(Path(args.out) / f"profile{'' if ckpt else '_nockpt'}.txt")}
+        r = run_child([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(payload)], args.threads)
+        key = "checkpointing" if ckpt else "no_checkpointing"
+        out[key] = {"step_time_s": step_time(r, args.warmup + profiled + 1),
+                    "gpu_busy_s_per_step": r.get("gpu_busy_s_per_step"),
+                    "gpu_peak_allocated_mib": r.get("gpu_peak_allocated_mib")}
+    return out
+
+
+def _profile_child(payload: dict) -> dict:
+    """In a child process: a measured run with torch.profiler over optimizer steps [start, start + steps)."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.profiler import ProfilerActivity, profile
+
+    from common import measure_difftune
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    prof, count = profile(activities=activities), [0]
+
+    def hook(*_):
+        count[0] += 1
+        if count[0] == payload["start"]:
+            prof.start()
+        elif count[0] == payload["start"] + payload["steps"]:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            prof.stop()
+
+    register_optimizer_step_post_hook(hook)
+    record = measure_difftune(payload["argv"])
+    if count[0] < payload["start"] + payload["steps"]:
+        raise RuntimeError(f"{count[0]} optimizer steps: too few to profile steps {payload['start']} + {payload['steps']}")
+    events = prof.key_averages()
+    tables = []
+    for key in ("device_time_total", "cuda_time_total", "self_cpu_time_total"):
+        try:
+            tables.append(f"sorted by {key}\n" + events.table(sort_by=key, row_limit=30, max_name_column_width=70))
+        except (AttributeError, KeyError, ValueError):
+            continue
+    Path(payload["out"]).write_text("\n\n".join(tables))
+    record["gpu_busy_s_per_step"] = _profile_total(Path(payload["out"])) / payload["steps"]
+    return record
 
 
 def launched(config: Path, processes: int, argv: list[str], threads: int) -> dict:
@@ -222,7 +297,8 @@ def part_demo(wd: Path, args) -> dict:
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "difftune.cli.main", "demo", "--output", str(out)],
                           capture_output=True, text=True, timeout=args.part_timeout, cwd=str(ROOT),
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                              [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)))
     if proc.returncode != 0:
         raise RuntimeError(f"difftune demo exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return {"wall_seconds": time.perf_counter() - start, "summary": json.loads((out / "summary.json").read_text()),
@@ -277,7 +353,8 @@ def run_parts(args) -> None:
             try:
                 result = {"part_seconds": None, **{
                     "parity": lambda: part_parity(wd, args), "split": lambda: part_split(wd, args, cfg),
-                    "fsdp": lambda: part_fsdp(wd, args, cfg), "demo": lambda: part_demo(wd, args)}[part]()}
+                    "fsdp": lambda: part_fsdp(wd, args, cfg), "demo": lambda: part_demo(wd, args),
+                    "stage1": lambda: part_stage1(wd, args, cfg), "profile": lambda: part_profile(wd, args, cfg)}[part]()}
             except Exception as e:  # the next part still runs; the error is the part's result
                 result = {"error": f"{type(e).__name__}: {e}"[-6000:], "traceback": traceback.format_exc()[-6000:]}
             result["part_seconds"] = time.perf_counter() - start
@@ -288,43 +365,60 @@ def run_parts(args) -> None:
 
 # -- the doc ------------------------------------------------------------------------------------------
 
-def render(folder: Path) -> str:
-    def load(name):
+def _load(folders: list[Path], name: str) -> list[tuple[Path, dict]]:
+    """Each folder's `<name>.json` that ran without error, with its folder."""
+    found = []
+    for folder in folders:
         path = folder / f"{name}.json"
-        return json.loads(path.read_text()) if path.is_file() else None
+        if path.is_file():
+            result = json.loads(path.read_text())
+            if "error" not in result and "skipped" not in result:
+                found.append((folder, result))
+    return found
 
-    dev = load("device")
-    peak = dev.get("bf16_peak")
-    gib = 1024.0
+
+def _gib(record: dict, key: str) -> float:
+    return record.get(key, float("nan")) / 1024.0
+
+
+def render(folders: list[Path]) -> str:
+    """The doc's GPU section from one or more runs' folders (the first one's device line heads it)."""
+    folders = [Path(f) for f in folders]
+    dev = json.loads((folders[0] / "device.json").read_text())
+    peak = dev.get("bf16_peak") or float("nan")
     parts = [f"Device: {dev.get('gpus', 0)} x {dev.get('gpu', 'no GPU')} ({dev.get('gpu_memory_gib', 0):.0f} GiB), "
              f"{dev['cpus']} CPU cores; torch {dev['torch']} (CUDA {dev['cuda']}), "
-             + ", ".join(f"{k} {v}" for k, v in dev["versions"].items()) + f"; measured {dev['date']}. "
-             f"An 8192^3 bf16 matrix product reached {dev.get('matmul_bf16_flops', 0) / 1e12:.0f} TFLOP/s on it; "
-             f"MFU below is against the data sheet's dense bf16 peak, {(peak or 0) / 1e12:.0f} TFLOP/s."]
-    sp = load("split")
-    if sp and "error" not in sp:
-        p, s = sp["params"], sp["spec"]
-        runs = sp["runs"]
+             + ", ".join(f"{k} {v}" for k, v in dev["versions"].items()) + f"; measured {dev['date']}, "
+             f"{len(folders)} run(s) of `benchmarks/gpu.py` on fresh machines of that kind (results: "
+             + ", ".join(f"`{f.relative_to(ROOT) if f.is_relative_to(ROOT) else f}`" for f in folders) + "). "
+             f"An 8192^3 bf16 matrix product reached {dev.get('matmul_bf16_flops', 0) / 1e12:.0f} TFLOP/s there; "
+             f"MFU is against the data sheet's dense bf16 peak, {peak / 1e12:.0f} TFLOP/s."]
+    splits = _load(folders, "split")
+    if splits:
+        sp = splits[0][1]
+        p, s, runs = sp["params"], sp["spec"], sp["runs"]
         step = {"one": sp["step_time_one_stage_s"], "stage2": sp["step_time_stage2_s"]}
-        mfu = {k: sp["dit_model_flops_per_step"] / v / peak if peak else float("nan") for k, v in step.items()}
-        hfu = {k: sp["dit_hardware_flops_per_step"] / v / peak if peak else float("nan") for k, v in step.items()}
-        mem = {k: runs[k].get("gpu_peak_allocated_mib", float("nan")) / gib for k in ("one", "stage1", "stage2")}
-        res = {k: runs[k].get("gpu_peak_reserved_mib", float("nan")) / gib for k in ("one", "stage1", "stage2")}
+        mfu = {k: sp["dit_model_flops_per_step"] / v / peak for k, v in step.items()}
+        hfu = {k: sp["dit_hardware_flops_per_step"] / v / peak for k, v in step.items()}
+        mem = {k: _gib(runs[k], "gpu_peak_allocated_mib") for k in ("one", "stage1", "stage2")}
+        res = {k: _gib(runs[k], "gpu_peak_reserved_mib") for k in ("one", "stage1", "stage2")}
         parts.append(
             f"**Split against one stage at real width** (issue 6): {s['num_layers']} of Qwen-Image's 60 DiT blocks at "
             f"full width ({p['dit'] / 1e9:.2f}B parameters), a text encoder of Qwen2.5-VL-7B's widths with "
-            f"{s['text_layers']} layers ({p['text_encoder'] / 1e9:.2f}B, {p['text_encoder'] / p['dit']:.2f}x the DiT), "
-            f"the Qwen-Image VAE's architecture ({p['vae'] / 1e6:.0f}M); {sp['images']} images at "
-            f"{sp['resolution']}x{sp['resolution']} ({sp['image_tokens']} image tokens, {sp['text_tokens']:.0f} text "
-            f"tokens), repeat {sp['repeat']} = {sp['steps']} steps; {sp['dtype']}, LoRA rank {sp['lora_rank']} on the 12 "
-            f"reference target modules, `--use_gradient_checkpointing`, batch 1. Step time is the median after "
-            f"{sp['warmup_steps']} warm-up steps, the GPU synchronised at each optimizer step.")
+            f"{s['text_layers']} of its 28 layers ({p['text_encoder'] / 1e9:.2f}B, {p['text_encoder'] / p['dit']:.2f}x "
+            f"the DiT; the real pair is 0.4x), the Qwen-Image VAE's architecture ({p['vae'] / 1e6:.0f}M); "
+            f"{sp['images']} images at {sp['resolution']}x{sp['resolution']} ({sp['image_tokens']} image tokens, "
+            f"{sp['text_tokens']:.0f} text tokens), repeat {sp['repeat']} = {sp['steps']} steps; {sp['dtype']}, LoRA "
+            f"rank {sp['lora_rank']} on the 12 reference target modules, `--use_gradient_checkpointing`, batch 1. "
+            f"Step time is the median after {sp['warmup_steps']} warm-up steps, the GPU synchronised at each "
+            f"optimizer step. DiT model FLOPs count the base layers' forward and input gradients and attention "
+            f"(backward 2x forward); HFU adds the checkpointed forward run again.")
         parts.append(table(["metric", "one stage", "stage 1", "stage 2", "stage 2 ÷ one stage"], [
             ["step time (s)", step["one"], "", step["stage2"], sp["step_time_ratio"]],
             ["DiT model FLOPs per step (TFLOP)", sp["dit_model_flops_per_step"] / 1e12, "",
              sp["dit_model_flops_per_step"] / 1e12, ""],
-            ["MFU (DiT model FLOPs ÷ step time ÷ peak)", mfu["one"], "", mfu["stage2"], ratio(mfu["stage2"], mfu["one"])],
-            ["same with the checkpointed forward counted (HFU)", hfu["one"], "", hfu["stage2"], ""],
+            ["MFU", mfu["one"], "", mfu["stage2"], ""],
+            ["HFU", hfu["one"], "", hfu["stage2"], ""],
             ["peak GPU memory allocated (GiB)", mem["one"], mem["stage1"], mem["stage2"],
              ratio(mem["stage2"], mem["one"])],
             ["peak GPU memory reserved by torch (GiB)", res["one"], res["stage1"], res["stage2"],
@@ -332,44 +426,77 @@ def render(folder: Path) -> str:
             ["whole run (s), model loading included", sp["total_time_one_stage_s"], sp["stage1_seconds"],
              runs["stage2"]["run_seconds"], ratio(sp["total_time_split_s"], sp["total_time_one_stage_s"])],
         ]))
-    elif sp:
-        parts.append(f"The split part failed: `{sp['error'][:500]}`")
-    fs = load("fsdp")
-    if fs and "error" not in fs:
+        for folder, other in splits[1:]:
+            parts.append(f"Run `{folder.name}`, the same measurement on another machine: step time "
+                         f"{other['step_time_one_stage_s']:.3f} s one stage, {other['step_time_stage2_s']:.3f} s stage 2 "
+                         f"(ratio {other['step_time_ratio']:.2f}); peak allocated "
+                         f"{_gib(other['runs']['one'], 'gpu_peak_allocated_mib'):.1f} / "
+                         f"{_gib(other['runs']['stage1'], 'gpu_peak_allocated_mib'):.1f} / "
+                         f"{_gib(other['runs']['stage2'], 'gpu_peak_allocated_mib'):.1f} GiB (one stage / stage 1 / "
+                         f"stage 2).")
+    for folder, st in _load(folders, "stage1"):
+        b1, b8 = st["batch1"], st["batch8"]
+        parts.append(f"**Stage 1 batched on the GPU** (run `{folder.name}`): {st['images']} images at "
+                     f"{st['resolution']}x{st['resolution']}, {st['dtype']}: one at a time "
+                     f"{b1['samples_per_s']:.2f} samples/s with {_gib(b1, 'gpu_peak_allocated_mib'):.1f} GiB allocated at "
+                     f"peak, 8 at a time {b8['samples_per_s']:.2f} samples/s with "
+                     f"{_gib(b8, 'gpu_peak_allocated_mib'):.1f} GiB: {st['batched_speedup']:.2f}x the throughput for "
+                     f"{ratio(b8['gpu_peak_allocated_mib'], b1['gpu_peak_allocated_mib']):.1f}x the memory.")
+    for folder, pr in _load(folders, "profile"):
+        c, n = pr["checkpointing"], pr["no_checkpointing"]
+        gpu = {k: _profile_total(folder / f"profile{suffix}.txt") for k, suffix in (("c", ""), ("n", "_nockpt"))}
+        parts.append(f"**Where a stage-2 step goes** (run `{folder.name}`, torch.profiler over 5 steps; tables in "
+                     f"`profile.txt` and `profile_nockpt.txt` there): with gradient checkpointing a step took "
+                     f"{c['step_time_s']:.3f} s and kept the GPU busy {gpu['c'] / 5:.3f} s of it; without it "
+                     f"{n['step_time_s']:.3f} s, GPU busy {gpu['n'] / 5:.3f} s, "
+                     f"{_gib(n, 'gpu_peak_allocated_mib'):.1f} GiB at peak against "
+                     f"{_gib(c, 'gpu_peak_allocated_mib'):.1f} GiB.")
+    for folder, fs in _load(folders, "fsdp"):
         rows = []
-        labels = {"one": "1 process", "fsdp2": f"FSDP2 ({fs['gpus']} process(es), examples/accelerate/fsdp.yaml)",
-                  "ddp": f"DDP ({fs['gpus']} processes)"}
+        labels = {"one": "1 process", "fsdp2": f"FSDP2, {fs['gpus']} process(es) (examples/accelerate/fsdp.yaml)",
+                  "ddp": f"DDP, {fs['gpus']} processes"}
         for kind, record in fs["runs"].items():
             t = fs[f"step_time_{kind}_s"]
-            rows.append([labels[kind], t, fs["dit_model_flops_per_sample"] * fs["gpus"] / t / peak if peak else "",
-                         record.get("gpu_peak_allocated_mib", float("nan")) / gib,
-                         record.get("gpu_peak_reserved_mib", float("nan")) / gib,
+            rows.append([labels[kind], t, fs["dit_model_flops_per_sample"] * fs["gpus"] / t / peak,
+                         _gib(record, "gpu_peak_allocated_mib"), _gib(record, "gpu_peak_reserved_mib"),
                          "—" if kind == "one" else f"{fs[f'max_diff_{kind}_vs_one']:.1e}"])
         parts.append(
-            f"**Full training, FSDP2 against one process** (issue 26): `--trainable_models dit` on the same "
-            f"{fs['spec']['num_layers']} real-width blocks ({fs['params_dit'] / 1e9:.2f}B parameters, {fs['dtype']} weights, "
-            f"AdamW) from the split part's cache, gradient checkpointing, {fs['gpus']} GPU(s) x batch 1 per step.")
+            f"**Full training, FSDP2 against one process** (issue 26; run `{folder.name}`): `--trainable_models dit` on "
+            f"the same {fs['spec']['num_layers']} real-width blocks ({fs['params_dit'] / 1e9:.2f}B parameters, "
+            f"{fs['dtype']} weights, AdamW) from the split part's cache, gradient checkpointing, {fs['gpus']} GPU(s) x "
+            f"batch 1 per step.")
         parts.append(table(["run", "step time (s)", "MFU", "peak GPU memory allocated (GiB, rank 0)",
                             "reserved (GiB)", "checkpoint's largest difference from 1 process"], rows))
-    elif fs:
-        parts.append(f"The fsdp part failed: `{fs['error'][:500]}`")
-    pa = load("parity")
-    if pa and "error" not in pa:
-        parts.append(f"**Split equals one stage on the GPU**: the tests' tiny Qwen-Image, fp32, a LoRA trained "
-                     f"{pa['steps']} steps one stage and split; the two LoRAs' largest difference is "
-                     f"{pa['lora_max_diff']:.1e} (CPU: the tests hold 1e-5).")
-    dm = load("demo")
-    if dm and "error" not in dm:
-        s = dm["summary"]
-        parts.append(f"**`difftune demo` on the GPU**: exit 0 in {dm['wall_seconds']:.0f} s; summary: "
-                     f"`{json.dumps({k: s[k] for k in list(s)[:8]}, default=str)[:600]}`.")
+    for folder, pa in _load(folders, "parity"):
+        parts.append(f"**Split equals one stage on the GPU** (run `{folder.name}`): the tests' tiny Qwen-Image in "
+                     f"fp32, a LoRA trained {pa['steps']} steps one stage and split; the two LoRAs' largest difference "
+                     f"is {pa['lora_max_diff']:.1e} (the CPU tests hold 1e-5).")
+    for folder, dm in _load(folders, "demo"):
+        sm = dm["summary"]
+        parts.append(f"**`difftune demo` on the GPU machine** (run `{folder.name}`): exit 0 in {dm['wall_seconds']:.0f} s "
+                     f"(stage 2: {sm['steps']} steps in {sm['stages']['stage2_train']['seconds']:.0f} s; its sampling "
+                     f"runs on the CPU by design); star IoU {sm['metric']['before']:.3f} -> {sm['metric']['after']:.3f}, "
+                     f"{sm['metric']['star_fraction_after']:.0%} of samples look like a star.")
     return "\n\n".join(parts)
+
+
+def _profile_total(path: Path) -> float:
+    """Seconds of GPU time in a profiler table's 'Self CUDA time total' line."""
+    for line in path.read_text().splitlines():
+        if line.startswith("Self CUDA time total:"):
+            value = line.split(":", 1)[1].strip()
+            scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+            for unit in ("us", "ms", "s"):
+                if value.endswith(unit):
+                    return float(value[: -len(unit)]) * scale[unit]
+    return float("nan")
 
 
 def main(argv=None) -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="where each part's JSON goes")
-    p.add_argument("--render", default=None, help="a folder of part JSONs: write the doc's GPU section from it")
+    p.add_argument("--render", nargs="+", default=None, help="folders of part JSONs (one per run): write the doc's GPU "
+                                                                "section from them")
     p.add_argument("--parts", default=",".join(PARTS))
     p.add_argument("--blocks", type=int, default=8, help="real-width DiT blocks (Qwen-Image has 60)")
     p.add_argument("--text_layers", type=int, default=4, help="text-encoder layers (Qwen2.5-VL-7B has 28)")
@@ -382,8 +509,8 @@ def main(argv=None) -> None:
     p.add_argument("--part_timeout", type=float, default=600, help="seconds a measured process may run")
     args = p.parse_args(argv)
     if args.render:
-        update_doc(resolve_doc(args) or Path(args.doc or ROOT / "docs" / "benchmarks.md"), "gpu",
-                   render(Path(args.render)))
+        update_doc(None if args.no_doc else Path(args.doc or ROOT / "docs" / "benchmarks.md"), "gpu",
+                   render(args.render))
         return
     args.images = args.images or (2 if args.quick else 8)
     args.dtype = args.dtype or ("float32" if args.quick else "bfloat16")
@@ -396,4 +523,9 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--child" in sys.argv:  # a measured child process (see part_profile)
+        from common import child_main
+
+        child_main(_profile_child)
+    else:
+        main()
