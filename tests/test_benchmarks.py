@@ -116,3 +116,23 @@ def test_sharded_memory_quick(tmp_path):
     assert_ratios(r, ["params_plus_optimizer_ratio_fsdp2", "state_ratio_fsdp2", "peak_rss_ratio_fsdp2"])
     assert abs(r["params_plus_optimizer_ratio_fsdp2"] - 0.5) < 0.01  # every block tensor is split in two
     assert len(r["fsdp2_per_process"]) == 2 and r["max_diff_fsdp2_vs_one"] <= 1e-5
+
+
+def test_gpu_section_is_rendered_from_the_recorded_runs():
+    """docs/benchmarks.md's GPU section is exactly what benchmarks/gpu.py renders from the raw results it cites, and
+    the FLOP count behind its MFU is the closed form for the shapes it names."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu
+
+    runs = sorted((ROOT / "benchmarks" / "results").glob("gpu-*"))
+    assert len(runs) >= 2
+    body = gpu.render(runs)
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert f"<!-- bench:gpu -->\n{body.strip()}\n<!-- /bench:gpu -->" in doc
+    split = json.loads((runs[0] / "split.json").read_text())
+    assert split["dtype"] == "bfloat16" and split["resolution"] == 1024 and split["image_tokens"] == 4096
+    fwd = gpu.dit_flops(split["spec"], 4096, round(split["text_tokens"]))
+    d, s, blocks = 24 * 128, 4096 + round(split["text_tokens"]), split["spec"]["num_layers"]
+    assert fwd["attention"] == blocks * 4 * s * s * d
+    assert gpu.training_flops(fwd, full=False, recompute=True)["hardware"] == split["dit_hardware_flops_per_step"]
+    assert gpu.training_flops(fwd, full=False, recompute=True)["model"] == split["dit_model_flops_per_step"]
