@@ -235,3 +235,21 @@ def test_camera_units_and_inputs():
     with pytest.raises(Exception, match="control adapter"):
         camera_dit_inputs(tiny_fun_transformer("control"), latents, camera, image_latents)
     assert math.isclose(camera_poses("Up", 2, speed=0.1)[1][13], 0.1)
+
+
+def test_camera_origin_from_a_metadata_cell():
+    """camera_control_origin as a CSV cell gives (a list in text, numbers apart) the same poses as the list; an empty
+    cell is the default origin; anything else is one line naming the column and the 19 numbers it takes."""
+    from difftune.errors import UserError
+    from difftune.families.wan.camera import DEFAULT_ORIGIN, DEFAULT_SPEED, _speed
+
+    shifted = [*DEFAULT_ORIGIN[:9], 0.25, *DEFAULT_ORIGIN[10:]]
+    expected = camera_poses("Up", 5, 0.02, shifted)
+    assert expected[0][9] == 0.25 and expected[4][13] == pytest.approx(4 * 0.02)
+    for cell in (str(shifted), " ".join(map(str, shifted)), ",".join(map(str, shifted)), tuple(shifted)):
+        assert camera_poses("Up", 5, 0.02, cell) == expected
+    assert camera_poses("Up", 5, 0.02, float("nan")) == camera_poses("Up", 5, 0.02)
+    assert _speed(float("nan")) == DEFAULT_SPEED  # an empty speed cell: the default speed
+    for bad in ("0 0.5 0.9", "left", [1, 2]):
+        with pytest.raises(UserError, match=r"camera_control_origin .*expected 19 numbers"):
+            camera_poses("Up", 5, 0.02, bad)

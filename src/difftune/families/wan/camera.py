@@ -65,7 +65,7 @@ def camera_poses(direction: str, length: int, speed: float = DEFAULT_SPEED, orig
         raise UserError(f"camera_control_direction {direction!r}: expected a combination of {', '.join(DIRECTIONS)} "
                         f"(e.g. Left, RightUp)")
     step = {9: ("Left", "Right"), 13: ("Up", "Down"), 18: ("Out", "In")}
-    rows = [list(DEFAULT_ORIGIN if origin is None else origin)]
+    rows = [list(_origin(origin))]
     while len(rows) < length:
         row = list(rows[-1])
         for index, (plus, minus) in step.items():
@@ -114,13 +114,36 @@ def pack_camera_latents(plucker: torch.Tensor, temporal: int = 4) -> torch.Tenso
         .transpose(0, 1).unsqueeze(0)
 
 
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value)  # an empty CSV cell reads as NaN
+
+
 def _speed(value) -> float:
-    if value is None:
+    if _missing(value):
         return DEFAULT_SPEED
     try:
         return float(value)
     except (TypeError, ValueError):
         raise UserError(f"camera_control_speed {value!r}: expected a number (per frame, e.g. 0.0185)") from None
+
+
+def _origin(value) -> tuple:
+    """The first camera's pose row: a list of 19 numbers, or a metadata cell holding them ("[0, 0.53, ...]" or
+    separated by spaces or commas)."""
+    if _missing(value):
+        return DEFAULT_ORIGIN
+    numbers = value
+    if isinstance(value, str):
+        numbers = value.strip().strip("[]()").replace(",", " ").split()
+    try:
+        row = tuple(float(v) for v in numbers)
+    except (TypeError, ValueError):
+        row = ()
+    if len(row) != len(DEFAULT_ORIGIN):
+        raise UserError(f"camera_control_origin {value!r}: expected {len(DEFAULT_ORIGIN)} numbers (a CameraCtrl pose "
+                        f"row: frame, fx, fy, cx, cy, two unused, the 3 x 4 world-to-camera matrix), e.g. "
+                        f"{' '.join(f'{v:g}' for v in DEFAULT_ORIGIN)}")
+    return row
 
 
 class WanCameraControl(PipelineUnit):
