@@ -19,6 +19,7 @@ def write_wan_b_workspace(root: str | os.PathLike) -> tuple[Path, dict[str, dict
     from ....testing.video import write_example_video_dataset
     from .dancer import write_tiny_dancer
     from .longcat import write_tiny_longcat
+    from .scripts import VAE_BASE_DIM
     from .s2v import write_tiny_s2v
     from .tiny import write_tiny_wan_original
     from .variant_data import write_dancer_dataset, write_s2v_dataset, write_vap_dataset
@@ -31,7 +32,11 @@ def write_wan_b_workspace(root: str | os.PathLike) -> tuple[Path, dict[str, dict
     write_tiny_longcat(models)
     write_tiny_vap(models)
     shutil.copytree(models / "Wan-AI" / "Wan2.2-S2V-14B" / "google" / "umt5-xxl", models / TOKENIZER)
-    _, twin = write_tiny_wan_original(root / "build", "i2v")  # the same tiny UMT5 / VAE / CLIP, diffusers layout
+    # the same tiny UMT5 and CLIP, diffusers layout, and the narrowest VAE, as the main Wan scripts' workspace has:
+    # the scripts keep --height 480 --width 832, and a wider tiny VAE takes minutes per clip on a CPU
+    build, twin = write_tiny_wan_original(root / "build", "i2v", vae_base_dim=VAE_BASE_DIM)
+    for vae in models.rglob("Wan2.1_VAE.pth"):
+        shutil.copyfile(build / "Wan2.1_VAE.pth", vae)
     configs = {slot: json.loads((twin / slot / "config.json").read_text())
                for slot in ("text_encoder", "vae", "image_encoder")}
     shutil.rmtree(root / "build")
