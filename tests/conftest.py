@@ -97,3 +97,52 @@ def setup_run(*argv):
         return setup(config, make_accelerator(config, None), log=lambda *a, **k: None)
     finally:
         reset_accelerate_state()  # a run in the same test starts from a clean accelerator
+
+
+def _digest(tensors) -> str:
+    import hashlib
+
+    import torch
+
+    h = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        t = t.detach().contiguous().cpu()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def reuse_vae_encodes():
+    """For the reference-script tests: the scripts keep their sizes (Wan's --height 480 --width 832, Qwen-Image-Edit's
+    edit images at a megapixel), and one tiny 3D-VAE encode of a frame that large takes seconds on a CPU, while a
+    module encodes the same few pictures with the same VAE weights dozens of times. A VAE's encode is deterministic
+    (what it returns is a distribution; drawing from it happens after), so within a module each (weights, input)
+    pair is encoded once for real and its output handed out again as a copy. Other inputs or weights, and a VAE
+    being trained, encode for real."""
+    import copy
+
+    import torch
+    from diffusers import AutoencoderKL, AutoencoderKLQwenImage, AutoencoderKLWan
+
+    seen, counts = {}, {"real": 0, "reused": 0}
+
+    def remembering(encode):
+        def remembered(self, x, *args, **kwargs):
+            if any(p.requires_grad for p in self.parameters()):
+                return encode(self, x, *args, **kwargs)
+            key = (type(self).__name__, _digest(self.state_dict().values()), _digest([x]), repr(args),
+                   repr(sorted(kwargs.items())), torch.is_grad_enabled(), torch.is_autocast_enabled())
+            if key not in seen:
+                counts["real"] += 1
+                seen[key] = encode(self, x, *args, **kwargs)
+            else:
+                counts["reused"] += 1
+            return copy.deepcopy(seen[key])
+
+        return remembered
+
+    with pytest.MonkeyPatch.context() as patch:
+        for cls in (AutoencoderKLWan, AutoencoderKLQwenImage, AutoencoderKL):
+            patch.setattr(cls, "encode", remembering(cls.encode))
+        yield counts

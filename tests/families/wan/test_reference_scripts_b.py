@@ -21,7 +21,7 @@ from difftune.families.wan.dancer import has_librosa
 from difftune.testing import read_reference_script
 from difftune.testing.scripts import flag_value
 
-pytestmark = pytest.mark.usefixtures("reuse_vae_encodes")  # see conftest.py: each clip encoded once
+pytestmark = pytest.mark.usefixtures("reuse_vae_encodes")  # see tests/conftest.py: each clip encoded once
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "wanvideo" / "model_training"
 needs_librosa = pytest.mark.skipif(not has_librosa(), reason="Wan-Dancer's music features need librosa "
                                                              "(difftune[audio])")

@@ -502,7 +502,8 @@ def test_official_clip_processor_squashes_to_the_encoder_size():
 
 def test_reference_a14b_command_on_original_files(original, tmp_path):
     """The reference's Wan2.2-I2V-A14B high-noise run, its files named as its script names them, trains the same
-    LoRA as the same run on the diffusers layout: the same losses, and weights equal up to float round-off (the
+    LoRA as the same run on the diffusers layout: the same losses up to float round-off (the two layouts' files load
+    through different conversions, and a last-digit difference was seen on one CI machine), and weights equal up to float round-off (the
     models' tensors are equal; Adam magnifies round-off where a gradient is near zero, the cross-attention's
     to_k here)."""
     root, reference = original
@@ -519,7 +520,9 @@ def test_reference_a14b_command_on_original_files(original, tmp_path):
               *flags([twin[k][0] for k in ("transformer", "text_encoder", "vae")]))
     a = load_file(str(tmp_path / "orig" / "epoch-0.safetensors"))
     b = load_file(str(tmp_path / "diff" / "epoch-0.safetensors"))
-    assert (tmp_path / "orig" / "loss.csv").read_text() == (tmp_path / "diff" / "loss.csv").read_text()
+    losses = [[row.split(",") for row in (tmp_path / run / "loss.csv").read_text().split()] for run in ("orig", "diff")]
+    assert [r[:2] + r[3:] for r in losses[0]] == [r[:2] + r[3:] for r in losses[1]] and len(losses[0]) == 3
+    assert [float(r[2]) for r in losses[0][1:]] == pytest.approx([float(r[2]) for r in losses[1][1:]], rel=1e-6)
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
     print(f"wan original layout vs diffusers layout, I2V-A14B expert LoRA: max difference {diff:.2e}")
     assert a.keys() == b.keys() and a and diff <= 1e-4
