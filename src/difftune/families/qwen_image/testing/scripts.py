@@ -13,8 +13,8 @@ from PIL import Image, ImageDraw
 
 from ....testing.common import populate_offline_hub
 from ..components import LORA_TARGET_MODULES
-from .tiny import (write_control_dataset, write_layered_dataset, write_tiny_blockwise_controlnet,
-                         write_tiny_dit_lora, write_tiny_qwen_image, write_tiny_qwen_image_layered)
+from .tiny import (TinyQwenImageSpec, write_control_dataset, write_layered_dataset, write_tiny_blockwise_controlnet,
+                   write_tiny_dit_lora, write_tiny_qwen_image, write_tiny_qwen_image_layered)
 
 DATA = Path("data") / "diffsynth_example_dataset" / "qwen_image"
 COLORS = [(220, 40, 40), (40, 60, 220), (40, 180, 70), (230, 220, 50)]
@@ -99,15 +99,18 @@ DATASETS = {
 def write_qwen_image_script_workspace(root: str | os.PathLike) -> Path:
     root = Path(root)
     src = root / ".tiny"
-    base = write_tiny_qwen_image(src / "qwen_image")
-    edit_repo = write_tiny_qwen_image(src / "qwen_image_edit", edit=True)
+    # The narrowest VAE (first width 2): the Edit scripts' pictures are a megapixel, and a width-8 tiny VAE
+    # takes ~16 s per encode of one on a CPU.
+    spec = TinyQwenImageSpec(vae_base_dim=2)
+    base = write_tiny_qwen_image(src / "qwen_image", spec)
+    edit_repo = write_tiny_qwen_image(src / "qwen_image_edit", spec, edit=True)
     models = root / "models"
     for repo_id in ("Qwen/Qwen-Image", "Qwen/Qwen-Image-2512"):
         populate_offline_hub(models, repo_id, base)
     for repo_id in ("Qwen/Qwen-Image-Edit", "Qwen/Qwen-Image-Edit-2509", "Qwen/Qwen-Image-Edit-2511",
                     "FireRedTeam/FireRed-Image-Edit-1.0", "FireRedTeam/FireRed-Image-Edit-1.1"):
         populate_offline_hub(models, repo_id, edit_repo)
-    layered_repo = write_tiny_qwen_image_layered(src / "qwen_image_layered")
+    layered_repo = write_tiny_qwen_image_layered(src / "qwen_image_layered", spec)
     for repo_id in ("Qwen/Qwen-Image-Layered", "DiffSynth-Studio/Qwen-Image-Layered-Control"):
         populate_offline_hub(models, repo_id, layered_repo)
     # DiffSynth-Studio/Qwen-Image-Distill-Full keeps the transformer's files at the top of the repository.
