@@ -112,20 +112,30 @@ def _digest(tensors) -> str:
     return h.hexdigest()
 
 
+@pytest.fixture(scope="session")
+def _vae_encodes():
+    return {}
+
+
 @pytest.fixture(scope="module")
-def reuse_vae_encodes():
+def reuse_vae_encodes(_vae_encodes):
     """For the reference-script tests: the scripts keep their sizes (Wan's --height 480 --width 832, Qwen-Image-Edit's
-    edit images at a megapixel), and one tiny 3D-VAE encode of a frame that large takes seconds on a CPU, while a
-    module encodes the same few pictures with the same VAE weights dozens of times. A VAE's encode is deterministic
-    (what it returns is a distribution; drawing from it happens after), so within a module each (weights, input)
-    pair is encoded once for real and its output handed out again as a copy. Other inputs or weights, and a VAE
-    being trained, encode for real."""
+    edit images at a megapixel), and one tiny 3D-VAE encode of a frame that large takes seconds on a CPU, while the
+    script modules encode the same few pictures with the same VAE weights dozens of times. A VAE's encode is
+    deterministic (what it returns is a distribution; drawing from it happens after), so each (weights, input) pair
+    is encoded once for real and its output handed out again as a copy (to every module that asks for this).
+    Other inputs or weights, and a VAE being trained, encode for real. DIFFTUNE_TEST_ENCODE_STATS=1 prints, per
+    module, how many encodes were real and what they cost."""
     import copy
 
     import torch
     from diffusers import AutoencoderKL, AutoencoderKLQwenImage, AutoencoderKLWan
 
-    seen, counts = {}, {"real": 0, "reused": 0}
+    import os
+    import sys
+    import time
+
+    seen, counts = _vae_encodes, {"real": 0, "reused": 0, "seconds": 0.0}
 
     def remembering(encode):
         def remembered(self, x, *args, **kwargs):
@@ -135,7 +145,9 @@ def reuse_vae_encodes():
                    repr(sorted(kwargs.items())), torch.is_grad_enabled(), torch.is_autocast_enabled())
             if key not in seen:
                 counts["real"] += 1
+                t = time.perf_counter()
                 seen[key] = encode(self, x, *args, **kwargs)
+                counts["seconds"] += time.perf_counter() - t
             else:
                 counts["reused"] += 1
             return copy.deepcopy(seen[key])
@@ -146,3 +158,5 @@ def reuse_vae_encodes():
         for cls in (AutoencoderKLWan, AutoencoderKLQwenImage, AutoencoderKL):
             patch.setattr(cls, "encode", remembering(cls.encode))
         yield counts
+    if os.environ.get("DIFFTUNE_TEST_ENCODE_STATS"):
+        print(f"\nVAE encodes: {counts}", file=sys.stderr)
