@@ -187,7 +187,9 @@ def write_flux_script_workspace(root: str | os.PathLike) -> Path:
     spec = TinyFluxSpec()
     models = root / "models"
     bfl = models / "black-forest-labs"
-    repo = write_tiny_flux(root / ".tiny" / "flux")
+    # the narrowest AE (4 channels): Insert-Anything's diptych is 1536 x 768, and an 8-channel tiny AE takes ~8 s per
+    # encode of it on a CPU
+    repo = write_tiny_flux(root / ".tiny" / "flux", TinyFluxSpec(vae_channels=4))
     dev = populate_offline_hub(models, "black-forest-labs/FLUX.1-dev", repo)
     write_tiny_flux_bfl(dev)
     for name, file, seed in (("FLUX.1-Krea-dev", "flux1-krea-dev.safetensors", 10),
