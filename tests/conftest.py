@@ -117,8 +117,47 @@ def _vae_encodes():
     return {}
 
 
+def conv3d_by_frames(x, weight, bias, stride, padding, dilation):
+    """A 3D convolution (zero padding, one group) as one 2D convolution per kernel time tap, summed: the same sum
+    in another order. On a CPU, torch's conv3d over a few channels at video size is 2-3x slower than this."""
+    import torch.nn.functional as F
+
+    if padding[0]:
+        x = F.pad(x, (0, 0, 0, 0, padding[0], padding[0]))
+    b, c, t, h, w = x.shape
+    taps = weight.shape[2]
+    t_out = (t - dilation[0] * (taps - 1) - 1) // stride[0] + 1
+    frames = x.transpose(1, 2).contiguous()
+    out = None
+    for k in range(taps):
+        at = k * dilation[0]
+        part = frames[:, at:at + stride[0] * (t_out - 1) + 1:stride[0]].reshape(b * t_out, c, h, w)
+        y = F.conv2d(part, weight[:, :, k], bias if k == 0 else None, stride[1:], padding[1:], dilation[1:])
+        out = y if out is None else out.add_(y)
+    return out.reshape(b, t_out, *out.shape[1:]).transpose(1, 2).contiguous()
+
+
 @pytest.fixture(scope="module")
-def reuse_vae_encodes(_vae_encodes):
+def narrow_conv3d_by_frames():
+    """For the reference-script tests (their tiny 3D VAEs are 2-8 channels wide at the scripts' full frame sizes):
+    conv3d layers of at most 16 input x output channels compute as `conv3d_by_frames`."""
+    import torch
+
+    conv_forward = torch.nn.Conv3d._conv_forward
+
+    def by_frames(self, x, weight, bias):
+        if self.padding_mode != "zeros" or self.groups != 1 or weight.shape[0] * weight.shape[1] > 16 \
+                or isinstance(self.padding, str):
+            return conv_forward(self, x, weight, bias)
+        return conv3d_by_frames(x, weight, bias, self.stride, self.padding, self.dilation)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.Conv3d, "_conv_forward", by_frames)
+        yield
+
+
+@pytest.fixture(scope="module")
+def reuse_vae_encodes(_vae_encodes, narrow_conv3d_by_frames):
     """For the reference-script tests: the scripts keep their sizes (Wan's --height 480 --width 832, Qwen-Image-Edit's
     edit images at a megapixel), and one tiny 3D-VAE encode of a frame that large takes seconds on a CPU, while the
     script modules encode the same few pictures with the same VAE weights dozens of times. A VAE's encode is
@@ -127,13 +166,12 @@ def reuse_vae_encodes(_vae_encodes):
     Other inputs or weights, and a VAE being trained, encode for real. DIFFTUNE_TEST_ENCODE_STATS=1 prints, per
     module, how many encodes were real and what they cost."""
     import copy
-
-    import torch
-    from diffusers import AutoencoderKL, AutoencoderKLQwenImage, AutoencoderKLWan
-
     import os
     import sys
     import time
+
+    import torch
+    from diffusers import AutoencoderKL, AutoencoderKLQwenImage, AutoencoderKLWan
 
     seen, counts = _vae_encodes, {"real": 0, "reused": 0, "seconds": 0.0}
 
