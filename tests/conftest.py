@@ -157,7 +157,7 @@ def narrow_conv3d_by_frames():
 
 
 @pytest.fixture(scope="module")
-def reuse_vae_encodes(_vae_encodes, narrow_conv3d_by_frames):
+def reuse_vae_encodes(_vae_encodes):
     """For the reference-script tests: the scripts keep their sizes (Wan's --height 480 --width 832, Qwen-Image-Edit's
     edit images at a megapixel), and one tiny 3D-VAE encode of a frame that large takes seconds on a CPU, while the
     script modules encode the same few pictures with the same VAE weights dozens of times. A VAE's encode is

@@ -22,7 +22,8 @@ from difftune.cli.main import main as difftune
 from difftune.testing.scripts import flag_value, reference_commands
 
 ROOT = Path(__file__).resolve().parents[2] / "reference_scripts" / "flux" / "model_training"
-pytestmark = pytest.mark.usefixtures("reuse_vae_encodes")  # see tests/conftest.py: each picture encoded once
+# see tests/conftest.py: each picture encoded once; narrow conv3d layers as conv2d per time tap
+pytestmark = pytest.mark.usefixtures("reuse_vae_encodes", "narrow_conv3d_by_frames")
 SCRIPTS = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.sh"))
 # what InfiniteYou's face embedding needs and this machine lacks
 REFUSED = {"lora/FLUX.1-dev-InfiniteYou.sh": "insightface", "full/FLUX.1-dev-InfiniteYou.sh": "insightface"}

@@ -14,7 +14,8 @@ from difftune.cli.main import main
 from difftune.testing import read_reference_script, write_qwen_image_script_workspace
 from difftune.testing.scripts import flag_value
 
-pytestmark = pytest.mark.usefixtures("reuse_vae_encodes")  # see tests/conftest.py: each picture encoded once
+# see tests/conftest.py: each picture encoded once; narrow conv3d layers as conv2d per time tap
+pytestmark = pytest.mark.usefixtures("reuse_vae_encodes", "narrow_conv3d_by_frames")
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "qwen_image" / "model_training"
 QWEN_SCRIPTS = sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*.sh"))
 

@@ -19,7 +19,8 @@ from difftune.cli.main import main as difftune
 from difftune.testing import read_reference_script, write_wan_script_workspace
 from difftune.testing.scripts import flag_value
 
-pytestmark = pytest.mark.usefixtures("reuse_vae_encodes")  # see tests/conftest.py: each clip encoded once
+# see tests/conftest.py: each clip encoded once; narrow conv3d layers as conv2d per time tap
+pytestmark = pytest.mark.usefixtures("reuse_vae_encodes", "narrow_conv3d_by_frames")
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "wanvideo" / "model_training"
 WAN_SCRIPTS = sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*.sh"))
 # S2V and the audio path, Wan-Dancer, LongCat-Video, Video-As-Prompt: their scripts run in test_reference_scripts_b.py

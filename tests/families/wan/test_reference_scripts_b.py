@@ -21,7 +21,8 @@ from difftune.families.wan.dancer import has_librosa
 from difftune.testing import read_reference_script
 from difftune.testing.scripts import flag_value
 
-pytestmark = pytest.mark.usefixtures("reuse_vae_encodes")  # see tests/conftest.py: each clip encoded once
+# see tests/conftest.py: each clip encoded once; narrow conv3d layers as conv2d per time tap
+pytestmark = pytest.mark.usefixtures("reuse_vae_encodes", "narrow_conv3d_by_frames")
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "wanvideo" / "model_training"
 needs_librosa = pytest.mark.skipif(not has_librosa(), reason="Wan-Dancer's music features need librosa "
                                                              "(difftune[audio])")

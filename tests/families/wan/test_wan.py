@@ -503,9 +503,9 @@ def test_official_clip_processor_squashes_to_the_encoder_size():
 def test_reference_a14b_command_on_original_files(original, tmp_path):
     """The reference's Wan2.2-I2V-A14B high-noise run, its files named as its script names them, trains the same
     LoRA as the same run on the diffusers layout: the same losses up to float round-off (the two layouts' files load
-    through different conversions, and a last-digit difference was seen on one CI machine), and weights equal up to float round-off (the
-    models' tensors are equal; Adam magnifies round-off where a gradient is near zero, the cross-attention's
-    to_k here)."""
+    through different conversions; one CI machine differed in a loss's last digit), and weights equal up to float
+    round-off (the models' tensors are equal; Adam magnifies round-off where a gradient is near zero, the
+    cross-attention's to_k here)."""
     root, reference = original
     meta = with_input_image(write_example_dataset(tmp_path / "data", n=1, size=(48, 32)))
     run = ["--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta,

@@ -18,7 +18,8 @@ from difftune.families.z_image.testing import CONTROLNET_REPO, write_z_image_scr
 from difftune.testing import read_reference_script
 from difftune.testing.scripts import flag_value
 
-pytestmark = pytest.mark.usefixtures("reuse_vae_encodes")  # see tests/conftest.py: each picture encoded once
+# see tests/conftest.py: each picture encoded once; narrow conv3d layers as conv2d per time tap
+pytestmark = pytest.mark.usefixtures("reuse_vae_encodes", "narrow_conv3d_by_frames")
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "z_image" / "model_training"
 ALL = sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*.sh"))
 REFUSED = {"full/ZImage-i2L-v2.sh": "--template_model_id_or_path"}
