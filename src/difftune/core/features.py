@@ -1,15 +1,17 @@
 """Features: the parts of a family's pipeline that only some runs use (edit images, a ControlNet, image-to-video, ...).
 
-A unit names the feature it serves (`PipelineUnit.feature`, "base" when every run needs it), and a pipeline
-declares its features (`BasePipeline.features`): what switches each one on, the values its part of `model_fn`
-reads and the data columns it reads. A run resolves its active features once, before the split, from what it
-knows up front: the data columns it loads, the family's flags and the models it was given (their configs, read
-from the headers; nothing is loaded for it). The split, the cache, its fingerprint and the log then see the base
-units plus the active ones only, so a plain text-to-image run neither runs nor caches an edit unit, and adding a
-feature to a family leaves every existing cache of it valid.
+A feature is one object that owns what it does: when it is on (its trigger columns, models or predicate), its
+units, the model slots it adds, the data columns it reads and their kinds, its data operators, its checks, its part
+of the denoiser call, its sampling inputs with their defaults and negatives, and its finishing step. A family's base
+pipeline lists its features and nothing of theirs (`BasePipeline` composes slots, units, inputs and checks from
+them), so adding a feature is one module and one line in that list.
 
-Inference resolves the same way from the call's inputs and the loaded models. Diffusers' modular pipelines select
-their blocks from trigger inputs alike.
+A run resolves its active features once, before the split, from what it knows up front: the data columns it loads,
+the family's flags and the models it was given (their configs, read from the headers; nothing is loaded for it).
+The split, the cache, its fingerprint and the log then see the base units plus the active ones only, so a plain
+text-to-image run neither runs nor caches an edit unit, and adding a feature to a family leaves every existing cache
+of it valid. Inference resolves the same way from the call's inputs and the loaded models. Diffusers' modular
+pipelines select their blocks from trigger inputs alike.
 """
 
 from __future__ import annotations
@@ -44,10 +46,22 @@ class RunContext:
         return getattr(self.options, name, default) if self.options is not None else default
 
 
-@dataclass(frozen=True)
+# The kinds of data column a feature reads (`Feature.inputs`), as the data set hands them to `training_inputs`:
+FRAMES = "frames"  # a list of frames (a still image is a one-frame clip)
+ALIGNED_FRAMES = "aligned_frames"  # a clip that must have the training clip's frames (one per frame)
+IMAGE = "image"  # one image (the first frame of what the column loads)
+VALUE = "value"  # text, numbers or lists, as they come (an empty CSV cell is left out)
+RAW = "raw"  # handed on as the data set loaded it (audio paths, lists of files, ...)
+KINDS = (FRAMES, ALIGNED_FRAMES, IMAGE, VALUE, RAW)
+
+
+@dataclass(frozen=True, eq=False)
 class Feature:
     """One feature of a pipeline. It is active when any of its `columns` is a data column / call input, or any of
-    its `models` is given, or `when(context)` is true (when given, `when` alone decides)."""
+    its `models` is given, or `when(context)` is true (when given, `when` alone decides).
+
+    What it does is declared here and, where it is code, written in a subclass's methods (`check`, `denoise`,
+    `finish`, `operators`): a family's feature module defines the subclass and one instance."""
 
     name: str
     columns: tuple[str, ...] = ()
@@ -63,6 +77,21 @@ class Feature:
     # set's row check compares their lengths before the first step, naming the row.
     same_length: tuple[tuple[str, str], ...] = ()
     description: str = ""
+    # -- what it owns ---------------------------------------------------------------------------------------
+    # Its units, in order (`compose_units` places them among the base pipeline's).
+    units: tuple[Any, ...] = ()
+    # Model slots only this feature uses: the pipeline gets them from its features.
+    slots: tuple[str, ...] = ()
+    # Slots its part of the denoiser call uses (stage 2 loads them with the denoiser).
+    loss_models: tuple[str, ...] = ()
+    # slot -> what to load, for a run that switches the feature on without that model (one line, before any work).
+    needs: Mapping[str, str] = field(default_factory=dict)
+    # column -> its kind (FRAMES, ALIGNED_FRAMES, IMAGE, VALUE, RAW): how `training_inputs` hands it to the units.
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    # Sampling inputs (`pipe(..., name=value)`) -> their defaults (None: not given); the reference's names.
+    call_inputs: Mapping[str, Any] = field(default_factory=dict)
+    # Run-time settings of the denoiser call -> their defaults (`pipe(..., vace_scale=0.8)`), never cached.
+    call_settings: Mapping[str, Any] = field(default_factory=dict)
 
     def reads(self) -> tuple[str, ...]:
         return self.columns if self.data_inputs is None else self.data_inputs
@@ -71,6 +100,57 @@ class Feature:
         if self.when is not None:
             return bool(self.when(context))
         return context.has(*self.columns) or any(context.config(m) is not None for m in self.models)
+
+    def in_call(self, values: Mapping[str, Any]) -> bool:
+        """Whether a denoiser call has this feature's part: any of its `model_fn_inputs` is given."""
+        return any(values.get(n) is not None for n in self.model_fn_inputs)
+
+    # -- behaviour (a feature's subclass overrides what it needs) ---------------------------------------------
+    def check(self, context: RunContext, features: frozenset[str]) -> None:
+        """Refuse, in one line and before any work, a run whose models and data do not go together."""
+
+    def operators(self, config) -> dict:
+        """Data operators of its columns (column -> DataOperator) where the default one does not fit."""
+        return {}
+
+    def negatives(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Values the unguided side of classifier-free guidance sees in place of this feature's inputs."""
+        return {}
+
+    def denoise(self, pipe, call) -> None:
+        """Its part of one denoiser call: add to `call` (the family's call object, with its named hook points)."""
+
+    def finish(self, pipe, latents, values: Mapping[str, Any]):
+        """The sampled latents after this feature (e.g. leading reference frames dropped before decoding)."""
+        return latents
+
+
+def compose_units(base: Sequence, features: Sequence[Feature]) -> list:
+    """The pipeline's units: the base units in their order, then each feature's units in feature order. A unit that
+    stands in for another (`replaces`) goes right after it when every value it reads that a unit writes is written
+    by then; every other unit goes at the end. Each unit serves its feature (`unit.feature`)."""
+    units = list(base)
+    for feature in features:
+        for unit in feature.units:
+            if any(u.name == unit.name for u in units):
+                continue  # listed by the pipeline itself already
+            if unit.feature == BASE:
+                unit.feature = feature.name
+            elif unit.feature != feature.name:
+                raise TypeError(f"{unit.name} serves {unit.feature!r}, but feature {feature.name!r} lists it")
+            units.insert(_place(units, unit), unit)
+    return units
+
+
+def _place(units: list, unit) -> int:
+    replaced = [i for i, u in enumerate(units) if u.name in unit.replaces or set(u.replaces) & set(unit.replaces)]
+    if not replaced:
+        return len(units)
+    at = max(replaced) + 1
+    needed = set(unit.reads())
+    if any(needed & set(u.writes()) for u in units[at:]):
+        return len(units)
+    return at
 
 
 def resolve_features(features: Sequence[Feature], context: RunContext) -> frozenset[str]:
@@ -101,4 +181,5 @@ def describe(features: Iterable[str]) -> str:
     return ", ".join([BASE, *rest])
 
 
-__all__ = ["BASE", "Feature", "RunContext", "describe", "model_config", "resolve_features"]
+__all__ = ["ALIGNED_FRAMES", "BASE", "FRAMES", "IMAGE", "KINDS", "RAW", "VALUE", "Feature", "RunContext",
+           "compose_units", "describe", "model_config", "resolve_features"]

@@ -15,7 +15,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from .features import BASE, Feature, RunContext, model_config, resolve_features
+from .features import ALIGNED_FRAMES, BASE, FRAMES, IMAGE, VALUE, Feature, RunContext, compose_units, model_config, \
+    resolve_features
 from .units import PipelineUnit, run_unit
 
 
@@ -77,6 +78,12 @@ class BasePipeline:
     latent_channels: int = 4
     vae_scale: int = 1
 
+    def __init_subclass__(cls, **kwargs):
+        """A pipeline class gets the model slots and denoiser-call models of the features it lists."""
+        super().__init_subclass__(**kwargs)
+        cls.model_names = tuple(dict.fromkeys([*cls.model_names, *(s for f in cls.features for s in f.slots)]))
+        cls.loss_models = tuple(dict.fromkeys([*cls.loss_models, *(s for f in cls.features for s in f.loss_models)]))
+
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32):
         self.device = torch.device(device)
         self.torch_dtype = torch_dtype
@@ -97,13 +104,106 @@ class BasePipeline:
 
     @classmethod
     def check_run(cls, context: RunContext, features: frozenset[str]) -> None:
-        """Refuse, before any work, a run whose models and data do not go together (a family overrides it)."""
+        """Refuse, before any work, a run whose models and data do not go together (a family overrides it for its
+        base models; each feature checks its own part in `check_features`)."""
+
+    @classmethod
+    def check_features(cls, context: RunContext, features: frozenset[str]) -> None:
+        """The active features' checks: a model a feature needs and was not given (once the denoiser is known), then
+        each feature's own `check`. Each refusal is one line."""
+        active = [f for f in cls.features if f.name in features]
+        denoiser = cls.loss_models[0] if cls.loss_models else None
+        if denoiser is not None and context.config(denoiser) is not None:
+            for feature in active:
+                for slot, what in feature.needs.items():
+                    if context.config(slot) is None:
+                        given = " / ".join(c for c in feature.columns if c in context.columns) or \
+                            " / ".join(feature.columns) or feature.name
+                        raise UserError(f"{given}: given, but no {slot} model is loaded: name {what} in "
+                                        f"--model_paths / --model_id_with_origin_paths")
+        for feature in active:
+            feature.check(context, features)
 
     @classmethod
     def data_operators(cls, config) -> dict:
         """Data operators of particular columns (column -> DataOperator), e.g. Qwen-Image-Layered's RGBA layers;
-        every other file column is loaded by the default operator."""
-        return {}
+        every other file column is loaded by the default operator. Features add theirs."""
+        operators = {}
+        for feature in cls.features:
+            operators.update(feature.operators(config))
+        return operators
+
+    @classmethod
+    def input_kinds(cls) -> dict[str, str]:
+        """Every feature's data column -> its kind (core/features.py: clip, aligned clip, image, value, raw)."""
+        kinds: dict[str, str] = {}
+        for feature in cls.features:
+            kinds.update(feature.inputs)
+        return kinds
+
+    def feature_data(self, data: Mapping[str, Any], num_frames: int | None = None) -> dict[str, Any]:
+        """The features' columns a row has, as pipeline inputs by kind (one-line errors naming the row and column):
+        clips as lists of frames (an aligned clip must have `num_frames`), images as one image, values as they come
+        (an empty CSV cell left out), raw columns untouched."""
+        from PIL import Image
+
+        row = data.get("_row", "?")
+        out = {}
+        for name, kind in self.input_kinds().items():
+            value = data.get(name)
+            if value is None:
+                continue
+            if kind in (FRAMES, ALIGNED_FRAMES):
+                frames = _frames(value)
+                if not frames or not all(isinstance(f, Image.Image) for f in frames):
+                    raise UserError(f"row {row}: '{name}' must be a clip or an image file (listed in --data_file_keys)")
+                if kind == ALIGNED_FRAMES and num_frames is not None and len(frames) != num_frames:
+                    raise UserError(f"row {row}: '{name}' has {len(frames)} frames, the clip {num_frames}: give a "
+                                    f"clip as long as the video (cut to --num_frames)")
+                out[name] = frames
+            elif kind == IMAGE:
+                frames = _frames(value)
+                if not frames or not isinstance(frames[0], Image.Image):
+                    raise UserError(f"row {row}: '{name}' must be an image file (listed in --data_file_keys)")
+                out[name] = frames[0]
+            elif kind == VALUE:
+                if not (isinstance(value, float) and value != value):
+                    out[name] = value
+            else:
+                out[name] = value
+        return out
+
+    # -- sampling inputs of the features --------------------------------------------------------------
+    @classmethod
+    def call_inputs(cls) -> dict[str, Any]:
+        """Every feature's sampling input -> its default (the reference's names)."""
+        inputs: dict[str, Any] = {}
+        for feature in cls.features:
+            inputs.update(feature.call_inputs)
+        return inputs
+
+    @classmethod
+    def call_settings(cls) -> dict[str, Any]:
+        """Every feature's run-time setting of the denoiser call -> its default."""
+        settings: dict[str, Any] = {}
+        for feature in cls.features:
+            settings.update(feature.call_settings)
+        return settings
+
+    def take_call_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A call's feature inputs -> (values given, settings): an unknown name is a TypeError naming the known
+        ones; the active features' negatives are added to the values."""
+        known, settings = self.call_inputs(), self.call_settings()
+        unknown = sorted(set(inputs) - set(known) - set(settings))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected input(s) {unknown}; its features take "
+                            f"{', '.join(sorted({*known, *settings})) or 'none'}")
+        values = {k: v for k, v in inputs.items() if k in known and v is not None}
+        settings = {k: (inputs[k] if inputs.get(k) is not None else v) for k, v in settings.items()}
+        for feature in self.features:
+            if any(values.get(c) is not None for c in feature.call_inputs):
+                values.update(feature.negatives(values))
+        return values, settings
 
     @classmethod
     def paired_columns(cls) -> tuple[tuple[str, str], ...]:
@@ -132,7 +232,8 @@ class BasePipeline:
 
     @units.setter
     def units(self, units: Sequence[PipelineUnit]) -> None:
-        self.all_units = list(units)
+        """The base units; the features' own units are placed among them (`compose_units`)."""
+        self.all_units = compose_units(units, self.features)
 
     def units_for(self, features: Iterable[str]) -> list[PipelineUnit]:
         """The units of `features`, in order; a unit an active feature's unit replaces is left out."""
@@ -447,7 +548,16 @@ class BasePipeline:
         self.run_units(values, cfg=cfg_scale != 1.0, given=given)
         settings = {**self.sampling_settings(values), **dict(settings or {})}
         latents = self.denoise(values, cfg_scale=cfg_scale, progress=progress, settings=settings)
-        return self.postprocess(self.finish_latents(latents, values), output_type)
+        return self.postprocess(self.finish(latents, values), output_type)
+
+    def finish(self, latents: torch.Tensor, values: Mapping[str, Any]) -> torch.Tensor:
+        """The family's `finish_latents`, then each of the call's features' `finish`."""
+        latents = self.finish_latents(latents, values)
+        active = self.features_for(values)
+        for feature in self.features:
+            if feature.name in active:
+                latents = feature.finish(self, latents, values)
+        return latents
 
     # -- training data (families override `training_inputs`; the rest have working defaults) ---------
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - abstract
@@ -486,3 +596,10 @@ class BasePipeline:
     def prompt_outputs(self) -> tuple[str, ...]:
         """The values the prompt units write (positive side): what a new prompt changes."""
         return tuple(pair[0] for u in self.units if "prompt" in u.cfg_inputs for pair in u.cfg_outputs.values())
+
+
+def _frames(value) -> list:
+    """A clip column's frames: a list as it is, one image as a one-frame clip."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]

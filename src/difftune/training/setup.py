@@ -59,6 +59,7 @@ def setup(config: RunConfig, accelerator, log=print) -> Run:
         pipeline = family.pipeline_for(context)
         features = pipeline.resolve_features(context)
         pipeline.check_run(context, features)
+        pipeline.check_features(context, features)
     if pipeline is not family.pipeline:
         log(f"pipeline: {pipeline.__name__} (recognised from the weights and data)")
     log(f"features: {describe(features)}")

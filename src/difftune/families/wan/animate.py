@@ -27,6 +27,7 @@ from diffusers.models.transformers.transformer_wan_animate import (WanAnimateFac
 from PIL import Image
 from torch import nn
 
+from ...core.features import FRAMES, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
@@ -370,7 +371,57 @@ class WanAnimateInpaint(PipelineUnit):
         return {"condition": torch.cat(out).to(pipe.torch_dtype)}
 
 
+
+FACE_SIZE = 512  # Wan2.2-Animate's face frames (the reference's and diffusers' size)
+
+
+class _Animate(Feature):
+    def operators(self, config):
+        """animate_face_video: its frames cropped and resized to 512 x 512 (the reference's face operator), not to
+        the clip's size."""
+        from ...data import UnifiedDataset
+
+        frames = config.frames
+        if frames is None:
+            return {}
+        return {"animate_face_video": UnifiedDataset.default_video_operator(
+            config.dataset_base_path, FACE_SIZE, FACE_SIZE, config.max_pixels, 16, 16, **frames.as_dict())}
+
+    def negatives(self, values):
+        """The unguided prediction sees a black face (-1 everywhere)."""
+        face = values.get("animate_face_video")
+        if face is None:
+            return {}
+        return {"negative_animate_face_video": [Image.new("RGB", f.size) for f in frames_of(face)]}
+
+    def denoise(self, pipe, call):
+        """The pose residual on the patch grid and the face adapter after its blocks."""
+        call.checkpointing(pipe.animate_adapter)
+        call.patch_residual, hook = animate_inputs(pipe.animate_adapter, call.values.get("pose_latents"),
+                                                   call.values.get("face_motion"))
+        call.block_hooks.append(hook)
+
+    def finish(self, pipe, latents, values):
+        """The character's leading latent frame goes (the reference and diffusers decode the pose video's frames
+        only, num_frames - 4)."""
+        return latents[:, :, 1:] if values.get("pose_latents") is not None else latents
+
+
+ANIMATE_INPUTS = ("animate_pose_video", "animate_face_video")
+REPLACE_INPUTS = ("animate_inpaint_video", "animate_mask_video")
+ANIMATE = _Animate(
+    "animate", columns=ANIMATE_INPUTS, model_fn_inputs=("pose_latents", "face_motion"),
+    units=(WanAnimateVideoSplit(), WanAnimatePoseLatents(), WanAnimateFaceMotion()),
+    slots=("animate_adapter",), loss_models=("animate_adapter",),
+    needs={"animate_adapter": "the Wan2.2-Animate-14B file (it holds the animate adapter)"},
+    inputs={name: FRAMES for name in ANIMATE_INPUTS}, call_inputs={name: None for name in ANIMATE_INPUTS},
+    description="Wan2.2-Animate: a pose video (patch residual) and a face video (face adapter)")
+ANIMATE_REPLACE = Feature(
+    "animate_replace", columns=REPLACE_INPUTS, requires=("animate",), units=(WanAnimateInpaint(),),
+    inputs={name: FRAMES for name in REPLACE_INPUTS}, call_inputs={name: None for name in REPLACE_INPUTS},
+    description="Wan2.2-Animate replacement mode: a background video and character mask as the image condition")
+
 __all__ = ["ANIMATE_ADAPTER_ORIGINAL", "ANIMATE_DIT_ORIGINAL", "WanAnimateAdapter", "WanAnimateFaceMotion",
            "WanAnimateInpaint", "WanAnimatePoseLatents", "WanAnimateVideoSplit", "animate_adapter_config",
            "animate_adapter_from_original", "animate_adapter_to_original", "animate_dit_from_original",
-           "animate_inputs", "face_pixels", "i2v_mask"]
+           "animate_inputs", "face_pixels", "i2v_mask", "ANIMATE", "ANIMATE_REPLACE", "FACE_SIZE"]

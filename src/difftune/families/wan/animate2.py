@@ -27,12 +27,12 @@ from diffusers.models.transformers.transformer_wan_animate_2 import (WanAnimate2
                                                                      _get_qkv_projections, rope_apply)
 
 from ...core.checkpointing import set_gradient_checkpointing
-from ...core.features import Feature
+from ...core.features import FRAMES, IMAGE, VALUE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
 from .components import _strip_comfy_prefix
-from .pipeline import WanVideoPipeline
+from .pipeline import WanBasePipeline
 from .units import (WanImageEmbedderCLIP, WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder,
                     WanShapeChecker, _per_sample, frames_of, vae_encode, vae_scales, video_tensor)
 
@@ -330,12 +330,14 @@ ANIMATE2 = Feature("animate2", when=lambda c: True,
                    model_fn_inputs=("image_embeds", "condition", "animate2_condition_latents", "animate2_condition_y",
                                     "animate2_prompt_embeds", "animate2_reference_image_embeds",
                                     "animate2_conditional"),
+                   inputs={"animate2_reference_image": IMAGE, "animate2_reference_video": FRAMES,
+                           "animate2_refert_images": FRAMES, "animate2_prompt_ref": VALUE},
                    description="Wan2.2-Animate-2: a reference image and a reference video (with its prompt) read "
                                "in context")
 ANIMATE2_COLUMNS = ("animate2_prompt_ref", "animate2_reference_image", "animate2_reference_video")
 
 
-class WanAnimate2Pipeline(WanVideoPipeline):
+class WanAnimate2Pipeline(WanBasePipeline):
     """Wan2.2-Animate-2-14B (and -Distilled): its own transformer and model_fn (a reference pass, then the clip's),
     one leading latent frame (the reference image's) that sampling drops. A run is its own when its DiT is a
     WanAnimate2Transformer3DModel or its data has the animate2_* columns (the reference's stage 1 names no DiT)."""
@@ -346,10 +348,6 @@ class WanAnimate2Pipeline(WanVideoPipeline):
     lora_target_aliases = {"dit": ANIMATE2_LORA_TARGETS}
     # its DiT's modules have no Wan-AI names (blocks.N.block.*): the default LoRA file keeps diffusers' layout
     lora_default_format = "diffusers"
-    image_inputs = ("animate2_reference_image",)
-    clip_inputs = ("animate2_reference_video", "animate2_refert_images")
-    same_length = ()
-    value_inputs = ("animate2_prompt_ref",)
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype, scheduler)
@@ -370,10 +368,6 @@ class WanAnimate2Pipeline(WanVideoPipeline):
         dit = context.config("dit")
         if dit is not None and dit.get("_class_name") != "WanAnimate2Transformer3DModel":
             raise UserError("animate2_* inputs were given but the DiT is not Wan2.2-Animate-2's")
-
-    @classmethod
-    def data_operators(cls, config) -> dict:
-        return {}
 
     def module_path(self, slot: str, path: str) -> str:
         """The reference's names of this DiT's modules (`blocks.0.block.self_attn.q`) -> diffusers'."""

@@ -17,9 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ...core.features import VALUE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from .units import _per_sample, latent_frames, vae_encode, vae_scales, video_tensor
+from .image_features import dit_extra_channels
 
 DIRECTIONS = ("Left", "Right", "Up", "Down", "In", "Out")
 DEFAULT_SPEED = 1 / 54
@@ -206,5 +208,42 @@ def camera_dit_inputs(dit, latents: torch.Tensor, control_camera_latents: torch.
     return x, adapter(control_camera_latents.to(adapter.conv.weight.dtype))
 
 
+class _Camera(Feature):
+    def check(self, context, features):
+        dit = context.config("dit")
+        if dit is None:
+            return
+        if not dit.get("control_adapter_in_channels"):
+            raise UserError("camera_control_direction: this Wan DiT has no camera control adapter (a "
+                            "Fun-Control-Camera DiT has one)")
+        if "i2v" not in features:
+            raise UserError("camera control needs the first frame: --extra_inputs input_image")
+
+    def denoise(self, pipe, call):
+        """The image condition on the channels and the adapter's residual on the patch grid (a Fun-Control DiT's
+        own channels come first)."""
+        if call.channels_done:
+            return
+        dit, v = call.dit, call.values
+        call.x, call.patch_residual = camera_dit_inputs(dit, call.x, v["control_camera_latents"],
+                                                        v.get("camera_image_latents"), v.get("condition"))
+        if dit.config.image_dim is not None and call.image_embeds is None:
+            raise UserError("this camera DiT needs the CLIP image embedding of the first frame: load the image "
+                            "encoder too")
+        call.image_embeds = call.image_embeds if dit.config.image_dim is not None else None
+        call.channels_done = True
+
+
+CAMERA_INPUTS = ("camera_control_direction", "camera_control_speed", "camera_control_origin")
+CAMERA = _Camera("camera", columns=("camera_control_direction",), data_inputs=CAMERA_INPUTS,
+                 model_fn_inputs=("control_camera_latents",), units=(WanCameraControl(),),
+                 inputs={name: VALUE for name in CAMERA_INPUTS}, call_inputs={name: None for name in CAMERA_INPUTS},
+                 description="Fun-Control-Camera: a camera move as Plücker rays through the DiT's control adapter")
+# The Wan2.1 camera DiTs take the input image's latents alone (16 channels) instead of the I2V condition (20)
+CAMERA_IMAGE = Feature("camera_image", when=lambda c: c.has("camera_control_direction") and c.has("input_image")
+                       and dit_extra_channels(c) == 16, model_fn_inputs=("camera_image_latents",),
+                       data_inputs=("input_image",), units=(WanCameraImageLatents(),),
+                       description="Wan2.1 Fun-Control-Camera: the first frame's latents as the image condition")
+
 __all__ = ["DEFAULT_ORIGIN", "DEFAULT_SPEED", "WanCameraAdapter", "WanCameraControl", "WanCameraImageLatents",
-           "camera_dit_inputs", "camera_poses", "pack_camera_latents", "plucker_embedding"]
+           "camera_dit_inputs", "camera_poses", "pack_camera_latents", "plucker_embedding", "CAMERA", "CAMERA_IMAGE"]

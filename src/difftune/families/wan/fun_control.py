@@ -20,10 +20,12 @@ from diffusers import WanTransformer3DModel
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from ...core.features import ALIGNED_FRAMES, IMAGE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
 from .camera import WanCameraAdapter
+from .image_features import dit_extra_channels
 from .components import _dit_config, _dit_from_original, _strip_comfy_prefix
 from .units import WanImageEmbedderCLIP, _per_sample, frames_of, vae_encode, video_tensor
 
@@ -164,5 +166,47 @@ def reference_tokens(dit, reference_latents: torch.Tensor) -> torch.Tensor:
     return dit.ref_conv(z.to(dit.ref_conv.weight.dtype)).flatten(2).transpose(1, 2)
 
 
+
+
+class _FunControl(Feature):
+    def check(self, context, features):
+        extra = dit_extra_channels(context)
+        if extra is not None and extra < 16:
+            raise UserError("control_video: this Wan DiT takes no control latents (a Fun-Control DiT does)")
+
+    def denoise(self, pipe, call):
+        """The control latents (and the image condition) on the channels, the reference's CLIP for the input's."""
+        v = call.values
+        call.x, call.image_embeds = fun_control_dit_inputs(call.dit, call.x, v["control_latents"], v.get("condition"),
+                                                           call.image_embeds, v.get("reference_image_embeds"))
+        call.channels_done = True
+
+
+class _FunReference(Feature):
+    def check(self, context, features):
+        dit = context.config("dit")
+        if dit is not None and not dit.get("ref_conv_channels"):
+            raise UserError("reference_image: this Wan DiT has no ref_conv (Fun-Control V1.1 and "
+                            "Wan2.2-Fun-A14B-Control have one)")
+
+    def denoise(self, pipe, call):
+        """The reference image's tokens in front of the video's; its CLIP stands in for the input image's."""
+        v = call.values
+        if v.get("reference_latents") is not None:
+            call.prefix_tokens = reference_tokens(call.dit, v["reference_latents"])
+        if v.get("reference_image_embeds") is not None and call.dit.config.image_dim is not None:
+            call.image_embeds_instead = v["reference_image_embeds"]
+
+
+FUN_CONTROL = _FunControl(
+    "fun_control", columns=("control_video",), model_fn_inputs=("control_latents",), units=(WanFunControlEmbedder(),),
+    inputs={"control_video": ALIGNED_FRAMES}, call_inputs={"control_video": None},
+    description="Fun-Control: the control video's VAE latents on channels before the image condition")
+FUN_REFERENCE = _FunReference(
+    "fun_reference", columns=("reference_image",), model_fn_inputs=("reference_latents", "reference_image_embeds"),
+    units=(WanFunReferenceEmbedder(),), inputs={"reference_image": IMAGE}, call_inputs={"reference_image": None},
+    description="Fun-Control V1.1 / Wan2.2-Fun-A14B-Control: a reference image through the DiT's ref_conv (and its "
+                "CLIP embedding)")
+
 __all__ = ["FUN_DIT_CONFIGS", "FUN_DIT_ORIGINAL", "WanFunControlEmbedder", "WanFunReferenceEmbedder",
-           "WanFunTransformer3DModel", "fun_control_dit_inputs", "fun_config", "reference_tokens"]
+           "WanFunTransformer3DModel", "fun_control_dit_inputs", "fun_config", "reference_tokens", "FUN_CONTROL", "FUN_REFERENCE"]

@@ -1,9 +1,13 @@
-"""Wan's model_fn: one call of diffusers' `WanTransformer3DModel` on (B, C, F, H, W) latents, with what each variant
-adds to it (dit_forward.py has the hook points): the Fun control latents and reference tokens, the camera adapter's
-residual, the motion controller's residual, VACE's hints, Animate's pose residual and face adapter."""
+"""Wan's model_fn: one call of diffusers' `WanTransformer3DModel` on (B, C, F, H, W) latents. The call is assembled
+in a `WanCall`: the base inputs (the latents, TI2V-5B's clean first frame, the I2V condition and CLIP tokens), then
+each feature of the call adds its part at the forward's hook points (dit_forward.py): Fun-Control's channels and
+reference tokens, the camera adapter's residual, the motion controller's residual, VACE's hints, Animate's pose
+residual and face adapter. The features' parts live in their own modules (`Feature.denoise`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,68 +50,71 @@ def _image_inputs(dit, x, condition, image_embeds, end_image_embeds):
     return x, image_embeds
 
 
-def model_fn_wan(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
+@dataclass
+class WanCall:
+    """One denoiser call being assembled. `values`: the call's model_fn inputs; `settings`: its run-time settings.
+    A feature that puts its conditions on the channels itself sets `channels_done` (the plain image-to-video inputs
+    are then not added); `image_embeds_instead` stands in for the input image's CLIP tokens on that plain path."""
+
+    pipe: Any
+    dit: Any
+    low_noise: bool
+    values: Mapping[str, Any]
+    settings: Mapping[str, Any]
+    x: torch.Tensor
+    t: torch.Tensor
+    image_embeds: torch.Tensor | None
+    channels_done: bool = False
+    image_embeds_instead: torch.Tensor | None = None
+    # the forward's hook points (dit_forward.wan_dit_forward)
+    patch_residual: torch.Tensor | None = None
+    prefix_tokens: torch.Tensor | None = None
+    timestep_proj_residual: torch.Tensor | None = None
+    block_hooks: list = field(default_factory=list)
+
+    def checkpointing(self, module) -> None:
+        """Switch `module` (a feature's model in this call) to the call's gradient-checkpointing setting."""
+        if module is not None:
+            set_gradient_checkpointing(module, bool(self.settings.get("use_gradient_checkpointing")),
+                                       bool(self.settings.get("use_gradient_checkpointing_offload")))
+
+
+def model_fn_wan(pipe, dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
                  image_embeds: torch.Tensor | None = None, condition: torch.Tensor | None = None,
                  first_frame_latents: torch.Tensor | None = None, end_image_embeds: torch.Tensor | None = None, *,
-                 control_latents: torch.Tensor | None = None, reference_latents: torch.Tensor | None = None,
-                 reference_image_embeds: torch.Tensor | None = None,
-                 control_camera_latents: torch.Tensor | None = None, camera_image_latents: torch.Tensor | None = None,
-                 motion_residual: torch.Tensor | None = None, vace=None, vace_context: torch.Tensor | None = None,
-                 vace_scale=1.0, animate_adapter=None, pose_latents: torch.Tensor | None = None,
-                 face_motion: torch.Tensor | None = None, use_gradient_checkpointing: bool = False,
-                 use_gradient_checkpointing_offload: bool = False, **_: Any) -> torch.Tensor:
+                 low_noise: bool = False, features=(), settings: Mapping[str, Any] | None = None,
+                 **inputs: Any) -> torch.Tensor:
     """One denoiser call: latents (B, C, F, h, w), timestep (B,) in [0, 1000] -> velocity (B, C, F, h, w).
 
     I2V DiTs (in_channels > out_channels) take `condition` on channels and, Wan2.1 I2V 14B, `image_embeds`;
     with `first_frame_latents` (TI2V-5B) the first latent frame is replaced by them at timestep 0. The end image's
-    CLIP tokens are used by a DiT with image position embeddings for two images (FLF2V) only. Fun-Control DiTs take
-    `control_latents` before the image condition, camera DiTs the camera latents through their adapter; VACE's
-    hints, Animate's face adapter and the motion controller's residual join inside the blocks."""
-    from .animate import animate_inputs
-    from .camera import camera_dit_inputs
+    CLIP tokens are used by a DiT with image position embeddings for two images (FLF2V) only. `features`: the
+    pipeline's features; each one whose model_fn inputs the call has adds its part (`Feature.denoise`)."""
     from .dit_forward import wan_dit_forward
-    from .fun_control import fun_control_dit_inputs, reference_tokens
 
+    settings = dict(settings or {})
     b = latents.shape[0]
     dtype = dit.dtype if dit.dtype.is_floating_point else latents.dtype
-    for module in (dit, vace, animate_adapter):
-        if module is not None:
-            set_gradient_checkpointing(module, use_gradient_checkpointing, use_gradient_checkpointing_offload)
     x = latents
     t = timestep.to(latents.device).expand(b)
     if first_frame_latents is not None:
         x = torch.cat([first_frame_latents.to(x.dtype), x[:, :, 1:]], dim=2)
         t = first_frame_timesteps(t, x)
-    hooks: dict[str, Any] = {}
-    if control_latents is not None:
-        x, image_embeds = fun_control_dit_inputs(dit, x, control_latents, condition, image_embeds,
-                                                 reference_image_embeds)
-    elif control_camera_latents is not None:
-        x, hooks["patch_residual"] = camera_dit_inputs(dit, x, control_camera_latents, camera_image_latents,
-                                                       condition)
-        if dit.config.image_dim is not None and image_embeds is None:
-            raise UserError("this camera DiT needs the CLIP image embedding of the first frame: load the image "
-                            "encoder too")
-        image_embeds = image_embeds if dit.config.image_dim is not None else None
-    else:
-        if reference_image_embeds is not None and dit.config.image_dim is not None:
-            image_embeds = reference_image_embeds  # a Fun reference image's CLIP stands in for the input image's
+    values = {"condition": condition, "image_embeds": image_embeds, "end_image_embeds": end_image_embeds, **inputs}
+    call = WanCall(pipe, dit, low_noise, values, settings, x, t, image_embeds)
+    call.checkpointing(dit)
+    for feature in features:
+        if feature.in_call(values):
+            feature.denoise(pipe, call)
+    x, image_embeds = call.x, call.image_embeds
+    if not call.channels_done:
+        if call.image_embeds_instead is not None:
+            image_embeds = call.image_embeds_instead
         x, image_embeds = _image_inputs(dit, x, condition, image_embeds, end_image_embeds)
-    if reference_latents is not None:
-        hooks["prefix_tokens"] = reference_tokens(dit, reference_latents)
-    if motion_residual is not None:
-        hooks["timestep_proj_residual"] = motion_residual
-    block_hooks = []
-    if vace_context is not None:
-        if vace is None:
-            raise UserError("VACE inputs were given but no VACE model is loaded (a Wan VACE file holds one)")
-        block_hooks.append(vace.block_hook(vace_context, vace_scale))
-    if pose_latents is not None or face_motion is not None:
-        residual, hook = animate_inputs(animate_adapter, pose_latents, face_motion)
-        hooks["patch_residual"] = residual
-        block_hooks.append(hook)
-    context = dict(hidden_states=x.to(dtype), timestep=t, encoder_hidden_states=prompt_embeds.to(dtype),
+    hooks = {k: v for k, v in (("patch_residual", call.patch_residual), ("prefix_tokens", call.prefix_tokens),
+                                 ("timestep_proj_residual", call.timestep_proj_residual)) if v is not None}
+    context = dict(hidden_states=x.to(dtype), timestep=call.t, encoder_hidden_states=prompt_embeds.to(dtype),
                    encoder_hidden_states_image=None if image_embeds is None else image_embeds.to(dtype))
-    if not hooks and not block_hooks:
+    if not hooks and not call.block_hooks:
         return dit(**context, return_dict=False)[0]
-    return wan_dit_forward(dit, **context, block_hooks=block_hooks, **hooks)
+    return wan_dit_forward(dit, **context, block_hooks=call.block_hooks, **hooks)

@@ -15,99 +15,41 @@ import torch
 from PIL import Image
 
 from ...core.batch import SAME
-from ...core.features import Feature
 from ...core.pipeline import BasePipeline
 from ...errors import UserError
 from ...media.video import tensor_to_clips
-from .animate import WanAnimateFaceMotion, WanAnimateInpaint, WanAnimatePoseLatents, WanAnimateVideoSplit
-from .camera import WanCameraControl, WanCameraImageLatents
+from .animate import ANIMATE, ANIMATE_REPLACE
+from .camera import CAMERA, CAMERA_IMAGE
 from .components import DEFAULT_BOUNDARY_RATIO
-from .fun_control import WanFunControlEmbedder, WanFunReferenceEmbedder
+from .fun_control import FUN_CONTROL, FUN_REFERENCE
+from .image_features import CLIP, I2V, TI2V, dit_extra_channels, latent_channels
 from .model_fn import model_fn_wan
 from .scheduler import WanScheduler
-from .speed_control import WanMotionResidual, WanSpeedControl
-from .units import (WanImageEmbedderCLIP, WanImageEmbedderFused, WanImageEmbedderVAE, WanInputVideoEmbedder,
-                    WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker, frames_of, vae_decode, vae_scales)
-from .vace import WanVaceEmbedder, WanVaceInputVideoEmbedder, WanVaceNoiseInitializer, reference_frame_count
+from .speed_control import SPEED_CONTROL
+from .units import (WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker, frames_of,
+                    vae_decode, vae_scales)
+from .vace import VACE
 
 
 # The family's sampling defaults (diffusers' WanPipeline: 480x832, 81 frames, 50 steps, guidance 5): one place,
 # read by __call__, `difftune sample` and validation.
 CALL_DEFAULTS = {"height": 480, "width": 832, "num_frames": 81, "num_inference_steps": 50, "cfg_scale": 5.0}
-FACE_SIZE = 512  # Wan2.2-Animate's face frames (the reference's and diffusers' size)
 
 
-def latent_channels(context) -> int:
-    """The run's latent channels: the VAE's (48 for Wan2.2's TI2V VAE), else the DiT's, else 16."""
-    vae, dit = context.config("vae") or {}, context.config("dit") or {}
-    return int(vae.get("z_dim") or dit.get("out_channels") or 16)
+class WanBasePipeline(BasePipeline):
+    """What every Wan pipeline shares: the DiT (and the A14B low-noise expert), UMT5, the VAE, the CLIP image
+    encoder, the clip's units (shape, noise, latents, prompt), the denoiser call with its features' parts, the
+    latent layout, decoding and the training row. It lists no feature: `WanVideoPipeline` and the variants with
+    models of their own (variant.py) list theirs."""
 
-
-I2V = Feature("i2v", when=lambda c: c.has("input_image") and latent_channels(c) != 48,
-              model_fn_inputs=("condition",), data_inputs=("input_image", "end_image"),
-              description="image-to-video (Wan2.1 I2V / FLF2V, Wan2.2 I2V-A14B): the input (and end) image as the "
-                          "known frames of a VAE-encoded condition")
-CLIP = Feature("clip", when=lambda c: c.has("input_image") and c.config("image_encoder") is not None,
-               model_fn_inputs=("image_embeds", "end_image_embeds"), data_inputs=("input_image", "end_image"),
-               description="Wan2.1 I2V 14B / FLF2V: CLIP's embedding of the input (and end) image")
-TI2V = Feature("ti2v", when=lambda c: c.has("input_image") and latent_channels(c) == 48,
-               model_fn_inputs=("first_frame_latents",), data_inputs=("input_image",),
-               description="Wan2.2 TI2V-5B: the input image as the clean first latent frame")
-
-
-def _dit_extra_channels(context) -> int | None:
-    """The DiT's input channels beyond the latents' (the conditions it takes on channels), None when no DiT."""
-    dit = context.config("dit")
-    if not dit or dit.get("in_channels") is None:
-        return None
-    return int(dit["in_channels"]) - int(dit.get("out_channels") or dit["in_channels"])
-
-
-# The variants that add to the same algorithm (each a feature, chosen per run from its data columns; docs/wan.md)
-FUN_CONTROL = Feature("fun_control", columns=("control_video",), model_fn_inputs=("control_latents",),
-                      description="Fun-Control: the control video's VAE latents on channels before the image condition")
-FUN_REFERENCE = Feature("fun_reference", columns=("reference_image",),
-                        model_fn_inputs=("reference_latents", "reference_image_embeds"),
-                        description="Fun-Control V1.1 / Wan2.2-Fun-A14B-Control: a reference image through the "
-                                    "DiT's ref_conv (and its CLIP embedding)")
-CAMERA = Feature("camera", columns=("camera_control_direction",),
-                 data_inputs=("camera_control_direction", "camera_control_speed", "camera_control_origin"),
-                 model_fn_inputs=("control_camera_latents",),
-                 description="Fun-Control-Camera: a camera move as Plücker rays through the DiT's control adapter")
-# The Wan2.1 camera DiTs take the input image's latents alone (16 channels) instead of the I2V condition (20)
-CAMERA_IMAGE = Feature("camera_image", when=lambda c: c.has("camera_control_direction") and c.has("input_image")
-                       and _dit_extra_channels(c) == 16, model_fn_inputs=("camera_image_latents",),
-                       data_inputs=("input_image",),
-                       description="Wan2.1 Fun-Control-Camera: the first frame's latents as the image condition")
-SPEED_CONTROL = Feature("speed_control", columns=("motion_bucket_id",), model_fn_inputs=("motion_residual",),
-                        description="speed control: the motion controller's residual on the time modulation")
-VACE = Feature("vace", columns=("vace_video", "vace_video_mask", "vace_reference_image"),
-               model_fn_inputs=("vace_context",),
-               description="VACE: the control video, its mask and reference images as the VACE branch's context")
-ANIMATE = Feature("animate", columns=("animate_pose_video", "animate_face_video"),
-                  model_fn_inputs=("pose_latents", "face_motion"),
-                  description="Wan2.2-Animate: a pose video (patch residual) and a face video (face adapter)")
-ANIMATE_REPLACE = Feature("animate_replace", columns=("animate_inpaint_video", "animate_mask_video"),
-                          requires=("animate",),
-                          description="Wan2.2-Animate replacement mode: a background video and character mask as "
-                                      "the image condition")
-# Slots of the models only some variants use (model_fn reads the first three)
-VARIANT_SLOTS = ("vace", "vace2", "animate_adapter", "motion_controller")
-
-
-class WanVideoPipeline(BasePipeline):
-    model_names = ("dit", "dit2", "text_encoder", "vae", "image_encoder", *VARIANT_SLOTS)
+    model_names = ("dit", "dit2", "text_encoder", "vae", "image_encoder")
     settings = frozenset({"batch_size", "use_gradient_checkpointing", "use_gradient_checkpointing_offload"})
     model_fn_inputs = ("prompt_embeds",)
-    features = (I2V, CLIP, TI2V, FUN_CONTROL, FUN_REFERENCE, CAMERA, CAMERA_IMAGE, SPEED_CONTROL, VACE, ANIMATE,
-                ANIMATE_REPLACE)
     data_inputs = ("video", "image", "prompt", "seed", "rand_device", "num_inference_steps")
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "num_frames": SAME,
                       "rand_device": SAME}
     batch_shared_inputs = ("height", "width", "num_frames", "rand_device")
-    # model_fn runs the DiT and, where loaded, the VACE branch and the animate adapter (their hints / face blocks
-    # read the DiT's tokens): stage 2 loads them with it
-    loss_models = ("dit", "vace", "animate_adapter")
+    loss_models = ("dit",)
     decode_models = ("vae",)
     division_factor = 16  # x8 VAE and 2x2 patches (TI2V-5B's x16 VAE: its shape check rounds to 32)
     call_defaults = CALL_DEFAULTS
@@ -129,47 +71,14 @@ class WanVideoPipeline(BasePipeline):
         self.tokenizer = None
         self.image_processor = None
         self.boundary_ratio = None  # the A14B expert switch from the repository (model_index.json)
-        self.units = [
-            WanShapeChecker(), WanNoiseInitializer(), WanVaceNoiseInitializer(), WanInputVideoEmbedder(),
-            WanVaceInputVideoEmbedder(), WanPromptEmbedder(), WanImageEmbedderCLIP(), WanImageEmbedderVAE(),
-            WanCameraImageLatents(), WanImageEmbedderFused(),
-            WanFunControlEmbedder(), WanFunReferenceEmbedder(), WanCameraControl(),
-            WanSpeedControl(), WanMotionResidual(),
-            WanVaceEmbedder(),
-            # the pose / face / background videos cut to the clip's frames minus 4 first (training)
-            WanAnimateVideoSplit(), WanAnimatePoseLatents(), WanAnimateFaceMotion(), WanAnimateInpaint(),
-        ]
+        self.units = [WanShapeChecker(), WanNoiseInitializer(), WanInputVideoEmbedder(), WanPromptEmbedder()]
 
     @classmethod
     def check_run(cls, context, features):
-        """Models and data that do not go together, refused before any work (each in one line)."""
-        extra = _dit_extra_channels(context)
+        """An image-to-video DiT without an input image, refused before any work (the features check their own)."""
+        extra = dit_extra_channels(context)
         if extra and latent_channels(context) != 48 and "i2v" not in features and "fun_control" not in features:
             raise UserError("this Wan DiT is image-to-video: give an input image (--extra_inputs input_image)")
-        dit = context.config("dit")
-        needs = {"vace": ("vace", "a VACE file (its DiT file holds the VACE branch)"),
-                 "animate": ("animate_adapter", "the Wan2.2-Animate-14B file (it holds the animate adapter)"),
-                 "speed_control": ("motion_controller", "the motion controller (DiffSynth-Studio/"
-                                   "Wan2.1-1.3b-speedcontrol-v1's model.safetensors)")}
-        columns = {"vace": "vace_video / vace_reference_image", "animate": "animate_pose_video / animate_face_video",
-                   "speed_control": "motion_bucket_id"}
-        for feature, (slot, what) in needs.items():
-            if feature in features and dit is not None and context.config(slot) is None:
-                raise UserError(f"{columns[feature]}: given, but no {slot} model is loaded: name {what} in "
-                                f"--model_paths / --model_id_with_origin_paths")
-        if dit is None:
-            return
-        if "fun_control" in features and extra is not None and extra < 16:
-            raise UserError("control_video: this Wan DiT takes no control latents (a Fun-Control DiT does)")
-        if "fun_reference" in features and not dit.get("ref_conv_channels"):
-            raise UserError("reference_image: this Wan DiT has no ref_conv (Fun-Control V1.1 and "
-                            "Wan2.2-Fun-A14B-Control have one)")
-        if "camera" in features:
-            if not dit.get("control_adapter_in_channels"):
-                raise UserError("camera_control_direction: this Wan DiT has no camera control adapter (a "
-                                "Fun-Control-Camera DiT has one)")
-            if "i2v" not in features:
-                raise UserError("camera control needs the first frame: --extra_inputs input_image")
 
     @property
     def repo_scheduler(self):
@@ -184,15 +93,19 @@ class WanVideoPipeline(BasePipeline):
         self.boundary_ratio = found.boundary_ratio
 
     def model_fn(self, latents, timestep, prompt_embeds, image_embeds=None, condition=None, first_frame_latents=None,
-                 end_image_embeds=None, expert_boundary=None, **inputs):
-        dit, vace = self.dit, self.vace
+                 end_image_embeds=None, expert_boundary=None, use_gradient_checkpointing=False,
+                 use_gradient_checkpointing_offload=False, **inputs):
+        dit, low_noise = self.dit, False
         if expert_boundary is not None and self.dit2 is not None and bool(timestep.reshape(-1)[0] < expert_boundary):
-            # the low-noise expert below the boundary, as diffusers' boundary_ratio (with its own VACE branch)
-            dit, vace = self.dit2, self.vace2 if self.vace2 is not None else self.vace
+            dit, low_noise = self.dit2, True  # the low-noise expert below the boundary, as diffusers' boundary_ratio
         if dit is None:
             raise UserError("no Wan DiT loaded")
-        return model_fn_wan(dit, latents, timestep, prompt_embeds, image_embeds, condition, first_frame_latents,
-                            end_image_embeds, vace=vace, animate_adapter=self.animate_adapter, **inputs)
+        settings = {name: inputs.pop(name, default) for name, default in self.call_settings().items()}
+        settings.update(use_gradient_checkpointing=use_gradient_checkpointing,
+                        use_gradient_checkpointing_offload=use_gradient_checkpointing_offload)
+        return model_fn_wan(self, dit, latents, timestep, prompt_embeds, image_embeds, condition, first_frame_latents,
+                            end_image_embeds, low_noise=low_noise, features=self.features, settings=settings,
+                            **inputs)
 
     def module_path(self, slot: str, path: str) -> str:
         """`--trainable_models dit.blocks.0.self_attn.q` (Wan's original module names) -> blocks.0.attn1.to_q."""
@@ -245,12 +158,7 @@ class WanVideoPipeline(BasePipeline):
         first = values.get("first_frame_latents")  # TI2V-5B: the clean first frame back in place
         if first is not None:
             latents = torch.cat([first.to(latents.dtype), latents[:, :, 1:]], dim=2)
-        references = reference_frame_count(values.get("vace_reference_image"))  # VACE: its leading frames go
-        if not references and values.get("pose_latents") is not None:
-            # Animate-14B: the character's leading latent frame goes too (the reference and diffusers decode the
-            # pose video's frames only, num_frames - 4)
-            references = 1
-        return latents[:, :, references:] if references else latents
+        return latents
 
     def postprocess(self, latents, output_type="pil"):
         """Per prompt a clip (a list of frames); "pt": (B, 3, F, H, W) in [0, 1]."""
@@ -262,59 +170,9 @@ class WanVideoPipeline(BasePipeline):
         return tensor_to_clips(video)
 
     # -- training -------------------------------------------------------------------------------------
-    # The variants' data columns, as the reference's train.py hands them to its pipeline: clips (lists of frames; a
-    # still image is a one-frame clip), images (the first frame of what the column loads, as its `[0]`) and values
-    # (text or numbers). `same_length`: clips that must have the training clip's frames.
-    clip_inputs = ("control_video", "vace_video", "vace_video_mask", "animate_pose_video", "animate_face_video",
-                   "animate_inpaint_video", "animate_mask_video")
-    same_length = ("control_video", "vace_video", "vace_video_mask")
-    image_inputs = ("reference_image", "vace_reference_image")
-    value_inputs = ("camera_control_direction", "camera_control_speed", "camera_control_origin", "motion_bucket_id")
-
-    @classmethod
-    def data_operators(cls, config) -> dict:
-        """animate_face_video: its frames cropped and resized to 512 x 512 (the reference's face operator), not to the
-        clip's size."""
-        from ...data import UnifiedDataset
-
-        frames = config.frames
-        if frames is None:
-            return {}
-        return {"animate_face_video": UnifiedDataset.default_video_operator(
-            config.dataset_base_path, FACE_SIZE, FACE_SIZE, config.max_pixels, 16, 16, **frames.as_dict())}
-
-    def variant_inputs(self, data: dict[str, Any], num_frames: int) -> dict[str, Any]:
-        """The variant columns a row has, as pipeline inputs (one-line errors naming the row and column)."""
-        row = data.get("_row", "?")
-        out = {}
-        for name in self.clip_inputs:
-            value = data.get(name)
-            if value is None:
-                continue
-            frames = frames_of(value)
-            if not frames or not all(isinstance(f, Image.Image) for f in frames):
-                raise UserError(f"row {row}: '{name}' must be a clip or an image file (listed in --data_file_keys)")
-            if name in self.same_length and len(frames) != num_frames:
-                raise UserError(f"row {row}: '{name}' has {len(frames)} frames, the clip {num_frames}: give a clip "
-                                f"as long as the video (cut to --num_frames)")
-            out[name] = frames
-        for name in self.image_inputs:
-            value = data.get(name)
-            if value is None:
-                continue
-            frames = frames_of(value)
-            if not frames or not isinstance(frames[0], Image.Image):
-                raise UserError(f"row {row}: '{name}' must be an image file (listed in --data_file_keys)")
-            out[name] = frames[0]
-        for name in self.value_inputs:
-            value = data.get(name)
-            if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                out[name] = value
-        return out
-
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
         """A clip (`video`: its frames; or `image`: a one-frame clip) and its prompt; `input_image` and
-        `end_image` when the data gives them (--extra_inputs), and the variants' columns (`variant_inputs`)."""
+        `end_image` when the data gives them (--extra_inputs), and the features' columns (`feature_data`)."""
         row = data.get("_row", "?")
         video = data.get("video")
         if video is None:
@@ -340,12 +198,12 @@ class WanVideoPipeline(BasePipeline):
         return {"prompt": prompt, "negative_prompt": "", "input_video": frames, "height": height, "width": width,
                 "num_frames": len(frames), "input_image": images["input_image"], "end_image": images["end_image"],
                 "seed": data.get("seed"), "rand_device": data.get("rand_device", "cpu"), "batch_size": 1,
-                "num_inference_steps": data.get("num_inference_steps"), **self.variant_inputs(data, len(frames))}
+                "num_inference_steps": data.get("num_inference_steps"), **self.feature_data(data, len(frames))}
 
     def batch_signature(self, sample: dict[str, Any]) -> tuple:
         frames = frames_of(sample.get("video") if sample.get("video") is not None else sample.get("image"))
-        if any(sample.get(n) is not None for n in (*self.clip_inputs, *self.image_inputs, *self.value_inputs)):
-            return ("one at a time", sample.get("_id"))  # a variant's inputs: each sample encoded alone
+        if any(sample.get(n) is not None for n in self.input_kinds()):
+            return ("one at a time", sample.get("_id"))  # a feature's inputs: each sample encoded alone
         return (frames[0].size if frames else None, len(frames), sample.get("input_image") is not None,
                 sample.get("end_image") is not None, sample.get("rand_device", "cpu"))
 
@@ -355,38 +213,19 @@ class WanVideoPipeline(BasePipeline):
                  width: int | None = CALL_DEFAULTS["width"], num_frames: int = CALL_DEFAULTS["num_frames"],
                  num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"],
                  cfg_scale: float = CALL_DEFAULTS["cfg_scale"], seed: int | None = None,
-                 boundary_ratio: float | None = None, progress: bool = True, output_type: str = "pil",
-                 *, control_video=None, reference_image=None, camera_control_direction: str | None = None,
-                 camera_control_speed: float | None = None, camera_control_origin=None,
-                 motion_bucket_id: float | None = None, vace_video=None, vace_video_mask=None,
-                 vace_reference_image=None, vace_scale: float = 1.0, animate_pose_video=None,
-                 animate_face_video=None, animate_inpaint_video=None, animate_mask_video=None):
+                 boundary_ratio: float | None = None, progress: bool = True, output_type: str = "pil", **inputs):
         """Frames as PIL images (a list per prompt when `prompt` is a list); `output_type` "latent" or "pt"
         (B, 3, F, H, W) in [0, 1]. With both A14B experts, `dit` runs above `boundary_ratio` x 1000 and `dit2`
         below (the repository's boundary_ratio, else 0.875).
 
-        The variants' inputs (docs/wan.md): Fun-Control's `control_video` (frames) and `reference_image`; the
-        camera move (`camera_control_direction` such as "Left" or "RightUp", `camera_control_speed` per frame,
-        default 1/54); speed control's `motion_bucket_id`; VACE's `vace_video`, `vace_video_mask` (white: generate),
-        `vace_reference_image` (one image or a list) and `vace_scale`; Wan2.2-Animate's `animate_pose_video` and
-        `animate_face_video` (and, replacing a character, `animate_inpaint_video` and `animate_mask_video`), with
-        the character image as `input_image`."""
+        `inputs`: the features' inputs and settings by the reference's names (`call_inputs()` and `call_settings()`
+        list them; docs/wan.md has each feature's)."""
+        given, settings = self.take_call_inputs(inputs)
         values = self.prompt_values(prompt, negative_prompt)
         if input_image is not None and (height is None or width is None):
             width, height = input_image.size
         values.update({"height": height, "width": width, "num_frames": num_frames, "seed": seed,
-                       "input_image": input_image, "end_image": end_image})
-        variant = {"control_video": control_video, "reference_image": reference_image,
-                   "camera_control_direction": camera_control_direction, "camera_control_speed": camera_control_speed,
-                   "camera_control_origin": camera_control_origin, "motion_bucket_id": motion_bucket_id,
-                   "vace_video": vace_video, "vace_video_mask": vace_video_mask,
-                   "vace_reference_image": vace_reference_image, "animate_pose_video": animate_pose_video,
-                   "animate_face_video": animate_face_video, "animate_inpaint_video": animate_inpaint_video,
-                   "animate_mask_video": animate_mask_video}
-        values.update({k: v for k, v in variant.items() if v is not None})
-        if animate_face_video is not None:  # the unguided prediction sees a black face (-1 everywhere)
-            values["negative_animate_face_video"] = [Image.new("RGB", f.size) for f in frames_of(animate_face_video)]
-        settings = {"vace_scale": vace_scale}
+                       "input_image": input_image, "end_image": end_image, **given})
         if self.dit2 is not None:
             ratio = boundary_ratio if boundary_ratio is not None else self.boundary_ratio
             ratio = DEFAULT_BOUNDARY_RATIO if ratio is None else float(ratio)
@@ -394,3 +233,14 @@ class WanVideoPipeline(BasePipeline):
         out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps, settings=settings,
                             progress=progress, output_type=output_type)
         return out[0] if isinstance(prompt, str) and output_type == "pil" else out
+
+
+class WanVideoPipeline(WanBasePipeline):
+    """Wan2.1 / Wan2.2 text-, image- and first-last-frame-to-video, with the features that add to the same
+    algorithm (each its own module, chosen per run from its data columns and models; docs/wan.md)."""
+
+    features = (CLIP, I2V, CAMERA_IMAGE, TI2V, FUN_CONTROL, FUN_REFERENCE, CAMERA, SPEED_CONTROL, VACE, ANIMATE,
+                ANIMATE_REPLACE)
+
+
+__all__ = ["CALL_DEFAULTS", "CLIP", "I2V", "TI2V", "WanBasePipeline", "WanVideoPipeline"]

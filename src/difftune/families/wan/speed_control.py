@@ -15,6 +15,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from ...core.features import VALUE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
@@ -114,5 +115,20 @@ class WanMotionResidual(PipelineUnit):
         return {} if residual is None else {"motion_residual": residual}
 
 
+
+class _SpeedControl(Feature):
+    def denoise(self, pipe, call):
+        """The motion controller's residual on the blocks' time modulation."""
+        call.timestep_proj_residual = call.values["motion_residual"]
+
+
+SPEED_CONTROL = _SpeedControl(
+    "speed_control", columns=("motion_bucket_id",), model_fn_inputs=("motion_residual",),
+    units=(WanSpeedControl(), WanMotionResidual()), slots=("motion_controller",),
+    needs={"motion_controller": "the motion controller (DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-v1's "
+                                "model.safetensors)"},
+    inputs={"motion_bucket_id": VALUE}, call_inputs={"motion_bucket_id": None},
+    description="speed control: the motion controller's residual on the time modulation")
+
 __all__ = ["MOTION_CONTROLLER", "WanMotionController", "WanMotionResidual", "WanSpeedControl", "motion_time_residual",
-           "sinusoid"]
+           "sinusoid", "SPEED_CONTROL"]

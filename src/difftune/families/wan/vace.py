@@ -23,6 +23,7 @@ from diffusers.models.transformers.transformer_wan_vace import WanVACETransforme
 from PIL import Image
 from torch import nn
 
+from ...core.features import ALIGNED_FRAMES, IMAGE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
@@ -291,7 +292,32 @@ def reference_frame_count(vace_reference_image) -> int:
     return len(_references(_per_sample(vace_reference_image, 1)[0]))
 
 
+
+class _Vace(Feature):
+    def denoise(self, pipe, call):
+        """The branch's hints after its DiT blocks (the low-noise expert's own branch where it has one)."""
+        vace = pipe.vace2 if call.low_noise and pipe.vace2 is not None else pipe.vace
+        if vace is None:
+            raise UserError("VACE inputs were given but no VACE model is loaded (a Wan VACE file holds one)")
+        call.checkpointing(vace)
+        call.block_hooks.append(vace.block_hook(call.values["vace_context"], call.settings.get("vace_scale", 1.0)))
+
+    def finish(self, pipe, latents, values):
+        """The reference images' leading latent frames go before decoding."""
+        references = reference_frame_count(values.get("vace_reference_image"))
+        return latents[:, :, references:] if references else latents
+
+
+VACE_INPUTS = ("vace_video", "vace_video_mask", "vace_reference_image")
+VACE = _Vace("vace", columns=VACE_INPUTS, model_fn_inputs=("vace_context",),
+             units=(WanVaceNoiseInitializer(), WanVaceInputVideoEmbedder(), WanVaceEmbedder()),
+             slots=("vace", "vace2"), loss_models=("vace",),
+             needs={"vace": "a VACE file (its DiT file holds the VACE branch)"},
+             inputs={"vace_video": ALIGNED_FRAMES, "vace_video_mask": ALIGNED_FRAMES, "vace_reference_image": IMAGE},
+             call_inputs={name: None for name in VACE_INPUTS}, call_settings={"vace_scale": 1.0},
+             description="VACE: the control video, its mask and reference images as the VACE branch's context")
+
 __all__ = ["CONTEXT_CHANNELS", "VACE_CONFIGS", "VACE_DIT_ORIGINAL", "VACE_LORA_TARGETS", "VACE_ORIGINAL", "WanVACEModel",
            "WanVaceEmbedder", "WanVaceInputVideoEmbedder", "WanVaceNoiseInitializer", "mask_latents",
            "reference_frame_count", "reference_latents", "vace_dit_from_original", "vace_from_original",
-           "vace_to_original"]
+           "vace_to_original", "VACE"]

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ...errors import UserError
-from .pipeline import CALL_DEFAULTS, WanVideoPipeline
+from .pipeline import CALL_DEFAULTS, WanBasePipeline
 
 
 def dit_class(context) -> str | None:
@@ -30,7 +30,7 @@ def as_list(value, name: str, row) -> list | None:
     raise UserError(f"row {row}: '{name}' must be a list (a JSON list such as [1, 0, 0]), got {value!r}")
 
 
-class WanVariantPipeline(WanVideoPipeline):
+class WanVariantPipeline(WanBasePipeline):
     """A Wan variant with its own models and inputs: `own_inputs` are data columns and `__call__` inputs that
     its units read as they come (clips as frames, audio as waveforms or paths, numbers, lists)."""
 
@@ -55,7 +55,7 @@ class WanVariantPipeline(WanVideoPipeline):
                  num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"],
                  cfg_scale: float = CALL_DEFAULTS["cfg_scale"], seed: int | None = None, progress: bool = True,
                  output_type: str = "pil", **inputs):
-        """As `WanVideoPipeline.__call__`, with the variant's inputs by name (`own_inputs`)."""
+        """As `WanBasePipeline.__call__`, with the variant's inputs by name (`own_inputs`)."""
         unknown = sorted(set(inputs) - set(self.own_inputs))
         if unknown:
             raise TypeError(f"{type(self).__name__}() got unexpected input(s) {unknown}; it takes "

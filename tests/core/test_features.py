@@ -1,0 +1,140 @@
+"""A feature owns what it does: its units (placed among the base pipeline's), its model slots, its data columns by
+kind, its checks, its sampling inputs and negatives, its part of the denoiser call and its finishing step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from difftune.core.features import ALIGNED_FRAMES, FRAMES, IMAGE, VALUE, Feature, RunContext, compose_units
+from difftune.core.pipeline import BasePipeline
+from difftune.core.units import PipelineUnit
+from difftune.errors import UserError
+
+
+def unit(name, inputs=(), outputs=(), replaces=(), feature="base"):
+    return type(name, (PipelineUnit,), {"inputs": tuple(inputs), "outputs": tuple(outputs),
+                                        "replaces": tuple(replaces), "feature": feature})()
+
+
+BASE_UNITS = lambda: [unit("Shape", ["h"], ["h"]), unit("Noise", ["h"], ["noise"]),  # noqa: E731
+                      unit("Latents", ["noise"], ["latents"]), unit("Prompt", ["prompt"], ["embeds"])]
+
+
+def names(units):
+    return [u.name for u in units]
+
+
+def test_feature_units_are_placed_among_the_base_units():
+    """A stand-in goes right after the unit it replaces; any other unit at the end, in feature order."""
+    stand_in = unit("RefNoise", ["h", "refs"], ["noise"], replaces=["Noise"])
+    ref_latents = unit("RefLatents", ["noise", "refs"], ["latents"], replaces=["Latents"])
+    context = unit("Context", ["video"], ["context"])
+    first = Feature("first", columns=("video",), units=(stand_in, ref_latents, context))
+    second = Feature("second", columns=("pose",), units=(unit("Pose", ["pose"], ["pose_latents"]),))
+    units = compose_units(BASE_UNITS(), [first, second])
+    assert names(units) == ["Shape", "Noise", "RefNoise", "Latents", "RefLatents", "Prompt", "Context", "Pose"]
+    assert [u.feature for u in units] == ["base", "base", "first", "base", "first", "base", "first", "second"]
+
+
+def test_a_stand_in_that_reads_a_later_value_goes_at_the_end():
+    split = unit("Split", ["pose"], ["pose"])
+    inpaint = unit("Inpaint", ["pose"], ["noise"], replaces=["Noise"])
+    units = compose_units(BASE_UNITS(), [Feature("a", units=(split,)), Feature("b", units=(inpaint,))])
+    assert names(units)[-2:] == ["Split", "Inpaint"]
+
+
+def test_a_unit_listed_by_the_pipeline_is_not_added_twice_and_a_foreign_unit_is_refused():
+    listed = unit("Context", ["video"], ["context"])
+    units = compose_units([*BASE_UNITS(), listed], [Feature("a", units=(unit("Context", ["video"], ["context"]),))])
+    assert names(units).count("Context") == 1
+    with pytest.raises(TypeError, match="serves 'other'"):
+        compose_units(BASE_UNITS(), [Feature("a", units=(unit("X", feature="other"),))])
+
+
+class _Scaled(Feature):
+    def check(self, context, features):
+        if context.option("scale_ok") is False:
+            raise UserError("scale: refused by its own check")
+
+    def negatives(self, values):
+        return {"negative_hint": "nothing"} if values.get("hint") is not None else {}
+
+    def finish(self, pipe, latents, values):
+        return latents[:, 1:]
+
+
+SCALED = _Scaled("scaled", columns=("hint",), units=(unit("Hint", ["hint"], ["hint_embeds"]),), slots=("adapter",),
+                 loss_models=("adapter",), needs={"adapter": "the adapter file"},
+                 inputs={"hint": VALUE, "clip": FRAMES, "aligned": ALIGNED_FRAMES, "picture": IMAGE},
+                 call_inputs={"hint": None}, call_settings={"hint_scale": 1.0})
+
+
+class Toy(BasePipeline):
+    model_names = ("denoiser", "encoder")
+    loss_models = ("denoiser",)
+    features = (SCALED,)
+
+    def __init__(self):
+        super().__init__()
+        self.units = BASE_UNITS()
+
+
+class Plain(BasePipeline):
+    model_names = ("denoiser", "encoder")
+    loss_models = ("denoiser",)
+
+
+def test_a_pipeline_gets_its_features_slots_units_and_denoiser_models():
+    assert Toy.model_names == ("denoiser", "encoder", "adapter")
+    assert Toy.loss_models == ("denoiser", "adapter")
+    assert names(Toy().all_units) == ["Shape", "Noise", "Latents", "Prompt", "Hint"]
+    assert Plain.model_names == ("denoiser", "encoder")  # a class without the feature has none of its slots
+
+
+def test_checks_name_the_missing_model_and_run_the_feature_check():
+    features = frozenset({"base", "scaled"})
+    given = RunContext(columns=frozenset({"hint"}), models={"denoiser": {}})
+    with pytest.raises(UserError, match=r"^hint: given, but no adapter model is loaded: name the adapter file in "
+                                        r"--model_paths"):
+        Toy.check_features(given, features)
+    # stage 1 (no denoiser named): the adapter is not needed yet
+    Toy.check_features(RunContext(columns=frozenset({"hint"})), features)
+
+    class Options:
+        scale_ok = False
+
+    with pytest.raises(UserError, match="refused by its own check"):
+        Toy.check_features(RunContext(columns=frozenset({"hint"}), models={"denoiser": {}, "adapter": {}},
+                                      options=Options()), features)
+
+
+def test_call_inputs_settings_and_negatives():
+    pipe = Toy()
+    values, settings = pipe.take_call_inputs({"hint": "up"})
+    assert values == {"hint": "up", "negative_hint": "nothing"}
+    assert settings == {"hint_scale": 1.0}
+    assert pipe.take_call_inputs({"hint_scale": 0.5})[1] == {"hint_scale": 0.5}
+    with pytest.raises(TypeError, match=r"unexpected input\(s\) \['hnit'\]; its features take hint, hint_scale"):
+        pipe.take_call_inputs({"hnit": 1})
+
+
+def test_row_columns_by_kind_with_one_line_errors():
+    pipe = Toy()
+    frame = Image.new("RGB", (8, 8))
+    row = {"_row": 3, "hint": float("nan"), "clip": [frame, frame], "aligned": [frame] * 5, "picture": [frame]}
+    out = pipe.feature_data(row, num_frames=5)
+    assert set(out) == {"clip", "aligned", "picture"}  # an empty CSV cell (NaN) is left out
+    assert out["picture"] is frame and len(out["clip"]) == 2
+    with pytest.raises(UserError, match=r"^row 3: 'aligned' has 2 frames, the clip 5"):
+        pipe.feature_data({**row, "aligned": [frame, frame]}, num_frames=5)
+    with pytest.raises(UserError, match=r"^row 3: 'picture' must be an image file"):
+        pipe.feature_data({**row, "picture": "not loaded"}, num_frames=5)
+
+
+def test_finish_runs_for_the_calls_features_only():
+    pipe = Toy()
+    latents = torch.zeros(1, 4, 2)
+    assert pipe.finish(latents, {"hint": "up"}).shape == (1, 3, 2)
+    assert pipe.finish(latents, {}).shape == (1, 4, 2)
