@@ -19,6 +19,31 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under `-n 2` each worker has a core: one intra-op thread each (and in the processes a test starts), so the
+    # two never fight over the cores; tiny models gain little from a second thread anyway.
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+QUICK_FOLDERS = ("core", "data", "cache", "lora", "models")
+QUICK_END_TO_END = "test_split_equals_one_stage"
+
+
+def pytest_collection_modifyitems(config, items):
+    """`-m quick`: the edit-test loop's tier (docs/testing.md): the unit-test folders whole, plus the tests marked
+    quick elsewhere (one end-to-end run per family), minus those marked slow."""
+    root = Path(__file__).parent
+    for item in items:
+        path = Path(str(item.fspath)).relative_to(root)
+        unit_test = path.parts[0] in QUICK_FOLDERS and item.get_closest_marker("slow") is None
+        # every family's split == one stage on its tiny models (the contract suite): one end-to-end run per family
+        end_to_end = path.name == "test_contract.py" and getattr(item, "originalname", "") == QUICK_END_TO_END
+        if unit_test or end_to_end:
+            item.add_marker(pytest.mark.quick)
+
 
 @pytest.fixture(scope="session")
 def tiny_repo(tmp_path_factory):
