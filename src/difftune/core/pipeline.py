@@ -134,6 +134,14 @@ class BasePipeline:
         return operators
 
     @classmethod
+    def required_columns(cls, features, columns) -> tuple[str, ...]:
+        """The value columns that switch an active feature on (e.g. speed control's motion_bucket_id) among the
+        run's `columns`: every row must give one, or the feature would be off for that row without a word."""
+        kinds = cls.input_kinds()
+        return tuple(c for f in cls.features if f.name in features for c in f.columns
+                     if c in columns and kinds.get(c) == VALUE)
+
+    @classmethod
     def input_kinds(cls) -> dict[str, str]:
         """Every feature's data column -> its kind (core/features.py: clip, aligned clip, image, value, raw)."""
         kinds: dict[str, str] = {}

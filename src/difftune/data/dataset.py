@@ -152,7 +152,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
                  main_data_operator=None, special_operator_map: dict | None = None, extra_inputs=(),
                  on_bad_sample: str = "error", present_keys_only: bool = False, allow_empty_prompts: bool = False,
                  precheck: bool = True, progress: bool = True, frame_inputs: dict | None = None,
-                 paired_columns=()):
+                 paired_columns=(), required_columns=()):
         """`base_path` None means the metadata file's folder. `present_keys_only` drops listed file keys
         the metadata lacks (for the CLI default "image,video"), as long as one is left. Metadata without a
         `prompt` column is refused unless `allow_empty_prompts` (every sample would train on "").
@@ -162,7 +162,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
         no column for is that frame of the row's clip (as the reference's Wan script takes them); where the
         metadata has the column, its file is loaded, a one-frame clip as the frame itself. `paired_columns`: pairs
         of columns whose lists must have as many entries (a pipeline's `paired_columns`), checked per row with the
-        files."""
+        files. `required_columns`: columns every row must give a value in (the run trains a feature on them: an
+        empty cell would switch it off for that row without a word)."""
         if metadata_path is None:
             raise DataError("--dataset_metadata_path is required")
         if on_bad_sample not in ("error", "skip"):
@@ -180,6 +181,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
             keys = [k for k in keys if k in self.columns] or keys
         self.frame_inputs = dict(frame_inputs or {})
         self.paired_columns = [tuple(p) for p in paired_columns if all(c in self.columns for c in p)]
+        self.required_columns = [c for c in required_columns if c in self.columns]
         # extra inputs taken from a clip's frames: name -> (column, frame index)
         self.derived = {k: tuple(self.frame_inputs[k]) for k in extra
                         if k in self.frame_inputs and k not in self.columns}
@@ -413,6 +415,13 @@ class UnifiedDataset(torch.utils.data.Dataset):
         return list(dict.fromkeys(files))
 
     def _prevalidate(self, row: int) -> bool:
+        for column in self.required_columns:
+            value = self.rows[row].get(column)
+            if value is None or (isinstance(value, str) and not value.strip()) or \
+                    (isinstance(value, float) and value != value):
+                self._record(row, column, None, f"{self.metadata_path} row {row + 1}: '{column}' is empty, but the "
+                                                f"run trains on it (--extra_inputs {column}): give every row a value")
+                return False
         for a, b in self.paired_columns:
             va, vb = self.rows[row].get(a), self.rows[row].get(b)
             if va is None and vb is None:

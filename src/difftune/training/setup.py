@@ -60,6 +60,9 @@ def setup(config: RunConfig, accelerator, log=print) -> Run:
         features = pipeline.resolve_features(context)
         pipeline.check_run(context, features)
         pipeline.check_features(context, features)
+        for column in unread_file_columns(config, pipeline):
+            log(f"note: '{column}' is loaded (--data_file_keys) but not handed to the pipeline (--extra_inputs does "
+                f"not name it): it is ignored, as the reference's train.py ignores it")
     if pipeline is not family.pipeline:
         log(f"pipeline: {pipeline.__name__} (recognised from the weights and data)")
     log(f"features: {describe(features)}")
@@ -85,14 +88,21 @@ def _families():
 
 
 def data_columns(config: RunConfig) -> frozenset[str]:
-    """The data columns a run loads: --extra_inputs, and the --data_file_keys its metadata has."""
-    columns = set(names(config.extra_inputs))
-    if config.dataset_metadata_path and os.path.isfile(config.dataset_metadata_path):
-        from ..data.dataset import read_metadata
+    """The data columns a run hands to its pipeline: --extra_inputs, as the reference's train.py (a column named only
+    in --data_file_keys is loaded but reaches no unit, so it switches no feature on: `unread_file_columns`)."""
+    return frozenset(names(config.extra_inputs))
 
-        header = {k for row in read_metadata(config.dataset_metadata_path) for k in row}
-        columns |= set(names(config.data_file_keys)) & header
-    return frozenset(columns)
+
+def unread_file_columns(config: RunConfig, pipeline: type) -> list[str]:
+    """Columns --data_file_keys loads from the metadata that neither --extra_inputs nor the pipeline's own inputs
+    name: the reference loads and ignores them, and so does difftune, with a note."""
+    if not config.dataset_metadata_path or not os.path.isfile(config.dataset_metadata_path):
+        return []
+    from ..data.dataset import read_metadata
+
+    header = {k for row in read_metadata(config.dataset_metadata_path) for k in row}
+    handed = set(names(config.extra_inputs)) | set(pipeline.data_inputs)
+    return [c for c in names(config.data_file_keys) if c in header and c not in handed]
 
 
 def features_of_cache(path: str, family: FamilySpec) -> tuple[type, frozenset[str]]:
@@ -191,5 +201,5 @@ def ensure_writable(path: str, flag: str = "--output_path") -> None:
         raise UserError(f"{flag} {path}: cannot write there ({err.strerror or err})") from None
 
 
-__all__ = ["Run", "compute_split", "data_columns", "ensure_writable", "features_of_cache", "main_process_log",
+__all__ = ["Run", "compute_split", "data_columns", "unread_file_columns", "ensure_writable", "features_of_cache", "main_process_log",
            "make_accelerator", "reset_accelerate_state", "setup", "stage_settings"]
