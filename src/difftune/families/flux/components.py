@@ -13,7 +13,8 @@ import re
 from functools import partial
 
 from ...models.detect import ComponentSpec
-from .bfl import convert_bfl_transformer, convert_bfl_vae
+from ...parts.flux_ae import AE_MARKER_KEYS, FLUX1_VAE_CONFIG, convert_ldm_ae
+from .bfl import convert_bfl_transformer
 
 # The official FLUX.1-dev scheduler/scheduler_config.json (the values that matter here).
 SCHEDULER_CONFIG = {
@@ -65,28 +66,6 @@ FLUX1_SCHNELL_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "guidance_em
 FLUX1_FILL_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "in_channels": 384, "out_channels": 64}
 # ostris/Flex.2-preview: 8 double blocks; 33 condition channels per latent pixel beside the 16 (4 x 49 = 196 inputs).
 FLEX2_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "in_channels": 196, "out_channels": 64, "num_layers": 8}
-
-FLUX1_VAE_CONFIG = {
-    "_class_name": "AutoencoderKL",
-    "act_fn": "silu",
-    "block_out_channels": [128, 256, 512, 512],
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "force_upcast": True,
-    "in_channels": 3,
-    "latent_channels": 16,
-    "latents_mean": None,
-    "latents_std": None,
-    "layers_per_block": 2,
-    "mid_block_add_attention": True,
-    "norm_num_groups": 32,
-    "out_channels": 3,
-    "sample_size": 1024,
-    "scaling_factor": 0.3611,
-    "shift_factor": 0.1159,
-    "use_post_quant_conv": False,
-    "use_quant_conv": False,
-}
 
 CLIP_L_TEXT_CONFIG = {
     "architectures": ["CLIPTextModel"],
@@ -201,8 +180,7 @@ DIT = ComponentSpec(
 VAE = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKL",
     known_configs={"black-forest-labs/FLUX.1-dev VAE": FLUX1_VAE_CONFIG},
-    marker_keys=("encoder.conv_in.weight", "decoder.conv_in.weight", "encoder.conv_out.weight"),
-    description="FLUX.1 autoencoder (16 latent channels)")
+    marker_keys=AE_MARKER_KEYS, description="FLUX.1 autoencoder (16 latent channels)")
 
 TEXT_ENCODER = ComponentSpec(
     name="text_encoder", library="transformers", class_name="CLIPTextModel", config_class_name="CLIPTextConfig",
@@ -226,5 +204,5 @@ DIT_BFL = ComponentSpec(
 VAE_BFL = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKL", known_configs=VAE.known_configs,
     marker_keys=("encoder.down.0.block.0.conv1.weight", "decoder.up.0.block.0.conv1.weight", "encoder.norm_out.weight"),
-    convert_state_dict=partial(convert_bfl_vae, config=FLUX1_VAE_CONFIG),
+    convert_state_dict=partial(convert_ldm_ae, config=FLUX1_VAE_CONFIG),
     description="FLUX.1 autoencoder, BFL ae.safetensors layout")

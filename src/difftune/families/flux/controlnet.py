@@ -210,7 +210,7 @@ class FluxControlNetEmbedder(PipelineUnit):
             if controlnet_inpaint_mask is not None or controlnet_processor_id is not None:
                 raise UserError("controlnet_inpaint_mask / controlnet_processor_id are given without controlnet_image")
             return {}
-        from .units import vae_encode
+        from ...parts.flux_ae import vae_encode
 
         images = as_image_list(controlnet_image)
         n = max(int(batch_size or 1), len(images))
