@@ -6,8 +6,6 @@ Values keep a leading batch dimension. The VAE is FLUX.1's autoencoder (`parts/f
 
 from __future__ import annotations
 
-import torch
-
 from ...core.common_units import InputImageEmbedder, ShapeChecker
 from ...core.latents import seeded_noise
 from ...core.units import PipelineUnit
