@@ -12,7 +12,7 @@ import math
 import re
 from functools import partial
 
-from ...models.detect import ComponentSpec
+from ...models.detect import ComponentSpec, strip_comfyui_prefix
 from ...parts.flux_ae import AE_MARKER_KEYS, FLUX1_VAE_CONFIG, convert_ldm_ae
 from .bfl import convert_bfl_transformer
 
@@ -153,14 +153,6 @@ def infer_flux_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
     return config
 
 
-def transformer_key(key: str) -> str:
-    """ComfyUI saves diffusers-named FLUX transformers with a `model.diffusion_model.` prefix."""
-    for prefix in ("model.diffusion_model.", "diffusion_model."):
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
-
-
 def clip_text_key(key: str) -> str:
     """The official CLIP files name the text model `text_model.*`; transformers>=5's CLIPTextModel has no such
     level (its own save_pretrained writes the short names)."""
@@ -174,7 +166,7 @@ DIT = ComponentSpec(
                    "black-forest-labs/FLUX.1-Fill-dev transformer": FLUX1_FILL_TRANSFORMER_CONFIG,
                    "ostris/Flex.2-preview transformer": FLEX2_TRANSFORMER_CONFIG},
     marker_keys=("x_embedder.weight", "context_embedder.weight", "time_text_embed.text_embedder.linear_1.weight"),
-    normalize_key=transformer_key, infer_config=infer_flux_config,
+    normalize_key=strip_comfyui_prefix, infer_config=infer_flux_config,
     description="FLUX.1 MMDiT (12B; Fill: 384 inputs; FLEX.2: 196 inputs, 8 double blocks)")
 
 VAE = ComponentSpec(
@@ -198,7 +190,7 @@ TEXT_ENCODER_2 = ComponentSpec(
 DIT_BFL = ComponentSpec(
     name="dit", library="diffusers", class_name="FluxTransformer2DModel", known_configs=DIT.known_configs,
     marker_keys=("img_in.weight", "double_blocks.0.img_attn.qkv.weight", "final_layer.linear.weight"),
-    normalize_key=transformer_key, convert_state_dict=convert_bfl_transformer, infer_config=infer_flux_config,
+    normalize_key=strip_comfyui_prefix, convert_state_dict=convert_bfl_transformer, infer_config=infer_flux_config,
     description="FLUX.1 MMDiT, BFL single-file layout (flux1-dev / -krea / -kontext / -fill, Flex.2-preview)")
 
 VAE_BFL = ComponentSpec(

@@ -21,10 +21,10 @@ from PIL import Image
 
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...models.detect import ComponentSpec
+from ...models.detect import ComponentSpec, strip_comfyui_prefix
 from ...parts.qwen_vl import QWEN25_VL_7B_CONFIG, load_qwen_vl_processor, qwen25_vl_key
 from .bfl import convert_bfl_transformer
-from .components import FLUX1_DEV_TRANSFORMER_CONFIG, infer_flux_config, transformer_key
+from .components import FLUX1_DEV_TRANSFORMER_CONFIG, infer_flux_config
 from .model_fn import model_fn_flux
 from .pipeline import FluxImagePipeline
 from .units import FluxInputImageEmbedder, FluxNoiseInitializer, FluxShapeChecker
@@ -128,7 +128,7 @@ STEP1X_DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="FluxTransformer2DModel",
     known_configs={"stepfun-ai/Step1X-Edit transformer": STEP1X_DIT_CONFIG},
     marker_keys=("img_in.weight", "double_blocks.0.img_attn.qkv.weight", "connector.S.input_embedder.weight"),
-    normalize_key=transformer_key, convert_state_dict=convert_step1x_dit, infer_config=infer_flux_config,
+    normalize_key=strip_comfyui_prefix, convert_state_dict=convert_step1x_dit, infer_config=infer_flux_config,
     description="Step1X-Edit DiT (FLUX.1 without guidance embedder; the connector in the same file)")
 
 STEP1X_CONNECTOR = ComponentSpec(

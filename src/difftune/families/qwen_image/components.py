@@ -9,7 +9,7 @@ setting that changes no weight, comes from the pipeline, not from here).
 
 from __future__ import annotations
 
-from ...models.detect import ComponentSpec
+from ...models.detect import ComponentSpec, strip_comfyui_prefix
 from ...parts.qwen_vl import QWEN25_VL_7B_CONFIG, qwen25_vl_key
 
 # The official Qwen/Qwen-Image scheduler/scheduler_config.json (the values that matter here).
@@ -59,19 +59,11 @@ QWEN_IMAGE_LAYERED_TRANSFORMER_CONFIG = {**QWEN_IMAGE_TRANSFORMER_CONFIG, "use_a
                                          "use_layer3d_rope": True}
 QWEN_IMAGE_LAYERED_VAE_CONFIG = {**QWEN_IMAGE_VAE_CONFIG, "input_channels": 4}
 
-def transformer_key(key: str) -> str:
-    """ComfyUI single-file checkpoints prefix the diffusers names with `model.diffusion_model.`."""
-    for prefix in ("model.diffusion_model.", "diffusion_model."):
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
-
-
 DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="QwenImageTransformer2DModel",
     known_configs={"Qwen/Qwen-Image transformer": QWEN_IMAGE_TRANSFORMER_CONFIG,
                    "Qwen/Qwen-Image-Layered transformer": QWEN_IMAGE_LAYERED_TRANSFORMER_CONFIG},
-    marker_keys=("img_in.weight", "txt_in.weight", "txt_norm.weight"), normalize_key=transformer_key,
+    marker_keys=("img_in.weight", "txt_in.weight", "txt_norm.weight"), normalize_key=strip_comfyui_prefix,
     description="Qwen-Image MMDiT (20B)")
 
 TEXT_ENCODER = ComponentSpec(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from ...models.detect import ComponentSpec
+from ...models.detect import ComponentSpec, strip_comfyui_prefix
 from ...parts.flux_ae import AE_MARKER_KEYS, FLUX1_VAE_CONFIG, convert_ldm_ae
 from ...parts.qwen3 import QWEN3_4B_CONFIG, QWEN3_MARKER_KEYS, drop_lm_head, qwen3_config_from_weights, qwen3_key
 
@@ -65,14 +65,6 @@ SIGLIP2_SO400M_CONFIG = {
 
 
 # -- keys ---------------------------------------------------------------------------------------------
-
-def strip_prefix(key: str) -> str:
-    """ComfyUI and other tools save the DiT behind `model.diffusion_model.` / `diffusion_model.`."""
-    for prefix in ("model.diffusion_model.", "diffusion_model."):
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
-
 
 def siglip_key(key: str) -> str:
     """The official siglip/ file (saved by transformers 4) names the tower `vision_model.*`; transformers>=5's
@@ -174,12 +166,12 @@ DIT = ComponentSpec(
     known_configs={"Tongyi-MAI/Z-Image(-Turbo) transformer": Z_IMAGE_TRANSFORMER_CONFIG,
                    "Tongyi-MAI/Z-Image-Omni-Base transformer": Z_IMAGE_OMNI_TRANSFORMER_CONFIG},
     marker_keys=("cap_embedder.1.weight", "x_pad_token", "layers.0.feed_forward.w1.weight"),
-    normalize_key=strip_prefix, infer_config=dit_config_from_weights, description="Z-Image S3-DiT (6B)")
+    normalize_key=strip_comfyui_prefix, infer_config=dit_config_from_weights, description="Z-Image S3-DiT (6B)")
 
 # The original single-file layout: same class and configs, converted whole (fused qkv split).
 DIT_ORIGINAL = ComponentSpec(
     name="dit", library="diffusers", class_name="ZImageTransformer2DModel", known_configs=DIT.known_configs,
-    marker_keys=("x_embedder.weight", "cap_embedder.1.weight", "x_pad_token"), normalize_key=strip_prefix,
+    marker_keys=("x_embedder.weight", "cap_embedder.1.weight", "x_pad_token"), normalize_key=strip_comfyui_prefix,
     convert_state_dict=convert_original_dit, infer_config=dit_config_from_weights,
     description="Z-Image S3-DiT, original single-file layout (ComfyUI's z_image_*.safetensors)")
 
@@ -211,7 +203,7 @@ IMAGE_ENCODER = ComponentSpec(
 CONTROLNET = ComponentSpec(
     name="controlnet", library="diffusers", class_name="ZImageControlNetModel",
     marker_keys=("control_all_x_embedder.2-1.weight", "control_layers.0.before_proj.weight"),
-    normalize_key=strip_prefix, infer_config=controlnet_config_from_weights,
+    normalize_key=strip_comfyui_prefix, infer_config=controlnet_config_from_weights,
     description="Z-Image-Turbo Fun ControlNet (Union / Tile 2.1)")
 
 COMPONENTS = (DIT, TEXT_ENCODER, VAE, IMAGE_ENCODER, CONTROLNET, DIT_ORIGINAL, VAE_LDM)
