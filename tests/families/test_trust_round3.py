@@ -265,9 +265,9 @@ def test_an_eligen_mask_of_any_size_is_taken(tmp_path):
                           extra_inputs=("eligen_entity_prompts", "eligen_entity_masks"), special_operator_map=ops,
                           main_data_operator=UnifiedDataset.default_image_operator(tmp_path, max_pixels=4096))
     assert data[0]["eligen_entity_masks"][0].size == (10, 90)  # whole: the unit resizes it to the latent grid
-    from difftune.families.qwen_image.eligen import entity_token_masks
+    from difftune.parts.eligen import entity_token_masks
 
-    assert entity_token_masks(data[0]["eligen_entity_masks"], 32, 48).shape == (1, 2 * 3)
+    assert entity_token_masks(data[0]["eligen_entity_masks"], 32, 48, vae_scale=8).shape == (1, 2 * 3)
 
 
 def test_max_pixels_too_small_names_the_flag(tmp_path):

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from difftune.errors import UserError
 from difftune.families.qwen_image import components as qi
 from difftune.families.qwen_image import FAMILY as _QWEN_FAMILY
-from difftune.families.qwen_image.processor import load_processor
+from difftune.parts.qwen_vl import load_processor, qwen25_vl_key
 from difftune import detect_component, load_component
 from difftune.models import (ModelConfig, check_fp8_frozen, enable_fp8_storage, load_tokenizer, match_header,
                              parse_model_configs)
@@ -110,7 +110,7 @@ def test_load_shard_lists_and_single_file_equal_saved_weights(paths):
     assert te.name == "text_encoder" and type(te.module).__name__ == "Qwen2_5_VLForConditionalGeneration"
     # The files use the official layout (model.layers.*, visual.*); the module is transformers 5's.
     assert any(k.startswith("visual.") for k in saved(paths["text_encoder"]))
-    assert_same_weights(te.module, paths["text_encoder"], qi.text_encoder_key)
+    assert_same_weights(te.module, paths["text_encoder"], qwen25_vl_key)
 
     vae = load_component(paths["vae"][0], torch_dtype=torch.bfloat16)
     assert vae.name == "vae"
@@ -156,12 +156,12 @@ def test_bare_files_recognised_from_headers(tiny_known, paths, tmp_path):
         files = bare_copy(paths[folder], tmp_path / folder)
         loaded = load_component(ModelConfig(files), torch_dtype=torch.float32)
         assert loaded.name == name and loaded.source == "weights match tiny"
-        assert_same_weights(loaded.module, files, qi.text_encoder_key if name == "text_encoder" else str)
+        assert_same_weights(loaded.module, files, qwen25_vl_key if name == "text_encoder" else str)
 
 
 def test_text_encoder_in_transformers5_layout_and_comfyui_transformer(tiny_known, paths, tmp_path):
     te = saved(paths["text_encoder"])
-    v5 = {qi.text_encoder_key(k): v for k, v in te.items()}
+    v5 = {qwen25_vl_key(k): v for k, v in te.items()}
     assert any(k.startswith("model.language_model.") for k in v5) and not any(k.startswith("visual.") for k in v5)
     save_file(v5, tmp_path / "te_v5.safetensors")
     loaded = load_component(str(tmp_path / "te_v5.safetensors"), torch_dtype=torch.float32)

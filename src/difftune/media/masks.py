@@ -5,7 +5,6 @@
 * Inpaint ControlNets (FLUX's alimama Inpainting-Beta, Qwen-Image's Blockwise Inpaint): the control image is
   blacked out where the mask is light (`blank_masked_pixels`) and a channel, 1 where the image is kept and 0 where
   it is to be filled, joins its latents at latent resolution (`keep_channel`).
-* Regional prompts (EliGen, FLUX and Qwen-Image): `entity_token_masks` gives each entity's 2x2 patch tokens.
 """
 
 from __future__ import annotations
@@ -38,16 +37,4 @@ def keep_channel(mask: Image.Image, latent_hw: tuple[int, int], size: tuple[int,
     return 1 - torch.nn.functional.interpolate(light[None, None], size=tuple(latent_hw))
 
 
-def entity_token_masks(masks, height: int, width: int, vae_scale: int, patch: int = 2) -> torch.Tensor:
-    """Entity mask images -> (N, (h/patch) * (w/patch)) float token masks in the DiT's row-major token order (1: the
-    token is inside the entity). A mask is taken at latent resolution (nearest), a pixel counting where its
-    colour channels average above mid-grey; a patch token is inside when any of its latent pixels is."""
-    out = []
-    h, w = height // vae_scale, width // vae_scale
-    for mask in masks:
-        inside = mask_values(mask, (w, h), resample=Image.NEAREST) > 0
-        out.append(inside.view(h // patch, patch, w // patch, patch).any(dim=3).any(dim=1).flatten())
-    return torch.stack(out).float()
-
-
-__all__ = ["blank_masked_pixels", "entity_token_masks", "keep_channel", "mask_values"]
+__all__ = ["blank_masked_pixels", "keep_channel", "mask_values"]

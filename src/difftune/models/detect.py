@@ -90,6 +90,15 @@ def check_files(files: list[str]) -> dict[str, dict[str, tuple[int, ...]]]:
 
 # -- the registry ---------------------------------------------------------------------------------------
 
+def strip_comfyui_prefix(key: str) -> str:
+    """A `normalize_key` for DiT files ComfyUI (and other tools) save behind `model.diffusion_model.` or
+    `diffusion_model.` in front of the model's own names."""
+    for prefix in ("model.diffusion_model.", "diffusion_model."):
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
 def _identity(key: str) -> str:
     return key
 

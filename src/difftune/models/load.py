@@ -156,7 +156,9 @@ def load_component(config: ModelConfig | str | list[str], specs: Sequence[Compon
 
 # -- tokenizer and processor ----------------------------------------------------------------------------
 
-def _directory(value: ModelConfig | str | os.PathLike, what: str) -> Path:
+def model_directory(value: ModelConfig | str | os.PathLike, what: str) -> Path:
+    """The folder a model flag names: a directory, the folder of a file (or of a file list's first file), or a
+    ModelConfig's resolved place; a missing one is a UserError naming `what` (e.g. "tokenizer")."""
     resolved = value.resolve() if isinstance(value, ModelConfig) else os.fspath(value)
     if isinstance(resolved, list):
         resolved = os.path.dirname(resolved[0])
@@ -170,7 +172,7 @@ def _directory(value: ModelConfig | str | os.PathLike, what: str) -> Path:
 
 def load_tokenizer(path_or_config: ModelConfig | str | os.PathLike):
     """A transformers tokenizer from a folder (e.g. Qwen-Image's `tokenizer/`)."""
-    path = _directory(path_or_config, "tokenizer")
+    path = model_directory(path_or_config, "tokenizer")
     if not any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         raise UserError(f"{path}: no tokenizer here (expected tokenizer.json, tokenizer_config.json or vocab.json)")
     from transformers import AutoTokenizer

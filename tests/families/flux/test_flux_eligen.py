@@ -1,17 +1,17 @@
-"""FLUX.1 EliGen: the shared (family-free) mask helpers equal Qwen-Image's EliGen functions, the FLUX attention mask
-equals a step-by-step rewrite of the reference's construct_mask, and entities reach the denoiser."""
+"""FLUX.1 EliGen: the shared mask helpers (parts/eligen.py, Qwen-Image's too) read the masks as Qwen-Image's own
+copies did, the FLUX attention mask equals a step-by-step rewrite of the reference's construct_mask, and entities
+reach the denoiser."""
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from difftune.core.regional import segment_attention_mask
 from difftune.errors import UserError
 from difftune.families.flux.eligen import FluxEntityControl, eligen_text_and_mask
 from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.testing import run_unit_on
-from difftune.media.masks import entity_token_masks
+from difftune.parts.eligen import entity_token_masks, segment_attention_mask
 
 
 def _masks(n, size=(48, 32), seed=0):
@@ -20,18 +20,37 @@ def _masks(n, size=(48, 32), seed=0):
             for _ in range(n)]
 
 
+def _latent_grid_tokens(masks, height, width, vae_scale=8):
+    """Qwen-Image's own reading of entity masks before they were shared: PIL's nearest resize to the latent grid,
+    channels averaged above mid-grey, a 2x2 patch inside when any of its latent pixels is."""
+    out = []
+    for mask in masks:
+        small = mask.convert("RGB").resize((width // vae_scale, height // vae_scale), resample=Image.NEAREST)
+        inside = torch.from_numpy(np.asarray(small, dtype=np.float32) / 127.5 - 1.0).mean(dim=-1) > 0
+        h, w = inside.shape
+        out.append(inside.view(h // 2, 2, w // 2, 2).any(dim=3).any(dim=1).flatten())
+    return torch.stack(out).float()
+
+
 def test_shared_helpers_equal_qwen_image_eligen():
     from difftune.families.qwen_image import eligen as qwen
 
     masks = _masks(3)
-    assert torch.equal(entity_token_masks(masks, 32, 48, vae_scale=8), qwen.entity_token_masks(masks, 32, 48))
+    assert torch.equal(entity_token_masks(masks, 32, 48, vae_scale=8), _latent_grid_tokens(masks, 32, 48))
     g = torch.Generator().manual_seed(0)
     valid = torch.rand(2, 9, generator=g) > 0.3
     segment = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
     regions = torch.rand(2, 3, 6, generator=g) > 0.5
+    one = segment_attention_mask(valid, segment, regions, 6)
     for image_len in (6, 12):
         assert torch.equal(segment_attention_mask(valid, segment, regions, image_len),
                            qwen.entity_attention_mask(valid, segment, regions, image_len))
+    # a second image of the output's size: text sees the same region in each copy
+    two = segment_attention_mask(valid, segment, regions, 12)
+    assert torch.equal(two[:, 0, :9, 9:], one[:, 0, :9, 9:].repeat(1, 1, 2))
+    assert torch.equal(two[:, 0, 9:, :9], one[:, 0, 9:, :9].repeat(1, 2, 1))
+    with pytest.raises(UserError, match="not a multiple of the output's 6"):
+        qwen.entity_attention_mask(valid, segment, regions, 9)
 
 
 def _reference_mask(entity_masks, prompt_len, image_len):

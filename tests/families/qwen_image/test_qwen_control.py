@@ -17,10 +17,11 @@ from difftune.core.family import get_family
 from difftune.core.latents import pack_latents
 from difftune.errors import UserError
 from difftune.families.qwen_image.controlnet import QwenImageBlockwiseMultiControlNet
-from difftune.families.qwen_image.eligen import (entity_attention_mask, entity_sequence, entity_token_masks,
-                                                 segment_freqs, use_masked_attention)
+from difftune.families.qwen_image.eligen import (entity_attention_mask, entity_sequence, segment_freqs,
+                                                 use_masked_attention)
 from difftune.families.qwen_image.forward import transformer_forward
 from difftune.models import ModelConfig
+from difftune.parts.eligen import entity_token_masks
 from difftune.testing import (TinyQwenImageSpec, tiny_qwen_image_paths, tiny_qwen_transformer,
                               write_control_dataset, write_tiny_blockwise_controlnet, write_tiny_qwen_image)
 from difftune.training.config import TaskSpec
@@ -159,7 +160,7 @@ def test_eligen_attention_mask_is_the_reference_definition():
         m.paste((255, 255, 255), box)
         masks.append(m)
     lengths, prompt_len, dim = [3, 5], 4, 8
-    token_masks = entity_token_masks(masks, height, width)
+    token_masks = entity_token_masks(masks, height, width, vae_scale=8)
     assert token_masks.shape == (2, 24) and 0 < token_masks[0].sum() < 24 and 0 < token_masks[1].sum() < 24
     ids = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])[None]
     entity = torch.randn(1, sum(lengths), dim)

@@ -1,6 +1,6 @@
 """Black Forest Labs' original single-file layouts (flux1-dev.safetensors, ae.safetensors) -> diffusers'.
 
-The AE goes through diffusers' own `convert_ldm_vae_checkpoint`. diffusers' FLUX transformer converter fixes
+The AE goes through diffusers' own `convert_ldm_vae_checkpoint` (`parts/flux_ae.py`). diffusers' FLUX transformer converter fixes
 the width at 3072 (FLUX.1's), so the transformer is mapped here, with the widths read from the tensors. Both
 work on meta tensors, which is how the layouts are recognised from headers alone.
 """
@@ -106,14 +106,6 @@ def bfl_transformer_from_diffusers(state: dict[str, torch.Tensor]) -> dict[str, 
             old = _rename(key, {v: k for k, v in _GLOBAL.items()})
             inverse[old] = _swap_halves(t) if old.startswith("final_layer.adaLN_modulation.1.") else t
     return inverse
-
-
-def convert_bfl_vae(state: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
-    """BFL's ae.safetensors (the LDM VAE layout) in diffusers' AutoencoderKL names, by diffusers' converter."""
-    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-
-    # the converter reads only the number of down/up blocks from the config (4 in every FLUX.1 AE)
-    return convert_ldm_vae_checkpoint(dict(state), config)
 
 
 # -- kohya / BFL-named LoRAs ----------------------------------------------------------------------------------

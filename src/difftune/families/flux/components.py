@@ -12,8 +12,9 @@ import math
 import re
 from functools import partial
 
-from ...models.detect import ComponentSpec
-from .bfl import convert_bfl_transformer, convert_bfl_vae
+from ...models.detect import ComponentSpec, strip_comfyui_prefix
+from ...parts.flux_ae import AE_MARKER_KEYS, FLUX1_VAE_CONFIG, convert_ldm_ae
+from .bfl import convert_bfl_transformer
 
 # The official FLUX.1-dev scheduler/scheduler_config.json (the values that matter here).
 SCHEDULER_CONFIG = {
@@ -65,28 +66,6 @@ FLUX1_SCHNELL_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "guidance_em
 FLUX1_FILL_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "in_channels": 384, "out_channels": 64}
 # ostris/Flex.2-preview: 8 double blocks; 33 condition channels per latent pixel beside the 16 (4 x 49 = 196 inputs).
 FLEX2_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "in_channels": 196, "out_channels": 64, "num_layers": 8}
-
-FLUX1_VAE_CONFIG = {
-    "_class_name": "AutoencoderKL",
-    "act_fn": "silu",
-    "block_out_channels": [128, 256, 512, 512],
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "force_upcast": True,
-    "in_channels": 3,
-    "latent_channels": 16,
-    "latents_mean": None,
-    "latents_std": None,
-    "layers_per_block": 2,
-    "mid_block_add_attention": True,
-    "norm_num_groups": 32,
-    "out_channels": 3,
-    "sample_size": 1024,
-    "scaling_factor": 0.3611,
-    "shift_factor": 0.1159,
-    "use_post_quant_conv": False,
-    "use_quant_conv": False,
-}
 
 CLIP_L_TEXT_CONFIG = {
     "architectures": ["CLIPTextModel"],
@@ -174,14 +153,6 @@ def infer_flux_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
     return config
 
 
-def transformer_key(key: str) -> str:
-    """ComfyUI saves diffusers-named FLUX transformers with a `model.diffusion_model.` prefix."""
-    for prefix in ("model.diffusion_model.", "diffusion_model."):
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
-
-
 def clip_text_key(key: str) -> str:
     """The official CLIP files name the text model `text_model.*`; transformers>=5's CLIPTextModel has no such
     level (its own save_pretrained writes the short names)."""
@@ -195,14 +166,13 @@ DIT = ComponentSpec(
                    "black-forest-labs/FLUX.1-Fill-dev transformer": FLUX1_FILL_TRANSFORMER_CONFIG,
                    "ostris/Flex.2-preview transformer": FLEX2_TRANSFORMER_CONFIG},
     marker_keys=("x_embedder.weight", "context_embedder.weight", "time_text_embed.text_embedder.linear_1.weight"),
-    normalize_key=transformer_key, infer_config=infer_flux_config,
+    normalize_key=strip_comfyui_prefix, infer_config=infer_flux_config,
     description="FLUX.1 MMDiT (12B; Fill: 384 inputs; FLEX.2: 196 inputs, 8 double blocks)")
 
 VAE = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKL",
     known_configs={"black-forest-labs/FLUX.1-dev VAE": FLUX1_VAE_CONFIG},
-    marker_keys=("encoder.conv_in.weight", "decoder.conv_in.weight", "encoder.conv_out.weight"),
-    description="FLUX.1 autoencoder (16 latent channels)")
+    marker_keys=AE_MARKER_KEYS, description="FLUX.1 autoencoder (16 latent channels)")
 
 TEXT_ENCODER = ComponentSpec(
     name="text_encoder", library="transformers", class_name="CLIPTextModel", config_class_name="CLIPTextConfig",
@@ -220,11 +190,11 @@ TEXT_ENCODER_2 = ComponentSpec(
 DIT_BFL = ComponentSpec(
     name="dit", library="diffusers", class_name="FluxTransformer2DModel", known_configs=DIT.known_configs,
     marker_keys=("img_in.weight", "double_blocks.0.img_attn.qkv.weight", "final_layer.linear.weight"),
-    normalize_key=transformer_key, convert_state_dict=convert_bfl_transformer, infer_config=infer_flux_config,
+    normalize_key=strip_comfyui_prefix, convert_state_dict=convert_bfl_transformer, infer_config=infer_flux_config,
     description="FLUX.1 MMDiT, BFL single-file layout (flux1-dev / -krea / -kontext / -fill, Flex.2-preview)")
 
 VAE_BFL = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKL", known_configs=VAE.known_configs,
     marker_keys=("encoder.down.0.block.0.conv1.weight", "decoder.up.0.block.0.conv1.weight", "encoder.norm_out.weight"),
-    convert_state_dict=partial(convert_bfl_vae, config=FLUX1_VAE_CONFIG),
+    convert_state_dict=partial(convert_ldm_ae, config=FLUX1_VAE_CONFIG),
     description="FLUX.1 autoencoder, BFL ae.safetensors layout")

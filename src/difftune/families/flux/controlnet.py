@@ -23,21 +23,20 @@ What runs where (as the reference's `FluxImageUnit_ControlNet` and `model_fn_flu
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from diffusers import ConfigMixin, FluxControlNetModel, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.models.controlnets.controlnet import zero_module
-from PIL import Image
 
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...media.image import as_image_list, images_to_tensor
-from ...media.masks import blank_masked_pixels, keep_channel
+from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
+from ...parts.controlnet import ControlNetInput, encode_control_images
+from ...parts.flux_ae import vae_encode
 
 # Union-alpha's control modes (the reference's mode_dict; the embedding has 10 rows, 7 are named)
 UNION_MODES = {"canny": 0, "tile": 1, "depth": 2, "blur": 3, "pose": 4, "gray": 5, "lq": 6}
@@ -210,23 +209,10 @@ class FluxControlNetEmbedder(PipelineUnit):
             if controlnet_inpaint_mask is not None or controlnet_processor_id is not None:
                 raise UserError("controlnet_inpaint_mask / controlnet_processor_id are given without controlnet_image")
             return {}
-        from .units import vae_encode
-
         images = as_image_list(controlnet_image)
         n = max(int(batch_size or 1), len(images))
         masks = _per_sample(controlnet_inpaint_mask, len(images), "controlnet_inpaint_mask")
-        out = []
-        for image, mask in zip(images, masks):
-            image = image.convert("RGB")
-            if height is not None and width is not None and image.size != (width, height):
-                image = image.resize((width, height), Image.LANCZOS)  # the control image covers the output
-            if mask is not None:
-                image = blank_masked_pixels(image, mask)
-            latents = vae_encode(pipe, images_to_tensor(image))
-            if mask is not None:
-                keep = keep_channel(mask, tuple(latents.shape[-2:]))
-                latents = torch.cat([latents, keep.to(latents.device, latents.dtype)], dim=1)
-            out.append(latents)
+        out = encode_control_images(pipe, images, masks, height, width, vae_encode)
         if len({t.shape for t in out}) > 1:
             raise UserError("controlnet_inpaint_mask: give every sample of a batch a mask, or none")
         conditioning = torch.cat(out)
@@ -277,21 +263,6 @@ def pad_samples(samples, extra_tokens: int):
     if samples is None or not extra_tokens:
         return samples
     return [torch.nn.functional.pad(s, (0, 0, 0, extra_tokens)) for s in samples]
-
-
-@dataclass
-class ControlNetInput:
-    """The reference's ControlNet input (`controlnet_inputs=[ControlNetInput(image=..., processor_id="canny")]`).
-    One ControlNet over all steps, at any `scale`, is what this pipeline runs."""
-
-    controlnet_id: int = 0
-    scale: float = 1.0
-    start: float = 1.0
-    end: float = 0.0
-    image: Any = None
-    inpaint_image: Any = None
-    inpaint_mask: Any = None
-    processor_id: Any = None
 
 
 def controlnet_call_inputs(inputs) -> dict[str, Any]:

@@ -9,32 +9,20 @@ Each entity is a prompt and a mask image (`eligen_entity_prompts`, `eligen_entit
   prompt's: all image tokens), text tokens attend only within their own segment, image tokens to every image token.
 
 Masks are taken at latent resolution (nearest), a pixel counting where its channels average above mid-grey; a 2x2
-patch token is inside when any of its latent pixels is (`media/masks.py`, shared with Qwen-Image's EliGen); the
-mask itself is `core/regional.py`'s, also family-free. The attention runs through `attention.py`'s processor.
+patch token is inside when any of its latent pixels is; the token masks and the attention mask are `parts/eligen.py`'s,
+shared with Qwen-Image's EliGen. The attention runs through `attention.py`'s processor.
 """
 
 from __future__ import annotations
 
 import torch
-from PIL import Image
 
-from ...core.regional import segment_attention_mask
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...media.image import as_image_list
-from ...media.masks import entity_token_masks
+from ...parts.eligen import entity_samples, entity_token_masks, segment_attention_mask
 from .units import VAE_SCALE, t5_hidden
 
 ENTITY_OUTPUTS = ("entity_prompt_embeds", "entity_masks")
-
-
-def _per_sample(value, n: int, what: str) -> list:
-    if n == 1 and (isinstance(value, (str, Image.Image)) or (isinstance(value, list) and value and
-                                                              not isinstance(value[0], list))):
-        return [value]
-    if not isinstance(value, list) or len(value) != n:
-        raise UserError(f"{what}: expected a list per sample")
-    return value
 
 
 class FluxEntityControl(PipelineUnit):
@@ -50,17 +38,9 @@ class FluxEntityControl(PipelineUnit):
     def process(self, pipe, eligen_entity_masks, height, width, batch_size, entity_prompts):
         if entity_prompts is None:
             return dict.fromkeys(ENTITY_OUTPUTS)  # explicit None: this side has no entities
-        if eligen_entity_masks is None:
-            raise UserError("eligen_entity_prompts are given without eligen_entity_masks")
-        n = int(batch_size or 1)
-        prompts = _per_sample(entity_prompts, n, "eligen_entity_prompts")
-        masks = _per_sample(eligen_entity_masks, n, "eligen_entity_masks")
         embeds, token_masks = [], []
-        for p, m in zip(prompts, masks):
-            p, m = ([p] if isinstance(p, str) else list(p)), as_image_list(m)
-            if not p or len(p) != len(m) or not all(isinstance(x, str) for x in p):
-                raise UserError(f"EliGen needs one entity prompt (text) per entity mask, got {len(p)} prompt(s) and "
-                                f"{len(m)} mask(s)")
+        for p, m in entity_samples(entity_prompts, eligen_entity_masks, int(batch_size or 1), "eligen_entity_prompts",
+                                   "eligen_entity_masks"):
             embeds.append(t5_hidden(pipe, p))
             token_masks.append(entity_token_masks(m, height, width, VAE_SCALE))
         if len({e.shape[0] for e in embeds}) > 1:

@@ -56,7 +56,7 @@ class FluxFillCondition(PipelineUnit):
     models = ("vae",)
 
     def process(self, pipe, flux_fill_image, flux_fill_mask, height, width, batch_size):
-        from .units import vae_encode
+        from ...parts.flux_ae import vae_encode
 
         n = int(batch_size or 1)
         if flux_fill_image is None or flux_fill_mask is None:

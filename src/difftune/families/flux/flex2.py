@@ -50,7 +50,7 @@ class FluxFlexConditioner(PipelineUnit):
 
     def process(self, pipe, height, width, batch_size, flex_inpaint_image, flex_inpaint_mask, flex_control_image,
                 flex_control_strength, flex_control_stop):
-        from .units import vae_encode
+        from ...parts.flux_ae import vae_encode
 
         b = int(batch_size or 1)
         h, w = height // 8, width // 8

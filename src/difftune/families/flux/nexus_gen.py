@@ -18,6 +18,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
+from ...parts.qwen_vl import QWEN25_VL_7B_CONFIG, load_qwen_vl_processor
 from .bfl import convert_bfl_transformer
 from .components import FLUX1_DEV_TRANSFORMER_CONFIG
 from .components import infer_flux_config
@@ -259,15 +260,10 @@ def nexus_ar_key(key: str) -> str:
     return key
 
 
-def _nexus_ar_known() -> dict:
-    from ..qwen_image.components import QWEN25_VL_7B_CONFIG
-
-    return {"_class_name": "NexusGenAR", "qwen_config": dict(QWEN25_VL_7B_CONFIG), "num_prefill": NUM_IMAGE_TOKENS}
-
-
 NEXUS_AR = ComponentSpec(
     name="nexus_gen", library="difftune.families.flux.nexus_gen", class_name="NexusGenAR",
-    known_configs={"DiffSynth-Studio/Nexus-GenV2 (Qwen2.5-VL-7B)": _nexus_ar_known()},
+    known_configs={"DiffSynth-Studio/Nexus-GenV2 (Qwen2.5-VL-7B)": {
+        "_class_name": "NexusGenAR", "qwen_config": dict(QWEN25_VL_7B_CONFIG), "num_prefill": NUM_IMAGE_TOKENS}},
     marker_keys=("vision_head.weight", "image_prefill_embeds.weight", "model.model.visual.patch_embed.proj.weight"),
     normalize_key=nexus_ar_key, foreign_config_classes=("Qwen2_5_VLForConditionalGeneration",),
     description="Nexus-Gen autoregressive model (Qwen2.5-VL-7B + vision head)")
@@ -275,8 +271,6 @@ NEXUS_AR = ComponentSpec(
 
 def load_nexus_processor(path_or_config):
     """Nexus-GenV2's `processor/` folder (Qwen2.5-VL's tokenizer and image processor)."""
-    from .vl_processor import load_qwen_vl_processor
-
     return load_qwen_vl_processor(path_or_config, "Nexus-GenV2 processor")
 
 

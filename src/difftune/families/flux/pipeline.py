@@ -22,6 +22,7 @@ from ...core.pipeline import BasePipeline
 from ...errors import UserError
 from ...util import text_list
 from ...media.image import as_image_list
+from ...parts.flux_ae import vae_decode
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .controlnet import FluxControlNetEmbedder, controlnet_call_inputs
 from .eligen import FluxEntityControl
@@ -35,7 +36,7 @@ from .model_fn import model_fn_flux
 from .nexus_gen import NexusGenEmbedder
 from .redux import FluxReduxPromptEmbedder
 from .units import (DIVISION_FACTOR, FluxClipEmbedder, FluxEmbeddedGuidance, FluxInputImageEmbedder,
-                    FluxKontextEmbedder, FluxNoiseInitializer, FluxShapeChecker, FluxT5Embedder, vae_decode)
+                    FluxKontextEmbedder, FluxNoiseInitializer, FluxShapeChecker, FluxT5Embedder)
 from .value_control import FluxValueControlEmbedder
 
 TRAINING_GUIDANCE = 1.0  # the reference's embedded_guidance in training

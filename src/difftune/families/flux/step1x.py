@@ -21,9 +21,10 @@ from PIL import Image
 
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...models.detect import ComponentSpec
+from ...models.detect import ComponentSpec, strip_comfyui_prefix
+from ...parts.qwen_vl import QWEN25_VL_7B_CONFIG, load_qwen_vl_processor, qwen25_vl_key
 from .bfl import convert_bfl_transformer
-from .components import FLUX1_DEV_TRANSFORMER_CONFIG, infer_flux_config, transformer_key
+from .components import FLUX1_DEV_TRANSFORMER_CONFIG, infer_flux_config
 from .model_fn import model_fn_flux
 from .pipeline import FluxImagePipeline
 from .units import FluxInputImageEmbedder, FluxNoiseInitializer, FluxShapeChecker
@@ -127,7 +128,7 @@ STEP1X_DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="FluxTransformer2DModel",
     known_configs={"stepfun-ai/Step1X-Edit transformer": STEP1X_DIT_CONFIG},
     marker_keys=("img_in.weight", "double_blocks.0.img_attn.qkv.weight", "connector.S.input_embedder.weight"),
-    normalize_key=transformer_key, convert_state_dict=convert_step1x_dit, infer_config=infer_flux_config,
+    normalize_key=strip_comfyui_prefix, convert_state_dict=convert_step1x_dit, infer_config=infer_flux_config,
     description="Step1X-Edit DiT (FLUX.1 without guidance embedder; the connector in the same file)")
 
 STEP1X_CONNECTOR = ComponentSpec(
@@ -138,29 +139,16 @@ STEP1X_CONNECTOR = ComponentSpec(
     description="Step1X-Edit connector (Qwen2.5-VL hidden states -> prompt tokens, per timestep)")
 
 
-def _qwenvl_known() -> dict:
-    from ..qwen_image.components import QWEN25_VL_7B_CONFIG
-
-    return {"Qwen/Qwen2.5-VL-7B-Instruct": dict(QWEN25_VL_7B_CONFIG)}
-
-
-def _qwenvl_key(key: str) -> str:
-    from ..qwen_image.components import text_encoder_key
-
-    return text_encoder_key(key)
-
-
 QWENVL = ComponentSpec(
     name="qwenvl", library="transformers", class_name="Qwen2_5_VLForConditionalGeneration",
-    config_class_name="Qwen2_5_VLConfig", known_configs=_qwenvl_known(),
+    config_class_name="Qwen2_5_VLConfig",
+    known_configs={"Qwen/Qwen2.5-VL-7B-Instruct": dict(QWEN25_VL_7B_CONFIG)},
     marker_keys=("model.language_model.embed_tokens.weight", "model.visual.patch_embed.proj.weight"),
-    normalize_key=_qwenvl_key, description="Qwen2.5-VL-7B-Instruct (Step1X-Edit's prompt encoder)")
+    normalize_key=qwen25_vl_key, description="Qwen2.5-VL-7B-Instruct (Step1X-Edit's prompt encoder)")
 
 
 def load_step1x_processor(path_or_config):
     """The Qwen2.5-VL processor at the reference's pixel bounds for Step1X-Edit (256 to 324 merged 28 px patches)."""
-    from .vl_processor import load_qwen_vl_processor
-
     return load_qwen_vl_processor(path_or_config, "Qwen2.5-VL-7B-Instruct", STEP1X_MIN_PIXELS, STEP1X_MAX_PIXELS)
 
 
@@ -274,7 +262,8 @@ class Step1XEmbedder(PipelineUnit):
 
     def process(self, pipe, prompt, negative_prompt, step1x_reference_image, height, width):
         from ...media.image import as_image_list, images_to_tensor
-        from .units import _prompts, vae_encode
+        from ...parts.flux_ae import vae_encode
+        from .units import _prompts
 
         if step1x_reference_image is None:
             raise UserError("Step1X-Edit needs a reference image: the data column step1x_reference_image "

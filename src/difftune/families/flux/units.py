@@ -15,25 +15,11 @@ from ...core.common_units import InputImageEmbedder, ShapeChecker
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
+from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_encode
 
 DIVISION_FACTOR = 16  # VAE x8, then 2x2 patches
-VAE_SCALE = 8
-LATENT_CHANNELS = 16
 CLIP_MAX_LENGTH = 77
 T5_MAX_LENGTH = 512
-
-
-def vae_encode(pipe, images: torch.Tensor) -> torch.Tensor:
-    """(B, 3, H, W) in [-1, 1] -> FLUX latents (z - shift) * scale, the posterior mode (deterministic)."""
-    vae = pipe.vae
-    z = vae.encode(images.to(device=pipe.device, dtype=vae.dtype)).latent_dist.mode()
-    return ((z - vae.config.shift_factor) * vae.config.scaling_factor).to(pipe.torch_dtype)
-
-
-def vae_decode(pipe, latents: torch.Tensor) -> torch.Tensor:
-    vae = pipe.vae
-    z = latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
-    return vae.decode(z).sample
 
 
 def _prompts(prompt) -> list[str]:

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from ...core.family import FamilySpec, TokenizerSpec
 from ...core.options import BOOL, SWITCH, option
 from ...models.load import load_tokenizer
+from ...parts.qwen_vl import load_processor
 from .components import DIT, LORA_TARGET_MODULES, TEXT_ENCODER, VAE
 from .control_inputs import ControlNetInput
 from .controlnet import BLOCKWISE_CONTROLNET
 from .layered import QwenImageLayeredPipeline
 from .pipeline import QwenImagePipeline
-from .processor import load_processor
 
 GROUP = "Qwen-Image"
 

@@ -9,7 +9,8 @@ setting that changes no weight, comes from the pipeline, not from here).
 
 from __future__ import annotations
 
-from ...models.detect import ComponentSpec
+from ...models.detect import ComponentSpec, strip_comfyui_prefix
+from ...parts.qwen_vl import QWEN25_VL_7B_CONFIG, qwen25_vl_key
 
 # The official Qwen/Qwen-Image scheduler/scheduler_config.json (the values that matter here).
 SCHEDULER_CONFIG = {
@@ -58,82 +59,11 @@ QWEN_IMAGE_LAYERED_TRANSFORMER_CONFIG = {**QWEN_IMAGE_TRANSFORMER_CONFIG, "use_a
                                          "use_layer3d_rope": True}
 QWEN_IMAGE_LAYERED_VAE_CONFIG = {**QWEN_IMAGE_VAE_CONFIG, "input_channels": 4}
 
-QWEN25_VL_7B_CONFIG = {
-    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-    "attention_dropout": 0.0,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "vision_start_token_id": 151652,
-    "vision_end_token_id": 151653,
-    "vision_token_id": 151654,
-    "image_token_id": 151655,
-    "video_token_id": 151656,
-    "hidden_act": "silu",
-    "hidden_size": 3584,
-    "initializer_range": 0.02,
-    "intermediate_size": 18944,
-    "max_position_embeddings": 128000,
-    "max_window_layers": 28,
-    "model_type": "qwen2_5_vl",
-    "num_attention_heads": 28,
-    "num_hidden_layers": 28,
-    "num_key_value_heads": 4,
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0,
-    "sliding_window": 32768,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "use_cache": True,
-    "use_sliding_window": False,
-    "vision_config": {
-        "depth": 32,
-        "hidden_act": "silu",
-        "hidden_size": 1280,
-        "intermediate_size": 3420,
-        "num_heads": 16,
-        "in_chans": 3,
-        "out_hidden_size": 3584,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "spatial_patch_size": 14,
-        "window_size": 112,
-        "fullatt_block_indexes": [7, 15, 23, 31],
-        "tokens_per_second": 2,
-        "temporal_patch_size": 2,
-    },
-    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-    "vocab_size": 152064,
-}
-
-
-def transformer_key(key: str) -> str:
-    """ComfyUI single-file checkpoints prefix the diffusers names with `model.diffusion_model.`."""
-    for prefix in ("model.diffusion_model.", "diffusion_model."):
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
-
-
-def text_encoder_key(key: str) -> str:
-    """Qwen2.5-VL checkpoint names -> transformers>=4.52 module names.
-
-    The official files (and transformers 5's `save_pretrained`) use `model.layers.*`, `visual.*`; the module
-    tree is `model.language_model.*`, `model.visual.*`. Names already in the new layout are unchanged.
-    """
-    if key.startswith(("model.language_model.", "model.visual.")):
-        return key
-    if key.startswith("visual."):
-        return "model." + key
-    if key.startswith("model."):
-        return "model.language_model." + key[len("model."):]
-    return key
-
-
 DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="QwenImageTransformer2DModel",
     known_configs={"Qwen/Qwen-Image transformer": QWEN_IMAGE_TRANSFORMER_CONFIG,
                    "Qwen/Qwen-Image-Layered transformer": QWEN_IMAGE_LAYERED_TRANSFORMER_CONFIG},
-    marker_keys=("img_in.weight", "txt_in.weight", "txt_norm.weight"), normalize_key=transformer_key,
+    marker_keys=("img_in.weight", "txt_in.weight", "txt_norm.weight"), normalize_key=strip_comfyui_prefix,
     description="Qwen-Image MMDiT (20B)")
 
 TEXT_ENCODER = ComponentSpec(
@@ -141,7 +71,7 @@ TEXT_ENCODER = ComponentSpec(
     config_class_name="Qwen2_5_VLConfig",
     known_configs={"Qwen2.5-VL-7B-Instruct": QWEN25_VL_7B_CONFIG},
     marker_keys=("model.language_model.embed_tokens.weight", "model.visual.patch_embed.proj.weight"),
-    normalize_key=text_encoder_key, description="Qwen2.5-VL-7B text encoder")
+    normalize_key=qwen25_vl_key, description="Qwen2.5-VL-7B text encoder")
 
 VAE = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKLQwenImage",

@@ -3,13 +3,13 @@ arguments they take, and the values `model_fn` reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from PIL import Image
 
 from ...errors import UserError
+from ...parts.controlnet import ControlNetInput
 from ...util import text_list
 
 IMAGE_INPUTS = ("context_image", "eligen_entity_masks", "blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask")
@@ -37,21 +37,6 @@ def control_training_inputs(data: dict[str, Any]) -> dict[str, Any]:
     return {"context_image": data.get("context_image"), "eligen_entity_prompts": prompts,
             "eligen_entity_masks": masks, "blockwise_controlnet_image": data.get("blockwise_controlnet_image"),
             "blockwise_controlnet_inpaint_mask": data.get("blockwise_controlnet_inpaint_mask")}
-
-
-@dataclass
-class ControlNetInput:
-    """The reference's ControlNet input (`blockwise_controlnet_inputs=[ControlNetInput(image=..., inpaint_mask=...)]`).
-    One ControlNet at full strength over all steps is what this pipeline runs."""
-
-    controlnet_id: int = 0
-    scale: float = 1.0
-    start: float = 1.0
-    end: float = 0.0
-    image: Any = None
-    inpaint_image: Any = None
-    inpaint_mask: Any = None
-    processor_id: str | None = None
 
 
 def controlnet_from_inputs(inputs) -> tuple[Any, Any]:

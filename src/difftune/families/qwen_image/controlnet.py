@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import torch
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.models.normalization import RMSNorm
-from PIL import Image
 from torch import nn
 
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...media.image import as_image_list, images_to_tensor
+from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
+from ...parts.controlnet import encode_control_images
 
 IN_DIM = 64  # 16 latent channels x a 2x2 patch
 INPAINT_EXTRA_DIM = 4  # the mask channel x a 2x2 patch
@@ -125,25 +124,6 @@ BLOCKWISE_CONTROLNET = ComponentSpec(
 
 # -- the unit -------------------------------------------------------------------------------------------------
 
-def _mask_values(mask: Image.Image, size: tuple[int, int]) -> torch.Tensor:
-    """The mask at `size` as (H, W) in [-1, 1], averaged over its colour channels."""
-    arr = np.asarray(mask.convert("RGB").resize(size), dtype=np.float32) / 127.5 - 1.0
-    return torch.from_numpy(arr).mean(dim=-1)
-
-
-def _blank_masked_pixels(image: Image.Image, mask: Image.Image) -> Image.Image:
-    """The inpaint ControlNet sees the control image black where the mask is light (the region to fill)."""
-    arr = np.array(image.convert("RGB"))
-    arr[(_mask_values(mask, image.size) > 0).numpy()] = 0
-    return Image.fromarray(arr)
-
-
-def _mask_channel(mask: Image.Image, size: tuple[int, int], latent_hw: tuple[int, int]) -> torch.Tensor:
-    """(1, 1, h, w): 1 where the image is kept, 0 where it is to be filled, at latent resolution (nearest)."""
-    light = (_mask_values(mask, size) + 1) / 2
-    return 1 - torch.nn.functional.interpolate(light[None, None], size=latent_hw)
-
-
 class QwenImageBlockwiseControlNetEmbedder(PipelineUnit):
     """VAE-encode the Blockwise ControlNet's control image (plus the inpaint mask as a 17th channel for the
     Inpaint ControlNet). Only the VAE: the ControlNet itself runs in `model_fn`, so a trainable
@@ -166,16 +146,5 @@ class QwenImageBlockwiseControlNetEmbedder(PipelineUnit):
         masks = [None] * len(images) if masks is None else as_image_list(masks)
         if len(masks) != len(images):
             raise UserError(f"{len(images)} blockwise_controlnet_image(s) but {len(masks)} inpaint mask(s)")
-        out = []
-        for image, mask in zip(images, masks):
-            image = image.convert("RGB")
-            if height is not None and width is not None and image.size != (width, height):
-                image = image.resize((width, height), Image.LANCZOS)  # the control image covers the output
-            if mask is not None:
-                image = _blank_masked_pixels(image, mask)
-            latents = vae_encode(pipe, images_to_tensor(image))
-            if mask is not None:
-                channel = _mask_channel(mask, image.size, tuple(latents.shape[-2:]))
-                latents = torch.cat([latents, channel.to(latents.device, latents.dtype)], dim=1)
-            out.append(latents)
+        out = encode_control_images(pipe, images, masks, height, width, vae_encode, mask_at_image_size=True)
         return {"blockwise_controlnet_conditioning": torch.cat(out).to(pipe.torch_dtype)}

@@ -15,42 +15,19 @@ pixels is. Padding (samples of a batch with prompts of different lengths) is mas
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStreamAttnProcessor2_0,
                                                                  apply_rotary_emb_qwen)
-from PIL import Image
 
 from ...core.batch import Pad
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...media.image import as_image_list
+from ...parts.eligen import entity_samples, entity_token_masks, segment_attention_mask
 from .encoding import VAE_SCALE
 
 ENTITY_OUTPUTS = ("entity_prompt_embeds", "entity_prompt_embeds_mask", "entity_token_ids", "entity_masks",
                   "entity_masks_mask")
-
-
-def entity_token_masks(masks, height: int, width: int) -> torch.Tensor:
-    """Mask images -> (N, h/16 * w/16) float token masks in the DiT's token order (1: inside the entity)."""
-    out = []
-    for mask in masks:
-        small = mask.convert("RGB").resize((width // VAE_SCALE, height // VAE_SCALE), resample=Image.NEAREST)
-        inside = torch.from_numpy(np.asarray(small, dtype=np.float32) / 127.5 - 1.0).mean(dim=-1) > 0
-        h, w = inside.shape
-        out.append(inside.view(h // 2, 2, w // 2, 2).any(dim=3).any(dim=1).flatten())
-    return torch.stack(out).float()
-
-
-def _per_sample(value, n: int, what: str) -> list:
-    """A sample's value, or a stage-1 batch's list of them, as one list per sample."""
-    if n == 1 and (isinstance(value, Image.Image) or (isinstance(value, list) and value and
-                                                        not isinstance(value[0], list))):
-        return [value]
-    if not isinstance(value, list) or len(value) != n:
-        raise UserError(f"{what}: expected a list per sample")
-    return value
 
 
 class QwenImageEntityControl(PipelineUnit):
@@ -69,24 +46,16 @@ class QwenImageEntityControl(PipelineUnit):
     def process(self, pipe, eligen_entity_masks, height, width, batch_size, entity_prompts):
         if entity_prompts is None:
             return dict.fromkeys(ENTITY_OUTPUTS)  # explicit None: the negative side has no entities
-        if eligen_entity_masks is None:
-            raise UserError("eligen_entity_prompts are given without eligen_entity_masks")
         from .prompt import QwenImagePromptEmbedder  # (prompt -> edit_plus: not at import time)
 
-        n = batch_size or 1
-        prompts = _per_sample(entity_prompts, n, "eligen_entity_prompts")
-        masks = _per_sample(eligen_entity_masks, n, "eligen_entity_masks")
         embeds, ids, token_masks = [], [], []
-        for p, m in zip(prompts, masks):
-            p, m = [p] if isinstance(p, str) else list(p), as_image_list(m)
-            if not p or len(p) != len(m) or not all(isinstance(x, str) for x in p):
-                raise UserError(f"EliGen needs one entity prompt (text) per entity mask, got {len(p)} prompt(s) and "
-                                f"{len(m)} mask(s)")
+        for p, m in entity_samples(entity_prompts, eligen_entity_masks, batch_size or 1, "eligen_entity_prompts",
+                                   "eligen_entity_masks"):
             enc = QwenImagePromptEmbedder().process(pipe, p)
             lengths = enc["prompt_embeds_mask"].sum(dim=1).tolist()
             embeds.append(torch.cat([e[:n_] for e, n_ in zip(enc["prompt_embeds"], lengths)]))
             ids.append(torch.cat([torch.full((n_,), i, dtype=torch.long) for i, n_ in enumerate(lengths)]))
-            token_masks.append(entity_token_masks(m, height, width).to(pipe.device))
+            token_masks.append(entity_token_masks(m, height, width, VAE_SCALE).to(pipe.device))
         longest, most = max(e.shape[0] for e in embeds), max(t.shape[0] for t in token_masks)
 
         def pad(t, n_):
@@ -143,19 +112,11 @@ def entity_attention_mask(valid: torch.Tensor, segment: torch.Tensor, regions: t
                           image_len: int) -> torch.Tensor:
     """(B, 1, S + I, S + I) bool mask over [text, image] tokens (True: may attend). `regions` (B, segments, T)
     covers the noisy image's T tokens; further image tokens (context / edit images of the same size) repeat it."""
-    b, s = valid.shape
     t = regions.shape[-1]
     if image_len % t:
         raise UserError(f"EliGen needs every extra image (context / edit) to have the output's size: {image_len} image "
                         f"tokens are not a multiple of the output's {t}")
-    region = regions.repeat(1, 1, image_len // t)[torch.arange(b)[:, None], segment[None, :].expand(b, s)]  # (B,S,I)
-    txt_txt = (segment[:, None] == segment[None, :])[None] & valid[:, None, :] & valid[:, :, None]
-    txt_img = region & valid[:, :, None]
-    img_txt = region.transpose(1, 2) & valid[:, None, :]
-    img_img = torch.ones(b, image_len, image_len, dtype=torch.bool, device=valid.device)
-    mask = torch.cat([torch.cat([txt_txt, txt_img], 2), torch.cat([img_txt, img_img], 2)], 1)
-    mask |= torch.eye(s + image_len, dtype=torch.bool, device=valid.device)  # padding rows attend to themselves
-    return mask[:, None]
+    return segment_attention_mask(valid, segment, regions, image_len)
 
 
 def segment_freqs(dit, img_shapes, position: torch.Tensor, device) -> torch.Tensor:

@@ -32,7 +32,7 @@ def load_image_processor(path_or_config):
 
     from ...errors import UserError
     from ...models import ModelConfig
-    from ...models.load import _directory
+    from ...models.load import model_directory
     from ...util import first_line
 
     if isinstance(path_or_config, ModelConfig) and path_or_config.model_id:
@@ -40,7 +40,7 @@ def load_image_processor(path_or_config):
             path_or_config.resolve()
         except UserError:
             return None
-    path = _directory(path_or_config, "image processor")
+    path = model_directory(path_or_config, "image processor")
     try:
         return CLIPImageProcessor.from_pretrained(str(path))
     except Exception as err:

@@ -68,9 +68,9 @@ def load_repo_scheduler(path_or_config) -> RepoScheduler:
     import diffusers
 
     from ...errors import UserError
-    from ...models.load import _directory
+    from ...models.load import model_directory
 
-    folder = _directory(path_or_config, "scheduler")
+    folder = model_directory(path_or_config, "scheduler")
     config_file = folder / "scheduler_config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))

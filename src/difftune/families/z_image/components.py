@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from functools import partial
 
-from ...models.detect import ComponentSpec
+from ...models.detect import ComponentSpec, strip_comfyui_prefix
+from ...parts.flux_ae import AE_MARKER_KEYS, FLUX1_VAE_CONFIG, convert_ldm_ae
+from ...parts.qwen3 import QWEN3_4B_CONFIG, QWEN3_MARKER_KEYS, drop_lm_head, qwen3_config_from_weights, qwen3_key
 
 # Tongyi-MAI/Z-Image-Turbo scheduler/scheduler_config.json: a static shift of 3 (no dynamic shifting).
 SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": False}
@@ -45,56 +47,6 @@ Z_IMAGE_TRANSFORMER_CONFIG = {
 # Z-Image-Omni-Base: the same DiT plus the SigLIP embedder and refiner (so400m's 1152 features).
 Z_IMAGE_OMNI_TRANSFORMER_CONFIG = {**Z_IMAGE_TRANSFORMER_CONFIG, "siglip_feat_dim": 1152}
 
-QWEN3_4B_CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "hidden_size": 2560,
-    "initializer_range": 0.02,
-    "intermediate_size": 9728,
-    "max_position_embeddings": 40960,
-    "max_window_layers": 36,
-    "model_type": "qwen3",
-    "num_attention_heads": 32,
-    "num_hidden_layers": 36,
-    "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-06,
-    "rope_scaling": None,
-    "rope_theta": 1000000,
-    "sliding_window": None,
-    "tie_word_embeddings": True,
-    "use_cache": True,
-    "use_sliding_window": False,
-    "vocab_size": 151936,
-}
-
-# The FLUX.1 autoencoder (Z-Image ships it as vae/).
-Z_IMAGE_VAE_CONFIG = {
-    "_class_name": "AutoencoderKL",
-    "act_fn": "silu",
-    "block_out_channels": [128, 256, 512, 512],
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "force_upcast": True,
-    "in_channels": 3,
-    "latent_channels": 16,
-    "latents_mean": None,
-    "latents_std": None,
-    "layers_per_block": 2,
-    "mid_block_add_attention": True,
-    "norm_num_groups": 32,
-    "out_channels": 3,
-    "sample_size": 1024,
-    "scaling_factor": 0.3611,
-    "shift_factor": 0.1159,
-    "use_post_quant_conv": False,
-    "use_quant_conv": False,
-}
-
 # Z-Image-Omni-Base siglip/: SigLIP2 so400m (patch 16, at most 256 patches).
 SIGLIP2_SO400M_CONFIG = {
     "architectures": ["Siglip2VisionModel"],
@@ -114,27 +66,6 @@ SIGLIP2_SO400M_CONFIG = {
 
 # -- keys ---------------------------------------------------------------------------------------------
 
-def strip_prefix(key: str) -> str:
-    """ComfyUI and other tools save the DiT behind `model.diffusion_model.` / `diffusion_model.`."""
-    for prefix in ("model.diffusion_model.", "diffusion_model."):
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
-
-
-def text_encoder_key(key: str) -> str:
-    """The official text_encoder/ holds Qwen3's causal LM (`model.*`); only its backbone is loaded (`Qwen3Model`, as
-    the reference: the LM head is never read, and at 4B it is 389M parameters)."""
-    return key[len("model."):] if key.startswith("model.") else key
-
-
-def drop_lm_head(state: dict) -> dict:
-    """A causal-LM file that stores its (untied) LM head: the backbone's tensors only."""
-    if not any(k.startswith("layers.") for k in state):
-        raise KeyError("not a Qwen3 checkpoint")
-    return {k: v for k, v in state.items() if not k.startswith("lm_head.")}
-
-
 def siglip_key(key: str) -> str:
     """The official siglip/ file (saved by transformers 4) names the tower `vision_model.*`; transformers>=5's
     Siglip2VisionModel has no such level (its own save_pretrained writes the short names)."""
@@ -149,12 +80,6 @@ def convert_original_dit(state: dict) -> dict:
     if not any(k.endswith(".attention.qkv.weight") or k.startswith("x_embedder.") for k in state):
         raise KeyError("not the original Z-Image layout")
     return convert_z_image_transformer_checkpoint_to_diffusers(dict(state))
-
-
-def convert_ldm_vae(state: dict, config: dict) -> dict:
-    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-
-    return convert_ldm_vae_checkpoint(dict(state), config)
 
 
 def original_dit_keys(state: dict) -> dict:
@@ -221,19 +146,6 @@ def controlnet_config_from_weights(shapes: dict) -> dict | None:
             "n_kv_heads": dim // head, "norm_eps": 1e-05, "qk_norm": True}
 
 
-def qwen3_config_from_weights(shapes: dict) -> dict | None:
-    """A Qwen3 causal LM of any size from its weights (head size from the q/k norms)."""
-    if "layers.0.self_attn.q_norm.weight" not in shapes:
-        return None
-    vocab, hidden = shapes["embed_tokens.weight"]
-    head = shapes["layers.0.self_attn.q_norm.weight"][0]
-    return {**QWEN3_4B_CONFIG, "vocab_size": vocab, "hidden_size": hidden, "head_dim": head,
-            "num_hidden_layers": _count(shapes, "layers."),
-            "intermediate_size": shapes["layers.0.mlp.gate_proj.weight"][0],
-            "num_attention_heads": shapes["layers.0.self_attn.q_proj.weight"][0] // head,
-            "num_key_value_heads": shapes["layers.0.self_attn.k_proj.weight"][0] // head}
-
-
 def siglip_config_from_weights(shapes: dict) -> dict | None:
     """SigLIP2's vision tower at the so400m head size (72) of any depth and width."""
     emb = shapes.get("embeddings.patch_embedding.weight")
@@ -254,33 +166,31 @@ DIT = ComponentSpec(
     known_configs={"Tongyi-MAI/Z-Image(-Turbo) transformer": Z_IMAGE_TRANSFORMER_CONFIG,
                    "Tongyi-MAI/Z-Image-Omni-Base transformer": Z_IMAGE_OMNI_TRANSFORMER_CONFIG},
     marker_keys=("cap_embedder.1.weight", "x_pad_token", "layers.0.feed_forward.w1.weight"),
-    normalize_key=strip_prefix, infer_config=dit_config_from_weights, description="Z-Image S3-DiT (6B)")
+    normalize_key=strip_comfyui_prefix, infer_config=dit_config_from_weights, description="Z-Image S3-DiT (6B)")
 
 # The original single-file layout: same class and configs, converted whole (fused qkv split).
 DIT_ORIGINAL = ComponentSpec(
     name="dit", library="diffusers", class_name="ZImageTransformer2DModel", known_configs=DIT.known_configs,
-    marker_keys=("x_embedder.weight", "cap_embedder.1.weight", "x_pad_token"), normalize_key=strip_prefix,
+    marker_keys=("x_embedder.weight", "cap_embedder.1.weight", "x_pad_token"), normalize_key=strip_comfyui_prefix,
     convert_state_dict=convert_original_dit, infer_config=dit_config_from_weights,
     description="Z-Image S3-DiT, original single-file layout (ComfyUI's z_image_*.safetensors)")
 
 TEXT_ENCODER = ComponentSpec(
     name="text_encoder", library="transformers", class_name="Qwen3Model", config_class_name="Qwen3Config",
     known_configs={"Qwen3-4B (Z-Image text_encoder)": QWEN3_4B_CONFIG},
-    marker_keys=("embed_tokens.weight", "norm.weight", "layers.0.self_attn.q_norm.weight"),
-    normalize_key=text_encoder_key, convert_state_dict=drop_lm_head,
+    marker_keys=QWEN3_MARKER_KEYS, normalize_key=qwen3_key, convert_state_dict=drop_lm_head,
     # the folder's config.json names the causal LM: the weights are matched (backbone shapes) instead
     foreign_config_classes=("Qwen3ForCausalLM",), infer_config=qwen3_config_from_weights, description="Qwen3-4B text encoder (second-to-last hidden states)")
 
 VAE = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKL",
-    known_configs={"Tongyi-MAI/Z-Image-Turbo VAE (FLUX.1 AE)": Z_IMAGE_VAE_CONFIG},
-    marker_keys=("encoder.conv_in.weight", "decoder.conv_in.weight", "encoder.conv_out.weight"),
+    known_configs={"Tongyi-MAI/Z-Image-Turbo VAE (FLUX.1 AE)": FLUX1_VAE_CONFIG}, marker_keys=AE_MARKER_KEYS,
     description="Z-Image autoencoder (FLUX.1's, 16 latent channels)")
 
 VAE_LDM = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKL", known_configs=VAE.known_configs,
     marker_keys=("encoder.down.0.block.0.conv1.weight", "decoder.up.0.block.0.conv1.weight"),
-    convert_state_dict=partial(convert_ldm_vae, config=Z_IMAGE_VAE_CONFIG),
+    convert_state_dict=partial(convert_ldm_ae, config=FLUX1_VAE_CONFIG),
     description="Z-Image autoencoder, single-file ae.safetensors layout")
 
 IMAGE_ENCODER = ComponentSpec(
@@ -293,7 +203,7 @@ IMAGE_ENCODER = ComponentSpec(
 CONTROLNET = ComponentSpec(
     name="controlnet", library="diffusers", class_name="ZImageControlNetModel",
     marker_keys=("control_all_x_embedder.2-1.weight", "control_layers.0.before_proj.weight"),
-    normalize_key=strip_prefix, infer_config=controlnet_config_from_weights,
+    normalize_key=strip_comfyui_prefix, infer_config=controlnet_config_from_weights,
     description="Z-Image-Turbo Fun ControlNet (Union / Tile 2.1)")
 
 COMPONENTS = (DIT, TEXT_ENCODER, VAE, IMAGE_ENCODER, CONTROLNET, DIT_ORIGINAL, VAE_LDM)

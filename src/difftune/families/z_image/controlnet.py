@@ -18,7 +18,7 @@ from ...core.checkpointing import gradient_checkpoint_forward
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
-from .units import LATENT_CHANNELS, VAE_SCALE, vae_encode
+from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_encode
 
 PATCH = "2-1"  # the only patch size (2) and frame patch size (1) Z-Image has
 CONTROL_COLUMNS = ("controlnet_image", "controlnet_inpaint_mask", "controlnet_inpaint_image")

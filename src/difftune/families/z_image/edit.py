@@ -9,7 +9,8 @@ from ...core.batch import LIST
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
-from .units import DIVISION_FACTOR, vae_encode
+from ...parts.flux_ae import vae_encode
+from .units import DIVISION_FACTOR
 
 EDIT_IMAGE_MAX_PIXELS = 1024 * 1024
 

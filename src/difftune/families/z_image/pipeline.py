@@ -21,13 +21,13 @@ from ...core.features import Feature
 from ...core.pipeline import BasePipeline
 from ...errors import UserError
 from ...media.image import as_image_list
+from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_decode
 from .components import SCHEDULER_CONFIG
 from .controlnet import CONTROL_COLUMNS, ZImageControlEmbedder
 from .edit import ZImageEditImageEmbedder, ZImageSiglipEmbedder
 from .model_fn import model_fn_z_image
 from .prompt import ZImageEditPromptEmbedder, ZImageEditTextEmbedder, ZImagePromptEmbedder
-from .units import (DIVISION_FACTOR, LATENT_CHANNELS, VAE_SCALE, ZImageInputImageEmbedder, ZImageNoiseInitializer,
-                    ZImageShapeChecker, vae_decode)
+from .units import DIVISION_FACTOR, ZImageInputImageEmbedder, ZImageNoiseInitializer, ZImageShapeChecker
 
 # Every sampling default of the family (the reference's and Z-Image-Turbo's: 8 steps without guidance).
 CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 8, "cfg_scale": 1.0}

@@ -1,33 +1,17 @@
-"""Z-Image's base units (size check, noise, the input image) and the VAE maths every unit shares.
+"""Z-Image's base units (size check, noise, the input image).
 
-Values keep a leading batch dimension. The VAE is FLUX.1's autoencoder: latents are (z - shift) * scale of the
-posterior mode, 16 channels at 1/8 of the image's size.
+Values keep a leading batch dimension. The VAE is FLUX.1's autoencoder (`parts/flux_ae.py`): latents are
+(z - shift) * scale of the posterior mode, 16 channels at 1/8 of the image's size.
 """
 
 from __future__ import annotations
 
-import torch
-
 from ...core.common_units import InputImageEmbedder, ShapeChecker
 from ...core.latents import seeded_noise
 from ...core.units import PipelineUnit
+from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_encode
 
 DIVISION_FACTOR = 16  # VAE x8, then 2x2 patches
-VAE_SCALE = 8
-LATENT_CHANNELS = 16
-
-
-def vae_encode(pipe, images: torch.Tensor) -> torch.Tensor:
-    """(B, 3, H, W) in [-1, 1] -> Z-Image latents (z - shift) * scale, the posterior mode (deterministic)."""
-    vae = pipe.vae
-    z = vae.encode(images.to(device=pipe.device, dtype=vae.dtype)).latent_dist.mode()
-    return ((z - vae.config.shift_factor) * vae.config.scaling_factor).to(pipe.torch_dtype)
-
-
-def vae_decode(pipe, latents: torch.Tensor) -> torch.Tensor:
-    vae = pipe.vae
-    z = latents.to(device=pipe.device, dtype=vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
-    return vae.decode(z).sample
 
 
 class ZImageShapeChecker(ShapeChecker):
