@@ -65,7 +65,8 @@ def write_base_repo(root: Path, variant: str = "t2v") -> tuple[Path, Path]:
 def base_known_configs(twin: Path) -> list[tuple]:
     """(spec, label, config) for the tiny UMT5, VAE and CLIP of a base repository: tests add them to the official
     configs (bare original files are recognised against those)."""
-    from difftune.families.wan.components import IMAGE_ENCODER_ORIGINAL, TEXT_ENCODER_ORIGINAL, VAE22_ORIGINAL, VAE_ORIGINAL
+    from difftune.families.wan.components import (IMAGE_ENCODER_ORIGINAL, TEXT_ENCODER_ORIGINAL, VAE22_ORIGINAL,
+                                                  VAE_ORIGINAL)
 
     read = lambda folder: json.loads((twin / folder / "config.json").read_text())  # noqa: E731
     out = [(TEXT_ENCODER_ORIGINAL, "tiny", read("text_encoder"))]
