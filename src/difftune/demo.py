@@ -146,6 +146,7 @@ def load_pipeline(model_dir: Path, lora: str | None = None):
     import torch
 
     from .models import ModelConfig
+
     files = model_files(model_dir)
     configs = [ModelConfig(path=files[c]) for c in ("transformer", "text_encoder", "vae")]
     pipe = demo_family().pipeline.from_pretrained(torch_dtype=torch.float32, device="cpu", model_configs=configs,

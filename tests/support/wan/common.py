@@ -103,4 +103,4 @@ def wan_common_files(root: Path, clip: bool = False) -> None:
         shutil.copytree(original / "google", root / "google", dirs_exist_ok=True)
 
 
-TEXT_DIM = 32  # the tiny UMT5's width (testing.wan.TinyWanSpec.text_dim)
+TEXT_DIM = 32  # the tiny UMT5's width (support.wan.TinyWanSpec.text_dim)

@@ -1,5 +1,5 @@
 """The Wan family's tiny models for the contract suite (T2V, with the I2V / TI2V variants and the variants with models
-of their own), registered when the family's testing package is imported."""
+of their own), registered when the family's support package is imported."""
 
 from __future__ import annotations
 
