@@ -28,6 +28,10 @@ from difftune.io import atomic_write_text
 from difftune.families.qwen_image.components import LORA_TARGET_MODULES as LORA_TARGETS
 
 ROOT = Path(__file__).resolve().parents[1]
+# The tiny models come from the tests' support package (tests/support/, which is not installed with difftune). The
+# benchmarks run as scripts: importing this module puts tests/ on the path, once for all of them.
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
 DOC = ROOT / "docs" / "benchmarks.md"
 RESULT_MARK = "BENCH_RESULT "
 PROMPTS = ["a red fox sitting in fresh snow at dawn", "an old stone bridge over a quiet green river",
@@ -47,7 +51,7 @@ class BenchConfig:
     word_tokenizer: bool = False  # real token counts (see word_tokenizer); the text encoder's vocabulary grows
 
     def tiny_spec(self):
-        from difftune.testing import TinyQwenImageSpec
+        from support import TinyQwenImageSpec
 
         return TinyQwenImageSpec(**self.spec)
 
@@ -80,7 +84,7 @@ def word_tokenizer():
     from transformers import Qwen2Tokenizer
 
     from difftune.families.qwen_image.units import PROMPT_TEMPLATE
-    from difftune.testing import QWEN_SPECIAL_TOKENS, qwen_tokenizer
+    from support import QWEN_SPECIAL_TOKENS, qwen_tokenizer
 
     base = qwen_tokenizer()
     vocab = {k: v for k, v in base.get_vocab().items() if k not in QWEN_SPECIAL_TOKENS[1:]}
@@ -107,7 +111,7 @@ class Workspace:
     config: BenchConfig
 
     def model_paths(self, components=("transformer", "text_encoder", "vae")) -> str:
-        from difftune.testing import tiny_qwen_image_paths
+        from support import tiny_qwen_image_paths
 
         paths = tiny_qwen_image_paths(self.repo)
         return json.dumps([paths[c] if len(paths[c]) > 1 else paths[c][0] for c in components])
@@ -128,7 +132,7 @@ def use_word_tokenizer(repo: Path) -> None:
 
 def prepare(workdir: Path, config: BenchConfig, n_images: int) -> Workspace:
     """The model repository (reused when the same spec is already there) and `n_images` images."""
-    from difftune.testing import write_tiny_qwen_image
+    from support import write_tiny_qwen_image
 
     workdir = Path(workdir)
     repo = workdir / f"model-{config.name}"

@@ -49,7 +49,7 @@ def quick() -> FluxBench:
 
 
 def prepare(workdir: Path, cfg: FluxBench, n: int) -> tuple[Path, Path]:
-    from difftune.testing import TinyFluxSpec, write_tiny_flux
+    from support import TinyFluxSpec, write_tiny_flux
 
     repo = workdir / f"flux-{cfg.name}"
     reuse_or_write(repo, cfg.spec, lambda repo: write_tiny_flux(repo, TinyFluxSpec(**cfg.spec), shard=False))
@@ -60,7 +60,7 @@ def prepare(workdir: Path, cfg: FluxBench, n: int) -> tuple[Path, Path]:
 
 
 def model_paths(repo: Path, components) -> str:
-    from difftune.testing import tiny_flux_paths
+    from support import tiny_flux_paths
 
     paths = tiny_flux_paths(repo)
     return json.dumps([paths[c] if len(paths[c]) > 1 else paths[c][0] for c in components])

@@ -52,7 +52,7 @@ def device_workspace(wd: Path, cfg: BenchConfig, n: int) -> Workspace:
     """`prepare`, with the models built on the GPU when there is one (random init of billions of parameters)."""
     import torch
 
-    from difftune.testing import write_tiny_qwen_image
+    from support import write_tiny_qwen_image
 
     if cfg.name == "quick":
         return prepare(wd, cfg, n)

@@ -13,7 +13,7 @@ weights it ends up with are compared with the intended ones, W + (alpha/rank) B 
   `ModelPatcher.patch_model`; keys it reports as not loaded are counted.
 * DiffSynth-Studio: the pipeline's loader (`GeneralLoRALoader`, FLUX's `FluxLoRALoader`) as
   `BasePipeline.load_lora` calls it (convert, then fuse) on a model holding the DiT's Linear layers under the
-  reference's module names; beside it, `difftune.testing.lora_readers`' step-by-step rewrite, which the tests use
+  reference's module names; beside it, tests/support/lora_readers.py's step-by-step rewrite, which the tests use
   where the package is absent: the two must agree.
 
 Run it in a venv that has ComfyUI's and DiffSynth-Studio's requirements (torchvision's compiled ops are not needed:
@@ -44,6 +44,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import common  # noqa: E402,F401  (puts tests/ on the path: the tiny models and the readers' rewrite, tests/support)
 
 FAMILIES = ("qwen_image", "flux", "wan")
 LAYOUTS = ("default", "diffusers", "comfyui", "kohya")
@@ -90,7 +92,7 @@ def comfyui_patched(comfyui: Path, family: str, known, path) -> tuple[dict, list
     import comfy.utils
     from safetensors.torch import load_file
 
-    from difftune.testing.lora_readers import comfyui_state_dict
+    from support.lora_readers import comfyui_state_dict
 
     sd = {f"diffusion_model.{k}": v for k, v in comfyui_state_dict(family, known.base).items()}
     config = json.loads((known.repo / "transformer" / "config.json").read_text())
@@ -133,7 +135,7 @@ def diffsynth_real(family: str, known, path) -> tuple[dict, set]:
     from diffsynth.utils.lora.flux import FluxLoRALoader
     from safetensors.torch import load_file
 
-    from difftune.testing.lora_readers import reference_weights
+    from support.lora_readers import reference_weights
 
     weights = reference_weights(family, known.base)
     model = torch.nn.Module()
@@ -156,10 +158,10 @@ def diffsynth_real(family: str, known, path) -> tuple[dict, set]:
 
 
 def check(comfyui: Path | None, workdir: Path, families=FAMILIES) -> dict:
-    from difftune.testing import _quiet_hf
-    from difftune.testing.lora_readers import (KnownLora, comfyui_state_dict, max_difference, reference_weights)
+    from support import quiet_hf
+    from support.lora_readers import (KnownLora, comfyui_state_dict, max_difference, reference_weights)
 
-    _quiet_hf()
+    quiet_hf()
     results = {}
     for family in families:
         known = KnownLora(family, workdir / family)

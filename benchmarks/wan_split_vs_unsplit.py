@@ -80,14 +80,14 @@ class Prepared:
 
 
 def prepare(workdir: Path, cfg: WanBench, n: int) -> Prepared:
-    from difftune.testing import TinyWanSpec, tiny_wan_paths, write_example_video_dataset, write_tiny_wan
+    from support import TinyWanSpec, tiny_wan_paths, write_example_video_dataset, write_tiny_wan
 
     repo = workdir / f"wan-{cfg.name}" if not cfg.vace_layers else workdir / f"wan-{cfg.name}-vace"
 
     def write(repo):
         write_tiny_wan(repo, "t2v", TinyWanSpec(**cfg.spec))
         if cfg.vace_layers:  # the released layout: the DiT (of transformer/'s config) and the branch in one file
-            from difftune.families.wan.testing.vace import vace_transformer, write_vace_file
+            from support.wan.vace import vace_transformer, write_vace_file
 
             config = json.loads((repo / "transformer" / "config.json").read_text())
             configs = write_vace_file(repo / "vace", vace_transformer(config, cfg.vace_layers, seed=20))
@@ -106,7 +106,7 @@ def prepare(workdir: Path, cfg: WanBench, n: int) -> Prepared:
     metadata = data / "metadata.csv"
     if not metadata.is_file():
         if cfg.vace_layers:
-            from difftune.families.wan.testing.variant_data import write_vace_dataset
+            from support.wan.variant_data import write_vace_dataset
 
             write_vace_dataset(data, n, cfg.num_frames, (cfg.resolution, cfg.resolution))
         else:

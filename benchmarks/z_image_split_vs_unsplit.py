@@ -52,7 +52,7 @@ def quick() -> ZImageBench:
 
 
 def prepare(workdir: Path, cfg: ZImageBench, n: int) -> tuple[Path, Path]:
-    from difftune.testing import TinyZImageSpec, write_tiny_z_image_turbo
+    from support import TinyZImageSpec, write_tiny_z_image_turbo
 
     repo = workdir / f"z-image-{cfg.name}"
     reuse_or_write(repo, cfg.spec,

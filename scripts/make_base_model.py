@@ -1,7 +1,7 @@
 """Regenerate the tiny pretrained Qwen-Image bundled with difftune (`src/difftune/assets/tiny-qwen-image`).
 
 Recipe (docs/demo.md has the numbers of the committed run):
-1. A random tiny Qwen-Image in the official layout (`difftune.testing.write_tiny_qwen_image` with `SPEC`):
+1. A random tiny Qwen-Image in the official layout (`write_tiny_qwen_image` of families/qwen_image/tiny.py, `SPEC`):
    the text encoder (Qwen2.5-VL architecture) and the tokenizer stay as initialised; the DiT learns to read
    the random encoder's embeddings.
 2. The VAE is trained on flat shapes (`scripts/train_tiny_vae.py`); its latent mean/std go into its config.
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_tiny_vae import reconstruction_error, set_latent_statistics, train_vae  # noqa: E402
 
-from difftune.testing import TinyQwenImageSpec, write_tiny_qwen_image  # noqa: E402
+from difftune.families.qwen_image.tiny import TinyQwenImageSpec, write_tiny_qwen_image  # noqa: E402
 
 SPEC = TinyQwenImageSpec(
     num_layers=4, num_attention_heads=4, attention_head_dim=32, axes_dims_rope=(8, 12, 12),

@@ -139,7 +139,7 @@ def reconstruction_error(vae, n: int = 64, seed: int = 2) -> float:
 
 
 def main(argv=None) -> int:
-    from difftune.testing import TinyQwenImageSpec, tiny_qwen_vae
+    from difftune.families.qwen_image.tiny import TinyQwenImageSpec, tiny_qwen_vae
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--output", required=True, help="folder for config.json + diffusion_pytorch_model.safetensors")

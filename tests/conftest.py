@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_repo(tmp_path_factory):
-    from difftune.testing import write_tiny_qwen_image
+    from support import write_tiny_qwen_image
 
     return write_tiny_qwen_image(tmp_path_factory.mktemp("tiny_qwen_image"))
 
@@ -82,7 +82,7 @@ def image_dataset(tmp_path):
 
 
 def model_paths_json(repo, components=("transformer", "text_encoder", "vae")):
-    from difftune.testing import tiny_qwen_image_paths
+    from support import tiny_qwen_image_paths
 
     paths = tiny_qwen_image_paths(repo)
     return json.dumps([paths[c] if len(paths[c]) > 1 else paths[c][0] for c in components])

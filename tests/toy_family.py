@@ -16,7 +16,7 @@ from diffusers.configuration_utils import register_to_config
 from PIL import Image
 from torch import nn
 
-from difftune.testing import register_tiny
+from support import register_tiny
 from difftune import (BasePipeline, ComponentSpec, FamilySpec, FlowMatchScheduler, PipelineUnit, UserError,
                       gradient_checkpoint_forward, images_to_tensor, register_family)
 from difftune.core.features import Feature
@@ -229,7 +229,7 @@ def write_toy_models(root, seed: int = 0) -> dict[str, str]:
 
 
 def _tiny(folder):
-    from difftune.testing import TinyFamily, write_example_dataset
+    from support import TinyFamily, write_example_dataset
 
     paths = write_toy_models(folder)
     return TinyFamily(model_paths=list(paths.values()), lora_base_model="denoiser",

@@ -27,7 +27,11 @@ from pathlib import Path
 from .errors import UserError
 from .io import atomic_save_image, atomic_write_text
 
-BUNDLED_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-qwen-image"
+# The demo (and the example workspace) are this family's: shared code names no family (tests/families/test_seam.py),
+# and this spec name, looked up in the registry, is the one exception.
+DEMO_FAMILY = "qwen_image"
+# The bundled base model is named for its family: assets/tiny-qwen-image.
+BUNDLED_MODEL = Path(__file__).resolve().parent / "assets" / f"tiny-{DEMO_FAMILY.replace('_', '-')}"
 CONCEPT = "star"
 # (foreground, background) of the evaluation prompts; the fine-tuning set draws its own random pairs.
 EVAL_COLORS = (("red", "blue"), ("yellow", "black"), ("white", "green"), ("blue", "yellow"))
@@ -116,6 +120,13 @@ def write_concept_dataset(root: Path, n: int, seed: int) -> Path:
     return metadata
 
 
+def demo_family():
+    """The demo family's spec, from the registry."""
+    from .core.family import get_family
+
+    return get_family(DEMO_FAMILY)
+
+
 def model_files(model_dir: Path) -> dict[str, list[str]]:
     """The weight files of a repository in the official layout, per component."""
     files = {
@@ -125,21 +136,21 @@ def model_files(model_dir: Path) -> dict[str, list[str]]:
     }
     missing = [k for k, v in files.items() if not v] + ([] if (model_dir / "tokenizer").is_dir() else ["tokenizer"])
     if missing:
-        raise UserError(f"--model_dir {model_dir}: no {', '.join(missing)} there (expected the official Qwen-Image layout)")
+        raise UserError(f"--model_dir {model_dir}: no {', '.join(missing)} there (expected the official layout: "
+                        f"transformer/, text_encoder/, vae/, tokenizer/)")
     return files
 
 
 def load_pipeline(model_dir: Path, lora: str | None = None):
-    """The base model through `QwenImagePipeline.from_pretrained` (the path real weights take), fp32."""
+    """The base model through its family's `from_pretrained` (the path real weights take), fp32."""
     import torch
 
     from .models import ModelConfig
-    from .families.qwen_image import QwenImagePipeline
 
     files = model_files(model_dir)
     configs = [ModelConfig(path=files[c]) for c in ("transformer", "text_encoder", "vae")]
-    pipe = QwenImagePipeline.from_pretrained(torch_dtype=torch.float32, device="cpu", model_configs=configs,
-                                             tokenizer_config=ModelConfig(path=str(model_dir / "tokenizer")))
+    pipe = demo_family().pipeline.from_pretrained(torch_dtype=torch.float32, device="cpu", model_configs=configs,
+                                                  tokenizer_config=ModelConfig(path=str(model_dir / "tokenizer")))
     if lora:
         pipe.load_lora(pipe.dit, lora)
     return pipe
@@ -254,8 +265,6 @@ def _train(argv: list[str]) -> dict:
 def run_demo(args) -> dict:
     import torch
 
-    from .families.qwen_image.components import LORA_TARGET_MODULES
-
     if args.threads:
         torch.set_num_threads(args.threads)
     for flag in ("steps", "images", "seeds", "sample_steps", "batch_size", "lora_rank"):
@@ -279,7 +288,7 @@ def run_demo(args) -> dict:
     colors = [(c, b) for _, c, b in prompts]
     seeds = list(range(args.seeds))
 
-    say(f"difftune demo: teaching the bundled tiny Qwen-Image ({model_dir.name}) to draw a {CONCEPT}")
+    say(f"difftune demo: teaching the bundled tiny {DEMO_FAMILY} model ({model_dir.name}) to draw a {CONCEPT}")
     data = out / "data"
     metadata = write_concept_dataset(data, args.images, args.seed)
     say(f"fine-tuning set: {args.images} captioned {CONCEPT} images in {data}")
@@ -291,7 +300,7 @@ def run_demo(args) -> dict:
 
     common = ["--dataset_base_path", str(data), "--dataset_metadata_path", str(metadata), "--height", "64",
               "--width", "64", "--torch_dtype", "float32", "--lora_base_model", "dit", "--lora_target_modules",
-              LORA_TARGET_MODULES, "--lora_rank", str(args.lora_rank), "--seed", str(args.seed)]
+              demo_family().lora_target_modules, "--lora_rank", str(args.lora_rank), "--seed", str(args.seed)]
     if not progress:
         common.append("--no_progress")
     model_paths = json.dumps([files["transformer"], files["text_encoder"], files["vae"]])

@@ -98,7 +98,7 @@ def test_collation_follows_the_declarations_and_names_the_samples():
 
 @pytest.fixture(scope="module")
 def edit_repo(tmp_path_factory):
-    from difftune.testing import write_tiny_qwen_image
+    from support import write_tiny_qwen_image
 
     return write_tiny_qwen_image(tmp_path_factory.mktemp("tiny_edit_batching"), edit=True)
 

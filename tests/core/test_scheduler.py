@@ -15,7 +15,7 @@ from diffusers.pipelines.qwenimage.pipeline_qwenimage_img2img import QwenImageIm
 from difftune.errors import UserError
 from difftune.families.qwen_image.components import TRAINING_MU
 from difftune.schedulers import FlowMatchScheduler, calculate_shift
-from difftune.testing import QWEN_IMAGE_SCHEDULER_CONFIG as QWEN
+from support import QWEN_IMAGE_SCHEDULER_CONFIG as QWEN
 
 SIZES = [(1024, 1024, 50), (1328, 1328, 30), (512, 768, 20), (928, 1664, 8), (2048, 2048, 4), (256, 256, 3),
          (1000, 600, 25)]

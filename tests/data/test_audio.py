@@ -10,7 +10,7 @@ from PIL import Image
 from difftune.data.audio import LoadAudio, audio_operator
 from difftune.data.operators import CHECKED, DataError
 from difftune.media.audio import AudioError, check_audio, probe_audio, read_audio
-from difftune.testing.audio import tone, write_audio, write_clip_with_audio
+from support.audio import tone, write_audio, write_clip_with_audio
 
 
 def expected(n, rate=16000, parts=((440.0, 0.5), (660.0, 0.3))):

@@ -11,7 +11,7 @@ from difftune.data import DataError, UnifiedDataset
 from difftune.errors import UserError
 from difftune.media.video import (VideoError, frame_grid, frames_to_keep, probe_video, read_video, write_animation,
                                   write_video)
-from difftune.testing import moving_circle_frames, write_example_video_dataset, write_tiny_clip
+from support import moving_circle_frames, write_example_video_dataset, write_tiny_clip
 
 RED, BLUE = (200, 30, 60), (40, 60, 220)
 CODEC_TOLERANCE = 12  # per channel, for a flat colour through 4:2:0 H.264/VP9/MPEG-4

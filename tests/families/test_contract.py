@@ -1,5 +1,5 @@
 """The family contract: every registered family (Qwen-Image, the toy family of docs/adding_a_family.md, and any
-that registers later) passes the same checks, from its tiny models (`difftune.testing.register_tiny`):
+that registers later) passes the same checks, from its tiny models (`support.register_tiny`):
 
 - it is recognised from its weights alone, and no other family claims them;
 - its units keep to their declarations under the enforcing runner, in training and inference;
@@ -24,7 +24,7 @@ from conftest import run_train
 from difftune.core.family import families, get_family, recognise
 from difftune.errors import UserError
 from difftune.models import ModelConfig
-from difftune.testing import tiny_family
+from support import tiny_family
 from difftune.training.config import TaskSpec
 
 FAMILIES = sorted(families())
@@ -207,7 +207,7 @@ def test_batch_2_equals_batch_1_with_accumulation_2(tiny, tmp_path):
 
 
 def _variants(t):
-    from difftune.testing import TinyVariant
+    from support import TinyVariant
 
     return {"base": TinyVariant(), **t.variants}
 

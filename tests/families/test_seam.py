@@ -26,7 +26,13 @@ def toy_models(tmp_path_factory):
     return toy_family.write_toy_models(tmp_path_factory.mktemp("seam_toy"))
 
 
-SHARED = ("core", "training", "cache", "data", "lora", "models", "media", "cli")
+# Shared code: every module of difftune outside families/ (core, training, cache, data, lora, models, media,
+# schedulers, cli and the top-level modules: api, demo, example, io, util, train, shapes, errors, ...).
+SHARED = sorted(p for p in SRC.rglob("*.py") if p.relative_to(SRC).parts[0] != "families")
+# The one family name shared code holds: `difftune demo` teaches the bundled tiny model of one family a new concept
+# (and `difftune example-workspace` writes that family's tiny model), so demo.py names that family by its spec name
+# and takes everything else (pipeline class, LoRA targets, the tiny-model writer) from the registry entry.
+DEMO_FAMILY = ("demo.py", "qwen_image")
 FAMILY_WORDS = re.compile(r"qwen|flux|\bwan(\b|_|\d)|z_?image|kontext|layered|eligen|umt5|a14b|ti2v|\bi2v", re.I)
 
 
@@ -58,13 +64,8 @@ def _code_words(path):
 # path through `families`, a pipeline class or a family's flag (test_parts_name_architectures_never_a_family).
 PARTS = "parts"
 
-# The test scaffolding (`testing/`, `families/*/testing/`) leaves the package in another change (it moves under
-# tests/); until then the scans below that are about the product pass it over.
-SCAFFOLDING = ("testing",)
-
-
 def _product_modules(folder=SRC):
-    return [p for p in folder.rglob("*.py") if not set(p.relative_to(SRC).parts[:-1]) & set(SCAFFOLDING)]
+    return list(folder.rglob("*.py"))
 
 
 def _imports(path):
@@ -88,7 +89,7 @@ def _owner(module: str) -> tuple[str, ...]:
 
 def test_shared_code_never_imports_a_family():
     offenders = []
-    for path in (p for d in (*SHARED, PARTS) for p in (SRC / d).rglob("*.py")):
+    for path in SHARED:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
@@ -152,9 +153,9 @@ def test_parts_name_architectures_never_a_family():
 
 
 def test_shared_code_names_no_family_flag_or_default():
-    """core, training, cache, data, lora, models, media and cli hold no family's name, pipeline class, flag or
-    model name in their code (identifiers and strings; docstrings and comments may mention them): what is
-    particular to a family is declared by the family."""
+    """Shared code (every module outside families/ and parts/) holds no family's name, pipeline class, flag or model name in
+    its code (identifiers and strings; docstrings and comments may mention them): what is particular to a family is
+    declared by the family. The demo's one spec name is the exception (DEMO_FAMILY)."""
     from difftune.core.family import families
     from difftune.core.options import flag_fields
 
@@ -162,8 +163,12 @@ def test_shared_code_names_no_family_flag_or_default():
     exact = {cls.__name__ for spec in specs for cls in spec.pipelines}
     exact |= {f.name for spec in specs for f in flag_fields(spec.options)}
     offenders = []
-    for path in (p for d in SHARED for p in (SRC / d).rglob("*.py")):
+    for path in SHARED:
+        if path.relative_to(SRC).parts[0] == PARTS:
+            continue  # architectures' names are allowed there (test_parts_name_architectures_never_a_family)
         for line, text in _code_words(path):
+            if (str(path.relative_to(SRC)), text) == DEMO_FAMILY:
+                continue
             if FAMILY_WORDS.search(text) or text in exact or any(f"--{n}" in text for n in exact):
                 offenders.append(f"{path.relative_to(SRC)}:{line}: {text[:60]!r}")
     assert offenders == []
@@ -176,8 +181,36 @@ def test_adding_a_family_touches_no_shared_file(tmp_path):
 
     packages = sorted(p.name for p in (SRC / "families").iterdir() if (p / "__init__.py").is_file())
     assert sorted(builtin_families()) == packages
-    for path in (p for d in (*SHARED, PARTS) for p in (SRC / d).rglob("*.py")):
-        assert not any(f'"{name}"' in path.read_text() for name in packages), path
+    for path in SHARED:
+        named = [name for name in packages if f'"{name}"' in path.read_text()]
+        assert named == ([DEMO_FAMILY[1]] if str(path.relative_to(SRC)) == DEMO_FAMILY[0] else []), path
+
+
+def test_the_demo_names_its_family_once_and_takes_the_rest_from_the_registry():
+    import difftune.demo as demo
+    from difftune.core.family import families
+
+    path = SRC / DEMO_FAMILY[0]
+    assert [text for _, text in _code_words(path) if text == DEMO_FAMILY[1]] == [DEMO_FAMILY[1]]
+    assert path.read_text().count(f'"{DEMO_FAMILY[1]}"') == 1
+    spec = demo.demo_family()
+    assert spec is families()[demo.DEMO_FAMILY] and demo.DEMO_FAMILY == DEMO_FAMILY[1]
+    index = json.loads((demo.BUNDLED_MODEL / "model_index.json").read_text())
+    assert index["_class_name"] == spec.pipeline.__name__  # the bundled model is that family's
+
+
+def test_the_installed_package_carries_no_test_support():
+    """Tiny-model writers for tests, script workspaces, contract registrations and the LoRA-reader rewrites live in
+    tests/support/; the package keeps only what its commands run (the example workspace's tiny model)."""
+    assert not list(SRC.rglob("testing/*.py"))
+    offenders = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if any(n.split(".")[0] in ("support", "pytest", "conftest") for n in names):
+                offenders.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert offenders == []
 
 
 def test_the_family_is_recognised_from_the_weights_and_logged(toy_models, capsys):
@@ -254,7 +287,7 @@ def test_family_settings_from_flags_reach_the_units_and_the_cache_fingerprint(tm
     """A family option (--edit_image_auto_resize) that a stage-1 unit of the run reads is in the cache's fingerprint;
     a run whose units do not read it (plain text-to-image) keeps it out, so the cache stays valid either way."""
     from conftest import make_image_dataset, model_paths_json
-    from difftune.testing import write_tiny_qwen_image
+    from support import write_tiny_qwen_image
 
     repo = write_tiny_qwen_image(tmp_path / "edit_repo", edit=True)
     meta = make_image_dataset(tmp_path / "data", n=2)

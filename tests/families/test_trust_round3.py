@@ -13,7 +13,7 @@ from PIL import Image
 
 from conftest import setup_run
 from difftune.core.family import families
-from difftune.testing import tiny_family, write_example_dataset
+from support import tiny_family, write_example_dataset
 
 FAMILIES = sorted(n for n in families() if n in ("qwen_image", "flux", "wan"))
 
@@ -234,7 +234,7 @@ def test_an_animated_webp_is_read_frame_by_frame(ws, tmp_path):
 def test_eligen_prompt_and_mask_counts_are_checked_up_front_naming_the_row(tmp_path):
     from difftune.data import DataError, UnifiedDataset
     from difftune.families.qwen_image.pipeline import QwenImagePipeline
-    from difftune.testing import write_control_dataset
+    from support import write_control_dataset
 
     meta = write_control_dataset(tmp_path, "eligen", n=2)
     rows = json.loads(meta.read_text())
@@ -251,7 +251,7 @@ def test_eligen_prompt_and_mask_counts_are_checked_up_front_naming_the_row(tmp_p
 def test_an_eligen_mask_of_any_size_is_taken(tmp_path):
     from difftune.data import UnifiedDataset
     from difftune.families.qwen_image.pipeline import QwenImagePipeline
-    from difftune.testing import write_control_dataset
+    from support import write_control_dataset
 
     meta = write_control_dataset(tmp_path, "eligen", n=1)
     rows = json.loads(meta.read_text())

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from difftune.errors import UserError
-from difftune.testing import (TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder, tiny_qwen_transformer,
+from support import (TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder, tiny_qwen_transformer,
                               tiny_qwen_vae)
 from difftune.lora import (fuse_lora, inject_lora, load_lora_file, load_lora_into, lora_state_dict, save_lora,
                            to_comfyui, to_kohya, write_safetensors)

@@ -29,7 +29,7 @@ from conftest import make_image_dataset, model_paths_json, run_train
 from difftune.errors import UserError
 from difftune.lora import (fuse_lora, inject_lora, load_lora_file, load_lora_into, lora_state_dict, save_lora,
                            to_comfyui, to_kohya, write_safetensors)
-from difftune.testing import (TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder, tiny_qwen_transformer,
+from support import (TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_text_encoder, tiny_qwen_transformer,
                               tiny_qwen_vae)
 from test_bad_input import base_args, cli, one_line_error
 

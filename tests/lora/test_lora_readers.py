@@ -1,9 +1,9 @@
 """Issue 25, items 10-13: the LoRA file difftune writes by default loads at the trained strength in diffusers, in
 ComfyUI and in DiffSynth-Studio's own loader, for Qwen-Image, FLUX.1 and Wan, checked on the weights; each other
 layout does what docs/lora_files.md says. A tiny DiT per family gets a LoRA of random A and B (alpha 8, rank 4, so a
-reader that drops alpha shows) on the family's default targets (`difftune.testing.lora_readers.KnownLora`).
+reader that drops alpha shows) on the family's default targets (`support.lora_readers.KnownLora`).
 
-diffusers runs here; DiffSynth-Studio's loader is its step-by-step rewrite (`difftune.testing.lora_readers`; the
+diffusers runs here; DiffSynth-Studio's loader is its step-by-step rewrite (`support.lora_readers`; the
 `diffsynth` package is no dependency); ComfyUI's own code and the real `diffsynth` run in
 `benchmarks/lora_readers.py` (its test at the end runs where a ComfyUI checkout and that venv are given), which also
 shows the rewrite equal to the real loader.
@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from conftest import run_train, train_args
 from difftune.core.family import get_family
-from difftune.testing.lora_readers import KnownLora, max_difference, reference_weights
+from support.lora_readers import KnownLora, max_difference, reference_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ("qwen_image", "flux", "wan")
@@ -106,7 +106,7 @@ def test_every_layout_reimports_into_difftune_exactly(known, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_plain_training_run_writes_the_default_layout(family, tmp_path):
-    from difftune.testing import tiny_family
+    from support import tiny_family
 
     t = tiny_family(family, tmp_path / "models")
     meta = t.write_dataset(tmp_path / "data")

@@ -17,7 +17,7 @@ from difftune.parts.qwen_vl import load_processor, qwen25_vl_key
 from difftune import detect_component, load_component
 from difftune.models import (ModelConfig, check_fp8_frozen, enable_fp8_storage, load_tokenizer, match_header,
                              parse_model_configs)
-from difftune.testing import populate_offline_hub, tiny_qwen_image_paths, write_tiny_qwen_image
+from support import populate_offline_hub, tiny_qwen_image_paths, write_tiny_qwen_image
 
 ENV = ["DIFFTUNE_MODEL_BASE_PATH", "DIFFSYNTH_MODEL_BASE_PATH", "DIFFTUNE_SKIP_DOWNLOAD", "DIFFSYNTH_SKIP_DOWNLOAD",
        "DIFFTUNE_DOWNLOAD_SOURCE", "DIFFSYNTH_DOWNLOAD_SOURCE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"]

@@ -13,7 +13,7 @@ from conftest import LORA_TARGETS, make_image_dataset, run_train
 from difftune.errors import UserError
 from difftune.models import ModelConfig
 from difftune.models.quant import QuantOption, parse_quant_options
-from difftune.testing import TinyQwenImageSpec, tiny_qwen_image_paths, write_tiny_qwen_image
+from support import TinyQwenImageSpec, tiny_qwen_image_paths, write_tiny_qwen_image
 
 SCRIPT = (Path(__file__).resolve().parents[1] / "reference_scripts" / "qwen_image" / "model_training" / "special" / "quant_training"
           / "Qwen-Image-2512-bitsandbytes_nf4.sh")

@@ -130,3 +130,25 @@ def test_demo_refuses_bad_arguments_in_one_line(tmp_path, capsys):
     assert main(["demo", "--output", str(tmp_path / "y"), "--model_dir", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip()
     assert "--model_dir" in err and "\n" not in err
+
+
+def test_example_workspace_writes_a_tiny_model_where_its_hub_id_resolves_and_a_data_set(tmp_path, capsys):
+    """`difftune example-workspace DIR` (the README's second command): the tiny random Qwen-Image at
+    DIR/models/Qwen/Qwen-Image in the official layout, recognised from its weights, and the 4-image data set."""
+    from difftune.cli.main import main
+    from difftune.core.family import recognise
+    from difftune.models import ModelConfig
+
+    assert main(["example-workspace", str(tmp_path / "ws")]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(tmp_path / "ws")
+    repo = tmp_path / "ws" / "models" / "Qwen" / "Qwen-Image"
+    assert json.loads((repo / "model_index.json").read_text())["_class_name"] == "QwenImagePipeline"
+    files = _components(repo)
+    assert len(files["transformer"]) > 1 and len(files["text_encoder"]) > 1  # sharded, as the hub's
+    assert (repo / "tokenizer" / "tokenizer.json").is_file()
+    spec, found = recognise([ModelConfig(path=files[c]) for c in files], None, log=lambda *a: None)
+    assert spec.name == "qwen_image" and sorted(slot for slot, _, _ in found) == ["dit", "text_encoder", "vae"]
+    data = tmp_path / "ws" / "data" / "example_image_dataset"
+    rows = (data / "metadata.csv").read_text().splitlines()
+    assert rows[0] == "image,prompt" and len(rows) == 5
+    assert all((data / row.split(",")[0]).is_file() for row in rows[1:])

@@ -184,7 +184,7 @@ def test_no_pickle_is_written_anywhere(setup):
 
 @pytest.fixture(scope="module")
 def edit_repo(tmp_path_factory):
-    from difftune.testing import write_tiny_qwen_image
+    from support import write_tiny_qwen_image
 
     return write_tiny_qwen_image(tmp_path_factory.mktemp("tiny_edit"), edit=True)
 

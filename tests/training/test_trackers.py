@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from difftune.testing import tiny_family
+from support import tiny_family
 
 pytestmark = pytest.mark.slow
 

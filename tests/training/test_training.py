@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_train
 from difftune.errors import UserError
 from difftune.models import ModelConfig
-from difftune.testing import tiny_qwen_image_paths
+from support import tiny_qwen_image_paths
 
 
 def load_pipe(repo):
@@ -217,7 +217,7 @@ REFERENCE_MODELS = ("Qwen/Qwen-Image:transformer/diffusion_pytorch_model*.safete
 def test_reference_commands_verbatim_with_hub_ids(tmp_path, tiny_repo, monkeypatch):
     """Seed 000's three commands exactly, with only the script path changed: hub ids resolve from a
     pre-populated DIFFTUNE_MODEL_BASE_PATH (no network), data in data/example_image_dataset."""
-    from difftune.testing import populate_offline_hub
+    from support import populate_offline_hub
 
     monkeypatch.chdir(tmp_path)
     populate_offline_hub(tmp_path / "models", "Qwen/Qwen-Image", tiny_repo)
@@ -254,7 +254,7 @@ def test_edit_command_finds_the_processor_where_the_reference_does(tmp_path, tin
     processor/; the processor is the reference's default, Qwen/Qwen-Image-Edit:processor/."""
     from PIL import Image
 
-    from difftune.testing import populate_offline_hub, write_tiny_qwen_image
+    from support import populate_offline_hub, write_tiny_qwen_image
 
     monkeypatch.chdir(tmp_path)
     populate_offline_hub(tmp_path / "models", "Qwen/Qwen-Image", tiny_repo)

@@ -82,7 +82,7 @@ def cmd_example(argv: list[str]) -> int:
                                                  "reference's command lines run unchanged in DIR.")
     parser.add_argument("dir")
     args = parser.parse_args(argv)
-    from ..testing import write_example_workspace
+    from ..example import write_example_workspace
 
     print(write_example_workspace(args.dir))
     return 0

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from difftune.testing import write_tiny_flux
+from support import write_tiny_flux
 
 
 @pytest.fixture(scope="session")

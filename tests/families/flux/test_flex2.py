@@ -11,7 +11,7 @@ from PIL import Image
 from difftune.families.flux.components import DIT_BFL
 from difftune.families.flux.flex2 import (FLEX2_TRANSFORMER_CONFIG, FluxFlexConditioner, flex_latents,
                                           flex_stop_timestep, infer_flux_config, is_flex)
-from difftune.families.flux.testing.flex2 import write_tiny_flex2
+from support.flux.flex2 import write_tiny_flex2
 from difftune.models.detect import match_header, read_header
 
 
@@ -98,7 +98,7 @@ def test_model_fn_part_appends_the_condition_until_the_stop():
 def test_tiny_flex_transformer_runs_on_the_49_channels(tmp_path):
     from difftune.core.latents import pack_latents, unpack_latents
     from difftune.families.flux.model_fn import image_ids
-    from difftune.families.flux.testing.flex2 import tiny_flux_transformer
+    from support.flux.flex2 import tiny_flux_transformer
 
     dit = tiny_flux_transformer(196, 64)
     x = flex_latents(torch.randn(1, 16, 4, 4), torch.tensor([500.0]), torch.randn(1, 33, 4, 4))

@@ -9,7 +9,7 @@ from difftune.core.units import run_unit
 from difftune.families.flux import FluxImagePipeline
 from difftune.families.flux.units import FluxClipEmbedder, FluxT5Embedder
 from difftune.models import ModelConfig
-from difftune.testing import tiny_flux_paths, write_tiny_flux
+from support import tiny_flux_paths, write_tiny_flux
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_trained_lora_loads_in_diffusers_flux_pipeline(repo, tmp_path):
     from conftest import run_train
     from diffusers import FluxPipeline
     from difftune.families.flux.components import LORA_TARGET_MODULES
-    from difftune.testing import write_example_dataset
+    from support import write_example_dataset
 
     meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
     paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
@@ -250,7 +250,7 @@ def test_validation_images_during_flux_training(repo, tmp_path):
 
     from conftest import run_train
     from difftune.families.flux.components import LORA_TARGET_MODULES
-    from difftune.testing import write_example_dataset
+    from support import write_example_dataset
 
     meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
     paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
@@ -305,7 +305,7 @@ def test_batched_stage1_matches_one_at_a_time(repo, tmp_path):
 
     from conftest import run_train
     from difftune.families.flux.components import LORA_TARGET_MODULES
-    from difftune.testing import write_example_dataset
+    from support import write_example_dataset
     from difftune.cache import CacheReader
 
     def read_all(path):
@@ -365,7 +365,7 @@ def test_train_from_hub_ids_in_the_diffusers_layout(repo, tmp_path, monkeypatch)
     from safetensors.torch import load_file
 
     from conftest import run_train
-    from difftune.testing import populate_offline_hub, write_example_dataset
+    from support import populate_offline_hub, write_example_dataset
 
     populate_offline_hub(tmp_path / "models", "black-forest-labs/FLUX.1-dev", repo)
     monkeypatch.setenv("DIFFTUNE_MODEL_BASE_PATH", str(tmp_path / "models"))
@@ -401,7 +401,7 @@ def test_the_reference_lora_targets_name_the_same_modules(repo, tmp_path):
 
     from conftest import run_train
     from difftune.families.flux.components import LORA_TARGET_MODULES
-    from difftune.testing import write_example_dataset
+    from support import write_example_dataset
 
     meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
     paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
@@ -437,7 +437,7 @@ def test_bfl_single_files_load_the_same_tensors(repo, tmp_path, monkeypatch, pre
 
     from difftune.families.flux import FAMILY
     from difftune.models.load import load_component
-    from difftune.testing import write_tiny_flux_bfl
+    from support import write_tiny_flux_bfl
 
     _tiny_known_configs(repo, monkeypatch)
     root = tmp_path / "repo"
@@ -476,7 +476,7 @@ def test_train_from_the_reference_bfl_hub_files(repo, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
     from conftest import run_train
-    from difftune.testing import populate_offline_hub, write_example_dataset, write_tiny_flux_bfl
+    from support import populate_offline_hub, write_example_dataset, write_tiny_flux_bfl
 
     _tiny_known_configs(repo, monkeypatch)
     hub = populate_offline_hub(tmp_path / "models", "black-forest-labs/FLUX.1-dev", repo)
@@ -602,7 +602,7 @@ def test_kohya_bfl_lora_via_the_commands(repo, tmp_path):
 
     from conftest import run_train
     from difftune.cli.sample import main
-    from difftune.testing import write_example_dataset
+    from support import write_example_dataset
 
     path = tmp_path / "kohya.safetensors"
     _kohya_bfl_lora(path, repo, diffusers_subset=True)
@@ -716,7 +716,7 @@ def test_kontext_images_not_loaded_as_files_are_refused(repo, tmp_path):
 
     from conftest import run_train
     from difftune.errors import UserError
-    from difftune.testing import write_kontext_dataset
+    from support import write_kontext_dataset
 
     meta = write_kontext_dataset(tmp_path / "data")
     paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
@@ -736,7 +736,7 @@ def test_kontext_lora_split_equals_one_stage(repo, tmp_path, references):
     from safetensors.torch import load_file
 
     from conftest import run_train
-    from difftune.testing import write_kontext_dataset
+    from support import write_kontext_dataset
 
     meta = write_kontext_dataset(tmp_path / "data", n=2, size=(48, 32), kontext_size=(32, 32),
                                  references=references)
@@ -872,7 +872,7 @@ def test_lora_format_kohya_from_the_command(repo, tmp_path):
     from difftune.families.flux import FAMILY
     from difftune.lora import fuse_lora, load_lora_file
     from difftune.models.load import load_component
-    from difftune.testing import write_example_dataset
+    from support import write_example_dataset
 
     meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
     paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]
@@ -933,7 +933,7 @@ def test_saved_lora_uses_every_key_in_diffusers(repo, tmp_path):
     from conftest import run_train
     from diffusers import FluxPipeline
     from difftune.families.flux.components import LORA_TARGET_MODULES
-    from difftune.testing import write_example_dataset
+    from support import write_example_dataset
 
     meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
     paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(repo).values()]

@@ -13,7 +13,7 @@ from difftune.families.flux.controlnet import (CONTROLNET, INFUSENET_CONFIG,
                                                FluxControlNetEmbedder, controlnet_config_from_weights)
 from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.model_fn import image_ids
-from difftune.families.flux.testing import (TINY_CONTROLNETS, run_unit_on, tiny_controlnet_config, with_config,
+from support.flux import (TINY_CONTROLNETS, run_unit_on, tiny_controlnet_config, with_config,
                                             write_tiny_controlnet)
 from difftune.models.detect import match_header, read_header
 from difftune.models.load import load_component
@@ -176,7 +176,7 @@ def test_sampling_equals_flux_controlnet_pipeline(flux_repo, flux_models, tmp_pa
     """The whole sampling loop with a ControlNet == diffusers' FluxControlNetPipeline (fp32, tiny, latents)."""
     from difftune import FluxImagePipeline
     from difftune.models import ModelConfig
-    from difftune.testing import tiny_flux_paths
+    from support import tiny_flux_paths
 
     paths = tiny_flux_paths(flux_repo)
     ours = FluxImagePipeline.from_pretrained(
@@ -220,7 +220,7 @@ def test_a_controlnet_lora_and_a_trainable_controlnet_train_the_same_one_stage_a
     from conftest import run_train
     from safetensors.torch import load_file
 
-    from difftune.testing import tiny_flux_paths, write_example_dataset
+    from support import tiny_flux_paths, write_example_dataset
 
     meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
     rows = meta.read_text().splitlines()
@@ -230,7 +230,7 @@ def test_a_controlnet_lora_and_a_trainable_controlnet_train_the_same_one_stage_a
         rows[i] = f"{rows[i]},{name}"
     meta.write_text("\n".join([rows[0] + ",controlnet_image", *rows[1:]]) + "\n")
     models = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(flux_repo).values()]
-    from difftune.families.flux.testing.contract import ContractModels
+    from support.flux.contract import ContractModels
 
     models.append(ContractModels(tmp_path / "variants", flux_repo).controlnet("upscaler"))  # random output blocks
     what = (["--lora_base_model", "controlnet", "--lora_target_modules", "to_q,to_k,to_v", "--lora_rank", "4"]

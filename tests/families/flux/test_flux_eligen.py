@@ -10,7 +10,7 @@ from PIL import Image
 from difftune.errors import UserError
 from difftune.families.flux.eligen import FluxEntityControl, eligen_text_and_mask
 from difftune.families.flux.model_fn import model_fn_flux
-from difftune.families.flux.testing import run_unit_on
+from support.flux import run_unit_on
 from difftune.parts.eligen import entity_token_masks, segment_attention_mask
 
 
@@ -90,7 +90,7 @@ def test_entities_are_encoded_and_change_the_prediction(flux_models):
     assert out["entity_prompt_embeds"].shape == (1, 2, 512, 32)
     assert out["entity_masks"].tolist() == [[[1, 0, 1, 0], [0, 1, 0, 0]]]
     from difftune.families.flux.units import t5_hidden
-    from difftune.families.flux.testing import UnitPipe
+    from support.flux import UnitPipe
     assert torch.equal(out["entity_prompt_embeds"][0, 1],
                        t5_hidden(UnitPipe(**models), ["a blue hat"])[0])
     dit = flux_models["dit"]

@@ -12,10 +12,10 @@ from difftune.families.flux.bfl import bfl_transformer_from_diffusers
 from difftune.families.flux.components import DIT, DIT_BFL
 from difftune.families.flux.fill import FLUX1_FILL_TRANSFORMER_CONFIG, FluxFillCondition, is_fill_dit
 from difftune.families.flux.model_fn import model_fn_flux
-from difftune.families.flux.testing import run_unit_on, with_config, write_tiny_fill_dit
+from support.flux import run_unit_on, with_config, write_tiny_fill_dit
 from difftune.models.detect import match_header, read_header
 from difftune.models.load import load_component
-from difftune.testing import TinyFluxSpec
+from support import TinyFluxSpec
 
 SPEC = TinyFluxSpec()
 TINY_FILL = {**FLUX1_FILL_TRANSFORMER_CONFIG, "num_layers": SPEC.num_layers,
@@ -114,7 +114,7 @@ def test_sampling_equals_flux_fill_pipeline(flux_repo, flux_models, tmp_path):
 
     from difftune import FluxImagePipeline
     from difftune.models import ModelConfig
-    from difftune.testing import tiny_flux_paths
+    from support import tiny_flux_paths
 
     dit = load_component(str(write_tiny_fill_dit(tmp_path)), [with_config(DIT_BFL, TINY_FILL)],
                          torch_dtype=torch.float32).module

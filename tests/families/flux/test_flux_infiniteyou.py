@@ -13,9 +13,9 @@ from difftune.errors import UserError
 from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.infiniteyou import IMAGE_PROJ_MODEL, INFU_IMAGE_PROJ_CONFIG, FluxInfiniteYouEmbedder
 from difftune.families.flux.model_fn import image_ids
-from difftune.families.flux.testing import run_unit_on, with_config, write_tiny_controlnet, write_tiny_image_proj
+from support.flux import run_unit_on, with_config, write_tiny_controlnet, write_tiny_image_proj
 from difftune.families.flux.infiniteyou import image_proj_native_keys
-from difftune.families.flux.testing.variants import tiny_controlnet_config, tiny_image_proj_config
+from support.flux.variants import tiny_controlnet_config, tiny_image_proj_config
 from difftune.models.detect import match_header
 from difftune.models.files import load_pth
 from difftune.models.load import load_component

@@ -13,8 +13,8 @@ from difftune.families.flux.attention import use_feature_attention
 from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.ipadapter import (IPADAPTER, IPADAPTER_IMAGE_ENCODER, FluxIPAdapterImageEncoder,
                                               ipadapter_key, ipadapter_native_keys)
-from difftune.families.flux.testing import run_unit_on, with_config, write_tiny_ipadapter, write_tiny_siglip
-from difftune.families.flux.testing.variants import tiny_ipadapter_config
+from support.flux import run_unit_on, with_config, write_tiny_ipadapter, write_tiny_siglip
+from support.flux.variants import tiny_ipadapter_config
 from difftune.models.detect import detect_component
 from difftune.models.files import load_pth
 from difftune.models.load import load_component

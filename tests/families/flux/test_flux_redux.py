@@ -10,7 +10,7 @@ from difftune.errors import UserError
 from difftune.families.flux.model_fn import model_fn_flux
 from difftune.families.flux.ipadapter import IPADAPTER_IMAGE_ENCODER
 from difftune.families.flux.redux import REDUX_IMAGE_EMBEDDER, REDUX_IMAGE_ENCODER, FluxReduxPromptEmbedder
-from difftune.families.flux.testing import run_unit_on, write_tiny_redux, write_tiny_siglip
+from support.flux import run_unit_on, write_tiny_redux, write_tiny_siglip
 from difftune.models.detect import detect_component
 from difftune.models.load import load_component
 

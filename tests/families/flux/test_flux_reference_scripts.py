@@ -19,7 +19,7 @@ from PIL import Image, ImageOps
 from safetensors.torch import load_file, save_file
 
 from difftune.cli.main import main as difftune
-from difftune.testing.scripts import flag_value, reference_commands
+from support.scripts import flag_value, reference_commands
 
 ROOT = Path(__file__).resolve().parents[2] / "reference_scripts" / "flux" / "model_training"
 # see tests/conftest.py: each picture encoded once; narrow conv3d layers as conv2d per time tap
@@ -43,14 +43,14 @@ def test_the_snapshot_has_every_flux_script():
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    from difftune.testing import write_flux_script_workspace
+    from support import write_flux_script_workspace
 
     return write_flux_script_workspace(tmp_path_factory.mktemp("flux_scripts"))
 
 
 @pytest.fixture()
 def in_workspace(workspace, monkeypatch):
-    from difftune.testing import tiny_known_configs
+    from support import tiny_known_configs
 
     # bare single files carry no config: the tiny files' configs stand in for the releases' known ones
     for spec, label, config in tiny_known_configs(workspace):

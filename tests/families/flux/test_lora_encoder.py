@@ -12,7 +12,7 @@ from difftune.errors import UserError
 from difftune.families.flux.lora_encoder import (LORA_ENCODER, LORA_ENCODER_CONFIG, FluxLoRAEncoder,
                                                  FluxLoRAEncoderEmbedder, FluxLoRAEncoderInputs, lora_encoder_key,
                                                  lora_layers, read_lora_for_encoder, reference_lora)
-from difftune.families.flux.testing.lora_encoder import write_reference_named_lora, write_tiny_lora_encoder
+from support.flux.lora_encoder import write_reference_named_lora, write_tiny_lora_encoder
 from difftune.models.detect import match_header, read_header
 
 

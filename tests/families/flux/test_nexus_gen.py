@@ -10,8 +10,8 @@ from difftune.families.flux.components import DIT_BFL
 from difftune.families.flux.nexus_gen import (NEXUS_AR, NEXUS_DIT, NEXUS_MERGER, NexusGenEmbeddingMerger,
                                               convert_nexus_dit, convert_nexus_merger, editing_messages_text,
                                               editing_text_ids, nexus_ar_key)
-from difftune.families.flux.testing.flex2 import tiny_flux_transformer
-from difftune.families.flux.testing.nexus_gen import write_tiny_nexus_decoder
+from support.flux.flex2 import tiny_flux_transformer
+from support.flux.nexus_gen import write_tiny_nexus_decoder
 from difftune.models.detect import match_header
 
 
@@ -139,8 +139,8 @@ def test_ar_release_recognised_and_its_pass_reads_image_and_instruction(tmp_path
     from safetensors.torch import load_file
 
     from difftune.families.flux.nexus_gen import NexusGenAR, nexus_target_embeddings
-    from difftune.families.flux.testing.nexus_gen import write_tiny_nexus_ar
-    from difftune.testing import qwen_vl_processor
+    from support.flux.nexus_gen import write_tiny_nexus_ar
+    from support import qwen_vl_processor
 
     path, config = write_tiny_nexus_ar(tmp_path)
     sd = load_file(path)

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from difftune.families.flux.components import DIT_BFL
 from difftune.families.flux.step1x import (STEP1X_CONNECTOR, STEP1X_CONNECTOR_CONFIG, STEP1X_DIT, Step1XConnector,
                                            convert_step1x_connector, split_quoted, step1x_chat_text, step1x_tokens)
-from difftune.families.flux.testing.step1x import write_tiny_step1x
+from support.flux.step1x import write_tiny_step1x
 from difftune.models.detect import match_header, read_header
 
 
@@ -119,7 +119,7 @@ def test_qwenvl_embedding_follows_the_reference_steps(tmp_path):
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     from difftune.families.flux.step1x import step1x_embed, step1x_input_ids
-    from difftune.families.flux.testing.step1x import step1x_processor, write_tiny_qwen25vl
+    from support.flux.step1x import step1x_processor, write_tiny_qwen25vl
 
     folder = write_tiny_qwen25vl(tmp_path / "qwen")
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(folder)).eval()

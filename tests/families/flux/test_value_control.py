@@ -9,7 +9,7 @@ import torch
 from difftune.errors import UserError
 from difftune.families.flux.value_control import (ATTRICTRL_CONFIG, VALUE_CONTROLLER, FluxValueControlEmbedder,
                                                   FluxValueEncoder, extend_prompt)
-from difftune.families.flux.testing.value_control import write_tiny_value_controller
+from support.flux.value_control import write_tiny_value_controller
 from difftune.models.detect import match_header, read_header
 
 

@@ -22,7 +22,7 @@ from difftune.families.qwen_image.eligen import (entity_attention_mask, entity_s
 from difftune.families.qwen_image.forward import transformer_forward
 from difftune.models import ModelConfig
 from difftune.parts.eligen import entity_token_masks
-from difftune.testing import (TinyQwenImageSpec, tiny_qwen_image_paths, tiny_qwen_transformer,
+from support import (TinyQwenImageSpec, tiny_qwen_image_paths, tiny_qwen_transformer,
                               write_control_dataset, write_tiny_blockwise_controlnet, write_tiny_qwen_image)
 from difftune.training.config import TaskSpec
 

@@ -11,7 +11,7 @@ from difftune.core.units import run_unit
 from difftune.families.qwen_image import QwenImagePipeline
 from difftune.families.qwen_image.model_fn import model_fn_qwen_image
 from difftune.families.qwen_image.units import EDIT_PROMPT_TEMPLATE, PROMPT_TEMPLATE, template_drop_count
-from difftune.testing import TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_image_paths, write_tiny_qwen_image
+from support import TinyQwenImageSpec, qwen_tokenizer, tiny_qwen_image_paths, write_tiny_qwen_image
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def test_bf16_inference_is_finite(repo):
 def test_zero_cond_t_flag_equals_diffusers_own_2511_handling(tmp_path):
     """The flag on a transformer loaded with the Qwen-Image config gives what diffusers computes for a transformer
     whose config says zero_cond_t (Qwen-Image-Edit-2511): edit tokens modulated at t=0."""
-    from difftune.testing import tiny_qwen_transformer
+    from support import tiny_qwen_transformer
 
     plain = tiny_qwen_transformer(TinyQwenImageSpec()).eval()
     official = tiny_qwen_transformer(TinyQwenImageSpec(zero_cond_t=True)).eval()  # same weights, 2511's config

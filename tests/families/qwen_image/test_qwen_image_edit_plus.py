@@ -18,7 +18,7 @@ from difftune.families.qwen_image.edit_plus import (EDIT_PLUS_PROMPT_TEMPLATE, c
 from difftune.families.qwen_image.model_fn import model_fn_qwen_image
 from difftune.families.qwen_image.units import template_drop_count
 from difftune.models import ModelConfig
-from difftune.testing import (TinyQwenImageSpec, diffusers_qwen_image_edit, tiny_qwen_image_paths,
+from support import (TinyQwenImageSpec, diffusers_qwen_image_edit, tiny_qwen_image_paths,
                               write_tiny_qwen_image)
 
 VAE_AREA = 64 * 64  # the VAE side's 1 MP scaled down on both sides (a tiny VAE at 1 MP takes ~15 s an image)

@@ -18,7 +18,7 @@ from difftune.errors import UserError
 from difftune.families.qwen_image import QwenImagePipeline
 from difftune.families.qwen_image.components import LORA_TARGET_MODULES
 from difftune.models import ModelConfig
-from difftune.testing import (tiny_qwen_image_paths, write_layered_dataset, write_tiny_qwen_image,
+from support import (tiny_qwen_image_paths, write_layered_dataset, write_tiny_qwen_image,
                               write_tiny_qwen_image_layered)
 
 from conftest import run_train
@@ -207,7 +207,7 @@ def test_layered_data_with_an_rgb_vae_is_refused(tmp_path):
 
 def test_layer_stacks_with_a_plain_transformer_are_refused(pipe, tmp_path):
     from difftune.families.qwen_image.layered import model_fn_qwen_image_layered
-    from difftune.testing import tiny_qwen_transformer, TinyQwenImageSpec
+    from support import tiny_qwen_transformer, TinyQwenImageSpec
 
     plain = tiny_qwen_transformer(TinyQwenImageSpec())
     latents, condition = torch.zeros(1, 16, 2, 4, 4), torch.zeros(1, 16, 4, 4)

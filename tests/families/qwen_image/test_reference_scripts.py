@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from difftune.cli.main import main
-from difftune.testing import read_reference_script, write_qwen_image_script_workspace
-from difftune.testing.scripts import flag_value
+from support import read_reference_script, write_qwen_image_script_workspace
+from support.scripts import flag_value
 
 # see tests/conftest.py: each picture encoded once; narrow conv3d layers as conv2d per time tap
 pytestmark = pytest.mark.usefixtures("reuse_vae_encodes", "narrow_conv3d_by_frames")

@@ -17,7 +17,7 @@ from difftune.errors import UserError
 from difftune.families.wan.components import DIT, DIT_ORIGINAL
 from difftune.families.wan.dancer import (DANCER_14B_CONFIG, DANCER_DIT, dancer_to_original, keyframe_mask,
                                           model_fn_wan_dancer, music_features)
-from difftune.families.wan.testing.dancer import FILES, tiny_dancer_dit, write_tiny_dancer
+from support.wan.dancer import FILES, tiny_dancer_dit, write_tiny_dancer
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component
 
@@ -221,7 +221,7 @@ def test_keyframe_mask_is_the_reference_mask():
 
 
 def test_music_features_need_librosa_or_give_35_per_frame(tmp_path):
-    from difftune.testing.audio import tone, write_audio
+    from support.audio import tone, write_audio
 
     path = write_audio(tmp_path / "music.wav", tone((330.0, 440.0), seconds=1.0, rate=22050), 22050)
     try:

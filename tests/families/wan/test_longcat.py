@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from difftune.families.wan.components import DIT, DIT_ORIGINAL
 from difftune.families.wan.longcat import LONGCAT_DIT, LONGCAT_VIDEO_CONFIG, infer_longcat_config, model_fn_longcat
-from difftune.families.wan.testing.longcat import DIT_FOLDER, tiny_longcat_dit, write_tiny_longcat
+from support.wan.longcat import DIT_FOLDER, tiny_longcat_dit, write_tiny_longcat
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component
 

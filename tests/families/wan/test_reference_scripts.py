@@ -1,7 +1,7 @@
 """The reference's Wan scripts are acceptance tests: every script in tests/reference_scripts/wanvideo/model_training/
 (DiffSynth-Studio fed7b18, see SOURCE.md) runs with only `accelerate launch .../train.py` replaced by
 `difftune train` and `--max_steps 2` appended, in one tiny workspace laid out as the scripts name their files
-(`difftune.testing.write_wan_script_workspace`: Wan-AI's, PAI's, iic's and krea's original layouts, one-sample data
+(`support.write_wan_script_workspace`: Wan-AI's, PAI's, iic's and krea's original layouts, one-sample data
 sets of one-frame clips, five frames where a script reads a first and a last frame, moves a camera or animates). The scripts' --height 480 --width 832 and frame counts are kept (the clips are resized; the
 4k+1 rule cuts them). Each command must leave what it is for: a complete stage-1 cache, or a checkpoint holding
 what it trained (a LoRA of the named model at the named rank that moved; a fully trained model's own keys, changed).
@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from difftune.cli.main import main as difftune
-from difftune.testing import read_reference_script, write_wan_script_workspace
-from difftune.testing.scripts import flag_value
+from support import read_reference_script, write_wan_script_workspace
+from support.scripts import flag_value
 
 # see tests/conftest.py: each clip encoded once; narrow conv3d layers as conv2d per time tap
 pytestmark = pytest.mark.usefixtures("reuse_vae_encodes", "narrow_conv3d_by_frames")

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from difftune.cli.main import main as difftune
 from difftune.families.wan.dancer import has_librosa
-from difftune.testing import read_reference_script
-from difftune.testing.scripts import flag_value
+from support import read_reference_script
+from support.scripts import flag_value
 
 # see tests/conftest.py: each clip encoded once; narrow conv3d layers as conv2d per time tap
 pytestmark = pytest.mark.usefixtures("reuse_vae_encodes", "narrow_conv3d_by_frames")
@@ -33,7 +33,7 @@ DANCER = [pytest.param(s, marks=needs_librosa) for s in (
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    from difftune.families.wan.testing.scripts_b import write_wan_b_workspace
+    from support.wan.scripts_b import write_wan_b_workspace
 
     return write_wan_b_workspace(tmp_path_factory.mktemp("wan_b_scripts"))
 

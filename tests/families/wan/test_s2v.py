@@ -16,7 +16,7 @@ from difftune.families.wan.components import DIT, DIT_ORIGINAL
 from difftune.families.wan.s2v import (AUDIO_ENCODER, S2V_14B_CONFIG, S2V_DIT, WAV2VEC2_XLSR_CONFIG,
                                        WanModel_S2V, infer_s2v_config, load_audio_processor, model_fn_wan_s2v,
                                        s2v_audio_embeds)
-from difftune.families.wan.testing.s2v import WAV2VEC_FOLDER, tiny_wav2vec2, write_tiny_s2v
+from support.wan.s2v import WAV2VEC_FOLDER, tiny_wav2vec2, write_tiny_s2v
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component
 
@@ -221,7 +221,7 @@ def ref_model_fn(dit, latents, timestep, context, audio_input, pose):
 
 
 def test_dit_equals_the_reference_formula():
-    from difftune.families.wan.testing.s2v import tiny_s2v_dit
+    from support.wan.s2v import tiny_s2v_dit
 
     dit = tiny_s2v_dit()
     g = torch.Generator().manual_seed(3)
@@ -247,7 +247,7 @@ def test_dit_equals_the_reference_formula():
 
 
 def test_dit_gradients_reach_every_trained_part():
-    from difftune.families.wan.testing.s2v import tiny_s2v_dit
+    from support.wan.s2v import tiny_s2v_dit
 
     dit = tiny_s2v_dit()
     g = torch.Generator().manual_seed(4)

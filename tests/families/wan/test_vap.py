@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from difftune.families.wan.components import WAN_DIT_CONFIGS
-from difftune.families.wan.testing.vap import (MOT_LAYERS, TRANSFORMER_FOLDER, tiny_vap_branch, tiny_vap_dit,
+from support.wan.vap import (MOT_LAYERS, TRANSFORMER_FOLDER, tiny_vap_branch, tiny_vap_dit,
                                                write_tiny_vap)
 from difftune.families.wan.vap import (VAP, VAP_14B_CONFIG, VAP_DIT, model_fn_wan_vap,
                                        released_name, vap_from_released)
@@ -220,7 +220,7 @@ def reference_model_fn(dit, vap, latents, timestep, context, clip_feature, y, va
 
 
 def _inputs(seed=6):
-    from difftune.testing import CLIP_TOKENS
+    from support import CLIP_TOKENS
 
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731

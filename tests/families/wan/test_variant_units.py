@@ -15,10 +15,10 @@ from difftune.families.wan.dancer import (WanDancerFramewiseVideo, WanDancerKeyf
                                           framewise_num_frames)
 from difftune.families.wan.s2v import (WanS2VAudioEmbedder, WanS2VPoseEmbedder, WanS2VReferenceEmbedder,
                                        load_audio_processor, s2v_audio_embeds)
-from difftune.families.wan.testing.s2v import WAV2VEC_FOLDER, tiny_wav2vec2, write_tiny_wav2vec2
+from support.wan.s2v import WAV2VEC_FOLDER, tiny_wav2vec2, write_tiny_wav2vec2
 from difftune.families.wan.units import WanImageEmbedderCLIP, vae_encode, video_tensor
 from difftune.families.wan.vap import WanVAPPromptEmbedder, WanVAPVideoEmbedder
-from difftune.testing.audio import tone, write_audio, write_clip_with_audio
+from support.audio import tone, write_audio, write_clip_with_audio
 
 H = W = 32
 
@@ -29,7 +29,7 @@ def pipe(tmp_path_factory):
     from transformers import CLIPVisionModel, UMT5EncoderModel
 
     from difftune.models.load import load_tokenizer
-    from difftune.testing import write_tiny_wan
+    from support import write_tiny_wan
 
     root = write_tiny_wan(tmp_path_factory.mktemp("wan"), "i2v")
     folder = write_tiny_wav2vec2(root / WAV2VEC_FOLDER)

@@ -14,7 +14,7 @@ from conftest import run_train
 from difftune import WanVideoPipeline
 from difftune.errors import UserError
 from difftune.models import ModelConfig
-from difftune.testing import tiny_wan_paths, write_example_dataset, write_tiny_wan
+from support import tiny_wan_paths, write_example_dataset, write_tiny_wan
 
 KW = dict(height=32, width=48, num_frames=9, num_inference_steps=4)
 
@@ -208,7 +208,7 @@ def test_direct_distill_split_equals_one_stage(repos, tmp_path):
 
 def test_ti2v_split_equals_one_stage(repos, tmp_path):
     """TI2V-5B on 5-frame mp4 clips, input_image = each clip's first frame (--extra_inputs, no such column)."""
-    from difftune.testing import write_example_video_dataset
+    from support import write_example_video_dataset
 
     meta = write_example_video_dataset(tmp_path / "data", n=2, num_frames=5, size=(64, 32))
     paths = [p[0] for p in tiny_wan_paths(repos["ti2v"]).values()]
@@ -416,7 +416,7 @@ def original(tmp_path, monkeypatch):
     """A tiny I2V-A14B repository in Wan-AI's original layout, its diffusers twin, and the tiny configs as known
     ones (recognition matches bare weights against the official configs, which tiny models are not)."""
     from difftune.families.wan.components import DIT_ORIGINAL, TEXT_ENCODER_ORIGINAL, VAE_ORIGINAL
-    from difftune.testing import write_tiny_wan_original
+    from support import write_tiny_wan_original
 
     root, reference = write_tiny_wan_original(tmp_path / "Wan2.2-I2V-A14B", "i2v_a14b")
     for spec, folder in ((DIT_ORIGINAL, "transformer"), (TEXT_ENCODER_ORIGINAL, "text_encoder"),
@@ -453,7 +453,7 @@ def test_original_clip_and_wan22_vae_load_as_the_diffusers_layout(variant, tmp_p
     from difftune.families.wan.components import (DIT_ORIGINAL, IMAGE_ENCODER_ORIGINAL, TEXT_ENCODER_ORIGINAL,
                                                   VAE22_ORIGINAL, VAE_ORIGINAL)
     from difftune.models import load_component
-    from difftune.testing import write_tiny_wan_original
+    from support import write_tiny_wan_original
 
     root, reference = write_tiny_wan_original(tmp_path / variant, variant)
     vae_spec = VAE22_ORIGINAL if variant == "ti2v" else VAE_ORIGINAL
@@ -531,7 +531,7 @@ def test_reference_a14b_command_on_original_files(original, tmp_path):
 def test_hub_ids_with_the_repository_scheduler(repos, tmp_path, monkeypatch):
     """From hub ids (an offline hub): both A14B experts in order, the tokenizer, and the repository's scheduler/
     with model_index.json's boundary_ratio; the video equals the one from local paths."""
-    from difftune.testing import populate_offline_hub
+    from support import populate_offline_hub
 
     repo = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
     populate_offline_hub(tmp_path / "models", repo, repos["a14b"])

@@ -15,7 +15,7 @@ from difftune.families.wan.animate import (ADAPTER_PREFIXES, ANIMATE_ADAPTER_ORI
 from difftune.families.wan.components import DIT_ORIGINAL
 from difftune.families.wan.dit_forward import wan_dit_forward
 from difftune.families.wan.pipeline import WanVideoPipeline
-from difftune.families.wan.testing.animate import (animate_file_state, tiny_animate_transformer,
+from support.wan.animate import (animate_file_state, tiny_animate_transformer,
                                                    write_tiny_animate_original)
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component
@@ -113,7 +113,7 @@ def test_faces_not_at_the_encoder_size_are_resized():
     import torch.nn.functional as F
 
     from difftune.families.wan.animate import WanAnimateAdapter
-    from difftune.families.wan.testing.animate import tiny_animate_configs
+    from support.wan.animate import tiny_animate_configs
 
     model = tiny_animate_transformer()
     adapter = WanAnimateAdapter.from_config(tiny_animate_configs(model)[1]).eval()
@@ -202,7 +202,7 @@ def test_replacement_condition_equals_diffusers():
 def test_face_motion_unit_and_what_the_split_caches():
     from difftune.core.graph import split_units
     from difftune.families.wan.animate import WanAnimateAdapter, WanAnimateFaceMotion
-    from difftune.families.wan.testing.animate import tiny_animate_configs
+    from support.wan.animate import tiny_animate_configs
 
     model = tiny_animate_transformer()
     adapter = WanAnimateAdapter.from_config(tiny_animate_configs(model)[1]).eval()
@@ -239,9 +239,9 @@ def sampling_pipes(tmp_path_factory):
     from diffusers import WanAnimatePipeline, WanImageToVideoPipeline, WanTransformer3DModel
 
     from difftune.families.wan.animate import WanAnimateAdapter
-    from difftune.families.wan.testing.animate import tiny_animate_configs
+    from support.wan.animate import tiny_animate_configs
     from difftune.models import ModelConfig
-    from difftune.testing import tiny_wan_paths, write_tiny_wan
+    from support import tiny_wan_paths, write_tiny_wan
 
     root = write_tiny_wan(tmp_path_factory.mktemp("animate_sampling") / "i2v", "i2v")
     # diffusers 0.42's I2V and Animate modules call ftfy without checking it is installed

@@ -14,7 +14,7 @@ from difftune.families.wan.animate2 import (ANIMATE2_CONFIG, ANIMATE2_LORA_TARGE
                                             animate2_module_name, animate2_to_original)
 from difftune.families.wan.components import DIT_ORIGINAL
 from difftune.families.wan.pipeline import WanVideoPipeline
-from difftune.families.wan.testing.animate2 import tiny_animate2_transformer
+from support.wan.animate2 import tiny_animate2_transformer
 from difftune.families.wan.units import WanImageEmbedderCLIP, WanPromptEmbedder, vae_encode, video_tensor
 from difftune.models.detect import match_header
 
@@ -91,7 +91,7 @@ def _pipe():
     from diffusers import AutoencoderKLWan
     from transformers import CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
 
-    from difftune.testing.tokenizers import t5_tokenizer as flux_t5_tokenizer
+    from support.tokenizers import t5_tokenizer as flux_t5_tokenizer
 
     torch.manual_seed(4)
     pipe = WanVideoPipeline(torch_dtype=torch.float32)

@@ -49,7 +49,7 @@ def test_fun_inp_13b_header_is_recognised_as_the_13b_i2v_dit():
 def test_tiny_flf2v_file_keeps_wan_names_and_loads_its_position_embedding(tmp_path, monkeypatch):
     from safetensors import safe_open
 
-    from difftune.families.wan.testing.flf2v_inp import tiny_flf2v_transformer, write_tiny_flf2v_original
+    from support.wan.flf2v_inp import tiny_flf2v_transformer, write_tiny_flf2v_original
     from difftune.models.load import load_component
 
     root, known = write_tiny_flf2v_original(tmp_path / "Wan2.1-FLF2V-14B-720P")
@@ -67,7 +67,7 @@ def test_tiny_flf2v_file_keeps_wan_names_and_loads_its_position_embedding(tmp_pa
 
 
 def test_tiny_fun_inp_repo_is_recognised_as_an_i2v_dit_with_clip(tmp_path, monkeypatch):
-    from difftune.families.wan.testing.flf2v_inp import write_tiny_fun_inp_original
+    from support.wan.flf2v_inp import write_tiny_fun_inp_original
     from difftune.models.detect import detect_component
 
     root, known = write_tiny_fun_inp_original(tmp_path / "Wan2.1-Fun-1.3B-InP")

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from conftest import run_train
 from difftune.errors import UserError
-from difftune.testing import tiny_wan_paths, write_example_dataset, write_tiny_wan
+from support import tiny_wan_paths, write_example_dataset, write_tiny_wan
 
 
 def full_flags(root, meta, out, *more):

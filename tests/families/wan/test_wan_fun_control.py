@@ -19,7 +19,7 @@ from difftune.families.wan.dit_keys import dit_to_original
 from difftune.families.wan.fun_control import (FUN_DIT_CONFIGS, FUN_DIT_ORIGINAL, WanFunControlEmbedder,
                                                WanFunReferenceEmbedder, fun_control_dit_inputs, reference_tokens)
 from difftune.families.wan.pipeline import WanVideoPipeline
-from difftune.families.wan.testing.fun_control import tiny_fun_transformer, write_tiny_fun_original
+from support.wan.fun_control import tiny_fun_transformer, write_tiny_fun_original
 from difftune.families.wan.units import WanImageEmbedderCLIP, vae_encode, video_tensor
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component

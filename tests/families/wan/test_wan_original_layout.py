@@ -122,7 +122,7 @@ def test_tiny_original_dit_and_vae_writers_invert_diffusers_converters():
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers, convert_wan_vae_to_diffusers
 
-    from difftune.families.wan.testing.original import wan_dit_to_original, wan_vae_to_original
+    from support.wan.original import wan_dit_to_original, wan_vae_to_original
 
     torch.manual_seed(0)
     for kwargs in ({}, {"image_dim": 16, "added_kv_proj_dim": 16}):  # T2V, and I2V's image branch
@@ -143,7 +143,7 @@ def test_tiny_original_dit_and_vae_writers_invert_diffusers_converters():
 def test_tiny_original_t5_and_clip_writers_invert_our_converters():
     from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection, UMT5Config, UMT5EncoderModel
 
-    from difftune.families.wan.testing.original import clip_vision_to_wan, umt5_to_wan
+    from support.wan.original import clip_vision_to_wan, umt5_to_wan
 
     t5 = UMT5EncoderModel(UMT5Config(vocab_size=50, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_heads=4,
                                      feed_forward_proj="gated-gelu")).state_dict()
@@ -161,7 +161,7 @@ def test_wan22_vae_original_names_round_trip_and_fit_diffusers():
     from diffusers import AutoencoderKLWan
 
     from difftune.families.wan.original_layout import wan22_vae_from_original
-    from difftune.families.wan.testing.original import wan22_vae_to_original
+    from support.wan.original import wan22_vae_to_original
 
     vae = AutoencoderKLWan(base_dim=8, decoder_base_dim=12, z_dim=6, in_channels=12, out_channels=12, patch_size=2,
                            dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
@@ -188,7 +188,7 @@ def test_official_clip_and_wan22_vae_configs_recognise_full_size_original_header
     from difftune.families.wan.components import CLIP_VIT_H14_CONFIG, IMAGE_ENCODER_ORIGINAL, VAE22_ORIGINAL, \
         WAN22_VAE_CONFIG
     from difftune.models.detect import match_header
-    from difftune.families.wan.testing.original import clip_vision_to_wan, wan22_vae_to_original
+    from support.wan.original import clip_vision_to_wan, wan22_vae_to_original
 
     vae = VAE22_ORIGINAL.build(WAN22_VAE_CONFIG).state_dict()
     header = {k: tuple(v.shape) for k, v in wan22_vae_to_original(vae).items()}

@@ -11,8 +11,8 @@ from difftune.core.units import run_unit
 from difftune.families.wan.dit_forward import wan_dit_forward
 from difftune.families.wan.pipeline import WanVideoPipeline
 from difftune.families.wan.speed_control import MOTION_CONTROLLER, WanSpeedControl, motion_time_residual
-from difftune.families.wan.testing.common import tiny_dit_kwargs
-from difftune.families.wan.testing.speed_control import tiny_motion_controller, write_tiny_speed_control
+from support.wan.common import tiny_dit_kwargs
+from support.wan.speed_control import tiny_motion_controller, write_tiny_speed_control
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component
 

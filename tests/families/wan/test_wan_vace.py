@@ -10,7 +10,7 @@ from difftune.core.units import run_unit
 from difftune.families.wan.components import DIT_ORIGINAL, _dit_from_original
 from difftune.families.wan.dit_forward import wan_dit_forward
 from difftune.families.wan.pipeline import WanVideoPipeline
-from difftune.families.wan.testing.vace import (tiny_vace_transformer, vace_file_state, write_tiny_vace_original)
+from support.wan.vace import (tiny_vace_transformer, vace_file_state, write_tiny_vace_original)
 from difftune.families.wan.vace import (VACE_DIT_ORIGINAL, VACE_ORIGINAL, WanVaceEmbedder, WanVaceInputVideoEmbedder,
                                         WanVaceNoiseInitializer, vace_from_original, vace_to_original)
 from difftune.models.detect import match_header
@@ -119,7 +119,7 @@ def test_loading_the_file_gives_diffusers_vace_transformer_outputs(known):
 def test_wan_dit_forward_is_the_diffusers_forward_without_hooks():
     from diffusers import WanTransformer3DModel
 
-    from difftune.families.wan.testing.common import tiny_dit_kwargs
+    from support.wan.common import tiny_dit_kwargs
 
     torch.manual_seed(0)
     dit = WanTransformer3DModel(**tiny_dit_kwargs(2, in_channels=36, image=True)).eval()
@@ -207,7 +207,7 @@ def test_gradient_checkpointing_of_dit_and_branch_keeps_the_gradients():
     from diffusers import WanTransformer3DModel
 
     from difftune.core.checkpointing import set_gradient_checkpointing
-    from difftune.families.wan.testing.vace import tiny_vace_configs
+    from support.wan.vace import tiny_vace_configs
     from difftune.families.wan.vace import WanVACEModel
 
     full = tiny_vace_transformer()
@@ -238,10 +238,10 @@ def test_sampling_equals_diffusers_wan_vace_pipeline(tmp_path, with_ref):
     import diffusers.pipelines.wan.pipeline_wan_vace as vace_module
     from diffusers import WanPipeline, WanTransformer3DModel, WanVACEPipeline
 
-    from difftune.families.wan.testing.common import tiny_dit_kwargs
+    from support.wan.common import tiny_dit_kwargs
     from difftune.families.wan.vace import WanVACEModel
     from difftune.models import ModelConfig
-    from difftune.testing import tiny_wan_paths, write_tiny_wan
+    from support import tiny_wan_paths, write_tiny_wan
 
     vace_module.basic_clean = t2v_module.basic_clean  # diffusers 0.42 calls ftfy without checking it is installed
     root = write_tiny_wan(tmp_path / "t2v", "t2v")
@@ -291,7 +291,7 @@ def test_a_vace_lora_and_a_trainable_vace_train_the_same_one_stage_and_split(kno
     from conftest import run_train
     from safetensors.torch import load_file
 
-    from difftune.families.wan.testing.scripts import vace as write_vace_data
+    from support.wan.scripts import vace as write_vace_data
 
     meta = write_vace_data(tmp_path / "data")
     models = [str(known / "diffusion_pytorch_model.safetensors"), str(known / "models_t5_umt5-xxl-enc-bf16.pth"),

@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 from conftest import run_train
 from difftune.families.z_image.components import LORA_TARGET_MODULES
-from difftune.families.z_image.testing import TURBO_REPO, hub_entry, load_tiny_z_image, write_tiny_z_image_hub
-from difftune.testing import write_example_dataset
+from support.z_image import TURBO_REPO, hub_entry, load_tiny_z_image, write_tiny_z_image_hub
+from support import write_example_dataset
 
 KW = dict(height=32, width=32, num_inference_steps=2)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from difftune.families.z_image.testing import (CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, load_tiny_z_image,
+from support.z_image import (CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, load_tiny_z_image,
                                             write_tiny_z_image_hub)
 
 

@@ -13,11 +13,11 @@ from difftune.families.z_image import FAMILY
 from difftune.families.z_image.components import (DIT_ORIGINAL, IMAGE_ENCODER, SIGLIP2_SO400M_CONFIG, TEXT_ENCODER,
                                                   VAE_LDM, Z_IMAGE_OMNI_TRANSFORMER_CONFIG, Z_IMAGE_TRANSFORMER_CONFIG,
                                                   original_dit_keys)
-from difftune.families.z_image.testing import CONTROLNET_FILES, write_single_files
+from support.z_image import CONTROLNET_FILES, write_single_files
 from difftune.models import ModelConfig
 from difftune.parts.flux_ae import FLUX1_VAE_CONFIG
 from difftune.parts.qwen3 import QWEN3_4B_CONFIG
-from difftune.families.z_image.testing import (BASE_REPO, CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, hub_entry,
+from support.z_image import (BASE_REPO, CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, hub_entry,
                                             load_tiny_z_image, write_tiny_z_image_hub)
 from difftune.models.detect import match_header
 
@@ -85,7 +85,7 @@ def test_real_size_vae_text_encoder_and_siglip_from_headers():
     from diffusers import AutoencoderKL
     from transformers import Qwen3Config, Qwen3ForCausalLM, Siglip2VisionConfig, Siglip2VisionModel
 
-    from difftune.testing import _ldm_vae_from_diffusers  # FLUX's AE layout, which Z-Image ships
+    from support import _ldm_vae_from_diffusers  # FLUX's AE layout, which Z-Image ships
 
     vae = _meta_shapes(lambda: AutoencoderKL(**{k: v for k, v in FLUX1_VAE_CONFIG.items() if k[0] != "_"}),
                        lambda sd: _ldm_vae_from_diffusers(sd, 4))

@@ -1,7 +1,7 @@
 """The reference's Z-Image scripts (tests/reference_scripts/z_image/model_training/, all 17) with only
 `accelerate launch examples/z_image/model_training/train.py` replaced by `difftune train` and `--max_steps 2`
 appended, on tiny models laid out under ./models at the hub ids they name and tiny data sets where they look
-(`difftune.testing.write_z_image_script_workspace`). Each must leave its checkpoint, in the layout its user loads;
+(`support.write_z_image_script_workspace`). Each must leave its checkpoint, in the layout its user loads;
 ZImage-i2L-v2.sh (Diffusion Templates) is refused in one line. The Omni-Base scripts' commented image(s)-to-image
 commands run too."""
 
@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from difftune.cli.main import main as difftune
-from difftune.families.z_image.testing import CONTROLNET_REPO, write_z_image_script_workspace
-from difftune.testing import read_reference_script
-from difftune.testing.scripts import flag_value
+from support.z_image import CONTROLNET_REPO, write_z_image_script_workspace
+from support import read_reference_script
+from support.scripts import flag_value
 
 # see tests/conftest.py: each picture encoded once; narrow conv3d layers as conv2d per time tap
 pytestmark = pytest.mark.usefixtures("reuse_vae_encodes", "narrow_conv3d_by_frames")

@@ -12,7 +12,7 @@ from PIL import Image
 
 from difftune.cli.sample import main as sample
 from difftune.errors import UserError
-from difftune.families.z_image.testing import (CONTROLNET_FILES, CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, hub_entry,
+from support.z_image import (CONTROLNET_FILES, CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, hub_entry,
                                             load_tiny_z_image, omni_model_paths, write_tiny_z_image_hub)
 
 SIZE = ["--height", "32", "--width", "32", "--num_inference_steps", "2", "--torch_dtype", "float32", "--seed", "3",
@@ -69,7 +69,7 @@ def test_omni_base_edit_images(hub, tmp_path):
 
 
 def test_z_image_flags_are_refused_for_another_family(tmp_path):
-    from difftune.testing import tiny_qwen_image_paths, write_tiny_qwen_image
+    from support import tiny_qwen_image_paths, write_tiny_qwen_image
 
     repo = write_tiny_qwen_image(tmp_path / "qwen")
     paths = [p if len(p) > 1 else p[0] for p in tiny_qwen_image_paths(repo).values()]

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from conftest import run_train
 from difftune.families.z_image.components import LORA_TARGET_MODULES
-from difftune.families.z_image.testing import (CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, hub_entry, load_tiny_z_image,
+from support.z_image import (CONTROLNET_REPO, OMNI_REPO, TURBO_REPO, hub_entry, load_tiny_z_image,
                                             write_control_dataset, write_edit_dataset, write_tiny_z_image_hub)
-from difftune.testing import write_example_dataset
+from support import write_example_dataset
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_models_and_data_that_do_not_go_together_are_refused_before_loading(hub,
                                                                             message):
     from conftest import setup_run
     from difftune.errors import UserError
-    from difftune.families.z_image.testing import CONTROLNET_FILES, omni_model_paths, turbo_model_paths
+    from support.z_image import CONTROLNET_FILES, omni_model_paths, turbo_model_paths
 
     controlnet = str(hub / CONTROLNET_REPO / CONTROLNET_FILES[0])
     paths = {"turbo": turbo_model_paths(hub), "omni_no_siglip": omni_model_paths(hub, siglip=False),
@@ -143,7 +143,7 @@ def test_variants_one_stage_equal_split(hub, tmp_path, case):
     a time here, as one-stage training does: encoding two in a batch changes the encodings by float round-off,
     which Adam magnifies on a fully trained model's near-zero gradients (to 1.6e-4 after two steps at lr 1e-3
     for the ControlNet)."""
-    from difftune.families.z_image.testing import CONTROLNET_FILES, omni_model_paths, turbo_model_paths
+    from support.z_image import CONTROLNET_FILES, omni_model_paths, turbo_model_paths
 
     controlnet = str(hub / CONTROLNET_REPO / CONTROLNET_FILES[2])
     if case == "edit_lora":

@@ -10,7 +10,7 @@ import torch
 
 from difftune.families.z_image.trajectory import (teacher_trajectory, trajectory_imitation_loss,
                                                   trajectory_imitation_task_loss, z_image_schedule)
-from difftune.families.z_image.testing import load_tiny_z_image, write_tiny_z_image_hub
+from support.z_image import load_tiny_z_image, write_tiny_z_image_hub
 
 
 @pytest.fixture(scope="module")
@@ -165,8 +165,8 @@ def test_trajectory_imitation_keeps_what_sft_loses(hub, tmp_path):
 
     from conftest import run_train
     from difftune.families.z_image.components import LORA_TARGET_MODULES
-    from difftune.families.z_image.testing import TURBO_REPO, hub_entry
-    from difftune.testing import write_example_dataset
+    from support.z_image import TURBO_REPO, hub_entry
+    from support import write_example_dataset
 
     meta = write_example_dataset(tmp_path / "data", n=2, size=(32, 32))
     prompts = [line.split(",", 1)[1].strip('"') for line in meta.read_text().splitlines()[1:]]
