@@ -2,8 +2,9 @@
 where nothing is padded (a mask rules out the flash kernels and costs SDPA a slower path).
 
 The backend is diffusers' (`diffusers.models.attention_dispatch`): the models' attention processors call
-`dispatch_attention_fn`, which runs the active backend; a step runs under `attention_backend(...)`. A step whose batch
-still carries a padding mask runs the native backend (SDPA), which takes masks: the flash kernels take none.
+`dispatch_attention_fn`, which runs the active backend; a training run runs under `attention_backend(...)` (forward
+and the recomputed forward of gradient checkpointing alike). The flash and sage kernels take no mask: `auto` picks
+them only where none is left (batch size 1 from a stage-1 cache, whose masks are looked at in host memory).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ BACKENDS = {"native": "native", "flash": "flash", "flash3": "_flash_3", "sage": 
             "efficient": "_native_efficient", "math": "_native_math", "xformers": "xformers", "flex": "flex"}
 CHOICES = ("auto", *BACKENDS)
 CUDA_ONLY = {"flash", "flash3", "sage", "cudnn", "efficient", "xformers"}
+NO_MASK = {"flash", "flash3", "sage"}
 DROP_UNPADDED_MASKS = True  # off: masks are passed as built (benchmarks/host_overhead.py's "before")
 
 
@@ -33,12 +35,13 @@ def _usable(name: str) -> str | None:
     return None
 
 
-def resolve_backend(name: str, device) -> str:
+def resolve_backend(name: str, device, batch_size: int = 1) -> str:
     """`--attention_backend`'s value for `device`: `auto` is the fastest installed (FlashAttention 3 on Hopper, then
-    FlashAttention 2, else native SDPA; native on a CPU); a named backend that cannot run here is a UserError."""
+    FlashAttention 2, else native SDPA; native on a CPU, and where batches of several prompts may pad); a named backend
+    that cannot run here is a UserError."""
     device = torch.device(device)
     if name == "auto":
-        if device.type != "cuda":
+        if device.type != "cuda" or batch_size > 1:
             return "native"
         order = (["flash3"] if torch.cuda.get_device_capability(device)[0] == 9 else []) + ["flash"]
         return next((b for b in order if _usable(b) is None), "native")
@@ -52,12 +55,12 @@ def resolve_backend(name: str, device) -> str:
     return name
 
 
-def backend_for(name: str, masked: bool):
-    """The context a step's forward runs under: backend `name` (native where a padding mask is left)."""
+def backend_context(name: str):
+    """The context training runs under: backend `name` active in diffusers' dispatcher."""
     from diffusers.models.attention_dispatch import attention_backend
 
-    if name == "native" or masked:
-        return contextlib.nullcontext()  # diffusers' default: native
+    if name == "native":
+        return contextlib.nullcontext()  # diffusers' default
     return attention_backend(BACKENDS[name])
 
 

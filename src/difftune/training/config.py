@@ -196,6 +196,12 @@ class RunConfig:
     use_gradient_checkpointing_offload: bool = option(False, "Keep checkpointed activations in CPU memory.",
                                                       kind=SWITCH, group=G)
     gradient_accumulation_steps: int = option(1, "", kind=int, group=G)
+    attention_backend: str = option("auto", "The attention kernel of diffusers' attention dispatcher: auto (the "
+                                    "fastest installed for the device: flash3 on Hopper, then flash, else native SDPA; "
+                                    "native on a CPU), native, flash, flash3, sage, cudnn, efficient, math, xformers, "
+                                    "flex. A step whose prompts are padded runs native (it takes the mask).",
+                                    choices=("auto", "native", "flash", "flash3", "sage", "cudnn", "efficient", "math",
+                                             "xformers", "flex"), group=G)
     loss_readback_steps: int = option(10, "Read the step losses back from the device every N steps (every step's loss "
                                       "is still logged and checked for NaN/Inf, in batches; before any save too): "
                                       "fewer host syncs. 1: every step.", kind=int, group=G)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..core.attention import backend_for, unpadded
+from ..core.attention import NO_MASK, unpadded
 from ..core.batch import LIST, collate_values, split_batch
 from ..errors import UserError
 from ..util import names as _names
@@ -210,6 +210,10 @@ class PipelineTrainingModule(DiffusionTrainingModule):
                 batch[key] = value.to(pipe.device)
         generators = [sample_generator(self.seed, epoch, int(i)) for i in indices]
         settings = {k: v for k, v in self.settings.items() if k in pipe.model_fn_settings}
-        masked = any(batch.get(k) is not None for k in getattr(pipe, "padding_masks", ()))
-        with backend_for(self.attention_backend, masked):
-            return self.loss_fn(pipe, batch, generators, settings)
+        if self.attention_backend in NO_MASK:
+            masked = [k for k in getattr(pipe, "padding_masks", ()) if batch.get(k) is not None]
+            if masked:
+                raise UserError(f"--attention_backend {self.attention_backend} takes no attention mask, and this "
+                                f"batch's {masked[0]} pads (prompts of different lengths, or on the GPU): use "
+                                f"--attention_backend native, or --batch_size 1 from a stage-1 cache")
+        return self.loss_fn(pipe, batch, generators, settings)
