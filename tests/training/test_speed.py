@@ -93,7 +93,8 @@ def test_compute_copies_gradients_and_refresh():
             out = model(x)
             out.float().sum().backward()
         copies.collect()
-    assert torch.equal(out, expected)
+    # the up-projection, scaling and sum round once (one addmm) where peft rounds each: within a bf16 step
+    assert out.dtype == torch.bfloat16 and torch.allclose(out.float(), expected.float(), rtol=2 ** -7, atol=1e-3)
     for n, p in model.named_parameters():
         if p.requires_grad:
             assert p.grad.dtype == torch.float32 and torch.allclose(p.grad, 2 * want[n], rtol=1e-2, atol=1e-3), n
@@ -101,9 +102,12 @@ def test_compute_copies_gradients_and_refresh():
         for p in copies.masters:
             p.add_(1.0)
     copies.refresh()
-    assert all(torch.equal(c, m.to(torch.bfloat16)) for c, m in zip(copies.copies, copies.masters))
+    assert all(torch.equal(c, m.t().to(torch.bfloat16)) for c, m in zip(copies.copies, copies.masters))
     copies.remove()
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
     assert type(model[0].lora_A["default"]) is torch.nn.Linear and model[0].cast_input_dtype_enabled
+    assert type(model[0]) is LoraLinear
 
 
 def test_bf16_resume_is_exact(tmp_path, tiny_repo):
