@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_train
 from difftune.errors import UserError
 
-# bf16 against an fp32 run of the same flags, after 4 steps at lr 1e-3 (measured: the per-layer-cast path ~2.3e-3,
-# the master-weight path the same): the largest LoRA weight difference allowed either way
+# bf16 against an fp32 run of the same flags, after 4 steps at lr 1e-3: the largest LoRA weight difference allowed
+# either way (measured: 7.0e-3 for the per-layer casts and for the master weights; 6.4e-4 between the two)
 BF16_BOUND = 1e-2
 
 
@@ -66,6 +66,7 @@ def test_bf16_master_weights_within_bf16_noise(tmp_path, tiny_repo, monkeypatch)
     old, _ = train(tmp_path, tiny_repo, "old", "--lora_compute", "fp32")
     assert all(v.dtype == torch.float32 for v in new.values())  # the masters are saved
     d_old, d_new = max_diff(old, ref), max_diff(new, ref)
+    print(f"bf16 vs fp32: per-layer casts {d_old:.3g}, master weights {d_new:.3g}, between them {max_diff(new, old):.3g}")
     assert 0 < d_old <= BF16_BOUND and 0 < d_new <= BF16_BOUND, (d_old, d_new)
     assert d_new <= 1.5 * d_old, (d_old, d_new)  # no noisier than the per-layer casts
     assert max_diff(new, old) <= 2 * d_old
