@@ -168,3 +168,14 @@ def test_unpadded_prompt_mask_is_dropped_with_equal_results(tiny_repo):
         masked = dit(encoder_hidden_states_mask=ones, **kw)[0]
         unmasked = dit(encoder_hidden_states_mask=None, **kw)[0]
     assert torch.allclose(masked, unmasked, atol=1e-6, rtol=0)
+
+
+def test_z_image_prompt_rows_without_an_unpadded_mask_are_equal():
+    from difftune.core.attention import unpadded
+    from difftune.families.z_image.model_fn import prompt_rows
+    from difftune.families.z_image.pipeline import ZImagePipeline
+
+    assert ZImagePipeline.padding_masks == ("prompt_embeds_mask",)
+    embeds, ones = torch.randn(2, 5, 8), torch.ones(2, 5, dtype=torch.long)
+    kept, dropped = prompt_rows(embeds, ones), prompt_rows(embeds, unpadded(ones))
+    assert unpadded(ones) is None and all(torch.equal(a, b) for a, b in zip(kept, dropped))
