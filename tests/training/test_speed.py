@@ -179,3 +179,16 @@ def test_z_image_prompt_rows_without_an_unpadded_mask_are_equal():
     embeds, ones = torch.randn(2, 5, 8), torch.ones(2, 5, dtype=torch.long)
     kept, dropped = prompt_rows(embeds, ones), prompt_rows(embeds, unpadded(ones))
     assert unpadded(ones) is None and all(torch.equal(a, b) for a, b in zip(kept, dropped))
+
+
+@pytest.mark.slow
+def test_compiled_blocks_equal_eager(tmp_path, tiny_repo, capsys):
+    """--compile (inductor on this CPU) with gradient checkpointing and LoRA trains the same LoRA as eager."""
+    import shutil
+
+    if not (shutil.which("g++") or shutil.which("c++") or shutil.which("cc")):
+        pytest.skip("inductor needs a C++ compiler on a CPU, and none is installed")
+    eager, _ = train(tmp_path, tiny_repo, "eager", dtype="float32", steps=2)
+    compiled, _ = train(tmp_path, tiny_repo, "compiled", "--compile", dtype="float32", steps=2)
+    assert "compile: dit's 2 QwenImageTransformerBlock blocks compile on the first step" in capsys.readouterr().out
+    assert max_diff(eager, compiled) <= 1e-4

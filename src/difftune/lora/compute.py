@@ -40,9 +40,12 @@ def _fused_forward(self, x, *args, **kwargs):
     flat = x.reshape(-1, x.shape[-1])
     base = self.base_layer
     if type(base) is nn.Linear:
-        wt = self.__dict__.get("_difftune_base_t")
-        if wt is None or wt.data_ptr() != base.weight.data_ptr():  # made once (the frozen weight stays put)
-            wt = self._difftune_base_t = base.weight.t()
+        if torch.compiler.is_compiling():
+            wt = base.weight.t()  # free inside a compiled graph
+        else:
+            wt = self.__dict__.get("_difftune_base_t")
+            if wt is None or wt.data_ptr() != base.weight.data_ptr():  # made once (the frozen weight stays put)
+                wt = self._difftune_base_t = base.weight.t()
         out = flat.mm(wt) if base.bias is None else torch.addmm(base.bias, flat, wt)
     else:  # fp8, quantized: the layer's own forward
         out = base(flat)

@@ -202,6 +202,9 @@ class RunConfig:
                                     "flex. A step whose prompts are padded runs native (it takes the mask).",
                                     choices=("auto", "native", "flash", "flash3", "sage", "cudnn", "efficient", "math",
                                              "xformers", "flex"), group=G)
+    compile: bool = option(False, "Compile the trained model's repeated blocks with torch.compile (diffusers' "
+                           "compile_repeated_blocks): once per shape bucket, on its first step; works with gradient "
+                           "checkpointing and LoRA. Needs a C++ compiler on a CPU (inductor).", kind=SWITCH, group=G)
     loss_readback_steps: int = option(10, "Read the step losses back from the device every N steps (every step's loss "
                                       "is still logged and checked for NaN/Inf, in batches; before any save too): "
                                       "fewer host syncs. 1: every step.", kind=int, group=G)

@@ -113,6 +113,10 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     if module.loss.prepare is not None:  # e.g. a frozen teacher, copied once the trainable weights are set up
         module.loss.prepare(module)
     check_lora_names(config, family, module, pipe, log)
+    if config.compile:
+        from .compile import compile_blocks
+
+        compile_blocks(pipe, [s for s in pipe.loss_models if s in config.trainable], log)
     hooks, saver = make_hooks(run, dataset, from_cache, resume_state)
     with (stop.deferred() if stop is not None else _nothing()), backend_context(module.attention_backend):
         summary = train(accelerator, dataset, module, loop_config(config, resume_state), hooks, stop=stop)
