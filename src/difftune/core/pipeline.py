@@ -73,6 +73,9 @@ class BasePipeline:
     output_kind: str = "image"
     # The family's spec (set when its FamilySpec is made): how shared code finds the family of a pipeline.
     spec = None
+    # model_fn inputs that are padding masks (True = a real token): training passes None for one that masks nothing,
+    # so attention runs without a mask (the flash kernels take none).
+    padding_masks: tuple[str, ...] = ()
     # Latent layout, for the loss and sampling: latents (B, C, [frames,] H, W) are cut into patch_size^2 tokens.
     patch_size: int = 1
     latent_channels: int = 4

@@ -102,6 +102,8 @@ def loop_config(config, resume_from=None):
     """The loop's configuration from the flags; `exactness` lists what an exact resume must find unchanged."""
     from .loop import LoopConfig
 
+    if config.loss_readback_steps < 1:
+        raise UserError(f"--loss_readback_steps must be at least 1 (got {config.loss_readback_steps})")
     return LoopConfig(
         learning_rate=config.learning_rate, weight_decay=config.weight_decay, num_epochs=config.num_epochs,
         max_steps=config.max_steps, batch_size=config.batch_size,
@@ -109,6 +111,7 @@ def loop_config(config, resume_from=None):
         lr_scheduler=config.lr_scheduler, lr_warmup_steps=config.lr_warmup_steps, seed=config.seed,
         num_workers=config.dataset_num_workers, customized_optimizer=config.customized_optimizer,
         progress=not config.no_progress, resume_from=resume_from, force_resume=config.force_resume,
+        loss_readback_steps=config.loss_readback_steps, lora_compute=config.lora_compute,
         exactness={"task": config.task.split(":")[0], "trainable": config.trainable, "lora_rank": config.lora_rank,
                    "lora_target_modules": config.lora_target_modules,
                    "timestep_boundaries": [config.min_timestep_boundary, config.max_timestep_boundary]})

@@ -191,6 +191,7 @@ class RunHooks(Hooks):
 
     def _checkpoint(self, state: LoopState, name: str) -> None:
         if self.saver is not None:
+            state.flush()  # the losses so far are read back and checked before anything is saved
             self.saver.save(state.accelerator, state.module, name)
             self._first_write()
             self.checkpoint_step = state.step
@@ -200,6 +201,7 @@ class RunHooks(Hooks):
     def _state(self, state: LoopState) -> None:
         from .state import save_training_state
 
+        state.flush()
         self.last_state = save_training_state(
             state.accelerator, state.module, state.optimizer, state.schedule,
             {"global_step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch},
@@ -208,12 +210,16 @@ class RunHooks(Hooks):
         self._first_write()
 
     def _validate(self, state: LoopState) -> None:
+        state.flush()
         self.validate(state.accelerator, state.inner, state.step)
         self._first_write()
 
-    def after_step(self, state: LoopState, loss: float, lr: float) -> None:
+    def log_losses(self, state: LoopState, rows) -> None:
         if self.csv is not None and state.accelerator.is_main_process:
-            self.csv.write(state.step, state.epoch, loss, lr)
+            for step, epoch, loss, lr in rows:
+                self.csv.write(step, epoch, loss, lr)
+
+    def after_step(self, state: LoopState, loss: float | None, lr: float) -> None:
         checkpoint = bool(self.save_steps) and state.step % self.save_steps == 0
         if checkpoint:
             self._checkpoint(state, f"step-{state.step}")

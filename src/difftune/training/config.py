@@ -186,11 +186,28 @@ class RunConfig:
     preset_lora_path: str | None = option(None, "A LoRA merged into the base before training (differential LoRA).",
                                           group=L)
     preset_lora_model: str | None = option(None, "Model the preset LoRA is merged into, e.g. dit.", group=L)
+    lora_compute: str = option("auto", "auto: under bf16/fp16 mixed precision (one process) the LoRA layers compute "
+                               "in that dtype from fp32 master weights, which the optimizer steps and checkpoints "
+                               "save (no cast pair per layer); fp32: the adapters compute in fp32, autocast casting "
+                               "around each (the earlier behaviour). docs/performance.md.", choices=("auto", "fp32"),
+                               group=L)
     # -- gradient
     use_gradient_checkpointing: bool = option(False, "", kind=SWITCH, group=G)
     use_gradient_checkpointing_offload: bool = option(False, "Keep checkpointed activations in CPU memory.",
                                                       kind=SWITCH, group=G)
     gradient_accumulation_steps: int = option(1, "", kind=int, group=G)
+    attention_backend: str = option("auto", "The attention kernel of diffusers' attention dispatcher: auto (the "
+                                    "fastest installed for the device: flash3 on Hopper, then flash, else native SDPA; "
+                                    "native on a CPU), native, flash, flash3, sage, cudnn, efficient, math, xformers, "
+                                    "flex. A step whose prompts are padded runs native (it takes the mask).",
+                                    choices=("auto", "native", "flash", "flash3", "sage", "cudnn", "efficient", "math",
+                                             "xformers", "flex"), group=G)
+    compile: bool = option(False, "Compile the trained model's repeated blocks with torch.compile (diffusers' "
+                           "compile_repeated_blocks): once per shape bucket, on its first step; works with gradient "
+                           "checkpointing and LoRA. Needs a C++ compiler on a CPU (inductor).", kind=SWITCH, group=G)
+    loss_readback_steps: int = option(10, "Read the step losses back from the device every N steps (every step's loss "
+                                      "is still logged and checked for NaN/Inf, in batches; before any save too): "
+                                      "fewer host syncs. 1: every step.", kind=int, group=G)
     # -- logging and validation
     enable_tensorboard_log: bool = option(True, "TensorBoard logs under <output_path>/logs (on by default).",
                                           kind=BOOL, group=V)

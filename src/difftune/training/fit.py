@@ -32,6 +32,7 @@ class Training:
     batches: _EpochBatches
     start_epoch: int = 0
     start_step: int = 0
+    copies: object = None  # lora.ComputeCopies: the LoRA layers computing in the autocast dtype
 
 
 def make_optimizer(params, config: LoopConfig):
@@ -41,7 +42,24 @@ def make_optimizer(params, config: LoopConfig):
         module_name, _, cls_name = config.customized_optimizer.rpartition(".")
         cls = getattr(importlib.import_module(module_name), cls_name)
         return cls(params, lr=config.learning_rate, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    # fused: one call per update for all tensors (torch picks a per-tensor loop on the CPU, foreach on CUDA)
+    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay,
+                             fused=all(p.device.type in ("cpu", "cuda") for p in params) or None)
+
+
+def compute_copies(accelerator, module, config: LoopConfig):
+    """`--lora_compute auto`: the trained LoRA layers compute in the autocast dtype from their fp32 weights, in one
+    process without a sharding engine (DDP, FSDP2 and DeepSpeed reduce the parameters' own gradients)."""
+    from accelerate.utils import DistributedType
+
+    from ..lora.compute import ComputeCopies, compute_dtype
+
+    dtype = compute_dtype(accelerator.mixed_precision)
+    if (config.lora_compute != "auto" or dtype is None or accelerator.num_processes != 1
+            or accelerator.distributed_type != DistributedType.NO):
+        return None
+    copies = ComputeCopies(accelerator.unwrap_model(module), dtype)
+    return copies if len(copies) else None
 
 
 def make_lr_schedule(optimizer, name: str, warmup: int, total: int):
@@ -150,13 +168,15 @@ def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
             print(f"resumed from {config.resume_from}: step {state.step}, epoch {start_epoch}, "
                   f"{start_step} step(s) into the epoch")
 
+    copies = compute_copies(accelerator, module, config)  # after a resume: built from the loaded weights
+
     # One loader for the whole run (workers start once); the batches of each epoch are swapped in.
     batches = _EpochBatches()
     workers = min(config.num_workers, os.cpu_count() or 1)  # more workers than cores only slows loading
     loader = DataLoader(_Indexed(dataset), batch_sampler=batches, collate_fn=_list_collate,
                         num_workers=workers, persistent_workers=workers > 0)
     return Training(accelerator, config, plan, total_steps, params, module, optimizer, schedule, state, loader,
-                    batches, start_epoch, start_step)
+                    batches, start_epoch, start_step, copies)
 
 
 def train(accelerator, dataset, module, config: LoopConfig, hooks=None, on_step=None, stop=None) -> dict:

@@ -10,6 +10,7 @@ duplicate samples) but by `EpochPlan`, so any layout of processes and accumulati
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ class LoopConfig:
     resume_from: object = None  # a state directory (Path) to continue from exactly
     force_resume: bool = False
     exactness: dict = field(default_factory=dict)  # more settings an exact resume must find unchanged
+    loss_readback_steps: int = 10  # read the step losses back from the device every N steps
+    lora_compute: str = "auto"  # auto: LoRA computes in the autocast dtype from fp32 masters; fp32: peft's own
 
 
 @dataclass
@@ -51,6 +54,7 @@ class LoopState:
     step: int = 0  # optimizer steps done
     epoch: int = 0
     step_in_epoch: int = 0  # optimizer steps done in this epoch
+    flush: Callable[[], None] = lambda: None  # read back (and check) the losses not read yet
 
     @property
     def inner(self):
@@ -60,8 +64,12 @@ class LoopState:
 class Hooks:
     """Called by the loop; subclass (e.g. `checkpoint.RunHooks`) to save, validate and log."""
 
-    def after_step(self, state: LoopState, loss: float, lr: float) -> None:
-        pass
+    def after_step(self, state: LoopState, loss: float | None, lr: float) -> None:
+        """`loss`: the step's loss where it was read back this step, else None (see `log_losses`); call
+        `state.flush()` before saving."""
+
+    def log_losses(self, state: LoopState, rows: list[tuple[int, int, float, float]]) -> None:
+        """Step losses just read back: (step, epoch, loss, lr) rows, in step order."""
 
     def after_epoch(self, state: LoopState) -> None:
         pass
@@ -92,72 +100,130 @@ def loop(training, hooks: Hooks | None = None, on_step: Callable[[int, float], N
     """Train over `training` (fit.Training); returns a summary dict.
 
     `stop` (a `signals.StopSignals`): checked after each optimizer step; when set, `hooks.on_stop` saves and
-    the loop returns early with `summary["stopped"]` = the signal number."""
+    the loop returns early with `summary["stopped"]` = the signal number.
+
+    The step's loss stays on the device until it is read back (`Losses`): every `loss_readback_steps` steps, before a
+    hook saves or validates (`state.flush()`), with an `on_step` callback every step, and at the end; every step's
+    loss is then logged, with its own step number."""
     hooks = hooks or Hooks()
     t = training
     accelerator, module, optimizer, schedule, state, config = (t.accelerator, t.module, t.optimizer, t.schedule,
                                                                t.state, t.config)
     world = accelerator.num_processes
     inner = state.inner
+    copies = getattr(t, "copies", None)
     bar = tqdm(total=t.total_steps, initial=state.step,
                disable=not (config.progress and accelerator.is_main_process), desc="training", dynamic_ncols=True)
-    losses, started, ema, stopped = [], time.perf_counter(), None, 0
-    for epoch in range(t.start_epoch, config.num_epochs):
-        if state.step >= t.total_steps or stopped:
-            break
-        inner.epoch = state.epoch = epoch
-        first = t.start_step if epoch == t.start_epoch else 0
-        plan_batches = list(t.plan.micro_batches(epoch, start_step=first))
-        t.batches.batches = [idx for _, _, idx, _ in plan_batches]
-        micro_losses = []
-        for (step_in_epoch, _, _, in_step), items in zip(plan_batches, t.loader):
-            indices = [i for i, _ in items]
-            samples = [s for _, s in items]
-            with accelerator.accumulate(module):
-                loss = module(samples, indices, epoch)
-                # the step's gradient is the mean over its samples whatever the layout: weigh micro-batches
-                # by their share of the step (1 for the equal micro-batches of a full step)
-                share = world * config.gradient_accumulation_steps * len(items) / in_step
-                weighted = loss if share == 1 else loss * share
-                check_finite(accelerator, loss, state.step + 1, epoch, samples, indices, hooks.last_checkpoint())
-                accelerator.backward(weighted)
-                micro_losses.append(loss.detach().float() * len(items))
-                if accelerator.sync_gradients and config.max_grad_norm:
-                    accelerator.clip_grad_norm_(t.params, config.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            if not accelerator.sync_gradients:
-                continue
-            lr = schedule.get_last_lr()[0]  # the rate this step used
-            schedule.step()
-            state.step, state.step_in_epoch = state.step + 1, step_in_epoch + 1
-            step_loss = (accelerator.reduce(torch.stack(micro_losses).sum(), reduction="sum") / in_step).item()
-            micro_losses = []
-            losses.append(step_loss)
-            ema = step_loss if ema is None else 0.9 * ema + 0.1 * step_loss
-            accelerator.log({"train/loss": step_loss, "train/lr": lr}, step=state.step)
-            bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr:.2e}", epoch=epoch)
-            bar.update(1)
-            if on_step is not None:
-                on_step(state.step, step_loss)
-            hooks.after_step(state, step_loss, lr)
-            stopped = stop_everywhere(accelerator, stop)
+    started, stopped = time.perf_counter(), 0
+    read = Losses(accelerator, bar, hooks, state)
+    state.flush = read.flush
+    every = 1 if on_step is not None else max(1, int(config.loss_readback_steps or 1))
+    try:
+        for epoch in range(t.start_epoch, config.num_epochs):
+            if state.step >= t.total_steps or stopped:
+                break
+            inner.epoch = state.epoch = epoch
+            first = t.start_step if epoch == t.start_epoch else 0
+            plan_batches = list(t.plan.micro_batches(epoch, start_step=first))
+            t.batches.batches = [idx for _, _, idx, _ in plan_batches]
+            micro_losses, step_samples = [], []
+            for (step_in_epoch, _, _, in_step), items in zip(plan_batches, t.loader):
+                indices = [i for i, _ in items]
+                samples = [s for _, s in items]
+                with accelerator.accumulate(module):
+                    loss = module(samples, indices, epoch)
+                    # the step's gradient is the mean over its samples whatever the layout: weigh micro-batches
+                    # by their share of the step (1 for the equal micro-batches of a full step)
+                    share = world * config.gradient_accumulation_steps * len(items) / in_step
+                    weighted = loss if share == 1 else loss * share
+                    accelerator.backward(weighted)
+                    if copies is not None:
+                        copies.collect()
+                    micro_losses.append(loss.detach().float() * len(items))
+                    step_samples.extend(zip(samples, indices))
+                    if accelerator.sync_gradients and config.max_grad_norm:
+                        accelerator.clip_grad_norm_(t.params, config.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                if not accelerator.sync_gradients:
+                    continue
+                if copies is not None:
+                    copies.refresh()
+                lr = schedule.get_last_lr()[0]  # the rate this step used
+                schedule.step()
+                state.step, state.step_in_epoch = state.step + 1, step_in_epoch + 1
+                total = micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
+                if world > 1:
+                    total = accelerator.reduce(total, reduction="sum")
+                read.add(state.step, epoch, total / in_step, lr, step_samples)
+                micro_losses, step_samples = [], []
+                bar.update(1)
+                if state.step % every == 0 or state.step >= t.total_steps:
+                    read.flush()
+                if on_step is not None:
+                    on_step(state.step, read.losses[-1])
+                hooks.after_step(state, read.losses[-1] if read.current(state.step) else None, lr)
+                stopped = stop_everywhere(accelerator, stop)
+                if stopped:
+                    read.flush()
+                    hooks.on_stop(state)
+                    break
+                if state.step >= t.total_steps:
+                    break
             if stopped:
-                hooks.on_stop(state)
                 break
-            if state.step >= t.total_steps:
-                break
-        if stopped:
-            break
-        hooks.after_epoch(state)  # also when --max_steps ended the epoch early (its checkpoint is the last)
-    if not stopped:
-        hooks.at_end(state)
+            read.flush()
+            hooks.after_epoch(state)  # also when --max_steps ended the epoch early (its checkpoint is the last)
+        read.flush()
+        if not stopped:
+            hooks.at_end(state)
+    finally:
+        if copies is not None:
+            copies.remove()
     bar.close()
     accelerator.wait_for_everyone()
-    summary = {"steps": state.step, "losses": losses, "seconds": time.perf_counter() - started}
+    summary = {"steps": state.step, "losses": read.losses, "seconds": time.perf_counter() - started}
     if stopped:
         summary["stopped"] = stopped
     return summary
+
+
+class Losses:
+    """Step losses kept on the device until read back, all at once (one host sync for many steps).
+
+    Reading them back also checks them: a NaN/Inf loss stops training there, on every process (the losses are reduced
+    over the processes, so each sees the same values at the same step), naming the step and its samples. Hooks call
+    `state.flush()` before they save, so no checkpoint is written after a non-finite loss."""
+
+    def __init__(self, accelerator, bar, hooks, state):
+        self.accelerator, self.bar, self.hooks, self.state = accelerator, bar, hooks, state
+        self.pending: list[tuple] = []  # (step, epoch, loss tensor, lr, [(sample, index)])
+        self.losses: list[float] = []
+        self.ema: float | None = None
+        self.read_step = 0
+
+    def add(self, step: int, epoch: int, loss, lr: float, samples) -> None:
+        self.pending.append((step, epoch, loss, lr, samples))
+
+    def current(self, step: int) -> bool:
+        return self.read_step == step
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        values = torch.stack([p[2] for p in pending]).tolist()  # the one read-back
+        rows = []
+        for (step, epoch, _, lr, samples), value in zip(pending, values):
+            if not math.isfinite(value):
+                raise_non_finite(step, epoch, samples, self.hooks.last_checkpoint(), self.state.step)
+            self.losses.append(value)
+            self.ema = value if self.ema is None else 0.9 * self.ema + 0.1 * value
+            self.accelerator.log({"train/loss": value, "train/lr": lr}, step=step)
+            rows.append((step, epoch, value, lr))
+        self.read_step = pending[-1][0]
+        self.hooks.log_losses(self.state, rows)
+        self.bar.set_postfix(loss=f"{self.ema:.4f}", lr=f"{rows[-1][3]:.2e}", epoch=rows[-1][1])
 
 
 def bucket_keys(dataset, module) -> list | None:
@@ -172,17 +238,13 @@ def bucket_keys(dataset, module) -> list | None:
     return dataset.bucket_keys(same)
 
 
-def check_finite(accelerator, loss, step: int, epoch: int, samples, indices, last_checkpoint=None) -> None:
-    """Stop on a NaN/Inf loss before it reaches the weights, on every process at once, naming the samples."""
-    bad = torch.tensor([0.0 if torch.isfinite(loss).all() else 1.0], device=loss.device)
-    if accelerator.num_processes > 1:
-        bad = accelerator.reduce(bad, reduction="sum")
-    if bad.item() == 0:
-        return
+def raise_non_finite(step: int, epoch: int, samples, last_checkpoint=None, now: int | None = None) -> None:
+    """Stop on a NaN/Inf loss, naming the step and its samples, and the last checkpoint saved before it."""
     from ..errors import UserError
 
-    ids = [str(s.get("_id", i)) if isinstance(s, dict) else str(i) for s, i in zip(samples, indices)]
+    ids = [str(s.get("_id", i)) if isinstance(s, dict) else str(i) for s, i in samples]
     where = f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else \
         "no checkpoint was saved before it"
-    raise UserError(f"non-finite loss at step {step} (epoch {epoch}, sample(s) {', '.join(ids)}); training stopped "
-                    f"before updating the weights; {where}")
+    later = f" (found at step {now})" if now is not None and now != step else ""
+    raise UserError(f"non-finite loss at step {step} (epoch {epoch}, sample(s) {', '.join(ids)}){later}; training "
+                    f"stopped and nothing was saved after it; {where}")

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..core.attention import NO_MASK, unpadded
 from ..core.batch import LIST, collate_values, split_batch
 from ..errors import UserError
 from ..util import names as _names
@@ -161,6 +162,7 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         self.epoch = 0
         self.skipped: set[int] = set()  # dataset indices that failed to load (--on_bad_sample skip)
         self.stand_in = None  # set by fit.prepare under FSDP2 / ZeRO-3: (sample, index) to run instead of none
+        self.attention_backend = "native"  # core.attention's name (--attention_backend, resolved for the device)
 
     @property
     def needed(self) -> tuple[str, ...]:
@@ -200,9 +202,18 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         samples, indices = [s for s, _ in kept], [i for _, i in kept]
         prepared = [self.prepare_sample(s) for s in samples]
         batch = collate_values(prepared, pipe.batching, ids=[s.get("_id", i) for s, i in zip(samples, indices)])
+        for key in getattr(pipe, "padding_masks", ()):
+            if key in batch:
+                batch[key] = unpadded(batch[key])  # looked at in host memory, before the transfer
         for key, value in batch.items():
             if isinstance(value, torch.Tensor):
                 batch[key] = value.to(pipe.device)
         generators = [sample_generator(self.seed, epoch, int(i)) for i in indices]
         settings = {k: v for k, v in self.settings.items() if k in pipe.model_fn_settings}
+        if self.attention_backend in NO_MASK:
+            masked = [k for k in getattr(pipe, "padding_masks", ()) if batch.get(k) is not None]
+            if masked:
+                raise UserError(f"--attention_backend {self.attention_backend} takes no attention mask, and this "
+                                f"batch's {masked[0]} pads (prompts of different lengths, or on the GPU): use "
+                                f"--attention_backend native, or --batch_size 1 from a stage-1 cache")
         return self.loss_fn(pipe, batch, generators, settings)

@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from ..core.attention import backend_context, resolve_backend
 from ..errors import UserError
 from .setup import Run, stage_settings
 
@@ -103,6 +104,7 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     units = list(split.stage2) if from_cache else pipe.units
     module = PipelineTrainingModule(pipe, run.task.loss, units, seed=config.seed,
                                     settings=stage_settings(config, family), from_cache=from_cache)
+    module.attention_backend = resolve_backend(config.attention_backend, pipe.device, config.batch_size)
     resume_state = find_resume(config, pipe)
     # LoRA initialisation draws from the global RNG: seed it here so the initial weights depend only on
     # --seed (and not on which models this stage happened to load before).
@@ -111,8 +113,12 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     if module.loss.prepare is not None:  # e.g. a frozen teacher, copied once the trainable weights are set up
         module.loss.prepare(module)
     check_lora_names(config, family, module, pipe, log)
+    if config.compile:
+        from .compile import compile_blocks
+
+        compile_blocks(pipe, [s for s in pipe.loss_models if s in config.trainable], log)
     hooks, saver = make_hooks(run, dataset, from_cache, resume_state)
-    with (stop.deferred() if stop is not None else _nothing()):
+    with (stop.deferred() if stop is not None else _nothing()), backend_context(module.attention_backend):
         summary = train(accelerator, dataset, module, loop_config(config, resume_state), hooks, stop=stop)
     report_bad_samples(config, accelerator, dataset, module, summary)
     accelerator.end_training()

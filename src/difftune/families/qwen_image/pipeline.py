@@ -57,6 +57,7 @@ class QwenImagePipeline(BasePipeline):
                           "use_gradient_checkpointing_offload", "zero_cond_t"})
     model_fn_settings = ("use_gradient_checkpointing", "use_gradient_checkpointing_offload", "zero_cond_t")
     model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask")
+    padding_masks = ("prompt_embeds_mask",)
     features = (EDIT, CONTEXT, BLOCKWISE_CONTROLNET, ELIGEN)
     data_inputs = ("image", "prompt", "seed", "rand_device", "num_inference_steps", "height", "width")
     # direct_distill samples a whole batch in lockstep, so a batch shares its step count

@@ -51,6 +51,7 @@ class ZImagePipeline(BasePipeline):
     settings = frozenset({"batch_size", "rand_device", "use_gradient_checkpointing",
                           "use_gradient_checkpointing_offload", "control_inpaint_latents"})
     model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask")
+    padding_masks = ("prompt_embeds_mask",)
     features = (EDIT, CONTROLNET, OMNI)
     data_inputs = ("image", "prompt", "seed", "rand_device", "num_inference_steps", "height", "width")
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "rand_device": SAME}
