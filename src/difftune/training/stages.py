@@ -89,6 +89,9 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     from .fit import train
     from .module import PipelineTrainingModule
 
+    from .offload import install_model_offload, offload_settings
+
+    run = run.replace(config=offload_settings(run.config, run.log))
     config, family, split, accelerator, log = run.config, run.family, run.split, run.accelerator, run.log
     if from_cache:
         from .stage1 import open_cache
@@ -111,6 +114,7 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     if module.loss.prepare is not None:  # e.g. a frozen teacher, copied once the trainable weights are set up
         module.loss.prepare(module)
     check_lora_names(config, family, module, pipe, log)
+    install_model_offload(module, config, accelerator, log)
     hooks, saver = make_hooks(run, dataset, from_cache, resume_state)
     with (stop.deferred() if stop is not None else _nothing()):
         summary = train(accelerator, dataset, module, loop_config(config, resume_state), hooks, stop=stop)

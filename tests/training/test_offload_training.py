@@ -1,0 +1,60 @@
+"""Model and optimizer offload in `difftune train` runs of the tiny Qwen-Image (fp32, target device: the CPU): the
+same LoRA as the run without them, bit for bit, in one-stage and split (stage 2) training."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_train
+from difftune.errors import UserError
+
+
+def common(tmp_path, tiny_repo, *extra):
+    meta = make_image_dataset(tmp_path / "data", n=2, size=(32, 32))
+    return ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--max_pixels", 1024,
+            "--model_paths", model_paths_json(tiny_repo), "--torch_dtype", "float32", "--seed", 5,
+            "--learning_rate", 1e-3, "--dataset_repeat", 2, "--lora_base_model", "dit",
+            "--lora_target_modules", LORA_TARGETS, "--lora_rank", 4, "--no_progress",
+            "--use_gradient_checkpointing", *extra]
+
+
+def same_files(a, b):
+    x, y = load_file(str(a)), load_file(str(b))
+    assert x.keys() == y.keys() and any(".lora_B." in k for k in x)
+    assert max(v.abs().max().item() for k, v in x.items() if ".lora_B." in k) > 0  # it trained
+    assert all(torch.equal(x[k], y[k]) for k in x), max((x[k] - y[k]).abs().max().item() for k in x)
+
+
+@pytest.mark.parametrize("task", ["sft", "sft:split"])
+def test_offloaded_runs_train_the_same_lora(tmp_path, tiny_repo, capsys, task):
+    args = common(tmp_path, tiny_repo, "--task", task, "--gradient_accumulation_steps", 2)
+    run_train(*args, "--output_path", tmp_path / "plain")
+    capsys.readouterr()
+    run_train(*args, "--output_path", tmp_path / "off", "--enable_model_cpu_offload",
+              "--enable_optimizer_cpu_offload")
+    log = capsys.readouterr().out
+    assert "model offload: dit: 2 of 2 blocks (transformer_blocks)" in log and "resident on cpu" in log
+    assert "optimizer offload:" in log
+    same_files(tmp_path / "plain" / "epoch-0.safetensors", tmp_path / "off" / "epoch-0.safetensors")
+
+
+def test_partial_swap_and_split_threshold_train_the_same_lora(tmp_path, tiny_repo, capsys):
+    args = common(tmp_path, tiny_repo)
+    run_train(*args, "--output_path", tmp_path / "plain")
+    capsys.readouterr()
+    run_train(*args, "--output_path", tmp_path / "off", "--blocks_to_swap", 1, "--cpu_offload_split_threshold",
+              0.001)
+    log = capsys.readouterr().out
+    assert "model offload: dit: 1 of 2 blocks (transformer_blocks)" in log
+    same_files(tmp_path / "plain" / "epoch-0.safetensors", tmp_path / "off" / "epoch-0.safetensors")
+
+
+def test_offload_flags_are_checked(tmp_path, tiny_repo):
+    args = common(tmp_path, tiny_repo, "--output_path", tmp_path / "o")
+    with pytest.raises(UserError, match="--blocks_to_swap 7: .* has 2 blocks"):
+        run_train(*args, "--blocks_to_swap", 7)
+    with pytest.raises(UserError, match="--blocks_to_swap -1: must be 0 or more"):
+        from difftune.cli.args import check_training_args
+        from conftest import train_args
+
+        check_training_args(train_args(*args, "--blocks_to_swap", -1))
