@@ -213,3 +213,15 @@ def test_removing_the_offloader_restores_the_weights():
     offloader = ModelOffloader(model, "cpu")
     offloader.remove()
     assert all(torch.equal(p, before[n]) for n, p in model.state_dict().items())
+
+
+@pytest.mark.parametrize("engine", ["FSDP2", "DeepSpeed"])
+def test_sharded_engines_are_refused(monkeypatch, engine):
+    from difftune.training import engines
+    from difftune.training.offload import refuse_sharded_engines
+
+    monkeypatch.setattr(engines, "engine_of", lambda accelerator: engine)
+    with pytest.raises(UserError, match=f"--enable_model_cpu_offload: not supported under {engine}"):
+        refuse_sharded_engines(object(), "--enable_model_cpu_offload")
+    monkeypatch.setattr(engines, "engine_of", lambda accelerator: "DDP")
+    refuse_sharded_engines(object(), "--enable_model_cpu_offload")  # DDP keeps its gradient sync: allowed
