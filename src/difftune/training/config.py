@@ -96,8 +96,10 @@ class RunConfig:
                                       "columns a family's features read).", group=M)
     fp8_models: str | None = option(None, "Frozen models to store in FP8 (entries of the model flags, or "
                                     "dit/text_encoder/vae).", group=M)
-    quant_options: str | None = option(None, "QLoRA: ';'-separated '<model entry>:bitsandbytes_nf4[/<layers kept "
-                                       "in full precision>]' (needs bitsandbytes: difftune[quant]).", group=M)
+    quant_options: str | None = option(None, "QLoRA: ';'-separated '<model entry>:<method>[/<layers kept in full "
+                                       "precision>]', method bitsandbytes_nf4 / bitsandbytes_fp4 (difftune[quant]) or "
+                                       "torchao_int8_w8a16 / torchao_fp8_w8a16 / torchao_int4_w4a16 / "
+                                       "torchao_nvfp4_w4a16 (difftune[torchao]).", group=M)
     offload_models: str | None = option(None, "Accepted for the reference's split scripts: each stage loads only "
                                         "the models it uses, so nothing needs offloading.", group=M)
     enable_model_cpu_offload: bool = option(False, "Keep the frozen weights of the denoiser's repeated blocks in host "
