@@ -247,3 +247,20 @@ def test_torchao_int8_lora_trains_and_loads_in_diffusers_with_every_key_used(qua
     for name, layer in layers.items():
         want = lora[f"diffusion_model.{name}.lora_B.weight"].float() @ lora[f"diffusion_model.{name}.lora_A.weight"].float()
         assert torch.allclose(layer.get_delta_weight("file").float(), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("keys, layout", [
+    (["blocks.0.attn.to_q.weight", "blocks.0.attn.to_q.weight.absmax", "blocks.0.attn.to_q.weight.quant_map",
+      "blocks.0.attn.to_q.weight.quant_state.bitsandbytes__nf4"], "a bitsandbytes 4-bit save"),
+    (["scaled_fp8", "blocks.0.attn.to_q.weight", "blocks.0.attn.to_q.scale_weight"], "a ComfyUI fp8_scaled checkpoint"),
+])
+def test_pre_quantised_checkpoints_are_refused_in_one_line(tmp_path, keys, layout):
+    from safetensors.torch import save_file
+
+    from difftune.models.detect import check_files
+
+    path = tmp_path / "dit.safetensors"
+    save_file({k: torch.zeros(2, dtype=torch.uint8) for k in keys}, str(path))
+    with pytest.raises(UserError, match=re.escape(f"{path}: {layout}")) as err:
+        check_files([str(path)])
+    assert "\n" not in str(err.value) and "--quant_options" in str(err.value)
