@@ -225,3 +225,33 @@ def test_sharded_engines_are_refused(monkeypatch, engine):
         refuse_sharded_engines(object(), "--enable_model_cpu_offload")
     monkeypatch.setattr(engines, "engine_of", lambda accelerator: "DDP")
     refuse_sharded_engines(object(), "--enable_model_cpu_offload")  # DDP keeps its gradient sync: allowed
+
+
+def test_quantised_weights_stream_too_and_training_matches():
+    """torchao int8 weights (tensor subclasses) are kept on the host as they are and onloaded like the rest: the
+    offloaded run trains what the resident int8 run trains."""
+    pytest.importorskip("torchao")
+    from difftune.models.quant import QuantOption, quantize_linears
+
+    def int8_lora_model():
+        from peft import LoraConfig, inject_adapter_in_model
+
+        torch.manual_seed(0)
+        model = ToyDiT(32, 4)
+        model.requires_grad_(False)
+        quantize_linears(model.blocks, QuantOption("torchao_int8_w8a16"), torch.float32)
+        inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "ff.0", "ff.2"]), model)
+        return model
+
+    plain, off = int8_lora_model(), int8_lora_model()
+    offloader = ModelOffloader(off, "cpu")
+    weights = [u.subs for u in offloader.units]
+    assert all(len(s) == 3 for s in weights)  # to_q, ff.0, ff.2 of each block
+    assert all(m._parameters[n].numel() == 0 for s in weights for m, n, _ in s)  # placeholders between uses
+    data = batches(3, d=32)
+    a, b = train(plain, data), train(off, data)
+    for (la, ga), (lb, gb) in zip(a, b):
+        assert torch.equal(la, lb) and all(torch.equal(ga[k], gb[k]) for k in ga)
+    assert offloader.host_bytes > offloader.arena_bytes > 0
+    state = off.state_dict()  # the host's quantised weights, never placeholders
+    assert type(state["blocks.0.to_q.base_layer.weight"]).__name__ == "Int8Tensor"

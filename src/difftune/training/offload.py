@@ -4,7 +4,8 @@ blocks live in one host arena and are copied to the target device unit by unit, 
 - The blocks are found generically: the model's largest `nn.ModuleList` (by frozen bytes). `--blocks_to_swap N`
   offloads its last N blocks; the others stay resident. `--cpu_offload_split_threshold MB` splits a block larger
   than that into its children (recursively), each a unit of its own.
-- Only plain frozen parameters move: trainable ones (LoRA) and tensor-subclass weights (quantised) stay resident.
+- Only frozen parameters move; trainable ones (LoRA) stay resident. Plain weights go through the arena; quantised
+  tensor-subclass weights (torchao) are kept on the host as they are and onloaded on the compute stream.
 - Between uses a weight is an EMPTY placeholder on the device, so a use that missed its onload raises (a shape
   error) instead of computing with stale values.
 - Copies are host-to-device only (frozen weights never change): offloading drops the device copy. With CUDA the
@@ -35,12 +36,20 @@ class Unit:
     block: int  # index of the block it belongs to
     params: list[nn.Parameter] = field(default_factory=list)
     host: list[torch.Tensor] = field(default_factory=list)
+    subs: list = field(default_factory=list)  # (module, name, host tensor) of tensor-subclass weights
     onloaded: bool = False
     event: object = None  # CUDA: the copy's event on the side stream
 
     @property
     def nbytes(self) -> int:
-        return sum(h.numel() * h.element_size() for h in self.host)
+        return sum(h.numel() * h.element_size() for h in self.host) + sum(_bytes(t) for _, _, t in self.subs)
+
+
+def _bytes(t: torch.Tensor) -> int:
+    """A tensor's bytes; a tensor subclass's are its inner tensors' (a quantised weight's data and scales)."""
+    if type(t) is torch.Tensor or not hasattr(t, "__tensor_flatten__"):
+        return t.numel() * t.element_size()
+    return sum(_bytes(getattr(t, name)) for name in t.__tensor_flatten__()[0])
 
 
 def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
@@ -58,14 +67,19 @@ def _movable(p: nn.Parameter) -> bool:
     return not p.requires_grad and type(p.data) is torch.Tensor and p.numel() > 0
 
 
+def _subclass(p) -> bool:
+    return p is not None and not p.requires_grad and type(p.data) is not torch.Tensor and p.numel() > 0
+
+
 def _split(name: str, module: nn.Module, threshold: int | None) -> list[tuple[str, nn.Module, bool]]:
     """(name, module, recurse) units covering `module`'s frozen weights: the module whole when under `threshold`
     bytes (or no threshold), else its own direct weights plus its children's units."""
-    size = sum(p.numel() * p.element_size() for p in module.parameters() if _movable(p))
+    size = sum(_bytes(p.data) for p in module.parameters() if _movable(p) or _subclass(p))
     children = list(module.named_children())
     if threshold is None or size <= threshold or not children:
         return [(name, module, True)]
-    out = [(name, module, False)] if any(_movable(p) for p in module.parameters(recurse=False)) else []
+    out = [(name, module, False)] if any(_movable(p) or _subclass(p) for p in module.parameters(recurse=False)) \
+        else []
     for child_name, child in children:
         out += _split(f"{name}.{child_name}", child, threshold)
     return out
@@ -104,8 +118,10 @@ class ModelOffloader:
         for i in range(self.num_blocks - n, self.num_blocks):
             for name, module, recurse in _split(f"{self.blocks_name}.{i}", blocks[i], threshold):
                 params = [p for p in module.parameters(recurse=recurse) if _movable(p)]
-                if params:
-                    self.units.append(Unit(name, module, i, params))
+                owners = module.modules() if recurse else [module]
+                subs = [(m, n, p.detach().to("cpu")) for m in owners for n, p in m._parameters.items() if _subclass(p)]
+                if params or subs:
+                    self.units.append(Unit(name, module, i, params, subs=subs))
         self._index = {id(u): k for k, u in enumerate(self.units)}
         self._handles = []
         self._task = None  # the backward pass whose end drops every unit
@@ -142,6 +158,9 @@ class ModelOffloader:
                 offsets[p.dtype] = at + p.numel()
                 unit.host.append(view)
                 p.data = self._placeholder(p)
+        for unit in self.units:
+            for m, n, host in unit.subs:
+                m._parameters[n] = nn.Parameter(self._placeholder(host), requires_grad=False)
 
     def _placeholder(self, p) -> torch.Tensor:
         return torch.empty(0, dtype=p.dtype, device=self.device)
@@ -150,17 +169,22 @@ class ModelOffloader:
     def arena_bytes(self) -> int:
         return sum(a.numel() * a.element_size() for a in self.arenas.values())
 
+    @property
+    def host_bytes(self) -> int:
+        """Frozen weight bytes kept on the host: the arena and the quantised weights."""
+        return self.arena_bytes + sum(_bytes(t) for u in self.units for _, _, t in u.subs)
+
     def resident_bytes(self) -> int:
         """Bytes the model keeps on the device between unit uses (parameters and buffers; placeholders are 0)."""
         tensors = {id(t): t for t in (*self.model.parameters(), *self.model.buffers()) if t.device == self.device}
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        return sum(_bytes(t.data if isinstance(t, nn.Parameter) else t) for t in tensors.values())
 
     def describe(self, label: str = "model") -> str:
         gib = 2 ** 30
         biggest = max((u.nbytes for u in self.units), default=0)
         return (f"model offload: {label}: {self.swapped} of {self.num_blocks} blocks ({self.blocks_name}) in "
-                f"{len(self.units)} unit(s), {self.arena_bytes / gib:.3f} GiB of frozen weights in a "
-                f"{'pinned ' if self.pin else ''}host arena; resident on {self.device}: "
+                f"{len(self.units)} unit(s), {self.host_bytes / gib:.3f} GiB of frozen weights on the host "
+                f"({'pinned ' if self.pin else ''}arena {self.arena_bytes / gib:.3f} GiB); resident on {self.device}: "
                 f"{self.resident_bytes() / gib:.3f} GiB (+ up to {2 + BACKWARD_LAG} unit(s) of at most "
                 f"{biggest / gib:.3f} GiB while streaming{', prefetched on a side stream' if self.stream else ''})")
 
@@ -179,6 +203,9 @@ class ModelOffloader:
             copies = [torch.empty_like(h, device=self.device).copy_(h) for h in unit.host]
         for p, c in zip(unit.params, copies):
             p.data = c
+        for m, n, host in unit.subs:  # on the compute stream: no side-stream memory to hand over
+            copy = host.clone() if self.device.type == "cpu" else host.to(self.device, non_blocking=True)
+            m._parameters[n] = nn.Parameter(copy, requires_grad=False)
         unit.onloaded = True
         self.onloads += 1
         self.onloaded_bytes += unit.nbytes
@@ -201,6 +228,8 @@ class ModelOffloader:
             unit.event = None
         for p in unit.params:
             p.data = self._placeholder(p)
+        for m, n, host in unit.subs:
+            m._parameters[n] = nn.Parameter(self._placeholder(host), requires_grad=False)
         unit.onloaded = False
         self.onloaded_bytes -= unit.nbytes
 
@@ -246,9 +275,14 @@ class ModelOffloader:
     def _real_weights(self, state_dict, prefix) -> None:
         """`state_dict()` holds the arena's weights, never placeholders."""
         names = {id(p): n for n, p in self.model.named_parameters(remove_duplicate=False)}
+        modules = {id(m): n for n, m in self.model.named_modules(remove_duplicate=False)}
         for unit in self.units:
             for p, h in zip(unit.params, unit.host):
                 key = prefix + names[id(p)]
+                if key in state_dict:
+                    state_dict[key] = h
+            for m, n, h in unit.subs:
+                key = prefix + (f"{modules[id(m)]}.{n}" if modules[id(m)] else n)
                 if key in state_dict:
                     state_dict[key] = h
 
@@ -259,6 +293,8 @@ class ModelOffloader:
         for unit in self.units:
             for p, h in zip(unit.params, unit.host):
                 p.data = h.to(self.device, copy=True)
+            for m, n, h in unit.subs:
+                m._parameters[n] = nn.Parameter(h.to(self.device), requires_grad=False)
         if self.pin:
             from torch.cuda._pin_memory_utils import unpin_memory
 
