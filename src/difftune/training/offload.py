@@ -286,15 +286,20 @@ class ModelOffloader:
                 if key in state_dict:
                     state_dict[key] = h
 
-    def remove(self) -> None:
-        """Put every weight back on the device and remove the hooks."""
+    def remove(self, to=None) -> None:
+        """Remove the hooks and put every weight back whole: on the device, or on `to` (the host: the arena's own
+        memory, no copy)."""
+        target = self.device if to is None else torch.device(to)
+        self.drop_all()
         for h in self._handles:
             h.remove()
         for unit in self.units:
             for p, h in zip(unit.params, unit.host):
-                p.data = h.to(self.device, copy=True)
+                p.data = h if target.type == "cpu" else h.to(target, copy=True)
             for m, n, h in unit.subs:
-                m._parameters[n] = nn.Parameter(h.to(self.device), requires_grad=False)
+                m._parameters[n] = nn.Parameter(h.to(target), requires_grad=False)
+        if to is not None:
+            self.model.to(target)
         if self.pin:
             from torch.cuda._pin_memory_utils import unpin_memory
 
