@@ -200,9 +200,22 @@ def test_offload_needs_gradient_checkpointing():
         model(*batches(1)[0][:2])
 
 
-def test_the_blocks_are_the_largest_module_list():
-    name, blocks = find_blocks(lora_model())
+def test_the_blocks_are_the_large_module_lists():
+    ((name, blocks),) = find_blocks(lora_model())  # not `heads` (small), not a block's own lists
     assert name == "blocks" and len(blocks) == 4
+
+    class TwoStreams(nn.Module):  # FLUX-like: double-stream blocks, then single-stream ones
+        def __init__(self):
+            super().__init__()
+            self.double = nn.ModuleList(Block(16) for _ in range(2))
+            self.single = nn.ModuleList(Block(8) for _ in range(5))
+            self.out = nn.Linear(8, 8)
+
+    model = TwoStreams().requires_grad_(False)
+    assert [n for n, _ in find_blocks(model)] == ["double", "single"]
+    offloader = ModelOffloader(model, "cpu", blocks_to_swap=6)
+    assert [u.name for u in offloader.units] == ["double.1", *(f"single.{i}" for i in range(5))]
+    assert offloader.num_blocks == 7 and "6 of 7 blocks (double, single)" in offloader.describe()
     with pytest.raises(UserError, match="no list of repeated blocks"):
         ModelOffloader(nn.Sequential(nn.Linear(2, 2)), "cpu")
 

@@ -52,15 +52,24 @@ def _bytes(t: torch.Tensor) -> int:
     return sum(_bytes(getattr(t, name)) for name in t.__tensor_flatten__()[0])
 
 
-def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
-    """The model's repeated blocks: its nn.ModuleList holding the most frozen parameter bytes."""
-    best, size = None, 0
+def find_blocks(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
+    """The model's repeated blocks: its nn.ModuleLists (of 2+ modules) holding at least a quarter of the frozen bytes
+    of the largest one, in the order the model registers them (FLUX: the double-stream, then the single-stream
+    blocks); a list inside a chosen one (a block's own `to_out`) is part of it."""
+    lists = []
     for name, m in model.named_modules():
         if isinstance(m, nn.ModuleList) and len(m) > 1:
-            n = sum(p.numel() * p.element_size() for p in m.parameters() if not p.requires_grad)
-            if n > size:
-                best, size = (name, m), n
-    return best
+            size = sum(p.numel() * p.element_size() for p in m.parameters() if not p.requires_grad)
+            if size:
+                lists.append((name, m, size))
+    if not lists:
+        return []
+    largest = max(size for _, _, size in lists)
+    chosen = []
+    for name, m, size in lists:
+        if size * 4 >= largest and not any(name.startswith(f"{c}.") for c, _ in chosen):
+            chosen.append((name, m))
+    return chosen
 
 
 def _movable(p: nn.Parameter) -> bool:
@@ -100,10 +109,11 @@ class ModelOffloader:
     def __init__(self, model: nn.Module, device, blocks_to_swap: int | None = None,
                  split_threshold_mb: float | None = None, pin: bool | None = None, prefetch: bool = True):
         found = find_blocks(model)
-        if found is None:
+        if not found:
             raise UserError(f"model offload: {type(model).__name__} has no list of repeated blocks to offload")
         self.model, self.device = model, torch.device(device)
-        self.blocks_name, blocks = found
+        self.blocks_name = ", ".join(name for name, _ in found)
+        blocks = [(f"{name}.{i}", block) for name, blocks in found for i, block in enumerate(blocks)]
         self.num_blocks = len(blocks)
         n = self.num_blocks if blocks_to_swap is None else int(blocks_to_swap)
         if not 0 <= n <= self.num_blocks:
@@ -116,10 +126,11 @@ class ModelOffloader:
         threshold = None if split_threshold_mb is None else int(split_threshold_mb * 2 ** 20)
         self.units: list[Unit] = []
         for i in range(self.num_blocks - n, self.num_blocks):
-            for name, module, recurse in _split(f"{self.blocks_name}.{i}", blocks[i], threshold):
+            for name, module, recurse in _split(*blocks[i], threshold):
                 params = [p for p in module.parameters(recurse=recurse) if _movable(p)]
                 owners = module.modules() if recurse else [module]
-                subs = [(m, n, p.detach().to("cpu")) for m in owners for n, p in m._parameters.items() if _subclass(p)]
+                subs = [(m, key, p.detach().to("cpu")) for m in owners for key, p in m._parameters.items()
+                        if _subclass(p)]
                 if params or subs:
                     self.units.append(Unit(name, module, i, params, subs=subs))
         self._index = {id(u): k for k, u in enumerate(self.units)}
