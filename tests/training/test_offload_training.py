@@ -99,3 +99,34 @@ def test_optimizer_offload_resumes_exactly(tmp_path, tiny_repo):
     a = load_file(str(tmp_path / "full" / "epoch-1.safetensors"))
     b = load_file(str(tmp_path / "killed" / "epoch-1.safetensors"))
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+
+
+@pytest.mark.parametrize("family", ["flux", "wan"])
+def test_other_families_offload_without_declaring_anything(tmp_path, capsys, family):
+    """The blocks are found generically: FLUX's double- and single-stream lists, Wan's blocks; the LoRA trained
+    with every block offloaded equals the resident run's."""
+    import json
+
+    from difftune.testing import tiny_flux_paths, tiny_wan_paths, write_example_dataset, write_tiny_flux, write_tiny_wan
+
+    if family == "flux":
+        from difftune.families.flux.components import LORA_TARGET_MODULES as targets
+
+        paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(write_tiny_flux(tmp_path / "repo")).values()]
+        shown = "(transformer_blocks, single_transformer_blocks)"
+    else:
+        targets = "q,k,v,o,ffn.0,ffn.2"
+        paths = [p[0] for p in tiny_wan_paths(write_tiny_wan(tmp_path / "repo", "t2v")).values()]
+        shown = "(blocks)"
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    args = ["--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--model_paths",
+            json.dumps(paths), "--torch_dtype", "float32", "--learning_rate", 1e-3, "--dataset_repeat", 2,
+            "--seed", 5, "--no_progress", "--enable_tensorboard_log", "false", "--max_pixels", 4096,
+            "--lora_base_model", "dit", "--lora_target_modules", targets, "--lora_rank", 4,
+            "--use_gradient_checkpointing"]
+    run_train(*args, "--output_path", tmp_path / "plain")
+    capsys.readouterr()
+    run_train(*args, "--output_path", tmp_path / "off", "--enable_model_cpu_offload")
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("model offload:"))
+    assert f"blocks {shown}" in line, line
+    same_files(tmp_path / "plain" / "epoch-0.safetensors", tmp_path / "off" / "epoch-0.safetensors")

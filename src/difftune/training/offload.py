@@ -53,20 +53,27 @@ def _bytes(t: torch.Tensor) -> int:
 
 
 def find_blocks(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
-    """The model's repeated blocks: its nn.ModuleLists (of 2+ modules) holding at least a quarter of the frozen bytes
-    of the largest one, in the order the model registers them (FLUX: the double-stream, then the single-stream
-    blocks); a list inside a chosen one (a block's own `to_out`) is part of it."""
+    """The model's repeated blocks: its nn.ModuleLists of one composite module class (the classes the model declares
+    as its blocks, diffusers' `_repeated_blocks` / `_no_split_modules`, where it declares any) holding at least a
+    quarter of the frozen bytes of the largest such list, in the order the model registers them (FLUX: the
+    double-stream, then the single-stream blocks); a list inside a chosen one is part of it."""
+    declared = {*(getattr(model, "_repeated_blocks", None) or ()), *(getattr(model, "_no_split_modules", None) or ())}
     lists = []
     for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and len(m) > 1:
-            size = sum(p.numel() * p.element_size() for p in m.parameters() if not p.requires_grad)
-            if size:
-                lists.append((name, m, size))
+        if not isinstance(m, nn.ModuleList) or not len(m) or len({type(c) for c in m}) != 1:
+            continue
+        if next(iter(m[0].children()), None) is None:  # a list of plain layers, not of blocks
+            continue
+        size = sum(p.numel() * p.element_size() for p in m.parameters() if not p.requires_grad)
+        if size:
+            lists.append((name, m, size, type(m[0]).__name__ in declared))
+    if any(own for *_, own in lists):
+        lists = [entry for entry in lists if entry[3]]
     if not lists:
         return []
-    largest = max(size for _, _, size in lists)
+    largest = max(size for _, _, size, _ in lists)
     chosen = []
-    for name, m, size in lists:
+    for name, m, size, _ in lists:
         if size * 4 >= largest and not any(name.startswith(f"{c}.") for c, _ in chosen):
             chosen.append((name, m))
     return chosen
