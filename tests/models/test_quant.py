@@ -182,3 +182,85 @@ def test_the_reference_nf4_script_trains(tmp_path, monkeypatch, bnb):
     lora = load_file(str(next(out.glob("*.safetensors"))))
     assert "diffusion_model.transformer_blocks.0.attn.to_q.lora_B.weight" in lora
     assert lora["diffusion_model.transformer_blocks.0.attn.to_q.lora_B.weight"].abs().max() > 0
+
+
+# -- torchao weight-only methods -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ao():
+    return pytest.importorskip("torchao")
+
+
+@pytest.mark.parametrize("value, message", [
+    ("dit.safetensors:torchao_int8_w8a8", "--quant_options: torchao_int8_w8a8 for dit.safetensors: it quantises the "
+                                          "activations too"),
+    ("dit.safetensors:comfy_kitchen_fp8_w8a8", "--quant_options: comfy_kitchen_fp8_w8a8 for dit.safetensors: "
+                                               "comfy-kitchen is not supported"),
+])
+def test_methods_that_cannot_train_a_lora_are_refused_naming_why(value, message):
+    with pytest.raises(UserError, match=re.escape(message)) as err:
+        parse_quant_options(value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("method, weight", [("torchao_int8_w8a16", "Int8Tensor"), ("torchao_fp8_w8a16", "Float8Tensor")])
+def test_torchao_weight_only_layers_pass_gradients(ao, method, weight):
+    from difftune.models.quant import quantize_linears
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+    x = torch.randn(4, 64)
+    full = model(x).detach()
+    assert quantize_linears(model, QuantOption(method, ("2",)), torch.float32) == ["0"]
+    assert type(model[0].weight).__name__ == weight and type(model[2].weight) is torch.nn.Parameter  # "2" kept
+    x.requires_grad_(True)
+    out = model(x)
+    out.sum().backward()
+    assert x.grad is not None and x.grad.abs().max() > 0
+    assert 0 < ((out - full).norm() / full.norm()).item() < 0.05
+
+
+def test_torchao_int8_lora_trains_and_loads_in_diffusers_with_every_key_used(quant_repo, tmp_path, ao, capsys):
+    from diffusers import QwenImagePipeline as DiffusersQwenImage, QwenImageTransformer2DModel
+    from peft.tuners.lora import LoraLayer
+    from safetensors.torch import load_file
+
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    option = f"{quant_repo / 'transformer'}:torchao_int8_w8a16/{','.join(KEEP)}"
+    summary = run_train(*_qlora_args(quant_repo, meta, tmp_path / "out", "--quant_options", option,
+                                     "--enable_model_cpu_offload"))
+    assert "model offload: dit" in capsys.readouterr().out  # int8 weights stay resident, the rest streams
+    losses = summary["losses"]
+    assert len(losses) == 4 and all(0 < v < 10 for v in losses) and len(set(losses)) == 4
+    path = tmp_path / "out" / "epoch-1.safetensors"
+    lora = load_file(str(path))
+    b = "diffusion_model.transformer_blocks.0.attn.to_q.lora_B.weight"  # on an int8 layer
+    assert b in lora and lora[b].abs().max().item() > 0
+    # diffusers reads the file (its own key conversion) onto the full-precision transformer: every LoRA of the
+    # file becomes a LoRA layer with the file's B @ A
+    transformer = QwenImageTransformer2DModel.from_pretrained(str(quant_repo / "transformer"))
+    state = DiffusersQwenImage.lora_state_dict(str(path))
+    transformer.load_lora_adapter(state, prefix="transformer", adapter_name="file")
+    layers = {n: m for n, m in transformer.named_modules() if isinstance(m, LoraLayer) and "file" in m.lora_A}
+    in_file = {k[len("diffusion_model."):-len(".lora_A.weight")] for k in lora if k.endswith(".lora_A.weight")}
+    assert set(layers) == in_file and len(in_file) > 10
+    for name, layer in layers.items():
+        want = lora[f"diffusion_model.{name}.lora_B.weight"].float() @ lora[f"diffusion_model.{name}.lora_A.weight"].float()
+        assert torch.allclose(layer.get_delta_weight("file").float(), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("keys, layout", [
+    (["blocks.0.attn.to_q.weight", "blocks.0.attn.to_q.weight.absmax", "blocks.0.attn.to_q.weight.quant_map",
+      "blocks.0.attn.to_q.weight.quant_state.bitsandbytes__nf4"], "a bitsandbytes 4-bit save"),
+    (["scaled_fp8", "blocks.0.attn.to_q.weight", "blocks.0.attn.to_q.scale_weight"], "a ComfyUI fp8_scaled checkpoint"),
+])
+def test_pre_quantised_checkpoints_are_refused_in_one_line(tmp_path, keys, layout):
+    from safetensors.torch import save_file
+
+    from difftune.models.detect import check_files
+
+    path = tmp_path / "dit.safetensors"
+    save_file({k: torch.zeros(2, dtype=torch.uint8) for k in keys}, str(path))
+    with pytest.raises(UserError, match=re.escape(f"{path}: {layout}")) as err:
+        check_files([str(path)])
+    assert "\n" not in str(err.value) and "--quant_options" in str(err.value)

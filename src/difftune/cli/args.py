@@ -55,11 +55,6 @@ def add_family_flags(parser: argparse.ArgumentParser, command: str, seen: set[st
 REFUSED = {
     "template_model_id_or_path": ("value", "Diffusion Templates are not implemented"),
     "enable_lora_hot_loading": ("switch", "Diffusion Templates (LoRA hot loading) are not implemented"),
-    "enable_model_cpu_offload": ("switch", "model CPU offload is not implemented: use split training (stage 2 "
-                                           "loads only the denoiser), --fp8_models or DeepSpeed offload"),
-    "enable_optimizer_cpu_offload": ("switch", "optimizer CPU offload is not implemented: use a DeepSpeed config "
-                                               "with offload_optimizer (accelerate launch --config_file)"),
-    "cpu_offload_split_threshold": ("value", "model CPU offload is not implemented"),
 }
 
 
@@ -74,9 +69,9 @@ _AT_LEAST = {
     "height": (1, "at least 1 pixel"), "width": (1, "at least 1 pixel"), "max_pixels": (1, "at least 1 pixel"),
     "data_process_batch_size": (1, "at least 1"), "cache_commit_every": (1, "at least 1 sample"),
     "dataset_num_workers": (0, "0 or more"), "lr_warmup_steps": (0, "0 or more"),
-    "keep_last_states": (0, "0 (keep every state) or more"),
+    "keep_last_states": (0, "0 (keep every state) or more"), "blocks_to_swap": (0, "0 or more blocks"),
 }
-_POSITIVE = ("learning_rate", "lora_alpha")  # floats that must be > 0 (and finite)
+_POSITIVE = ("learning_rate", "lora_alpha", "cpu_offload_split_threshold")  # floats that must be > 0 (and finite)
 _NOT_NEGATIVE = ("weight_decay", "max_grad_norm")  # floats that must be >= 0 (and finite); max_grad_norm 0 = off
 
 

@@ -20,6 +20,10 @@ def _quiet_libraries() -> None:
     # bitsandbytes (an optional extra) warns at import that an optional CPU kernel package is missing; it falls
     # back by itself, and the warning would land in every command's output
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    # torchao (an optional extra, imported by diffusers / peft when installed) warns that its CUDA kernels do not
+    # load on a machine without them, and torch warns about an enum it registers: neither concerns the command
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         import diffusers

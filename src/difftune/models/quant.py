@@ -5,6 +5,11 @@ the model entry being one of --model_paths / --model_id_with_origin_paths (the l
 comma-separated module names (a name matches itself or any module path ending in "." + name, e.g. `img_mod.1`).
 Each quantised layer becomes bitsandbytes' `Linear4bit` (weight-only: it dequantises its weight in every forward and
 passes gradients to its input), so peft puts a LoRA on it as on any Linear; the model itself stays frozen.
+
+The torchao methods (`torchao_*_w*a16`: weight-only, activations in the compute dtype) swap each Linear's weight for a
+torchao tensor (int8 / fp8 per row, int4 / nvfp4 in groups) that dequantises in the matmul and passes gradients to its
+input; a method whose layers pass no gradient on this machine (missing kernels) is refused in one line after a probe.
+Methods that quantise the activations too are refused by name (no gradient passes a quantised activation).
 """
 
 from __future__ import annotations
@@ -20,8 +25,23 @@ from ..errors import UserError
 from ..util import first_line
 from ..util import names as split_names
 
-METHODS = {"bitsandbytes_nf4": "nf4", "bitsandbytes_fp4": "fp4"}
+METHODS = {"bitsandbytes_nf4": "nf4", "bitsandbytes_fp4": "fp4", "torchao_int8_w8a16": "int8",
+           "torchao_fp8_w8a16": "fp8", "torchao_int4_w4a16": "int4", "torchao_nvfp4_w4a16": "nvfp4"}
 INSTALL = "pip install 'difftune[quant]' (bitsandbytes)"
+INSTALL_TORCHAO = "pip install 'difftune[torchao]'"
+_ACTIVATIONS = "it quantises the activations too, and no gradient passes a quantised activation, so no LoRA trains " \
+               "on it (the reference refuses it for training too); use its weight-only form"
+# the reference's other methods: why each is refused
+NOT_TRAINABLE = {
+    "torchao_int8_w8a8": f"{_ACTIVATIONS} torchao_int8_w8a16", "torchao_fp8_w8a8": f"{_ACTIVATIONS} torchao_fp8_w8a16",
+    "torchao_int4_w4a8": f"{_ACTIVATIONS} torchao_int4_w4a16", "torchao_mxfp8_w8a8": f"{_ACTIVATIONS} torchao_fp8_w8a16",
+    "torchao_mxfp4_w4a4": f"{_ACTIVATIONS} torchao_nvfp4_w4a16",
+    "torchao_nvfp4_w4a4": f"{_ACTIVATIONS} torchao_nvfp4_w4a16",
+    "comfy_kitchen_int8_w8a8": "comfy-kitchen is not supported by difftune (its training kernels need CUDA 13); use "
+                               "torchao_int8_w8a16",
+    "comfy_kitchen_fp8_w8a8": "comfy-kitchen is not supported by difftune (its training kernels need CUDA 13); use "
+                              "torchao_fp8_w8a16",
+}
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,8 @@ def parse_quant_options(text: str | None) -> list[tuple[str, QuantOption]]:
                             f"precision>], e.g. owner/model:transformer/diffusion_pytorch_model*.safetensors:"
                             f"bitsandbytes_nf4/img_in,proj_out")
         method, _, keep = spec.partition("/")
+        if method in NOT_TRAINABLE:
+            raise UserError(f"--quant_options: {method} for {model}: {NOT_TRAINABLE[method]}")
         if method not in METHODS:
             raise UserError(f"--quant_options: unknown method {method!r} for {model} (known: {', '.join(METHODS)})")
         out.append((model, QuantOption(method, tuple(split_names(keep)))))
@@ -87,17 +109,80 @@ def _kept(name: str, keep: Iterable[str]) -> bool:
     return any(name == k or name.endswith("." + k) for k in keep)
 
 
+def torchao():
+    """The torchao package, or a one-line error saying what to install."""
+    try:
+        import torchao as ao
+    except ImportError:
+        raise UserError(f"--quant_options: the torchao methods need torchao, which is not installed: "
+                        f"{INSTALL_TORCHAO}") from None
+    except Exception as err:
+        raise UserError(f"--quant_options: torchao cannot be loaded here ({first_line(err)})") from None
+    return ao
+
+
+def torchao_config(method: str):
+    """The torchao configuration of a weight-only method."""
+    torchao()
+    from torchao import quantization as q
+
+    if method == "torchao_int8_w8a16":
+        return q.Int8WeightOnlyConfig()
+    if method == "torchao_fp8_w8a16":
+        return q.Float8WeightOnlyConfig()
+    if method == "torchao_int4_w4a16":
+        return q.Int4WeightOnlyConfig(group_size=128)
+    from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
+
+    return NVFP4WeightOnlyConfig()
+
+
+def _quantize_torchao(module: nn.Module, names: list[str], option: QuantOption, device) -> None:
+    import warnings
+
+    from torchao.quantization import quantize_
+
+    chosen = set(names)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_(module, torchao_config(option.method), filter_fn=lambda m, fqn: fqn in chosen, device=device)
+    except UserError:
+        raise
+    except Exception as err:
+        raise UserError(f"--quant_options: {option.method} cannot quantise on {device} here ({first_line(err)})") \
+            from None
+    if names:  # a LoRA trains through the quantised layers only if they pass a gradient to their input here
+        probe = module.get_submodule(names[0])
+        weight = probe.weight
+        x = torch.zeros(1, probe.in_features, dtype=weight.dtype, device=weight.device, requires_grad=True)
+        try:
+            probe(x).float().sum().backward()
+        except Exception as err:
+            raise UserError(f"--quant_options: {option.method}: its layers pass no gradient on {device} here "
+                            f"({first_line(err)}), so no LoRA can train on them") from None
+        if x.grad is None:
+            raise UserError(f"--quant_options: {option.method}: its layers pass no gradient on {device} here, so no "
+                            f"LoRA can train on them")
+
+
 def quantize_linears(module: nn.Module, option: QuantOption, compute_dtype: torch.dtype,
                      device: str | torch.device = "cpu") -> list[str]:
-    """Replace every nn.Linear of `module` (but the kept ones) with a 4-bit Linear4bit, in place; the names replaced.
-    Call it on a loaded, frozen model before a LoRA is injected."""
-    bnb = bitsandbytes()
+    """Replace every nn.Linear of `module` (but the kept ones) with a 4-bit Linear4bit (bitsandbytes), or give it a
+    torchao quantised weight, in place; the names quantised. Call it on a loaded, frozen model before a LoRA is
+    injected."""
     unknown = [k for k in option.keep if not any(_kept(n, [k]) for n, _ in module.named_modules())]
     if unknown:
         raise UserError(f"--quant_options: layer(s) to keep in full precision {', '.join(unknown)} match no module of "
                         f"{type(module).__name__}")
     names = [n for n, m in module.named_modules()
              if n and type(m) is nn.Linear and not _kept(n, option.keep)]
+    if option.method.startswith("torchao_"):
+        torchao()
+        module.requires_grad_(False)
+        _quantize_torchao(module, names, option, device)
+        return names
+    bnb = bitsandbytes()
     for name in names:
         parent_name, _, leaf = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module

@@ -110,6 +110,7 @@ def loop_config(config, resume_from=None):
         gradient_accumulation_steps=config.gradient_accumulation_steps, max_grad_norm=config.max_grad_norm,
         lr_scheduler=config.lr_scheduler, lr_warmup_steps=config.lr_warmup_steps, seed=config.seed,
         num_workers=config.dataset_num_workers, customized_optimizer=config.customized_optimizer,
+        optimizer_cpu_offload=bool(config.enable_optimizer_cpu_offload),
         progress=not config.no_progress, resume_from=resume_from, force_resume=config.force_resume,
         loss_readback_steps=config.loss_readback_steps, lora_compute=config.lora_compute,
         exactness={"task": config.task.split(":")[0], "trainable": config.trainable, "lora_rank": config.lora_rank,

@@ -96,10 +96,25 @@ class RunConfig:
                                       "columns a family's features read).", group=M)
     fp8_models: str | None = option(None, "Frozen models to store in FP8 (entries of the model flags, or "
                                     "dit/text_encoder/vae).", group=M)
-    quant_options: str | None = option(None, "QLoRA: ';'-separated '<model entry>:bitsandbytes_nf4[/<layers kept "
-                                       "in full precision>]' (needs bitsandbytes: difftune[quant]).", group=M)
+    quant_options: str | None = option(None, "QLoRA: ';'-separated '<model entry>:<method>[/<layers kept in full "
+                                       "precision>]', method bitsandbytes_nf4 / bitsandbytes_fp4 (difftune[quant]) or "
+                                       "torchao_int8_w8a16 / torchao_fp8_w8a16 / torchao_int4_w4a16 / "
+                                       "torchao_nvfp4_w4a16 (difftune[torchao]).", group=M)
     offload_models: str | None = option(None, "Accepted for the reference's split scripts: each stage loads only "
                                         "the models it uses, so nothing needs offloading.", group=M)
+    enable_model_cpu_offload: bool = option(False, "Keep the frozen weights of the denoiser's repeated blocks in host "
+                                            "memory and copy each block to the GPU just before it runs (LoRA "
+                                            "and other trainable weights stay on the GPU; turns gradient "
+                                            "checkpointing on; docs/memory.md).", kind=SWITCH, group=M)
+    blocks_to_swap: int | None = option(None, "Model offload of the last N blocks only (musubi-tuner's name; the "
+                                        "other blocks stay on the GPU); implies --enable_model_cpu_offload's "
+                                        "streaming for those N.", kind=int, group=M)
+    cpu_offload_split_threshold: float | None = option(None, "Model offload granularity in MB: a block larger than "
+                                                       "this is streamed in parts (its submodules) of at most this "
+                                                       "size (default: whole blocks).", kind=float, group=M)
+    enable_optimizer_cpu_offload: bool = option(False, "Keep the optimizer state in host memory and run the "
+                                                "optimizer step there (the trainable weights stay on the GPU; "
+                                                "gradient accumulation works).", kind=SWITCH, group=M)
     family: str | None = option(None, "Model family (default: recognised from the weights).", group=M)
     torch_dtype: str = option("bfloat16", "Dtype of frozen weights.", choices=("bfloat16", "float16", "float32"),
                               group=M)

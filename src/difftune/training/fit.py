@@ -4,6 +4,7 @@ loader for the whole run whose batches are swapped in each epoch."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -35,7 +36,21 @@ class Training:
     copies: object = None  # lora.ComputeCopies: the LoRA layers computing in the autocast dtype
 
 
-def make_optimizer(params, config: LoopConfig):
+def make_optimizer(params, config: LoopConfig, accelerator=None):
+    """The optimizer (--customized_optimizer or AdamW); with --enable_optimizer_cpu_offload, built over host copies
+    of the parameters and stepped there."""
+    if config.optimizer_cpu_offload:
+        from .offload import refuse_sharded_engines
+        from .optimizer_offload import HostOptimizer
+
+        if accelerator is not None:
+            refuse_sharded_engines(accelerator, "--enable_optimizer_cpu_offload")
+            if accelerator.mixed_precision == "fp16":
+                raise UserError("--enable_optimizer_cpu_offload with fp16 mixed precision: not supported (the loss "
+                                "scaler unscales the gradients the optimizer holds, which live on the GPU); use "
+                                "bf16 (--mixed_precision bf16)")
+        plain = dataclasses.replace(config, optimizer_cpu_offload=False)
+        return HostOptimizer(params, lambda host: make_optimizer(host, plain))
     if config.customized_optimizer:
         import importlib
 
@@ -146,7 +161,11 @@ def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
     params = module.trainable_modules()
     if not params:
         raise UserError("nothing to train: set --trainable_models or --lora_base_model")
-    optimizer = make_optimizer(params, config)
+    optimizer = make_optimizer(params, config, accelerator)
+    if config.optimizer_cpu_offload and accelerator.is_main_process:
+        moved = sum(p.numel() * p.element_size() for p in params)
+        print(f"optimizer offload: the optimizer state and step of {len(params)} trainable tensors "
+              f"({moved / 2 ** 20:.1f} MiB) on the host; gradients accumulate on {accelerator.device}")
     schedule = make_lr_schedule(optimizer, config.lr_scheduler, config.lr_warmup_steps, total_steps)
     chosen = engines.before_prepare(accelerator, module, config.batch_size, config.max_grad_norm)
     if engines.shards_weights(accelerator) and hasattr(module, "stand_in"):

@@ -33,6 +33,7 @@ class LoopConfig:
     seed: int = 0
     num_workers: int = 0
     customized_optimizer: str | None = None
+    optimizer_cpu_offload: bool = False  # the optimizer's state and step on the host (optimizer_offload.py)
     progress: bool = True
     shuffle: bool = True
     resume_from: object = None  # a state directory (Path) to continue from exactly

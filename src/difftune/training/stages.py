@@ -90,6 +90,9 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     from .fit import train
     from .module import PipelineTrainingModule
 
+    from .offload import install_model_offload, model_offload_requested, offload_settings
+
+    run = run.replace(config=offload_settings(run.config, run.log))
     config, family, split, accelerator, log = run.config, run.family, run.split, run.accelerator, run.log
     if from_cache:
         from .stage1 import open_cache
@@ -113,6 +116,10 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     if module.loss.prepare is not None:  # e.g. a frozen teacher, copied once the trainable weights are set up
         module.loss.prepare(module)
     check_lora_names(config, family, module, pipe, log)
+    if config.compile and model_offload_requested(config):
+        raise UserError("--compile with model offload (--enable_model_cpu_offload / --blocks_to_swap) is not "
+                        "supported: the offload hooks swap each block's weights inside its call; drop one of them")
+    install_model_offload(module, config, accelerator, log)
     if config.compile:
         from .compile import compile_blocks
 

@@ -1,0 +1,132 @@
+"""Model and optimizer offload in `difftune train` runs of the tiny Qwen-Image (fp32, target device: the CPU): the
+same LoRA as the run without them, bit for bit, in one-stage and split (stage 2) training."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_train
+from difftune.errors import UserError
+
+
+def common(tmp_path, tiny_repo, *extra):
+    meta = make_image_dataset(tmp_path / "data", n=2, size=(32, 32))
+    return ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--max_pixels", 1024,
+            "--model_paths", model_paths_json(tiny_repo), "--torch_dtype", "float32", "--seed", 5,
+            "--learning_rate", 1e-3, "--dataset_repeat", 2, "--lora_base_model", "dit",
+            "--lora_target_modules", LORA_TARGETS, "--lora_rank", 4, "--no_progress",
+            "--use_gradient_checkpointing", *extra]
+
+
+def same_files(a, b):
+    x, y = load_file(str(a)), load_file(str(b))
+    assert x.keys() == y.keys() and any(".lora_B." in k for k in x)
+    assert max(v.abs().max().item() for k, v in x.items() if ".lora_B." in k) > 0  # it trained
+    assert all(torch.equal(x[k], y[k]) for k in x), max((x[k] - y[k]).abs().max().item() for k in x)
+
+
+@pytest.mark.parametrize("task", ["sft", "sft:split"])
+def test_offloaded_runs_train_the_same_lora(tmp_path, tiny_repo, capsys, task):
+    args = common(tmp_path, tiny_repo, "--task", task, "--gradient_accumulation_steps", 2)
+    run_train(*args, "--output_path", tmp_path / "plain")
+    capsys.readouterr()
+    run_train(*args, "--output_path", tmp_path / "off", "--enable_model_cpu_offload",
+              "--enable_optimizer_cpu_offload")
+    log = capsys.readouterr().out
+    assert "model offload: dit: 2 of 2 blocks (transformer_blocks)" in log and "resident on cpu" in log
+    assert "optimizer offload:" in log
+    same_files(tmp_path / "plain" / "epoch-0.safetensors", tmp_path / "off" / "epoch-0.safetensors")
+
+
+def test_partial_swap_and_split_threshold_train_the_same_lora(tmp_path, tiny_repo, capsys):
+    args = common(tmp_path, tiny_repo)
+    run_train(*args, "--output_path", tmp_path / "plain")
+    capsys.readouterr()
+    run_train(*args, "--output_path", tmp_path / "off", "--blocks_to_swap", 1, "--cpu_offload_split_threshold",
+              0.001)
+    log = capsys.readouterr().out
+    assert "model offload: dit: 1 of 2 blocks (transformer_blocks)" in log
+    same_files(tmp_path / "plain" / "epoch-0.safetensors", tmp_path / "off" / "epoch-0.safetensors")
+
+
+def test_offload_flags_are_checked(tmp_path, tiny_repo):
+    args = common(tmp_path, tiny_repo, "--output_path", tmp_path / "o")
+    with pytest.raises(UserError, match="--blocks_to_swap 7: .* has 2 blocks"):
+        run_train(*args, "--blocks_to_swap", 7)
+    with pytest.raises(UserError, match="--blocks_to_swap -1: must be 0 or more"):
+        from difftune.cli.args import check_training_args
+        from conftest import train_args
+
+        check_training_args(train_args(*args, "--blocks_to_swap", -1))
+
+
+@pytest.mark.slow
+def test_two_processes_sync_gradients_under_offload(tmp_path, tiny_repo):
+    """Two DDP processes (gloo) with model and optimizer offload train what one process with accumulation 2 trains:
+    only synced gradients give that (each process sees other samples)."""
+    from launching import CONFIGS, launch
+
+    args = common(tmp_path, tiny_repo, "--batch_size", 1, "--find_unused_parameters")
+    proc = launch(tmp_path, CONFIGS / "multi_gpu_ddp.yaml", *args, "--output_path", tmp_path / "two",
+                  "--enable_model_cpu_offload", "--enable_optimizer_cpu_offload")
+    assert "engine: DDP over 2 processes" in proc.stdout and "model offload: dit: 2 of 2 blocks" in proc.stdout
+    run_train(*args, "--output_path", tmp_path / "one", "--gradient_accumulation_steps", 2)
+    x = load_file(str(tmp_path / "one" / "epoch-0.safetensors"))
+    y = load_file(str(tmp_path / "two" / "epoch-0.safetensors"))
+    assert x.keys() == y.keys()
+    assert max(v.abs().max().item() for k, v in x.items() if ".lora_B." in k) > 1e-4
+    assert max((x[k] - y[k]).abs().max().item() for k in x) <= 1e-6
+
+
+@pytest.mark.slow
+def test_optimizer_offload_resumes_exactly(tmp_path, tiny_repo):
+    import subprocess
+
+    from test_resume import kill_after_state, train_cmd
+
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    models = model_paths_json(tiny_repo)
+    extra = ["--enable_optimizer_cpu_offload", "--enable_model_cpu_offload"]
+    subprocess.run(train_cmd(meta.parent, meta, models, tmp_path / "full", *extra), check=True,
+                   capture_output=True, timeout=600)
+    killed_at = kill_after_state(train_cmd(meta.parent, meta, models, tmp_path / "killed", *extra),
+                                 tmp_path / "killed" / "state", min_step=4)
+    assert killed_at < 12
+    done = subprocess.run(train_cmd(meta.parent, meta, models, tmp_path / "killed", *extra,
+                                    "--resume_from_checkpoint", "latest"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resumed from" in done.stdout and "optimizer offload:" in done.stdout
+    a = load_file(str(tmp_path / "full" / "epoch-1.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "epoch-1.safetensors"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+
+
+@pytest.mark.parametrize("family", ["flux", "wan"])
+def test_other_families_offload_without_declaring_anything(tmp_path, capsys, family):
+    """The blocks are found generically: FLUX's double- and single-stream lists, Wan's blocks; the LoRA trained
+    with every block offloaded equals the resident run's."""
+    import json
+
+    from difftune.testing import tiny_flux_paths, tiny_wan_paths, write_example_dataset, write_tiny_flux, write_tiny_wan
+
+    if family == "flux":
+        from difftune.families.flux.components import LORA_TARGET_MODULES as targets
+
+        paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(write_tiny_flux(tmp_path / "repo")).values()]
+        shown = "(transformer_blocks, single_transformer_blocks)"
+    else:
+        targets = "q,k,v,o,ffn.0,ffn.2"
+        paths = [p[0] for p in tiny_wan_paths(write_tiny_wan(tmp_path / "repo", "t2v")).values()]
+        shown = "(blocks)"
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    args = ["--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--model_paths",
+            json.dumps(paths), "--torch_dtype", "float32", "--learning_rate", 1e-3, "--dataset_repeat", 2,
+            "--seed", 5, "--no_progress", "--enable_tensorboard_log", "false", "--max_pixels", 4096,
+            "--lora_base_model", "dit", "--lora_target_modules", targets, "--lora_rank", 4,
+            "--use_gradient_checkpointing"]
+    run_train(*args, "--output_path", tmp_path / "plain")
+    capsys.readouterr()
+    run_train(*args, "--output_path", tmp_path / "off", "--enable_model_cpu_offload")
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("model offload:"))
+    assert f"blocks {shown}" in line, line
+    same_files(tmp_path / "plain" / "epoch-0.safetensors", tmp_path / "off" / "epoch-0.safetensors")
