@@ -203,7 +203,9 @@ def test_batch_2_equals_batch_1_with_accumulation_2(tiny, tmp_path):
               *flags(tiny, *lora_flags(tiny), "--gradient_accumulation_steps", 2))
     a, b = load_file(str(tmp_path / "b2" / "epoch-0.safetensors")), load_file(str(tmp_path / "a2" / "epoch-0.safetensors"))
     assert a.keys() == b.keys() and a
-    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
+    # the same sums in another order: within the family's float tolerance (1e-5 unless its tiny models declare
+    # more; Z-Image's differs by 1.8e-5 on some CPUs' kernels)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= tiny.split_tolerance
 
 
 def _variants(t):
