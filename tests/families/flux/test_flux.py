@@ -676,7 +676,8 @@ def test_kontext_tokens_and_ids(pipe):
     """Each reference image: VAE latents (FLUX shift/scale) packed 2x2, ids (1, row, column) from 0; several
     follow one another; one set of references serves every prompt of a batch."""
     from difftune.core.latents import pack_latents
-    from difftune.families.flux.units import FluxKontextEmbedder, vae_encode
+    from difftune.families.flux.kontext import FluxKontextEmbedder
+    from difftune.families.flux.units import vae_encode
     from difftune.media.image import images_to_tensor
 
     a, b = _noise_image(32, 48, 1), _noise_image(64, 16, 2)
