@@ -15,8 +15,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from .features import ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units, model_config, \
-    resolve_features
+from .features import ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units, \
+    model_config, resolve_features
 from .units import PipelineUnit, run_unit
 
 

@@ -359,7 +359,8 @@ CONTROLNET_FEATURE = _ControlNet(
     call_inputs=dict.fromkeys((*COLUMNS, "controlnet_scale", "controlnet_inputs")),
     description="a ControlNet (Union-alpha, Upscaler, Inpainting-Beta, InfiniteYou's InfuseNet)")
 
-__all__ = ["CONTROLNET", "CONTROLNET_FEATURE", "ControlNetInput", "FluxControlNetEmbedder", "FluxControlNetWithExtraCondition",
+__all__ = ["CONTROLNET", "CONTROLNET_FEATURE", "ControlNetInput", "FluxControlNetEmbedder",
+           "FluxControlNetWithExtraCondition",
            "FluxMultiControlNet", "UNION_MODES", "control_mode", "controlnet_call_inputs",
            "controlnet_config_from_weights", "controlnet_key", "controlnet_native_keys", "controlnet_samples",
            "pad_samples"]

@@ -301,5 +301,6 @@ INFINITEYOU = _InfiniteYou(
     inputs={INPUTS[0]: IMAGE, INPUTS[1]: VALUE, INPUTS[2]: VALUE}, call_inputs=dict.fromkeys(INPUTS),
     description="InfiniteYou: a face embedding's tokens as the InfuseNet ControlNet's prompt")
 
-__all__ = ["INFINITEYOU", "FluxInfiniteYouEmbedder", "IMAGE_PROJ_MODEL", "InfiniteYouImageProjection", "InsightFaceEmbedder",
+__all__ = ["INFINITEYOU", "FluxInfiniteYouEmbedder", "IMAGE_PROJ_MODEL", "InfiniteYouImageProjection",
+           "InsightFaceEmbedder",
            "convert_image_proj", "face_embedding_from", "image_proj_key", "image_proj_native_keys"]

@@ -163,6 +163,7 @@ def model_fn_flux(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_emb
     `ids_after` (n, 3): image tokens after the noisy image's (Step1X's reference), cut from the output, so a loss
     sees only the image's. `default_guidance`: the embedded guidance where the values have none."""
     from .attention import use_feature_attention
+    from .controlnet import pad_samples
     from .value_control import extend_prompt
 
     if features is None:
@@ -202,17 +203,9 @@ def model_fn_flux(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_emb
     out = dit(hidden_states=tokens, timestep=call.t, guidance=call.embedded_guidance(dit),
               pooled_projections=call.pooled, encoder_hidden_states=call.text, txt_ids=call.text_ids, img_ids=img_ids,
               joint_attention_kwargs=call.attention or None,
-              controlnet_block_samples=_padded(call.block_samples, after),
-              controlnet_single_block_samples=_padded(call.single_block_samples, after), return_dict=False)[0]
+              controlnet_block_samples=pad_samples(call.block_samples, after),
+              controlnet_single_block_samples=pad_samples(call.single_block_samples, after), return_dict=False)[0]
     return unpack_latents(out[:, :call.image_len], h, w)
-
-
-def _padded(samples, extra_tokens: int):
-    """Residuals for the noisy image's tokens, zero-padded for the tokens that follow them: the reference adds a
-    ControlNet's residuals to the generated image's tokens only."""
-    if samples is None or not extra_tokens:
-        return samples
-    return [torch.nn.functional.pad(s, (0, 0, 0, extra_tokens)) for s in samples]
 
 
 __all__ = ["FILL_IN_CHANNELS", "FLEX_IN_CHANNELS", "FluxCall", "default_condition", "image_ids", "model_fn_flux",

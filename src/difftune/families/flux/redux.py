@@ -86,7 +86,8 @@ COLUMN = "flux_redux_image"
 REDUX = FluxFeature("redux", columns=(COLUMN,), models=("flux_redux_image_encoder", "flux_redux_image_embedder"),
                     units=(FluxReduxPromptEmbedder(),),
                     slots=("flux_redux_image_encoder", "flux_redux_image_embedder"), inputs={COLUMN: IMAGE},
-                    call_inputs={COLUMN: None}, description="FLUX.1 Redux: an image's SigLIP tokens in place of the prompt")
+                    call_inputs={COLUMN: None},
+                    description="FLUX.1 Redux: an image's SigLIP tokens in place of the prompt")
 
 
 __all__ = ["REDUX", "FluxReduxPromptEmbedder", "REDUX_IMAGE_EMBEDDER", "REDUX_IMAGE_ENCODER", "redux_tokens"]
