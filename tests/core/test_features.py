@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from difftune.core.features import ALIGNED_FRAMES, FRAMES, IMAGE, VALUE, Feature, RunContext, compose_units
+from difftune.core.features import ALIGNED_FRAMES, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units
 from difftune.core.pipeline import BasePipeline
 from difftune.core.units import PipelineUnit
 from difftune.errors import UserError
@@ -45,6 +45,19 @@ def test_a_stand_in_that_reads_a_later_value_goes_at_the_end():
     assert names(units)[-2:] == ["Split", "Inpaint"]
 
 
+def test_a_unit_goes_before_the_first_unit_it_names():
+    """`before`: right before the first named unit listed so far (a size unit before the shape check, conditions
+    before the prompt), in feature order; a name not listed leaves the unit to the other rules."""
+    size = type("Size", (PipelineUnit,), {"outputs": ("h",), "before": ("Shape",)})()
+    cond_a = type("CondA", (PipelineUnit,), {"inputs": ("a",), "before": ("Prompt",)})()
+    cond_b = type("CondB", (PipelineUnit,), {"inputs": ("b",), "before": ("CondA", "Prompt")})()
+    late = type("Late", (PipelineUnit,), {"before": ("Missing",)})()
+    features = [Feature("a", units=(cond_a,)), Feature("s", units=(size,)), Feature("b", units=(cond_b,)),
+                Feature("l", units=(late,))]
+    assert names(compose_units(BASE_UNITS(), features)) == ["Size", "Shape", "Noise", "Latents", "CondB", "CondA",
+                                                             "Prompt", "Late"]
+
+
 def test_a_unit_listed_by_the_pipeline_is_not_added_twice_and_a_foreign_unit_is_refused():
     listed = unit("Context", ["video"], ["context"])
     units = compose_units([*BASE_UNITS(), listed], [Feature("a", units=(unit("Context", ["video"], ["context"]),))])
@@ -67,7 +80,8 @@ class _Scaled(Feature):
 
 SCALED = _Scaled("scaled", columns=("hint",), units=(unit("Hint", ["hint"], ["hint_embeds"]),), slots=("adapter",),
                  loss_models=("adapter",), needs={"adapter": "the adapter file"},
-                 inputs={"hint": VALUE, "clip": FRAMES, "aligned": ALIGNED_FRAMES, "picture": IMAGE},
+                 inputs={"hint": VALUE, "clip": FRAMES, "aligned": ALIGNED_FRAMES, "picture": IMAGE,
+                         "pictures": IMAGES},
                  call_inputs={"hint": None}, call_settings={"hint_scale": 1.0})
 
 
@@ -131,6 +145,16 @@ def test_row_columns_by_kind_with_one_line_errors():
         pipe.feature_data({**row, "aligned": [frame, frame]}, num_frames=5)
     with pytest.raises(UserError, match=r"^row 3: 'picture' must be an image file"):
         pipe.feature_data({**row, "picture": "not loaded"}, num_frames=5)
+
+
+def test_a_column_of_several_images_is_always_a_list():
+    pipe = Toy()
+    a, b = Image.new("RGB", (8, 8)), Image.new("RGB", (4, 4))
+    assert pipe.feature_data({"pictures": a})["pictures"] == [a]
+    assert pipe.feature_data({"pictures": [a, b]})["pictures"] == [a, b]
+    with pytest.raises(UserError, match=r"^row 2: 'pictures' must be image file\(s\) listed in --data_file_keys "
+                                        r"\(e.g. --data_file_keys image,pictures\), got 'a.png'"):
+        pipe.feature_data({"_row": 2, "pictures": "a.png"})
 
 
 def test_finish_runs_for_the_calls_features_only():

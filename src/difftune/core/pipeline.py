@@ -15,8 +15,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from .features import ALIGNED_FRAMES, BASE, FRAMES, IMAGE, VALUE, Feature, RunContext, compose_units, model_config, \
-    resolve_features
+from .features import ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units, \
+    model_config, resolve_features
 from .units import PipelineUnit, run_unit
 
 
@@ -146,7 +146,7 @@ class BasePipeline:
 
     @classmethod
     def input_kinds(cls) -> dict[str, str]:
-        """Every feature's data column -> its kind (core/features.py: clip, aligned clip, image, value, raw)."""
+        """Every feature's data column -> its kind (core/features.py: clip, aligned clip, image, images, value, raw)."""
         kinds: dict[str, str] = {}
         for feature in cls.features:
             kinds.update(feature.inputs)
@@ -155,7 +155,7 @@ class BasePipeline:
     def feature_data(self, data: Mapping[str, Any], num_frames: int | None = None) -> dict[str, Any]:
         """The features' columns a row has, as pipeline inputs by kind (one-line errors naming the row and column):
         clips as lists of frames (an aligned clip must have `num_frames`), images as one image, values as they come
-        (an empty CSV cell left out), raw columns untouched."""
+        (an empty CSV cell left out), raw columns untouched; a column of several images as a list of them."""
         from PIL import Image
 
         row = data.get("_row", "?")
@@ -177,6 +177,12 @@ class BasePipeline:
                 if not frames or not isinstance(frames[0], Image.Image):
                     raise UserError(f"row {row}: '{name}' must be an image file (listed in --data_file_keys)")
                 out[name] = frames[0]
+            elif kind == IMAGES:
+                images = _frames(value)
+                if not images or not all(isinstance(i, Image.Image) for i in images):
+                    raise UserError(f"row {row}: '{name}' must be image file(s) listed in --data_file_keys (e.g. "
+                                    f"--data_file_keys image,{name}), got {value!r:.60}")
+                out[name] = images
             elif kind == VALUE:
                 if not (isinstance(value, float) and value != value):
                     out[name] = value

@@ -38,6 +38,9 @@ class PipelineUnit:
     # Units (by class name) this one stands in for when its feature is active, e.g. an edit prompt encoder for the
     # plain one: both write the same values, only one runs.
     replaces: tuple[str, ...] = ()
+    # Units (by class name) a feature's unit must run before: composed into a pipeline, it goes right before the
+    # first of them (e.g. a unit that writes the size the shape check reads, or a condition before the prompt's).
+    before: tuple[str, ...] = ()
     # How the values this unit writes batch (core/batch.py: STACK, Pad(mask), SCALAR, LIST, SAME); a cfg output
     # is named by its argument name and the rule applies to both sides. Undeclared tensors stack.
     batching: Mapping[str, Any] = {}

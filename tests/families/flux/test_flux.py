@@ -676,7 +676,7 @@ def test_kontext_tokens_and_ids(pipe):
     """Each reference image: VAE latents (FLUX shift/scale) packed 2x2, ids (1, row, column) from 0; several
     follow one another; one set of references serves every prompt of a batch."""
     from difftune.core.latents import pack_latents
-    from difftune.families.flux.units import FluxKontextEmbedder
+    from difftune.families.flux.kontext import FluxKontextEmbedder
     from difftune.parts.flux_ae import vae_encode
     from difftune.media.image import images_to_tensor
 
@@ -1047,3 +1047,32 @@ def test_kohya_export_whole_file_in_diffusers_and_the_note_for_what_it_drops(tmp
     said = [n for n in notes if "diffusers' FluxPipeline.load_lora_weights drops" in n]
     assert len(said) == 1 and f"({', '.join(dropped)})" in said[0]
     assert not [n for n in flux_lora_export_notes("kohya", sorted(inside)) if "diffusers" in n]  # blocks only: none
+
+
+def test_features_compose_the_pipeline_and_step1x_has_none_of_their_slots():
+    """FluxImagePipeline lists its features (each its own module): their units sit among the base units in the order
+    the reference runs them, their slots and denoiser-call models join the base's; Step1X-Edit, on the base class,
+    has none of them; an unknown sampling input is refused naming the features' inputs."""
+    from difftune.families.flux import Step1XEditPipeline
+    from difftune.families.flux.pipeline import FluxBasePipeline
+
+    assert [u.name for u in FluxImagePipeline().all_units] == [
+        "FluxInsertAnything", "FluxShapeChecker", "FluxNoiseInitializer", "FluxInputImageEmbedder",
+        "FluxKontextEmbedder", "FluxControlNetEmbedder", "FluxFillCondition", "FluxFlexConditioner",
+        "FluxIPAdapterImageEncoder", "FluxInfiniteYouEmbedder", "FluxClipEmbedder", "FluxT5Embedder",
+        "FluxReduxPromptEmbedder", "NexusGenEmbedder", "FluxEntityControl", "FluxValueControlEmbedder",
+        "FluxLoRAEncoderInputs", "FluxLoRAEncoderEmbedder", "FluxEmbeddedGuidance"]
+    assert FluxImagePipeline.model_names == (
+        "dit", "text_encoder", "text_encoder_2", "vae", "controlnet", "ipadapter", "ipadapter_image_encoder",
+        "flux_redux_image_encoder", "flux_redux_image_embedder", "image_proj_model", "value_controller",
+        "lora_encoder", "nexus_gen", "nexus_gen_editing_adapter")
+    assert FluxImagePipeline.loss_models == ("dit", "controlnet", "ipadapter", "image_proj_model")
+    assert "insert_anything_size" in FluxImagePipeline.settings
+    assert FluxBasePipeline.features == () and Step1XEditPipeline.features == ()
+    assert Step1XEditPipeline.model_names == ("dit", "vae", "qwenvl", "step1x_connector")
+    assert "insert_anything_size" not in Step1XEditPipeline.settings
+    assert {"kontext_images", "controlnet_image", "controlnet_inputs", "eligen_enable_on_negative"} <= set(
+        FluxImagePipeline.call_inputs())
+    with pytest.raises(TypeError, match=r"unexpected input\(s\) \['kontext_image'\]; its features take "
+                                        r".*kontext_images"):
+        FluxImagePipeline()("a cat", kontext_image=None)

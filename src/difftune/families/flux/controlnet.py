@@ -30,6 +30,7 @@ from diffusers import ConfigMixin, FluxControlNetModel, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.models.controlnets.controlnet import zero_module
 
+from ...core.features import IMAGE, VALUE
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
@@ -37,6 +38,7 @@ from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
 from ...parts.controlnet import ControlNetInput, encode_control_images
 from ...parts.flux_ae import vae_encode
+from .feature import FluxFeature
 
 # Union-alpha's control modes (the reference's mode_dict; the embedding has 10 rows, 7 are named)
 UNION_MODES = {"canny": 0, "tile": 1, "depth": 2, "blur": 3, "pose": 4, "gray": 5, "lq": 6}
@@ -197,6 +199,7 @@ class FluxControlNetEmbedder(PipelineUnit):
     itself runs in model_fn."""
 
     feature = "controlnet"
+    before = ("FluxClipEmbedder",)
     inputs = ("controlnet_image", "controlnet_inpaint_mask", "controlnet_processor_id", "controlnet_scale", "height",
               "width", "batch_size")
     outputs = ("controlnet_conditioning", "controlnet_mode", "controlnet_scale")
@@ -280,7 +283,55 @@ def controlnet_call_inputs(inputs) -> dict[str, Any]:
             "controlnet_processor_id": c.processor_id, "controlnet_scale": c.scale}
 
 
-__all__ = ["CONTROLNET", "ControlNetInput", "FluxControlNetEmbedder", "FluxControlNetWithExtraCondition",
+
+class _ControlNet(FluxFeature):
+    def prepare_call(self, pipe, values, cfg_scale, state):
+        """The reference's `controlnet_inputs` as this feature's inputs."""
+        inputs = values.pop("controlnet_inputs", None)
+        if inputs is not None:
+            if values.get("controlnet_image") is not None:
+                raise UserError("give controlnet_inputs or controlnet_image, not both")
+            for name, value in controlnet_call_inputs(inputs).items():  # what it gives stands for every input
+                if value is None:
+                    values.pop(name, None)
+                else:
+                    values[name] = value
+
+    def denoise(self, pipe, call):
+        """The ControlNet's residuals after each block, from the DiT's assembled inputs (or the prompt another
+        feature gives it: `call.control_prompt`)."""
+        v = call.values
+        if v.get("controlnet_conditioning") is None:
+            return
+        controlnet = call.model("controlnet")
+        if controlnet is None:
+            raise UserError("a controlnet_image is given but no ControlNet is loaded: add its weights (e.g. "
+                            "InstantX/FLUX.1-dev-Controlnet-Union-alpha:diffusion_pytorch_model.safetensors)")
+        call.checkpointing(controlnet)
+        call.before_blocks.append(lambda c: _residuals(c, controlnet))
+
+
+def _residuals(call, controlnet) -> None:
+    v = call.values
+    text, ids, guidance = call.control_prompt or (call.text, call.text_ids, call.guidance)
+    net = getattr(controlnet, "net", controlnet)  # the slot's wrapper, or a ControlNet itself
+    scale = v.get("controlnet_scale")
+    call.block_samples, call.single_block_samples = controlnet_samples(
+        net, call.noisy, call.t, text, call.pooled, call.embedded_guidance(net, guidance), ids, call.img_ids,
+        v["controlnet_conditioning"], v.get("controlnet_mode"), 1.0 if scale is None else float(scale))
+
+
+COLUMNS = ("controlnet_image", "controlnet_inpaint_mask", "controlnet_processor_id")
+CONTROLNET_FEATURE = _ControlNet(
+    "controlnet", columns=COLUMNS[:1], models=("controlnet",), data_inputs=COLUMNS,
+    model_fn_inputs=("controlnet_conditioning", "controlnet_mode", "controlnet_scale"),
+    units=(FluxControlNetEmbedder(),), slots=("controlnet",), loss_models=("controlnet",),
+    inputs={"controlnet_image": IMAGE, "controlnet_inpaint_mask": IMAGE, "controlnet_processor_id": VALUE},
+    call_inputs=dict.fromkeys((*COLUMNS, "controlnet_scale", "controlnet_inputs")),
+    description="a ControlNet (Union-alpha, Upscaler, Inpainting-Beta, InfiniteYou's InfuseNet)")
+
+__all__ = ["CONTROLNET", "CONTROLNET_FEATURE", "ControlNetInput", "FluxControlNetEmbedder",
+           "FluxControlNetWithExtraCondition",
            "FluxMultiControlNet", "UNION_MODES", "control_mode", "controlnet_call_inputs",
            "controlnet_config_from_weights", "controlnet_key", "controlnet_native_keys", "controlnet_samples",
            "pad_samples"]

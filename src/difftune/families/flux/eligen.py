@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import torch
 
+from ...core.features import IMAGES, VALUE
 from ...core.units import PipelineUnit
 from ...errors import UserError
+from ...media.image import as_image_list
 from ...parts.eligen import entity_samples, entity_token_masks, segment_attention_mask
+from ...util import text_list
+from .feature import FluxFeature
 from .units import VAE_SCALE, t5_hidden
 
 ENTITY_OUTPUTS = ("entity_prompt_embeds", "entity_masks")
@@ -30,6 +34,7 @@ class FluxEntityControl(PipelineUnit):
     (B, N, tokens). The negative side gets entities only from `negative_eligen_entity_prompts` (else none)."""
 
     feature = "eligen"
+    before = ("FluxEmbeddedGuidance",)
     inputs = ("eligen_entity_masks", "height", "width", "batch_size")
     cfg_inputs = {"entity_prompts": ("eligen_entity_prompts", "negative_eligen_entity_prompts")}
     cfg_outputs = {name: (name, "negative_" + name) for name in ENTITY_OUTPUTS}
@@ -66,4 +71,51 @@ def eligen_text_and_mask(prompt_embeds: torch.Tensor, entity_prompt_embeds: torc
     return text, segment_attention_mask(valid, segment, regions, image_len)
 
 
-__all__ = ["FluxEntityControl", "eligen_text_and_mask"]
+
+PROMPTS, MASKS = "eligen_entity_prompts", "eligen_entity_masks"
+ON_NEGATIVE = "eligen_enable_on_negative"
+
+
+class _EliGen(FluxFeature):
+    def prepare_call(self, pipe, values, cfg_scale, state):
+        """Entity prompts as a list, given with their masks; `eligen_enable_on_negative`: the negative prompt in every
+        entity's place on the unguided side."""
+        on_negative = values.pop(ON_NEGATIVE, False)
+        prompts = text_list(values.get(PROMPTS), PROMPTS, "(call)")
+        if (prompts is None) != (values.get(MASKS) is None):
+            raise UserError("EliGen needs both eligen_entity_prompts and eligen_entity_masks")
+        if prompts is None:
+            return
+        values[PROMPTS] = prompts
+        if on_negative:
+            values["negative_" + PROMPTS] = [values["negative_prompt"][0]] * len(prompts)
+
+    def training_values(self, values, where):
+        values[PROMPTS] = text_list(values.get(PROMPTS), PROMPTS, where)
+        if (values[PROMPTS] is None) != (values.get(MASKS) is None):
+            raise UserError(f"{where}: EliGen needs eligen_entity_prompts and eligen_entity_masks (one prompt per mask "
+                            f"image), one of them is missing")
+
+    def denoise(self, pipe, call):
+        """The entities' tokens before the prompt's, with the regional attention mask."""
+        v = call.values
+        if v.get("entity_prompt_embeds") is None or v.get("entity_masks") is None:
+            return
+        call.before_blocks.append(_entities)
+
+
+def _entities(call) -> None:
+    if call.tokens_after is not None:
+        raise UserError("EliGen does not combine with reference images (Kontext)")
+    v = call.values
+    text, call.attention["attention_mask"] = eligen_text_and_mask(call.text, v["entity_prompt_embeds"],
+                                                                  v["entity_masks"], call.image_len)
+    call.text_ids = torch.cat([call.text_ids.new_zeros(text.shape[1] - call.text_ids.shape[0], 3), call.text_ids])
+    call.text = text
+
+
+ELIGEN = _EliGen("eligen", columns=(PROMPTS, MASKS), model_fn_inputs=ENTITY_OUTPUTS, units=(FluxEntityControl(),),
+                 inputs={PROMPTS: VALUE, MASKS: IMAGES}, call_inputs={PROMPTS: None, MASKS: None, ON_NEGATIVE: None},
+                 description="EliGen: entity prompts with regional attention masks")
+
+__all__ = ["ELIGEN", "FluxEntityControl", "eligen_text_and_mask"]

@@ -19,10 +19,12 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ...core.features import IMAGE
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
 from .components import FLUX1_FILL_TRANSFORMER_CONFIG  # noqa: F401  (re-exported)
+from .feature import FluxFeature
 
 FILL_IN_CHANNELS = 384
 FILL_CONDITION_CHANNELS = 80  # 16 masked-image latent channels + the 8x8 mask folded into 64
@@ -51,6 +53,7 @@ class FluxFillCondition(PipelineUnit):
     """`flux_fill_image` + `flux_fill_mask` -> `fill_condition` (B, 80, H/8, W/8) for a Fill DiT (VAE only)."""
 
     feature = "fill"
+    before = ("FluxClipEmbedder",)
     inputs = ("flux_fill_image", "flux_fill_mask", "height", "width", "batch_size")
     outputs = ("fill_condition",)
     models = ("vae",)
@@ -77,5 +80,19 @@ class FluxFillCondition(PipelineUnit):
         return {"fill_condition": condition.to(pipe.torch_dtype).contiguous()}
 
 
-__all__ = ["FLUX1_FILL_TRANSFORMER_CONFIG", "FluxFillCondition", "binary_mask",
+
+class _Fill(FluxFeature):
+    def denoise(self, pipe, call):
+        """The masked image's latents and the folded mask as channels after the noisy latents'."""
+        call.channels.append(call.values["fill_condition"])
+        call.channels_for = "flux_fill_image / flux_fill_mask are for a FLUX.1 Fill DiT"
+
+
+IMAGE_COLUMN, MASK_COLUMN = "flux_fill_image", "flux_fill_mask"
+FILL = _Fill("fill", columns=(IMAGE_COLUMN, MASK_COLUMN), model_fn_inputs=("fill_condition",),
+             units=(FluxFillCondition(),), inputs={IMAGE_COLUMN: IMAGE, MASK_COLUMN: IMAGE},
+             call_inputs={IMAGE_COLUMN: None, MASK_COLUMN: None},
+             description="FLUX.1 Fill: a masked image and its mask as condition channels")
+
+__all__ = ["FILL", "FLUX1_FILL_TRANSFORMER_CONFIG", "FluxFillCondition", "binary_mask",
            "fold_mask", "is_fill_dit"]

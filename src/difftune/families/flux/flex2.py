@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from ...core.features import IMAGE, VALUE
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
 from .components import FLEX2_TRANSFORMER_CONFIG, flux_axes_dims, infer_flux_config  # noqa: F401  (re-exported)
+from .feature import FluxFeature
 
 LATENT_CHANNELS = 16
 FLEX_CONDITION_CHANNELS = 2 * LATENT_CHANNELS + 1  # inpaint latents, mask, control latents
@@ -42,6 +44,7 @@ class FluxFlexConditioner(PipelineUnit):
     control (used after the stop) and the stop fraction (the model_fn turns it into a timestep)."""
 
     feature = "flex"
+    before = ("FluxClipEmbedder",)
     inputs = ("height", "width", "batch_size", "flex_inpaint_image", "flex_inpaint_mask", "flex_control_image",
               "flex_control_strength", "flex_control_stop")
     outputs = ("flex_condition", "flex_uncondition", "flex_control_stop")
@@ -106,3 +109,48 @@ def flex_latents(latents: torch.Tensor, timestep: torch.Tensor, flex_condition: 
         control = (timestep.reshape(-1, 1, 1, 1).to(latents.device) >= flex_stop_t)
         condition = torch.where(control, condition, flex_uncondition.to(device=latents.device, dtype=latents.dtype))
     return torch.cat([latents, condition.expand(latents.shape[0], -1, -1, -1)], dim=1)
+
+
+def flex_stop_t(pipe, stop) -> float | None:
+    """FLEX.2's control stops at the timestep `stop` of the way through the schedule (the reference's
+    timesteps[int(stop * (n - 1))]; the training table's in training); None: never."""
+    if stop is None or float(stop) >= 1.0 or pipe is None:
+        return None
+    scheduler = pipe.scheduler
+    timesteps = scheduler.training_table(scheduler.training_mu())[1] if scheduler.training else \
+        scheduler.timesteps
+    return flex_stop_timestep(timesteps, float(stop))
+
+
+CALL_DEFAULTS = {"flex_control_strength": 0.5, "flex_control_stop": 0.5}  # the reference's, with a control image
+
+
+class _Flex(FluxFeature):
+    def prepare_call(self, pipe, values, cfg_scale, state):
+        """The control's strength and stop apply with a control image only (sampling's defaults: 0.5 and 0.5)."""
+        for name, default in CALL_DEFAULTS.items():
+            if values.get("flex_control_image") is None:
+                values.pop(name, None)
+            elif values.get(name) is None:
+                values[name] = default
+
+    def denoise(self, pipe, call):
+        """The condition channels after the noisy latents' (without the control after the stop)."""
+        v = call.values
+        if v.get("flex_condition") is None:
+            return
+        latents = call.latents
+        x = flex_latents(latents, call.timestep, v["flex_condition"], v.get("flex_uncondition"),
+                         flex_stop_t(pipe, v.get("flex_control_stop")))
+        call.channels.append(x[:, latents.shape[1]:])
+        call.channels_for = "the FLEX.2 condition is for a FLEX.2 DiT"
+
+
+IMAGE_COLUMNS = ("flex_inpaint_image", "flex_inpaint_mask", "flex_control_image")
+VALUE_COLUMNS = ("flex_control_strength", "flex_control_stop")
+FLEX = _Flex("flex", columns=IMAGE_COLUMNS, data_inputs=IMAGE_COLUMNS + VALUE_COLUMNS,
+             model_fn_inputs=("flex_condition", "flex_uncondition", "flex_control_stop"),
+             units=(FluxFlexConditioner(),), inputs={**dict.fromkeys(IMAGE_COLUMNS, IMAGE),
+                                                     **dict.fromkeys(VALUE_COLUMNS, VALUE)},
+             call_inputs=dict.fromkeys(IMAGE_COLUMNS + VALUE_COLUMNS),
+             description="FLEX.2: inpaint and control images as condition channels")

@@ -10,7 +10,7 @@ release's resampler names (`layers.N.0.to_kv` fused, `layers.N.1.{0,1,3}` for th
 
 As the reference: the face embedding of `infinityou_id_image` goes through the projector into `id_embeds`
 (B, 8, 4096), which the InfuseNet reads in place of the prompt (text ids 0) with `infinityou_guidance` as its
-guidance; its residuals go into the DiT like any ControlNet's (`controlnet_image` is its conditioning). The
+guidance; its residuals go into the DiT like any ControlNet's (the control image is its conditioning). The
 projector runs in model_fn, so `--trainable_models controlnet,image_proj_model` trains both in stage 2 while the face
 embedding and the control image's latents come from stage 1.
 
@@ -29,10 +29,13 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.embeddings import IPAdapterPlusImageProjection
 from PIL import Image
 
+from ...core.features import IMAGE, VALUE
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
+from .controlnet import COLUMNS as CONTROLNET_COLUMNS
+from .feature import FluxFeature
 
 FACE_EMBED_DIM = 512
 
@@ -226,6 +229,7 @@ class FluxInfiniteYouEmbedder(PipelineUnit):
     as the reference). The projector itself runs in model_fn, so it trains in stage 2."""
 
     feature = "infiniteyou"
+    before = ("FluxClipEmbedder",)
     inputs = ("infinityou_id_image", "infinityou_face_embedding", "infinityou_guidance", "batch_size")
     outputs = ("infinityou_face_embeds", "infinityou_guidance")
     batching = {"infinityou_guidance": "scalar"}
@@ -252,5 +256,51 @@ class FluxInfiniteYouEmbedder(PipelineUnit):
                 "infinityou_guidance": torch.tensor(g, dtype=torch.float32, device=pipe.device)}
 
 
-__all__ = ["FluxInfiniteYouEmbedder", "IMAGE_PROJ_MODEL", "InfiniteYouImageProjection", "InsightFaceEmbedder",
+
+CONTROL_IMAGE = CONTROLNET_COLUMNS[0]  # the InfuseNet ControlNet's control image
+
+
+class _InfiniteYou(FluxFeature):
+    attributes = {"face_embedder": None}  # an image -> its face's ArcFace embedding (InsightFace by default)
+
+    def check(self, context, features):
+        if not context.has(CONTROL_IMAGE):
+            raise UserError(f"InfiniteYou needs a {CONTROL_IMAGE} column (the InfuseNet ControlNet's control image)")
+
+    def prepare_call(self, pipe, values, cfg_scale, state):
+        """The guidance applies with a face only (default 1, as the reference)."""
+        if values.get("infinityou_id_image") is None and values.get("infinityou_face_embedding") is None:
+            values.pop("infinityou_guidance", None)
+        elif values.get("infinityou_guidance") is None:
+            values["infinityou_guidance"] = 1.0
+
+    def denoise(self, pipe, call):
+        """The projector's face tokens as the InfuseNet ControlNet's prompt (text ids 0, its own guidance)."""
+        v = call.values
+        faces = v.get("infinityou_face_embeds")
+        if faces is None:
+            return
+        if v.get("controlnet_conditioning") is None:
+            raise UserError(f"InfiniteYou needs its InfuseNet ControlNet and a {CONTROL_IMAGE}")
+        projector = call.model("image_proj_model")
+        if projector is None:
+            raise UserError("InfiniteYou needs its image_proj_model (ByteDance/InfiniteYou:infu_flux_v1.0/"
+                            "aes_stage2/image_proj_model.bin)")
+        weight = projector.proj_in.weight
+        text = projector(faces.to(weight.device, weight.dtype)).to(call.dtype)
+        ids = torch.zeros(text.shape[1], 3, device=call.device, dtype=call.dtype)
+        guidance = v.get("infinityou_guidance")
+        call.control_prompt = (text, ids, 1.0 if guidance is None else guidance)
+
+
+INPUTS = ("infinityou_id_image", "infinityou_face_embedding", "infinityou_guidance")
+INFINITEYOU = _InfiniteYou(
+    "infiniteyou", columns=INPUTS[:2], models=("image_proj_model",), requires=("controlnet",),
+    model_fn_inputs=("infinityou_face_embeds", "infinityou_guidance"), data_inputs=INPUTS,
+    units=(FluxInfiniteYouEmbedder(),), slots=("image_proj_model",), loss_models=("image_proj_model",),
+    inputs={INPUTS[0]: IMAGE, INPUTS[1]: VALUE, INPUTS[2]: VALUE}, call_inputs=dict.fromkeys(INPUTS),
+    description="InfiniteYou: a face embedding's tokens as the InfuseNet ControlNet's prompt")
+
+__all__ = ["INFINITEYOU", "FluxInfiniteYouEmbedder", "IMAGE_PROJ_MODEL", "InfiniteYouImageProjection",
+           "InsightFaceEmbedder",
            "convert_image_proj", "face_embedding_from", "image_proj_key", "image_proj_native_keys"]

@@ -20,8 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageFilter
 
+from ...core.features import IMAGE
 from ...core.units import PipelineUnit
 from ...errors import UserError
+from .feature import FluxFeature
+from .fill import IMAGE_COLUMN as FILL_IMAGE, MASK_COLUMN as FILL_MASK
+from .redux import COLUMN as REDUX_IMAGE
 
 SIZE = 768  # each half of the diptych, as the reference
 
@@ -108,8 +112,8 @@ def _dilate(mask: np.ndarray, size: int = 7, times: int = 2) -> np.ndarray:
 
 def prepare(source_image: Image.Image, source_mask: Image.Image, ref_image: Image.Image, ref_mask: Image.Image,
             size: int = SIZE) -> tuple[dict, Crop]:
-    """The Fill and Redux inputs of one insertion ({flux_fill_image, flux_fill_mask, flux_redux_image, height,
-    width}) and what `paste_back` needs."""
+    """The Fill and Redux inputs of one insertion (their image, mask and image columns, height, width) and what
+    `paste_back` needs."""
     ref = np.asarray(ref_image.convert("RGB"))
     source = np.asarray(source_image.convert("RGB"))
     ref_m = _binary(ref_mask)
@@ -134,8 +138,8 @@ def prepare(source_image: Image.Image, source_mask: Image.Image, ref_image: Imag
     diptych = np.concatenate([left, right], axis=1)
     mask = np.concatenate([np.zeros_like(crop_m), crop_m], axis=1)
     mask = np.repeat((mask > 0).astype(np.uint8)[..., None] * 255, 3, axis=-1)
-    inputs = {"flux_fill_image": Image.fromarray(diptych), "flux_fill_mask": Image.fromarray(mask),
-              "flux_redux_image": Image.fromarray(left), "height": size, "width": 2 * size}
+    inputs = {FILL_IMAGE: Image.fromarray(diptych), FILL_MASK: Image.fromarray(mask),
+              REDUX_IMAGE: Image.fromarray(left), "height": size, "width": 2 * size}
     return inputs, Crop(source.copy(), box, crop.shape[:2], square.shape[0])
 
 
@@ -171,9 +175,10 @@ class FluxInsertAnything(PipelineUnit):
     in training the diptych is also the target (`input_image`). The Fill and Redux units then do the rest."""
 
     feature = "insert_anything"
+    before = ("FluxShapeChecker",)  # it gives the size
     inputs = ("insert_anything_source_image", "insert_anything_source_mask", "insert_anything_ref_image",
               "insert_anything_ref_mask", "insert_anything_size", "batch_size")
-    outputs = ("flux_fill_image", "flux_fill_mask", "flux_redux_image", "height", "width", "input_image")
+    outputs = (FILL_IMAGE, FILL_MASK, REDUX_IMAGE, "height", "width", "input_image")
 
     def process(self, pipe, insert_anything_source_image, insert_anything_source_mask, insert_anything_ref_image,
                 insert_anything_ref_mask, insert_anything_size, batch_size):
@@ -190,11 +195,44 @@ class FluxInsertAnything(PipelineUnit):
         size = SIZE if insert_anything_size is None else int(insert_anything_size)
         parts = [prepare(*images, size=size)[0] for images in zip(*(_per_sample(v, n, k) for k, v in given.items()))]
         out = {k: [p[k] for p in parts] if n > 1 else parts[0][k]
-               for k in ("flux_fill_image", "flux_fill_mask", "flux_redux_image")}
+               for k in (FILL_IMAGE, FILL_MASK, REDUX_IMAGE)}
         out.update(height=parts[0]["height"], width=parts[0]["width"])
         if pipe.scheduler.training:  # the diptych is what the model learns to produce
-            out["input_image"] = out["flux_fill_image"]
+            out["input_image"] = out[FILL_IMAGE]
         return out
 
 
-__all__ = ["Crop", "FluxInsertAnything", "SIZE", "paste_back", "prepare"]
+
+INPUTS = ("insert_anything_source_image", "insert_anything_source_mask", "insert_anything_ref_image",
+          "insert_anything_ref_mask")
+
+
+class _InsertAnything(FluxFeature):
+    unit_settings = ("insert_anything_size",)
+
+    def prepare_call(self, pipe, values, cfg_scale, state):
+        """The diptych made here (Fill's and Redux's inputs and the size), its half pasted back after sampling."""
+        parts = [values.pop(name, None) for name in INPUTS]
+        size = values.pop("insert_anything_size", None)
+        if parts[0] is None:
+            return
+        if any(p is None for p in parts):
+            raise UserError("Insert-Anything needs insert_anything_source_image, _source_mask, _ref_image and "
+                            "_ref_mask")
+        inputs, state["insert_anything_crop"] = prepare(*parts, size=SIZE if size is None else size)
+        values.update(inputs)
+
+    def finish_images(self, images, output_type, state):
+        crop = state.get("insert_anything_crop")
+        if crop is None or output_type != "pil":
+            return images
+        return [paste_back(image, crop) for image in images]
+
+
+INSERT_ANYTHING = _InsertAnything(
+    "insert_anything", columns=INPUTS[:1], requires=("fill", "redux"), data_inputs=INPUTS,
+    units=(FluxInsertAnything(),), inputs=dict.fromkeys(INPUTS, IMAGE),
+    call_inputs={**dict.fromkeys(INPUTS), "insert_anything_size": None},
+    description="Insert-Anything: a reference object inserted by Fill + Redux on a diptych")
+
+__all__ = ["INSERT_ANYTHING", "Crop", "FluxInsertAnything", "SIZE", "paste_back", "prepare"]

@@ -26,8 +26,10 @@ from diffusers.models.normalization import RMSNorm
 from PIL import Image
 from torch import nn
 
+from ...core.features import IMAGES
 from ...core.units import PipelineUnit
 from ...errors import UserError
+from .feature import FluxFeature
 from ...media.image import as_image_list, images_to_tensor
 from ...models.detect import ComponentSpec
 
@@ -199,6 +201,7 @@ class FluxIPAdapterImageEncoder(PipelineUnit):
     side gets zeros (the reference's unconditional image prompt)."""
 
     feature = "ipadapter"
+    before = ("FluxClipEmbedder",)
     inputs = ("ipadapter_images", "ipadapter_scale", "batch_size")
     outputs = ("ipadapter_image_embeds", "negative_ipadapter_image_embeds", "ipadapter_scale")
     models = ("ipadapter_image_encoder",)
@@ -220,5 +223,28 @@ class FluxIPAdapterImageEncoder(PipelineUnit):
                 "ipadapter_scale": None if ipadapter_scale is None else float(ipadapter_scale)}
 
 
-__all__ = ["FluxIPAdapter", "FluxIPAdapterImageEncoder", "IPADAPTER", "IPADAPTER_IMAGE_ENCODER", "IPAdapterKV",
-           "ipadapter_key", "ipadapter_native_keys", "siglip_pixels"]
+
+class _IPAdapter(FluxFeature):
+    def denoise(self, pipe, call):
+        """The IP-Adapter's keys and values for every block's attention."""
+        embeds = call.values.get("ipadapter_image_embeds")
+        if embeds is None:
+            return
+        ipadapter = call.model("ipadapter")
+        if ipadapter is None:
+            raise UserError("ipadapter_images are given but no IP-Adapter is loaded: add its weights "
+                            "(InstantX/FLUX.1-dev-IP-Adapter:ip-adapter.bin)")
+        scale = call.values.get("ipadapter_scale")
+        call.attention["ip_kv"] = ipadapter(embeds.to(call.device))
+        call.attention["ip_scale"] = 1.0 if scale is None else float(scale)
+
+
+IPADAPTER_FEATURE = _IPAdapter(
+    "ipadapter", columns=("ipadapter_images",), models=("ipadapter",),
+    model_fn_inputs=("ipadapter_image_embeds", "ipadapter_scale"), units=(FluxIPAdapterImageEncoder(),),
+    slots=("ipadapter", "ipadapter_image_encoder"), loss_models=("ipadapter",), inputs={"ipadapter_images": IMAGES},
+    call_inputs={"ipadapter_images": None, "ipadapter_scale": None},
+    description="InstantX's IP-Adapter: SigLIP features attended in every block")
+
+__all__ = ["IPADAPTER_FEATURE", "FluxIPAdapter", "FluxIPAdapterImageEncoder", "IPADAPTER", "IPADAPTER_IMAGE_ENCODER",
+           "IPAdapterKV", "ipadapter_key", "ipadapter_native_keys", "siglip_pixels"]

@@ -22,9 +22,11 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
+from ...core.features import VALUE
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
+from .feature import FluxFeature
 
 # (name suffix, input width, output width) as multiples of the DiT width w; the MLP is 4w
 _DOUBLE = (("attn.a_to_qkv", 1, 3), ("attn.a_to_out", 1, 1), ("ff_a.0", 1, 4), ("ff_a.2", 4, 1),
@@ -291,6 +293,7 @@ class FluxLoRAEncoderInputs(PipelineUnit):
     own, so a trainable encoder's stage 2 reads the LoRAs from the cache, not the files."""
 
     feature = "lora_encoder"
+    before = ("FluxEmbeddedGuidance",)
     inputs = ("lora_encoder_inputs", "batch_size")
     outputs = ("lora_encoder_loras",)
     batching = {"lora_encoder_loras": "list"}
@@ -308,6 +311,7 @@ class FluxLoRAEncoderEmbedder(PipelineUnit):
     (the negative side has none, as the reference's unit adds them to the positive prompt)."""
 
     feature = "lora_encoder"
+    before = ("FluxEmbeddedGuidance",)
     inputs = ("lora_encoder_loras", "lora_encoder_scale")
     outputs = ("lora_encoder_embeds", "negative_lora_encoder_embeds")
     models = ("lora_encoder",)
@@ -334,3 +338,17 @@ def _scale(value) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise UserError(f"lora_encoder_scale: expected a number, got {value!r:.40}") from None
+
+
+class _LoRAEncoder(FluxFeature):
+    def denoise(self, pipe, call):
+        """The LoRAs' tokens after the prompt's (and the value's)."""
+        call.text_after.append(call.values["lora_encoder_embeds"])
+
+
+INPUTS = ("lora_encoder_inputs", "lora_encoder_scale")
+LORA_ENCODER_FEATURE = _LoRAEncoder(
+    "lora_encoder", columns=INPUTS[:1], models=("lora_encoder",), model_fn_inputs=("lora_encoder_embeds",),
+    data_inputs=INPUTS, units=(FluxLoRAEncoderInputs(), FluxLoRAEncoderEmbedder()), slots=("lora_encoder",),
+    inputs=dict.fromkeys(INPUTS, VALUE), call_inputs=dict.fromkeys(INPUTS),
+    description="LoRA-Encoder: a LoRA file's tokens after the prompt")

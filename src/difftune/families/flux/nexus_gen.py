@@ -15,11 +15,14 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
+from ...core.features import IMAGE
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
 from ...parts.qwen_vl import QWEN25_VL_7B_CONFIG, load_qwen_vl_processor
 from .bfl import convert_bfl_transformer
+from .feature import FluxFeature
+from .model_fn import one_set
 from .components import FLUX1_DEV_TRANSFORMER_CONFIG
 from .components import infer_flux_config
 
@@ -366,3 +369,25 @@ class NexusGenEmbedder(PipelineUnit):
                             "avoids it)")
         return {"prompt_embeds": torch.stack(tokens).to(pipe.torch_dtype),
                 "txt_ids": torch.stack(ids).to(pipe.device)}
+
+
+COLUMN = "nexus_gen_reference_image"
+
+
+class _NexusGen(FluxFeature):
+    attributes = {"nexus_gen_processor": None}
+
+    def prepare_call(self, pipe, values, cfg_scale, state):
+        if values.get(COLUMN) is not None and cfg_scale != 1.0:
+            raise UserError("Nexus-Gen editing samples with cfg_scale 1 (the reference's editing adapter gives the "
+                            "positive side only)")
+
+    def denoise(self, pipe, call):
+        """The prompt tokens' ids on the latent grid."""
+        call.text_ids = one_set(call.values["txt_ids"].to(device=call.device, dtype=call.dtype), COLUMN)
+
+
+NEXUS_GEN = _NexusGen("nexus_gen", columns=(COLUMN,), models=("nexus_gen",), model_fn_inputs=("txt_ids",),
+                      units=(NexusGenEmbedder(),), slots=("nexus_gen", "nexus_gen_editing_adapter"),
+                      inputs={COLUMN: IMAGE}, call_inputs={COLUMN: None},
+                      description="Nexus-Gen editing: Qwen2.5-VL's predicted image embeddings as the prompt")

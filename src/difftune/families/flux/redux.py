@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from ...core.features import IMAGE
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
+from .feature import FluxFeature
 from .ipadapter import SIGLIP_SO400M_VISION_CONFIG, siglip_pixels, siglip_vision_config, siglip_vision_key
 from .units import T5_MAX_LENGTH
 
@@ -80,4 +82,12 @@ class FluxReduxPromptEmbedder(PipelineUnit):
         return {"prompt_embeds": prompt, "negative_prompt_embeds": prompt}
 
 
-__all__ = ["FluxReduxPromptEmbedder", "REDUX_IMAGE_EMBEDDER", "REDUX_IMAGE_ENCODER", "redux_tokens"]
+COLUMN = "flux_redux_image"
+REDUX = FluxFeature("redux", columns=(COLUMN,), models=("flux_redux_image_encoder", "flux_redux_image_embedder"),
+                    units=(FluxReduxPromptEmbedder(),),
+                    slots=("flux_redux_image_encoder", "flux_redux_image_embedder"), inputs={COLUMN: IMAGE},
+                    call_inputs={COLUMN: None},
+                    description="FLUX.1 Redux: an image's SigLIP tokens in place of the prompt")
+
+
+__all__ = ["REDUX", "FluxReduxPromptEmbedder", "REDUX_IMAGE_EMBEDDER", "REDUX_IMAGE_ENCODER", "redux_tokens"]

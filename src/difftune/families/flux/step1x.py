@@ -26,7 +26,7 @@ from ...parts.qwen_vl import QWEN25_VL_7B_CONFIG, load_qwen_vl_processor, qwen25
 from .bfl import convert_bfl_transformer
 from .components import FLUX1_DEV_TRANSFORMER_CONFIG, infer_flux_config
 from .model_fn import model_fn_flux
-from .pipeline import FluxImagePipeline
+from .pipeline import FluxBasePipeline
 from .units import FluxInputImageEmbedder, FluxNoiseInitializer, FluxShapeChecker
 
 
@@ -319,7 +319,7 @@ def step1x_tokens(tokens: torch.Tensor, img_ids: torch.Tensor, reference_latents
 STEP1X_CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 30, "cfg_scale": 1.0}
 
 
-class Step1XEditPipeline(FluxImagePipeline):
+class Step1XEditPipeline(FluxBasePipeline):
     """Step1X-Edit: FLUX.1's sampling and latents, but the prompt is Qwen2.5-VL's reading of the instruction with the
     reference image, turned into prompt tokens by the connector at every step (it takes the timestep), and the
     reference image's latents follow the noisy tokens. No CLIP / T5, no embedded guidance (true CFG: the reference's
@@ -328,7 +328,6 @@ class Step1XEditPipeline(FluxImagePipeline):
     model_names = ("dit", "vae", "qwenvl", "step1x_connector")
     model_fn_inputs = ("step1x_llm_embedding", "step1x_mask", "step1x_reference_latents")
     sampling_values = ()
-    features = ()
     data_inputs = ("image", "prompt", "seed", "num_inference_steps", "height", "width", "step1x_reference_image")
     loss_models = ("dit", "step1x_connector")  # the connector runs at every step
     call_defaults = STEP1X_CALL_DEFAULTS
@@ -363,7 +362,8 @@ class Step1XEditPipeline(FluxImagePipeline):
             _, _, h, w = step1x_reference_latents.shape
             reference = pack_latents(step1x_reference_latents.to(latents.device, latents.dtype))
             ids = image_ids(h // 2, w // 2, latents.device, latents.dtype)
-        return model_fn_flux(self.dit, latents, timestep, prompt, pooled, None, reference, ids, **settings)
+        return model_fn_flux(self.dit, latents, timestep, prompt, pooled, None, pipe=self, features=(),
+                             tokens_after=reference, ids_after=ids, **settings)
 
     def training_inputs(self, data: dict) -> dict:
         values = super().training_inputs(data)
@@ -378,7 +378,7 @@ class Step1XEditPipeline(FluxImagePipeline):
     @staticmethod
     def batch_signature(sample: dict) -> tuple:
         ref = sample.get("step1x_reference_image")
-        return (FluxImagePipeline.batch_signature(sample), getattr(ref, "size", None))
+        return (FluxBasePipeline.batch_signature(sample), getattr(ref, "size", None))
 
     def __call__(self, prompt, negative_prompt="", cfg_scale: float = STEP1X_CALL_DEFAULTS["cfg_scale"],
                  height: int | None = None, width: int | None = None,

@@ -17,9 +17,11 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.embeddings import get_timestep_embedding
 from diffusers.models.modeling_utils import ModelMixin
 
+from ...core.features import VALUE
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
+from .feature import FluxFeature
 
 
 class FluxValueEncoder(ModelMixin, ConfigMixin):
@@ -107,6 +109,7 @@ class FluxValueControlEmbedder(PipelineUnit):
     the controller (`--trainable_models value_controller`) moves only it to stage 2."""
 
     feature = "value_control"
+    before = ("FluxEmbeddedGuidance",)
     inputs = ("value_controller_inputs", "batch_size")
     outputs = ("value_embeds",)
     models = ("value_controller",)
@@ -131,3 +134,16 @@ def extend_prompt(prompt_embeds: torch.Tensor, *extra: torch.Tensor | None) -> t
     parts = [prompt_embeds] + [e.to(device=prompt_embeds.device, dtype=prompt_embeds.dtype).expand(
         prompt_embeds.shape[0], -1, -1) for e in extra if e is not None]
     return torch.cat(parts, dim=1) if len(parts) > 1 else prompt_embeds
+
+
+class _ValueControl(FluxFeature):
+    def denoise(self, pipe, call):
+        """The value's tokens after the prompt's."""
+        call.text_after.append(call.values["value_embeds"])
+
+
+VALUE_CONTROL = _ValueControl(
+    "value_control", columns=("value_controller_inputs",), models=("value_controller",),
+    model_fn_inputs=("value_embeds",), units=(FluxValueControlEmbedder(),), slots=("value_controller",),
+    inputs={"value_controller_inputs": VALUE}, call_inputs={"value_controller_inputs": None},
+    description="AttriCtrl: a value's tokens after the prompt")
