@@ -41,7 +41,7 @@ def per_tensor_adamw(monkeypatch):
     """The optimizer as before: torch's own choice on the CPU (a loop over the tensors)."""
     import difftune.training.fit as fit
 
-    monkeypatch.setattr(fit, "make_optimizer", lambda params, config: torch.optim.AdamW(
+    monkeypatch.setattr(fit, "make_optimizer", lambda params, config, *_: torch.optim.AdamW(
         params, lr=config.learning_rate, weight_decay=config.weight_decay))
 
 
@@ -49,7 +49,7 @@ def test_fp32_training_is_unchanged(tmp_path, tiny_repo, monkeypatch):
     new, _ = train(tmp_path, tiny_repo, "new", dtype="float32")
     import difftune.training.fit as fit
 
-    monkeypatch.setattr(fit, "make_optimizer", lambda params, config: torch.optim.AdamW(
+    monkeypatch.setattr(fit, "make_optimizer", lambda params, config, *_: torch.optim.AdamW(
         params, lr=config.learning_rate, weight_decay=config.weight_decay))
     old, _ = train(tmp_path, tiny_repo, "old", "--lora_compute", "fp32", "--loss_readback_steps", 1,
                    dtype="float32")
@@ -61,7 +61,7 @@ def test_bf16_master_weights_within_bf16_noise(tmp_path, tiny_repo, monkeypatch)
     new, _ = train(tmp_path, tiny_repo, "new")
     import difftune.training.fit as fit
 
-    monkeypatch.setattr(fit, "make_optimizer", lambda params, config: torch.optim.AdamW(
+    monkeypatch.setattr(fit, "make_optimizer", lambda params, config, *_: torch.optim.AdamW(
         params, lr=config.learning_rate, weight_decay=config.weight_decay))
     old, _ = train(tmp_path, tiny_repo, "old", "--lora_compute", "fp32")
     assert all(v.dtype == torch.float32 for v in new.values())  # the masters are saved
