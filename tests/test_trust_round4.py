@@ -1,0 +1,92 @@
+"""Trust, round 4 (issue 36): careless and hostile inputs on the newer surface end in one line naming the input,
+or train; never a crash, a traceback or a run on wrong data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import wave as wavfile
+
+import numpy as np
+import pytest
+
+from difftune.data.operators import DataError
+from difftune.errors import UserError
+
+
+def write_wav(path, samples: np.ndarray, rate: int = 16000):
+    """(samples, channels) float in [-1, 1] -> 16-bit PCM WAV (the stdlib writer: any channel count)."""
+    data = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+    with wavfile.open(str(path), "wb") as w:
+        w.setnchannels(samples.shape[1])
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(data.tobytes())
+    return path
+
+
+def write_float_wav(path, samples: np.ndarray, rate: int = 16000):
+    """(samples, channels) float32 -> an IEEE-float WAV (format 3), written by hand: NaN samples stay NaN."""
+    import struct
+
+    data = np.ascontiguousarray(samples, dtype="<f4").tobytes()
+    ch = samples.shape[1]
+    fmt = struct.pack("<HHIIHH", 3, ch, rate, rate * ch * 4, ch * 4, 32)
+    with open(path, "wb") as f:
+        f.write(b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE")
+        f.write(b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
+    return path
+
+
+# -- defect 1: audio that crashed ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("channels", [8, 12])
+def test_many_channel_wav_reads_and_downmixes(tmp_path, channels):
+    """8 channels crashed PyAV's planar float frames (a segfault); read in a child process so a crash fails the
+    test instead of killing pytest."""
+    t = np.arange(4000) / 16000
+    samples = np.stack([0.05 * (c + 1) * np.sin(2 * np.pi * 300 * t) for c in range(channels)], axis=1)
+    path = write_wav(tmp_path / f"ch{channels}.wav", samples, 16000)
+    code = ("import sys, numpy as np; from difftune.media.audio import read_audio\n"
+            "w = read_audio(sys.argv[1], 8000); k = read_audio(sys.argv[1], None, mono=False)\n"
+            "print(w.shape[0], k.shape[0], k.shape[1], float(np.abs(k[-1]).max()), float(np.abs(w).max()))")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    n, ch, m, last_peak, mono_peak = proc.stdout.split()
+    assert (int(n), int(ch), int(m)) == (2000, channels, 4000)
+    assert abs(float(last_peak) - 0.05 * channels) < 1e-3  # the channels keep their order and values
+    mean_amp = 0.05 * (channels + 1) / 2
+    assert abs(float(mono_peak) - mean_amp) < 0.01  # the mean of the channels
+
+
+def test_audio_too_short_for_the_encoder_is_one_line_naming_the_file(tmp_path):
+    """20 ms of audio reached wav2vec2's first convolution (400 samples wide) and ended in a conv1d traceback."""
+    from difftune.families.wan.s2v import S2V_MIN_AUDIO_SECONDS, WanS2VPipeline
+
+    class Config:
+        dataset_base_path = str(tmp_path)
+
+    path = write_wav(tmp_path / "short.wav", np.full((320, 1), 0.1), 16000)
+    op = WanS2VPipeline.data_operators(Config())["input_audio"]
+    context = {"where": "row 2", "key": "input_audio"}
+    for run in (op.check, op):
+        with pytest.raises(DataError) as err:
+            run("short.wav", context)
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith("row 2 'input_audio'") and str(path) in msg
+        assert "0.02 s" in msg and f"{S2V_MIN_AUDIO_SECONDS:g} s" in msg
+    ok = write_wav(tmp_path / "ok.wav", np.full((800, 1), 0.1), 16000)
+    assert op("ok.wav", context).shape == (800,)
+
+
+def test_s2v_audio_embeds_refuses_a_waveform_shorter_than_the_encoder_takes(tmp_path):
+    from difftune.families.wan.s2v import load_audio_processor, s2v_audio_embeds
+    from difftune.families.wan.testing.s2v import WAV2VEC_FOLDER, tiny_wav2vec2, write_tiny_s2v
+
+    repo = write_tiny_s2v(tmp_path / "s2v")
+    processor = load_audio_processor(str(repo / WAV2VEC_FOLDER))
+    with pytest.raises(UserError, match=r"^input_audio: 320 samples \(0\.02 s\) at 16000 Hz; wav2vec2 needs at "
+                                        r"least 400"):
+        s2v_audio_embeds(tiny_wav2vec2(), processor, np.zeros(320, np.float32), 5)
