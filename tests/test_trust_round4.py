@@ -90,3 +90,97 @@ def test_s2v_audio_embeds_refuses_a_waveform_shorter_than_the_encoder_takes(tmp_
     with pytest.raises(UserError, match=r"^input_audio: 320 samples \(0\.02 s\) at 16000 Hz; wav2vec2 needs at "
                                         r"least 400"):
         s2v_audio_embeds(tiny_wav2vec2(), processor, np.zeros(320, np.float32), 5)
+
+
+# -- defect 4: values checked where they are read --------------------------------------------------------------
+
+class _Pipe:
+    device, torch_dtype = "cpu", None
+
+
+def _camera(speed="0.02", origin=None):
+    import torch
+
+    from difftune.families.wan.camera import WanCameraControl
+
+    pipe = _Pipe()
+    pipe.torch_dtype = torch.float32
+    return WanCameraControl().process(pipe, "Left", speed, origin, 5, 16, 16, 1)
+
+
+@pytest.mark.parametrize("speed", ["inf", "nan", "-Infinity", float("-inf"), "1e400", 1e400])
+def test_non_finite_camera_speed_names_the_column(speed):
+    with pytest.raises(UserError, match=r"^camera_control_speed .*: expected a finite number"):
+        _camera(speed)
+    import torch
+
+    assert torch.isfinite(_camera("0.02")["control_camera_latents"]).all()
+    assert torch.isfinite(_camera(None)["control_camera_latents"]).all()  # no value: the default speed
+    assert torch.isfinite(_camera(float("nan"))["control_camera_latents"]).all()  # an empty cell, as read
+
+
+def test_singular_or_non_finite_camera_origin_is_one_line():
+    """A pose whose 3 x 4 world-to-camera matrix cannot be inverted raised numpy's LinAlgError."""
+    singular = "0 0.53 0.94 0.5 0.5 0 0 " + " ".join(["0"] * 12)
+    with pytest.raises(UserError) as err:
+        _camera(origin=singular)
+    msg = str(err.value)
+    assert msg.startswith("camera_control_origin") and "not invertible" in msg and "\n" not in msg
+    with pytest.raises(UserError, match=r"^camera_control_origin .*: expected 19 numbers, all finite"):
+        _camera(origin="0 0.53 0.94 0.5 0.5 0 0 1 0 0 nan 0 1 0 0 0 0 1 0")
+
+
+def test_nan_samples_in_a_wav_name_the_file(tmp_path):
+    from difftune.data.audio import audio_operator
+
+    samples = np.full((1600, 1), 0.1, np.float32)
+    samples[1200] = np.nan
+    path = write_float_wav(tmp_path / "nan.wav", samples)
+    op = audio_operator(tmp_path, 16000)
+    with pytest.raises(DataError) as err:
+        op("nan.wav", {"where": "row 3", "key": "input_audio"})
+    msg = str(err.value)
+    assert msg == f"row 3 'input_audio': 1 non-finite sample(s) (NaN or infinite) at 0.075 s: {path}"
+    clean = write_float_wav(tmp_path / "ok.wav", np.full((1600, 1), 0.1, np.float32))
+    assert np.isfinite(op(clean.name, {})).all()
+
+
+def _lora_file(path, alpha=4.0, bad=None):
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"diffusion_model.blocks.0.attn.to_q.lora_down.weight": torch.randn(4, 16, generator=g),
+               "diffusion_model.blocks.0.attn.to_q.lora_up.weight": torch.randn(16, 4, generator=g),
+               "diffusion_model.blocks.0.attn.to_q.alpha": torch.tensor(alpha)}
+    if bad:
+        tensors[bad] = tensors[bad].clone()
+        tensors[bad].view(-1)[0] = float("nan")
+    save_file(tensors, str(path))
+    return path
+
+
+@pytest.mark.parametrize("bad", ["diffusion_model.blocks.0.attn.to_q.alpha",
+                                 "diffusion_model.blocks.0.attn.to_q.lora_up.weight"])
+def test_nan_in_a_lora_file_names_the_tensor(tmp_path, bad):
+    from difftune.lora.formats import load_lora_file
+
+    load_lora_file(_lora_file(tmp_path / "ok.safetensors"))
+    path = _lora_file(tmp_path / "bad.safetensors", bad=bad)
+    with pytest.raises(UserError) as err:
+        load_lora_file(path)
+    assert str(err.value) == f"{path}: tensor '{bad}' holds 1 NaN and 0 infinite value(s)"
+
+
+# -- defect 8: smaller ones -------------------------------------------------------------------------------------
+
+def test_csv_with_a_duplicated_column_is_refused_naming_it(tmp_path):
+    from difftune.data.dataset import read_metadata
+
+    path = tmp_path / "meta.csv"
+    path.write_text("image,prompt,prompt,video\na.png,a cat,a dog,v.mp4\n")
+    with pytest.raises(DataError) as err:
+        read_metadata(path)
+    assert str(err.value) == f"{path}: the column 'prompt' appears 2 times; name each column once"
+    path.write_text("image,prompt\na.png,a cat\n")
+    assert read_metadata(path) == [{"image": "a.png", "prompt": "a cat"}]

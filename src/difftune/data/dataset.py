@@ -58,6 +58,18 @@ def _convert_csv_column(values: list[str], keep_text: bool) -> list:
     return [None if v == "" else convert(v) for v in values]
 
 
+def _no_duplicate_columns(path: str) -> None:
+    """pandas renames a repeated header ('prompt', 'prompt.1'), so one of the two would be dropped unseen."""
+    import csv
+    from collections import Counter
+
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        header = next(csv.reader(f, skipinitialspace=True), [])
+    for name, count in Counter(c.strip() for c in header).items():
+        if count > 1:
+            raise DataError(f"{path}: the column '{name}' appears {count} times; name each column once")
+
+
 def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
     import pandas as pd
 
@@ -69,6 +81,7 @@ def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
     except pd.errors.ParserError as err:
         raise DataError(f"{path}: not valid CSV ({one_line(err)})") from None
     frame.columns = [str(c).strip() for c in frame.columns]
+    _no_duplicate_columns(path)
     columns = {c: _convert_csv_column([str(v) for v in frame[c].tolist()], c in text_columns) for c in frame.columns}
     return [{c: columns[c][i] for c in frame.columns} for i in range(len(frame))]
 

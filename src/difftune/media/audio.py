@@ -149,6 +149,11 @@ def _decode(path: str, max_seconds: float | None) -> tuple[np.ndarray, int]:
     if not chunks or sum(c.shape[1] for c in chunks) == 0:
         raise AudioError("no audio (the stream decodes to no samples)", path)
     wave = np.concatenate(chunks, axis=1).astype(np.float32, copy=False)
+    bad = ~np.isfinite(wave)
+    if bad.any():  # float WAVs can hold NaN; they would reach the loss as NaN features
+        first = int(np.argmax(bad.any(axis=0)))
+        raise AudioError(f"{int(bad.any(axis=0).sum())} non-finite sample(s) (NaN or infinite) at "
+                         f"{first / rate:.3f} s", path)
     seconds = wave.shape[1] / rate
     if max_seconds is None and header and seconds < TRUNCATED_SHARE * header:
         raise AudioError(f"truncated audio: its header gives {header:.2f} s, only {seconds:.2f} s decode", path)
