@@ -267,3 +267,66 @@ def test_random_bytes_named_as_the_ip_adapter_are_one_line(tmp_path):
     with pytest.raises(UserError) as err:
         recognise([as_model_config(str(path))])
     assert "\n" not in str(err.value) and str(err.value).startswith(f"{path}: not a plain tensor state dict")
+
+
+# -- defects 5 and 6: the cache ---------------------------------------------------------------------------------
+
+def _cache(root):
+    import torch
+
+    from difftune.cache import CacheManifest, CacheWriter
+
+    manifest = CacheManifest.new(family="toy", fingerprint={"units": ["U@1"]}, frontier=None,
+                                 expected_ids=["a", "b"])
+    with CacheWriter(root, manifest=manifest) as w:
+        for i, sid in enumerate(["a", "b"]):
+            w.write(sid, {"latents": torch.arange(24, dtype=torch.float32).reshape(2, 3, 4) + i, "prompt": sid})
+    (index,) = [p for p in root.rglob("*.json") if json.loads(p.read_text()).get("tensor_file")]
+    return index, index.parent / json.loads(index.read_text())["tensor_file"]
+
+
+def test_cached_latent_reshaped_with_the_same_bytes_is_refused_by_stage_2(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from difftune.cache import CacheReader
+    from difftune.cache.verify import verify_cache
+
+    index, tensors = _cache(tmp_path / "cache")
+    with safe_open(str(tensors), framework="pt") as f:
+        meta, values = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    key = next(iter(values))
+    values[key] = values[key].reshape(4, 3, 2)  # the same bytes, another shape
+    save_file(values, str(tensors), metadata=meta)
+    assert not verify_cache(tmp_path / "cache").ok
+    reader = CacheReader(tmp_path / "cache", log=None)
+    with pytest.raises(DataError) as err:
+        for i in range(len(reader)):
+            reader[i]
+    msg = str(err.value)
+    assert "\n" not in msg and str(tensors) in msg and "stored as float32[4, 3, 2], index says float32[2, 3, 4]" in msg
+
+
+def test_cache_index_pointing_outside_the_cache_is_refused(tmp_path):
+    import shutil
+
+    from difftune.cache import CacheReader
+    from difftune.cache.verify import verify_cache
+
+    index, tensors = _cache(tmp_path / "cache")
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.copy(tensors, outside)
+    data = json.loads(index.read_text())
+    for target in (os.path.relpath(outside, index.parent), str(outside)):
+        data["tensor_file"] = target
+        index.write_text(json.dumps(data))
+        report = verify_cache(tmp_path / "cache")
+        assert any("outside the cache folder" in p and str(index) in p for p in report.problems), report.problems
+        with pytest.raises(UserError, match="outside the cache folder"):
+            CacheReader(tmp_path / "cache", log=None)
+    os.remove(tensors)
+    os.symlink(outside, tensors)  # a link out of the cache, under the expected name
+    data["tensor_file"] = tensors.name
+    index.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="outside the cache folder"):
+        CacheReader(tmp_path / "cache", log=None)
