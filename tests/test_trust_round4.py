@@ -403,3 +403,32 @@ def test_cut_weights_file_in_a_state_names_the_file(saved_state):
         _resume(saved_state)
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"{path}: ") and "truncated" in msg
+
+
+# -- defect 5: files outside the data set ------------------------------------------------------------------------
+
+def test_metadata_paths_outside_the_data_set_are_refused_unless_allowed(tmp_path):
+    from PIL import Image
+
+    from difftune.data.dataset import UnifiedDataset
+
+    data, other = tmp_path / "data", tmp_path / "other"
+    data.mkdir(), other.mkdir()
+    Image.new("RGB", (16, 16), "red").save(data / "in.png")
+    Image.new("RGB", (16, 16), "blue").save(other / "out.png")
+    os.symlink(other / "out.png", data / "link.png")
+    for value in ("../other/out.png", str(other / "out.png"), "link.png"):
+        meta = data / "meta.csv"
+        meta.write_text(f"image,prompt\nin.png,a\n{value},b\n")
+        with pytest.raises(DataError) as err:
+            UnifiedDataset(data, meta, progress=False)
+        assert str(err.value) == (f"{meta} row 2 'image': {value} resolves to {other / 'out.png'}, outside the data "
+                                  f"set folder {data}; pass --allow_paths_outside_dataset to read files there")
+        ds = UnifiedDataset(data, meta, progress=False, allow_paths_outside=True)
+        assert len(ds) == 2 and ds[1]["image"].getpixel((0, 0)) == (0, 0, 255)
+
+
+def test_allow_paths_outside_dataset_is_a_train_flag():
+    proc = subprocess.run([sys.executable, "-m", "difftune", "train", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert "--allow_paths_outside_dataset" in proc.stdout

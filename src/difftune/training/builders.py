@@ -48,7 +48,8 @@ def make_dataset(run):
                           on_bad_sample=config.on_bad_sample, present_keys_only=True,
                           allow_empty_prompts=config.allow_empty_prompts, progress=not config.no_progress,
                           frame_inputs=dict(run.pipeline.frame_inputs) if frames is not None else None,
-                          paired_columns=run.pipeline.paired_columns())
+                          paired_columns=run.pipeline.paired_columns(),
+                          allow_paths_outside=config.allow_paths_outside_dataset)
 
 
 def rounded_size(config, factor: int, log=print) -> tuple[int | None, int | None]:
