@@ -40,9 +40,13 @@ _WANDB_FOLDERS = {"WANDB_CACHE_DIR": "cache", "WANDB_CONFIG_DIR": "config", "WAN
                   "WANDB_ARTIFACT_DIR": "artifacts"}
 
 
+_SET_HERE: dict[str, str] = {}  # the values this process set (a later run in the process moves them to its folder)
+
+
 def _keep_wandb_in(folder: Path) -> None:
     for variable, sub in _WANDB_FOLDERS.items():
-        os.environ.setdefault(variable, str(folder / sub))
+        if os.environ.get(variable, _SET_HERE.get(variable)) == _SET_HERE.get(variable):
+            os.environ[variable] = _SET_HERE[variable] = str(folder / sub)
 
 
 def start(accelerator, config, run_id: str) -> None:
