@@ -63,6 +63,20 @@ def torch_dtype(value):
     return dtype
 
 
+def non_finite(tensor) -> str | None:
+    """'N NaN and M infinite value(s)' for a float tensor holding any, else None."""
+    import torch
+
+    if not tensor.is_floating_point():
+        return None
+    values = tensor.float() if tensor.element_size() == 1 else tensor  # float8: no isfinite of its own
+    finite = torch.isfinite(values)
+    if bool(finite.all()):
+        return None
+    nans = int(torch.isnan(values).sum())
+    return f"{nans} NaN and {int((~finite).sum()) - nans} infinite value(s)"
+
+
 def file_problem(path: str) -> str | None:
     """Why a data file cannot be read at all (missing, a folder, empty), or None; the readers say the rest."""
     if not os.path.exists(path):

@@ -1,8 +1,8 @@
 """DeepSpeed ZeRO through examples/accelerate's configs, on CPU processes (DeepSpeed's CPU accelerator, gloo).
 
-DeepSpeed is not among difftune's dependencies, so CI (which installs only `.[test]`) skips this module; with
-`pip install deepspeed` (an sdist: `pip install wheel setuptools`, then `DS_BUILD_OPS=0 pip install
---no-build-isolation deepspeed`) it runs here. What needs no DeepSpeed (the configs build their plugins, the
+DeepSpeed comes with the `test` extra (`difftune[deepspeed]`: an sdist that builds without torch, its ops left to be
+compiled when first used, which these configs never need), so CI runs this module; without DeepSpeed it is
+skipped. What needs no DeepSpeed (the configs build their plugins, the
 flags decide clipping and micro-batch, the state layout is what the reader expects) runs always, in
 tests/training/test_launch_configs.py and tests/training/test_engines.py.
 """

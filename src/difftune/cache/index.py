@@ -115,6 +115,13 @@ class Shard:
         return f"{self.part}/{self.index_path.stem}"
 
 
+def _inside(name: str, folder: Path) -> bool:
+    """`name` is a file of `folder` itself (links followed): an index names its tensor file, never another place."""
+    if os.path.basename(name) != name or name in (".", ".."):
+        return False
+    return os.path.dirname(os.path.realpath(folder / name)) == os.path.realpath(folder)
+
+
 def read_shard(index_path: Path) -> Shard:
     """Parse a shard index; ValueError if it is unreadable or not ours."""
     try:
@@ -129,6 +136,8 @@ def read_shard(index_path: Path) -> Shard:
         raise ValueError(f"{index_path} has no samples table")
     tensor_file = index.get("tensor_file")
     tensor_path = index_path.parent / tensor_file if tensor_file else None
+    if tensor_file and not _inside(str(tensor_file), index_path.parent):
+        raise ValueError(f"{index_path}: its tensor_file {tensor_file!r} points outside the cache folder")
     return Shard(index_path.parent.name, index_path, tensor_path, index)
 
 

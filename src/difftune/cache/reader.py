@@ -162,7 +162,7 @@ class CacheReader(torch.utils.data.Dataset):
         if not -len(self) <= i < len(self):
             raise IndexError(f"cache index {i} out of range ({len(self)} samples)")
         file_no, values = self._samples[i]
-        hashes = {ref["key"]: ref.get("sha256") for name, enc in values.items() for _, ref in tensor_refs(enc, name)}
+        refs = {ref["key"]: ref for name, enc in values.items() for _, ref in tensor_refs(enc, name)}
 
         def get_tensor(key: str) -> torch.Tensor:
             try:
@@ -174,11 +174,20 @@ class CacheReader(torch.utils.data.Dataset):
                                 f"({type(e).__name__}: {e}); run `difftune cache verify {self.root}`") from None
             # Checked once per tensor and process (a hash costs about what reading the tensor does):
             # a flipped byte stops here, not as a traceback from deep inside the model.
+            # The shape, dtype and finiteness too (`cache verify`'s checks): bytes reshaped keep their hash.
             if (file_no, key) not in self._verified:
-                if hashes.get(key) is not None and tensor_sha256(t) != hashes[key]:
+                from .verify import tensor_problems
+
+                ref = refs.get(key)
+                if ref is not None and ref.get("sha256") is not None and tensor_sha256(t) != ref["sha256"]:
                     raise DataError(f"the cache shard {self._files[file_no]} is corrupt: tensor {key!r} does not "
                                     f"match the hash recorded when it was written; run `difftune cache verify "
                                     f"{self.root}`, then rebuild the cache (stage 1 with --rebuild_cache)")
+                problems = tensor_problems(t, ref, check_hash=False) if ref is not None else []
+                if problems:
+                    raise DataError(f"the cache shard {self._files[file_no]} is damaged: tensor {key!r} "
+                                    f"{problems[0]}; run `difftune cache verify {self.root}`, then rebuild the "
+                                    f"cache (stage 1 with --rebuild_cache)")
                 self._verified.add((file_no, key))
             return t
 

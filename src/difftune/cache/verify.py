@@ -61,6 +61,24 @@ class VerifyReport:
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
 
+def tensor_problems(t: torch.Tensor, ref: dict, check_hash: bool = True) -> list[str]:
+    """What is wrong with a stored tensor against its index entry: dtype and shape, the recorded hash, NaN / Inf.
+    `cache verify` and the stage-2 reader both run it."""
+    problems = []
+    dtype = str(t.dtype).removeprefix("torch.")
+    if dtype != ref["dtype"] or list(t.shape) != list(ref["shape"]):
+        problems.append(f"stored as {dtype}{list(t.shape)}, index says {ref['dtype']}{list(ref['shape'])}")
+    if check_hash and tensor_sha256(t) != ref.get("sha256"):
+        problems.append("content does not match the hash recorded when it was written (corrupt file?)")
+    if t.is_floating_point():
+        finite = torch.isfinite(t.float()) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else torch.isfinite(t)
+        bad = int((~finite).sum())
+        if bad:
+            nans = int(torch.isnan(t.float()).sum())
+            problems.append(f"{nans} NaN and {bad - nans} Inf value(s)")
+    return problems
+
+
 def _check_tensor(report: VerifyReport, where: str, ref: dict, handle, spec: dict | None) -> torch.Tensor | None:
     try:
         t = handle.get_tensor(ref["key"])
@@ -68,18 +86,13 @@ def _check_tensor(report: VerifyReport, where: str, ref: dict, handle, spec: dic
         report.add(f"{where}: tensor {ref['key']!r} unreadable ({type(e).__name__}: {e})")
         return None
     dtype = str(t.dtype).removeprefix("torch.")
-    if dtype != ref["dtype"] or list(t.shape) != list(ref["shape"]):
-        report.add(f"{where}: stored as {dtype}{list(t.shape)}, index says {ref['dtype']}{ref['shape']}")
+    problems = tensor_problems(t, ref)
+    if problems and problems[0].startswith("stored as"):
+        report.add(f"{where}: {problems.pop(0)}")
     if spec and spec.get("kind") == "tensor" and spec["dtype"] != dtype:
         report.add(f"{where}: dtype {dtype}, manifest says {spec['dtype']}")
-    if tensor_sha256(t) != ref.get("sha256"):
-        report.add(f"{where}: content does not match the hash recorded when it was written (corrupt file?)")
-    if t.is_floating_point():
-        finite = torch.isfinite(t.float()) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else torch.isfinite(t)
-        bad = int((~finite).sum())
-        if bad:
-            nans = int(torch.isnan(t.float()).sum())
-            report.add(f"{where}: {nans} NaN and {bad - nans} Inf value(s)")
+    for problem in problems:
+        report.add(f"{where}: {problem}")
     return t
 
 

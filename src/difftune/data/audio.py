@@ -19,12 +19,18 @@ AUDIO_SOURCE_EXTENSIONS = AUDIO_EXTENSIONS + VIDEO_EXTENSIONS
 
 class LoadAudio(DataOperator):
     """A file -> its first audio stream as a float32 waveform at `sample_rate` Hz: 1-D (the channels averaged)
-    with `mono`, else (channels, samples)."""
+    with `mono`, else (channels, samples). `min_seconds`: the shortest audio the model reading it takes (an
+    encoder's first convolution spans that much)."""
 
-    def __init__(self, sample_rate: int | None = 16000, mono: bool = True):
+    def __init__(self, sample_rate: int | None = 16000, mono: bool = True, min_seconds: float = 0.0):
         if sample_rate is not None and int(sample_rate) <= 0:
             raise DataError(f"audio sample rate {sample_rate}: must be positive")
-        self.sample_rate, self.mono = sample_rate, mono
+        self.sample_rate, self.mono, self.min_seconds = sample_rate, mono, float(min_seconds)
+
+    def _long_enough(self, seconds: float | None, path, context):
+        if seconds is not None and seconds < self.min_seconds:
+            raise DataError(f"{_where(context)}: {seconds:.2f} s of audio, the model needs at least "
+                            f"{self.min_seconds:g} s: {path}")
 
     def _fail(self, err: AudioError, path, context):
         raise DataError(f"{_where(context)}: {err.reason}: {path}") from None
@@ -38,9 +44,12 @@ class LoadAudio(DataOperator):
         path = os.fspath(path)
         self._known(path, context)
         try:
-            return read_audio(path, self.sample_rate, self.mono)
+            wave = read_audio(path, self.sample_rate, self.mono)
         except AudioError as err:
             self._fail(err, path, context)
+        if self.sample_rate:
+            self._long_enough(wave.shape[-1] / self.sample_rate, path, context)
+        return wave
 
     def check(self, path, context=None):
         """The header, an audio stream with a decoder, and its first moments (a WAV cut short of its
@@ -48,9 +57,10 @@ class LoadAudio(DataOperator):
         path = os.fspath(path)
         self._known(path, context)
         try:
-            check_audio(path)
+            info = check_audio(path)
         except AudioError as err:
             self._fail(err, path, context)
+        self._long_enough(info.duration, path, context)
         return CHECKED
 
     def shape(self, path, context=None):
@@ -75,9 +85,10 @@ class AudioPath(LoadAudio):
         return ("audio file",)
 
 
-def audio_operator(base_path, sample_rate: int | None = 16000, mono: bool = True) -> DataOperator:
+def audio_operator(base_path, sample_rate: int | None = 16000, mono: bool = True,
+                   min_seconds: float = 0.0) -> DataOperator:
     """A path relative to the data set -> waveform (`LoadAudio`)."""
-    return ToAbsolutePath(base_path) >> LoadAudio(sample_rate, mono)
+    return ToAbsolutePath(base_path) >> LoadAudio(sample_rate, mono, min_seconds)
 
 
 def audio_path_operator(base_path) -> DataOperator:

@@ -58,6 +58,18 @@ def _convert_csv_column(values: list[str], keep_text: bool) -> list:
     return [None if v == "" else convert(v) for v in values]
 
 
+def _no_duplicate_columns(path: str) -> None:
+    """pandas renames a repeated header ('prompt', 'prompt.1'), so one of the two would be dropped unseen."""
+    import csv
+    from collections import Counter
+
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        header = next(csv.reader(f, skipinitialspace=True), [])
+    for name, count in Counter(c.strip() for c in header).items():
+        if count > 1:
+            raise DataError(f"{path}: the column '{name}' appears {count} times; name each column once")
+
+
 def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
     import pandas as pd
 
@@ -69,6 +81,7 @@ def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
     except pd.errors.ParserError as err:
         raise DataError(f"{path}: not valid CSV ({one_line(err)})") from None
     frame.columns = [str(c).strip() for c in frame.columns]
+    _no_duplicate_columns(path)
     columns = {c: _convert_csv_column([str(v) for v in frame[c].tolist()], c in text_columns) for c in frame.columns}
     return [{c: columns[c][i] for c in frame.columns} for i in range(len(frame))]
 
@@ -152,7 +165,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
                  main_data_operator=None, special_operator_map: dict | None = None, extra_inputs=(),
                  on_bad_sample: str = "error", present_keys_only: bool = False, allow_empty_prompts: bool = False,
                  precheck: bool = True, progress: bool = True, frame_inputs: dict | None = None,
-                 paired_columns=(), required_columns=()):
+                 paired_columns=(), required_columns=(), allow_paths_outside: bool = False):
         """`base_path` None means the metadata file's folder. `present_keys_only` drops listed file keys
         the metadata lacks (for the CLI default "image,video"), as long as one is left. Metadata without a
         `prompt` column is refused unless `allow_empty_prompts` (every sample would train on "").
@@ -163,7 +176,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
         metadata has the column, its file is loaded, a one-frame clip as the frame itself. `paired_columns`: pairs
         of columns whose lists must have as many entries (a pipeline's `paired_columns`), checked per row with the
         files. `required_columns`: columns every row must give a value in (the run trains a feature on them: an
-        empty cell would switch it off for that row without a word)."""
+        empty cell would switch it off for that row without a word). A file that resolves (`..`, an absolute path, a
+        link) outside the base path is refused unless `allow_paths_outside` (--allow_paths_outside_dataset)."""
         if metadata_path is None:
             raise DataError("--dataset_metadata_path is required")
         if on_bad_sample not in ("error", "skip"):
@@ -174,6 +188,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
         self.base_path = os.fspath(base_path) if base_path is not None else os.path.dirname(self.metadata_path)
         self.repeat = int(repeat)
         self.on_bad_sample = on_bad_sample
+        self.allow_paths_outside = bool(allow_paths_outside)
         keys, extra = names(data_file_keys), names(extra_inputs)
         self.rows = read_metadata(self.metadata_path, text_columns=keys)  # file names stay text
         self.columns = list(dict.fromkeys(c for r in self.rows for c in r))
@@ -398,6 +413,20 @@ class UnifiedDataset(torch.utils.data.Dataset):
     def source_files(self, row: int) -> list[str]:
         """The files row `row` (0-based) is loaded from, as its operators resolve them (no file access).
         Values whose operator does not start by resolving a path (a custom operator) are left out."""
+        return list(dict.fromkeys(path for _, _, path in self._resolved(row)))
+
+    def _outside(self, row: int) -> str | None:
+        """The problem line of row `row`'s first file that resolves outside the base path (links followed)."""
+        home = os.path.realpath(self.base_path or ".")
+        for key, value, path in self._resolved(row):
+            real = os.path.realpath(path)
+            if os.path.commonpath([home, real]) != home:
+                return (f"{self.metadata_path} row {row + 1} '{key}': {value} resolves to {real}, outside the data "
+                        f"set folder {home}; pass --allow_paths_outside_dataset to read files there")
+        return None
+
+    def _resolved(self, row: int) -> list[tuple[str, str, str]]:
+        """(column, value, path) of each file of row `row` its operators resolve (no file access)."""
         files = []
         for key in self.data_file_keys:
             op = self._operator(key)
@@ -409,12 +438,16 @@ class UnifiedDataset(torch.utils.data.Dataset):
             for v in (value if isinstance(value, list) else [value]):
                 try:
                     if step is not None and v not in (None, ""):
-                        files.append(step(v))
+                        files.append((key, v, step(v)))
                 except DataError:
                     pass  # not a file name: the pre-check reports it
-        return list(dict.fromkeys(files))
+        return files
 
     def _prevalidate(self, row: int) -> bool:
+        outside = None if self.allow_paths_outside else self._outside(row)
+        if outside:
+            self._record(row, None, None, outside)
+            return False
         for column in self.required_columns:
             value = self.rows[row].get(column)
             if value is None or (isinstance(value, str) and not value.strip()) or \

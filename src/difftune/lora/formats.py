@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from ..util import PICKLE_SUFFIXES, first_line
+from ..util import PICKLE_SUFFIXES, first_line, non_finite
 from ..util import names as _names
 from .inject import _WEIGHT_KEY, _is_peft_internal, _linear_of, _module_paths, canonical_lora_keys
 
@@ -388,6 +388,10 @@ def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = 
     """
     path = _find_file(Path(path))
     tensors, metadata = _read(path)
+    for key, value in tensors.items():
+        problem = non_finite(value)
+        if problem:  # a NaN alpha or weight would surface only as a non-finite loss
+            raise UserError(f"{path}: tensor '{key}' holds {problem}")
     for convert in converters:
         try:
             converted = convert(dict(tensors))

@@ -114,14 +114,20 @@ def probe_audio(path: str | os.PathLike) -> AudioInfo:
         return AudioInfo(int(cc.sample_rate or 0), int(cc.channels or 0), _duration(container, stream), cc.name)
 
 
+def _channels(frame) -> np.ndarray:
+    """A packed float frame -> (channels, samples)."""
+    return frame.to_ndarray().reshape(-1, len(frame.layout.channels)).T
+
+
 def _decode(path: str, max_seconds: float | None) -> tuple[np.ndarray, int]:
     """The first audio stream as float32 (channels, samples) at its own rate."""
     av = _av()
     container, stream = _open(path)
     chunks: list[np.ndarray] = []
     rate = int(stream.codec_context.sample_rate or 0)
-    # every decoded frame to planar float32 in its own layout and rate (so the mixing below is ours)
-    to_float = av.AudioResampler(format="fltp")
+    # every decoded frame to packed float32 in its own layout and rate (so the mixing below is ours); packed, one
+    # plane: PyAV's planar frames of 8 or more channels crash in to_ndarray (FFmpeg keeps only 8 plane pointers)
+    to_float = av.AudioResampler(format="flt")
     decoded = 0
     with container:
         header = _duration(container, stream)
@@ -129,7 +135,7 @@ def _decode(path: str, max_seconds: float | None) -> tuple[np.ndarray, int]:
             for frame in container.decode(stream):
                 rate = frame.sample_rate or rate
                 for out in to_float.resample(frame):
-                    chunks.append(out.to_ndarray().reshape(len(out.layout.channels), -1))
+                    chunks.append(_channels(out))
                     decoded += out.samples
                 if max_seconds is not None and rate and decoded >= max_seconds * rate:
                     break
@@ -139,10 +145,15 @@ def _decode(path: str, max_seconds: float | None) -> tuple[np.ndarray, int]:
         else:
             if max_seconds is None:
                 for out in to_float.resample(None):
-                    chunks.append(out.to_ndarray().reshape(len(out.layout.channels), -1))
+                    chunks.append(_channels(out))
     if not chunks or sum(c.shape[1] for c in chunks) == 0:
         raise AudioError("no audio (the stream decodes to no samples)", path)
     wave = np.concatenate(chunks, axis=1).astype(np.float32, copy=False)
+    bad = ~np.isfinite(wave)
+    if bad.any():  # float WAVs can hold NaN; they would reach the loss as NaN features
+        first = int(np.argmax(bad.any(axis=0)))
+        raise AudioError(f"{int(bad.any(axis=0).sum())} non-finite sample(s) (NaN or infinite) at "
+                         f"{first / rate:.3f} s", path)
     seconds = wave.shape[1] / rate
     if max_seconds is None and header and seconds < TRUNCATED_SHARE * header:
         raise AudioError(f"truncated audio: its header gives {header:.2f} s, only {seconds:.2f} s decode", path)

@@ -49,7 +49,8 @@ def make_dataset(run):
                           allow_empty_prompts=config.allow_empty_prompts, progress=not config.no_progress,
                           frame_inputs=dict(run.pipeline.frame_inputs) if frames is not None else None,
                           paired_columns=run.pipeline.paired_columns(),
-                          required_columns=run.pipeline.required_columns(run.features, names(config.extra_inputs)))
+                          required_columns=run.pipeline.required_columns(run.features, names(config.extra_inputs)),
+                          allow_paths_outside=config.allow_paths_outside_dataset)
 
 
 def rounded_size(config, factor: int, log=print) -> tuple[int | None, int | None]:

@@ -78,6 +78,9 @@ class RunConfig:
                                 choices=("error", "skip"), group=D)
     allow_empty_prompts: bool = option(False, "Train on metadata without a prompt column (every prompt empty); "
                                        "refused otherwise.", kind=SWITCH, group=D)
+    allow_paths_outside_dataset: bool = option(False, "Read metadata files that resolve outside "
+                                               "--dataset_base_path (../ paths, absolute paths, links out of it); "
+                                               "refused otherwise.", kind=SWITCH, group=D)
     # -- size
     height: int | None = option(None, "Fixed height; leave height and width empty for dynamic resolution.",
                                 kind=int, group=S)

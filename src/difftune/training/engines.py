@@ -24,6 +24,17 @@ from ..errors import UserError
 ONE, DDP, FSDP, DEEPSPEED = "one process", "DDP", "FSDP2", "DeepSpeed"
 
 
+def finish_distributed() -> None:
+    """After a run's last save, on every process: wait for the others, then destroy the process group. A process
+    that just exits tears gloo down in its static destructors, its threads possibly still serving a peer that is
+    finishing (validation, the last save): under load that ended in std::terminate (SIGABRT) on a rank."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _env_true(name: str) -> bool:
     return os.environ.get(name, "false").lower() == "true"
 

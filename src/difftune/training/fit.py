@@ -183,6 +183,10 @@ def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
         state.step, start_epoch, start_step = position["global_step"], position["epoch"], position["step_in_epoch"]
         if start_step >= plan.steps_per_epoch():
             start_epoch, start_step = start_epoch + 1, 0
+        if state.step >= total_steps:  # nothing would train, and the run would still save and take the folder
+            raise UserError(f"--resume_from_checkpoint {config.resume_from}: its global_step {state.step} is at or "
+                            f"past this run's last step ({total_steps}); raise --num_epochs or --max_steps to "
+                            f"train on")
         if accelerator.is_main_process:
             print(f"resumed from {config.resume_from}: step {state.step}, epoch {start_epoch}, "
                   f"{start_step} step(s) into the epoch")

@@ -16,7 +16,15 @@ from .stages import check_outputs, fit, from_cache, stage1
 
 def run(args) -> dict:
     """Run the command (a RunConfig, or the parsed flags); with SIGTERM / SIGINT during training it saves, and the
-    summary says `stopped`."""
+    summary says `stopped`. A distributed run ends with every process at a barrier, its process group destroyed."""
+    from .engines import finish_distributed
+
+    summary = _run(args)
+    finish_distributed()
+    return summary
+
+
+def _run(args) -> dict:
     from .run_lock import output_lock
     from .signals import StopSignals
 

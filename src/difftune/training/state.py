@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import UserError
 from ..io import normal_permissions, os_error_of, write_error
-from ..util import PICKLE_SUFFIXES
+from ..util import PICKLE_SUFFIXES, first_line, non_finite
 from .state_names import check_names as _check_names
 
 STATE_DIR = "state"
@@ -234,7 +234,12 @@ def _load_sharded(path: Path, meta: dict, module, optimizer) -> None:
     tensors["optim"] = {k: v for k, v in tensors["optim"].items() if k in saved_keys}
     if len(tensors["optim"]) != len(saved_keys):
         raise UserError(f"{path}: the saved optimizer state does not match this run's parameters")
-    dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)))
+    try:
+        dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)))
+    except Exception as err:  # a shard deleted or cut: torch's error names no file
+        raise UserError(f"{path / SHARDS}: the sharded training state cannot be read ({first_line(err)}); "
+                        f"copy the whole state folder") from None
+    check_finite_state(path / SHARDS, {**tensors["model"], **tensors["optim"]})
     target = _dcp_module(module)
     set_model_state_dict(target, tensors["model"], options=StateDictOptions(strict=False))
     with_state = {k.rpartition("/")[0] for k in saved_keys}
@@ -262,8 +267,8 @@ def _load_whole_into_sharded(path: Path, meta: dict, module, optimizer) -> None:
     names = [n for n, p in target.named_parameters() if p.requires_grad]
     _check_names(path, meta["param_names"], names)
     options = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(target, load_file(str(path / "weights.safetensors")), options=options)
-    saved = _optimizer_from_files(load_file(str(path / "optimizer.safetensors")), meta["optimizer"])
+    set_model_state_dict(target, read_state_file(path / "weights.safetensors"), options=options)
+    saved = _optimizer_from_files(read_state_file(path / "optimizer.safetensors"), meta["optimizer"])
     optim = get_optimizer_state_dict(target, _inner_optimizer(optimizer), options=options)
     # format 1 numbers the parameters in the optimizer's order, which is the trainable parameters' order
     optim["state"] = {meta["param_names"][pid]: state for pid, state in saved["state"].items()}
@@ -358,10 +363,35 @@ def load_training_state(path: Path, accelerator, module, optimizer, schedule, se
     return meta["position"]
 
 
+def read_state_file(file: Path) -> dict[str, torch.Tensor]:
+    """A state's tensors, each finite: a cut or missing file, or a NaN put there, is one line naming the file
+    (NaN moments would otherwise train on and save a NaN LoRA, the loss still finite for a step or more)."""
+    from safetensors import SafetensorError
+
+    if not file.is_file():
+        raise UserError(f"{file}: missing from the training state (copy the whole state folder)")
+    try:
+        tensors = load_file(str(file))
+    except (SafetensorError, OSError) as err:
+        reason = first_line(err).removeprefix("Error while deserializing header: ")
+        hint = "truncated" if "not fully covered" in reason or "too small" in reason.lower() else "unreadable"
+        raise UserError(f"{file}: {hint} training state file ({reason})") from None
+    check_finite_state(file, tensors)
+    return tensors
+
+
+def check_finite_state(file, tensors: dict) -> None:
+    for key, value in tensors.items():
+        local = value.to_local() if hasattr(value, "to_local") else value  # a DTensor: this process's shard
+        problem = non_finite(local)
+        if problem:
+            raise UserError(f"{file}: tensor '{key}' holds {problem}")
+
+
 def _load_whole(path: Path, meta: dict, accelerator, module, optimizer) -> None:
     """Format 1 into one process or DDP."""
     inner = accelerator.unwrap_model(module)
-    weights = load_file(str(path / "weights.safetensors"))
+    weights = read_state_file(path / "weights.safetensors")
     params = dict(inner.named_parameters())
     missing = [n for n in meta["param_names"] if n not in params]
     if missing:
@@ -369,4 +399,4 @@ def _load_whole(path: Path, meta: dict, accelerator, module, optimizer) -> None:
     with torch.no_grad():
         for name, value in weights.items():
             params[name].copy_(value.to(params[name].dtype))
-    optimizer.load_state_dict(_optimizer_from_files(load_file(str(path / "optimizer.safetensors")), meta["optimizer"]))
+    optimizer.load_state_dict(_optimizer_from_files(read_state_file(path / "optimizer.safetensors"), meta["optimizer"]))

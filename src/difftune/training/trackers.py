@@ -1,7 +1,8 @@
 """Weights & Biases and SwanLab, the reference's `--enable_wandb_log` / `--enable_swanlab_log`, through accelerate's
 trackers beside TensorBoard: the loss and learning rate of every optimizer step, the run's flags as the run's config,
 and each validation render (the image grid; for clips also the animation). Files go where the reference puts them,
-`<output_path>/wandb_log/` and `<output_path>/swanlab_log/`; the services' own settings apply as usual
+`<output_path>/wandb_log/` and `<output_path>/swanlab_log/` (W&B's own cache, settings and staging folders too,
+unless WANDB_CACHE_DIR etc. name others); the services' own settings apply as usual
 (`WANDB_MODE=offline`, `SWANLAB_MODE=local`, a login). Each is an optional extra: `pip install 'difftune[wandb]'`,
 `'difftune[swanlab]'`."""
 
@@ -33,6 +34,21 @@ def project_of(config, name: str) -> str:
     return getattr(config, f"{name}_project", None) or os.environ.get(f"{name.upper()}_PROJECT") or DEFAULT_PROJECT
 
 
+# W&B's own folders (its media cache, settings, staging, debug logs) default to ~/.cache, ~/.config and
+# ~/.local/share; a variable the user set wins
+_WANDB_FOLDERS = {"WANDB_CACHE_DIR": "cache", "WANDB_CONFIG_DIR": "config", "WANDB_DATA_DIR": "data",
+                  "WANDB_ARTIFACT_DIR": "artifacts"}
+
+
+_SET_HERE: dict[str, str] = {}  # the values this process set (a later run in the process moves them to its folder)
+
+
+def _keep_wandb_in(folder: Path) -> None:
+    for variable, sub in _WANDB_FOLDERS.items():
+        if os.environ.get(variable, _SET_HERE.get(variable)) == _SET_HERE.get(variable):
+            os.environ[variable] = _SET_HERE[variable] = str(folder / sub)
+
+
 def start(accelerator, config, run_id: str) -> None:
     """On the main process: one tracker per service the flags turn on, named by the run's id, its config the flags."""
     wanted = requested(config)
@@ -44,8 +60,12 @@ def start(accelerator, config, run_id: str) -> None:
     out = Path(config.output_path)
     for name in wanted:
         folder = out / f"{name}_log"
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"--enable_{name}_log: {folder} is a file, not a folder; move it or choose another "
+                            f"--output_path")
         folder.mkdir(parents=True, exist_ok=True)
         if name == "wandb":
+            _keep_wandb_in(folder)
             tracker = WandBTracker(project_of(config, name), name=run_id, dir=str(folder))
         else:
             tracker = SwanLabTracker(project_of(config, name), experiment_name=run_id, logdir=str(folder))

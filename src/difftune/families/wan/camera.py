@@ -117,16 +117,21 @@ def pack_camera_latents(plucker: torch.Tensor, temporal: int = 4) -> torch.Tenso
 
 
 def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value)  # an empty CSV cell reads as NaN
+    # an empty cell: None, blank text, or a float NaN (how table readers give one); the text "nan" is no empty cell
+    return value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, float)
+                                                                              and value != value)
 
 
 def _speed(value) -> float:
     if _missing(value):
         return DEFAULT_SPEED
     try:
-        return float(value)
+        speed = float(value)
     except (TypeError, ValueError):
-        raise UserError(f"camera_control_speed {value!r}: expected a number (per frame, e.g. 0.0185)") from None
+        speed = None
+    if speed is None or not np.isfinite(speed):  # inf / nan would reach the loss as NaN poses
+        raise UserError(f"camera_control_speed {value!r}: expected a finite number (per frame, e.g. 0.0185)")
+    return speed
 
 
 def _origin(value) -> tuple:
@@ -141,10 +146,14 @@ def _origin(value) -> tuple:
         row = tuple(float(v) for v in numbers)
     except (TypeError, ValueError):
         row = ()
-    if len(row) != len(DEFAULT_ORIGIN):
-        raise UserError(f"camera_control_origin {value!r}: expected {len(DEFAULT_ORIGIN)} numbers (a CameraCtrl pose "
-                        f"row: frame, fx, fy, cx, cy, two unused, the 3 x 4 world-to-camera matrix), e.g. "
+    if len(row) != len(DEFAULT_ORIGIN) or not np.isfinite(row).all():
+        raise UserError(f"camera_control_origin {value!r}: expected {len(DEFAULT_ORIGIN)} numbers, all finite (a "
+                        f"CameraCtrl pose row: frame, fx, fy, cx, cy, two unused, the 3 x 4 world-to-camera matrix), e.g. "
                         f"{' '.join(f'{v:g}' for v in DEFAULT_ORIGIN)}")
+    rotation = np.asarray(row[7:19], dtype=np.float64).reshape(3, 4)[:, :3]
+    if abs(np.linalg.det(rotation)) < 1e-12:  # every later pose is taken relative to this one's inverse
+        raise UserError(f"camera_control_origin {value!r}: its 3 x 3 rotation (entries 8-10, 12-14, 16-18) is not "
+                        f"invertible (determinant 0); the default origin's is the identity")
     return row
 
 

@@ -43,6 +43,8 @@ FEATURE = "s2v"
 AUDIO_RATE = 16000  # the reference's LoadAudio(sr=16000) and audio_sample_rate
 AUDIO_FEATURE_RATE = 30  # wav2vec2's 50 features a second, interpolated to 30 (the encoder's video_rate)
 VIDEO_FPS = 16  # the frame rate the audio features are sampled at
+# wav2vec2's convolutions span 400 samples (25 ms at 16 kHz) before its first feature
+S2V_MIN_AUDIO_SECONDS = 0.025
 MOTION_FRAMES = (73, 19)  # motion frames before the clip: video frames, and the audio encoder's frames for them
 REFERENCE_FRAME = 30  # the RoPE frame position of the reference image's tokens
 
@@ -467,12 +469,25 @@ def audio_frame_indices(features: int, frames: int, fps: int = VIDEO_FPS, rate: 
     return [int(i) if i < features else None for i in index]
 
 
+def _receptive_field(encoder) -> int:
+    """Samples wav2vec2's feature convolutions span before their first output."""
+    span, step = 1, 1
+    for k, s in zip(encoder.config.conv_kernel, encoder.config.conv_stride):
+        span, step = span + (k - 1) * step, step * s
+    return span
+
+
 @torch.no_grad()
 def s2v_audio_embeds(encoder, processor, waveform, num_frames: int, sample_rate: int = AUDIO_RATE,
                      fps: int = VIDEO_FPS) -> torch.Tensor:
     """A waveform -> (1, layers, hidden, num_frames - 1): every hidden state of wav2vec2 (the embedding output
     and each layer's), linearly interpolated from 50 to 30 a second (end points aligned), then one feature per
     generated video frame (`audio_frame_indices`), zeros past the audio's end."""
+    span = _receptive_field(encoder)
+    if np.shape(waveform)[-1] < span:
+        n = np.shape(waveform)[-1]
+        raise UserError(f"input_audio: {n} samples ({n / sample_rate:.2f} s) at {sample_rate} Hz; wav2vec2 needs "
+                        f"at least {span} ({span / sample_rate:g} s)")
     values = processor(np.asarray(waveform, dtype=np.float32), sampling_rate=sample_rate,
                        return_tensors="pt").input_values
     param = next(encoder.parameters())
@@ -607,7 +622,8 @@ class WanS2VPipeline(WanVariantPipeline):
     def data_operators(cls, config) -> dict:
         from ...data.audio import audio_operator
 
-        return {"input_audio": audio_operator(config.dataset_base_path, AUDIO_RATE)}
+        return {"input_audio": audio_operator(config.dataset_base_path, AUDIO_RATE,
+                                              min_seconds=S2V_MIN_AUDIO_SECONDS)}
 
     def model_fn(self, latents, timestep, prompt_embeds, audio_embeds=None, s2v_pose_latents=None,
                  first_frame_latents=None, **settings):
