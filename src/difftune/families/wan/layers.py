@@ -206,6 +206,28 @@ def add_wan_embeddings(module: nn.Module, dim: int, in_dim: int, text_dim: int, 
 # -- diffusers' Wan block and head, step by step ----------------------------------------------------------------
 
 
+def diffusers_inputs(dit, latents: torch.Tensor, condition: torch.Tensor | None):
+    """The DiT's input (latents + the condition on channels, in the DiT's dtype), that dtype and the token grid."""
+    dtype = dit.dtype if dit.dtype.is_floating_point else latents.dtype
+    x = latents if condition is None else torch.cat([latents, condition.to(latents.dtype)], dim=1)
+    x = x.to(dtype)
+    pt, ph, pw = dit.config.patch_size
+    return x, dtype, (x.shape[2] // pt, x.shape[3] // ph, x.shape[4] // pw)
+
+
+def diffusers_conditions(dit, timestep: torch.Tensor, prompt_embeds: torch.Tensor, image_embeds, batch: int,
+                         device, dtype):
+    """diffusers' Wan condition embedder: the time embedding, the blocks' (B, 6, D) modulation, the context (the
+    image tokens, if any, before the text's) and the number of image tokens."""
+    t = timestep.to(device).reshape(-1).expand(batch)
+    temb, tproj, context, image = dit.condition_embedder(
+        t, prompt_embeds.to(dtype), None if image_embeds is None else image_embeds.to(dtype))
+    tproj = tproj.unflatten(1, (6, -1))
+    if image is not None:
+        context = torch.cat([image, context], dim=1)
+    return temb, tproj, context, 0 if image is None else image.shape[1]
+
+
 def diffusers_self_qkv(attn, h: torch.Tensor, rope):
     """diffusers' Wan self-attention (`block.attn1`) projections of h: q, k (normed, rotated), v as (B, S, H, D)."""
     split = lambda t: t.unflatten(2, (attn.heads, -1))  # noqa: E731
@@ -228,5 +250,6 @@ def unpatchify(x: torch.Tensor, grid, patch_size) -> torch.Tensor:
 
 
 __all__ = ["Head", "ImageMLP", "LayerNormFP32", "RMSNorm", "WanAttention", "WanBlock", "add_wan_embeddings", "attend",
+           "diffusers_conditions", "diffusers_inputs",
            "diffusers_output", "diffusers_self_qkv", "grid_table", "layer_norm", "modulate", "modulated_ffn",
            "pair_tables", "rope_angles", "rope_axis_dims", "rope_grid_angles", "rotate", "sinusoidal", "unpatchify"]

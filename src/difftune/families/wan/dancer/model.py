@@ -17,8 +17,8 @@ from torch import nn
 
 from ....core.checkpointing import gradient_checkpoint_forward
 from ....errors import UserError
-from ..layers import (Head, ImageMLP, WanAttention, attend, diffusers_output, diffusers_self_qkv, grid_table, modulate,
-                      modulated_ffn, rope_angles, rope_axis_dims, unpatchify)
+from ..layers import (Head, ImageMLP, WanAttention, attend, diffusers_conditions, diffusers_inputs, diffusers_output,
+                      diffusers_self_qkv, grid_table, modulate, modulated_ffn, rope_angles, rope_axis_dims, unpatchify)
 
 DANCER_INJECT_LAYERS = [0, 4, 8, 12, 16, 20, 24, 27]
 NATIVE_FPS = 30  # the rate of the plain path; any other runs the global path
@@ -201,21 +201,11 @@ def model_fn_wan_dancer(dit: WanDancerTransformer, latents: torch.Tensor, timest
     fps = NATIVE_FPS if wantodance_fps is None else float(wantodance_fps)
     if isinstance(wantodance_fps, torch.Tensor):
         fps = float(wantodance_fps.reshape(-1)[0])
-    dtype = dit.dtype if dit.dtype.is_floating_point else latents.dtype
-    b = latents.shape[0]
-    x = latents if condition is None else torch.cat([latents, condition.to(latents.dtype)], dim=1)
-    x = x.to(dtype)
-    pt, ph, pw = c.patch_size
-    grid = (x.shape[2] // pt, x.shape[3] // ph, x.shape[4] // pw)
+    x, dtype, grid = diffusers_inputs(dit, latents, condition)
     embed = dit.patch_embedding_global if c.enable_global and is_global(fps) else dit.patch_embedding
     hidden = embed(x).flatten(2).transpose(1, 2)
-    t = timestep.to(x.device).reshape(-1).expand(b)
-    temb, tproj, context, image = dit.condition_embedder(
-        t, prompt_embeds.to(dtype), None if image_embeds is None else image_embeds.to(dtype))
-    tproj = tproj.unflatten(1, (6, -1))
-    if image is not None:
-        context = torch.cat([image, context], dim=1)
-    image_tokens = 0 if image is None else image.shape[1]
+    temb, tproj, context, image_tokens = diffusers_conditions(dit, timestep, prompt_embeds, image_embeds,
+                                                              latents.shape[0], x.device, dtype)
     if c.enable_global and wantodance_refimage_feature is not None:
         ref = dit.img_emb_refimage(wantodance_refimage_feature.to(dtype))
         context = torch.cat([ref, context], dim=1)

@@ -14,8 +14,9 @@ from torch import nn
 
 from ....core.checkpointing import gradient_checkpoint_forward
 from ....errors import UserError
-from ..layers import (ImageMLP, WanBlock, add_wan_embeddings, attend, diffusers_output, diffusers_self_qkv, modulate,
-                      modulated_ffn, pair_tables, rope_grid_angles, sinusoidal)
+from ..layers import (ImageMLP, WanBlock, add_wan_embeddings, attend, diffusers_conditions, diffusers_inputs,
+                      diffusers_output, diffusers_self_qkv, modulate, modulated_ffn, pair_tables, rope_grid_angles,
+                      sinusoidal)
 
 VAP_MOT_LAYERS = [0, 4, 8, 12, 16, 20, 24, 28, 32, 36]
 
@@ -81,20 +82,11 @@ def model_fn_wan_vap(dit, vap: WanVAPModel | None, latents: torch.Tensor, timest
     if context_vap is None or vap_clip_feature is None:
         raise UserError("Video-As-Prompt needs the reference clip's CLIP and prompt embeddings (image and text "
                         "encoders loaded)")
-    dtype = dit.dtype if dit.dtype.is_floating_point else latents.dtype
+    x, dtype, grid = diffusers_inputs(dit, latents, condition)
     b = latents.shape[0]
-    x = latents if condition is None else torch.cat([latents, condition.to(latents.dtype)], dim=1)
-    x = x.to(dtype)
-    pt, ph, pw = dit.config.patch_size
-    grid = (x.shape[2] // pt, x.shape[3] // ph, x.shape[4] // pw)
     rope = dit.rope(x)
     hidden = dit.patch_embedding(x).flatten(2).transpose(1, 2).contiguous()
-    t = timestep.to(x.device).reshape(-1).expand(b)
-    temb, tproj, context, image = dit.condition_embedder(
-        t, prompt_embeds.to(dtype), None if image_embeds is None else image_embeds.to(dtype))
-    tproj = tproj.unflatten(1, (6, -1))
-    if image is not None:
-        context = torch.cat([image, context], dim=1)
+    temb, tproj, context, _ = diffusers_conditions(dit, timestep, prompt_embeds, image_embeds, b, x.device, dtype)
     # the branch: its tokens, timestep 1, frames before the clip's
     vc = vap.config
     vdtype = vap.dtype if vap.dtype.is_floating_point else dtype
