@@ -63,7 +63,8 @@ def test_many_channel_wav_reads_and_downmixes(tmp_path, channels):
 
 def test_audio_too_short_for_the_encoder_is_one_line_naming_the_file(tmp_path):
     """20 ms of audio reached wav2vec2's first convolution (400 samples wide) and ended in a conv1d traceback."""
-    from difftune.families.wan.s2v import S2V_MIN_AUDIO_SECONDS, WanS2VPipeline
+    from difftune.families.wan.s2v import WanS2VPipeline
+    from difftune.families.wan.s2v.units import S2V_MIN_AUDIO_SECONDS
 
     class Config:
         dataset_base_path = str(tmp_path)
@@ -82,8 +83,8 @@ def test_audio_too_short_for_the_encoder_is_one_line_naming_the_file(tmp_path):
 
 
 def test_s2v_audio_embeds_refuses_a_waveform_shorter_than_the_encoder_takes(tmp_path):
-    from difftune.families.wan.s2v import load_audio_processor, s2v_audio_embeds
-    from difftune.families.wan.testing.s2v import WAV2VEC_FOLDER, tiny_wav2vec2, write_tiny_s2v
+    from difftune.families.wan.s2v.units import load_audio_processor, s2v_audio_embeds
+    from support.wan.s2v import WAV2VEC_FOLDER, tiny_wav2vec2, write_tiny_s2v
 
     repo = write_tiny_s2v(tmp_path / "s2v")
     processor = load_audio_processor(str(repo / WAV2VEC_FOLDER))

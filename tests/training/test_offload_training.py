@@ -107,7 +107,7 @@ def test_other_families_offload_without_declaring_anything(tmp_path, capsys, fam
     with every block offloaded equals the resident run's."""
     import json
 
-    from difftune.testing import tiny_flux_paths, tiny_wan_paths, write_example_dataset, write_tiny_flux, write_tiny_wan
+    from support import tiny_flux_paths, tiny_wan_paths, write_example_dataset, write_tiny_flux, write_tiny_wan
 
     if family == "flux":
         from difftune.families.flux.components import LORA_TARGET_MODULES as targets

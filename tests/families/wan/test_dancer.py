@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 from difftune.errors import UserError
 from difftune.families.wan.components import DIT, DIT_ORIGINAL
-from difftune.families.wan.dancer import (DANCER_14B_CONFIG, DANCER_DIT, dancer_to_original, keyframe_mask,
-                                          model_fn_wan_dancer, music_features)
+from difftune.families.wan.dancer.keys import DANCER_14B_CONFIG, DANCER_DIT, dancer_to_original
+from difftune.families.wan.dancer.model import model_fn_wan_dancer
+from difftune.families.wan.dancer.units import keyframe_mask, music_features
 from support.wan.dancer import FILES, tiny_dancer_dit, write_tiny_dancer
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component

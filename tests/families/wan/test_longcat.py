@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from difftune.families.wan.components import DIT, DIT_ORIGINAL
-from difftune.families.wan.longcat import LONGCAT_DIT, LONGCAT_VIDEO_CONFIG, infer_longcat_config, model_fn_longcat
+from difftune.families.wan.longcat.keys import LONGCAT_DIT, LONGCAT_VIDEO_CONFIG, infer_longcat_config
+from difftune.families.wan.longcat.model import model_fn_longcat
 from support.wan.longcat import DIT_FOLDER, tiny_longcat_dit, write_tiny_longcat
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component
@@ -164,7 +165,7 @@ def test_model_fn_equals_the_reference(prefix):
 
 
 def test_lora_targets_are_module_names():
-    from difftune.families.wan.longcat import LORA_TARGET_MODULES
+    from difftune.families.wan.longcat.keys import LORA_TARGET_MODULES
 
     names = {n for n, _ in tiny_longcat_dit().named_modules()}
     for target in LORA_TARGET_MODULES.split(","):

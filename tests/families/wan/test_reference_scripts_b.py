@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from difftune.cli.main import main as difftune
-from difftune.families.wan.dancer import has_librosa
+from difftune.families.wan.dancer.units import has_librosa
 from support import read_reference_script
 from support.scripts import flag_value
 

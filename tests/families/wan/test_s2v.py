@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from difftune.families.wan.components import DIT, DIT_ORIGINAL
-from difftune.families.wan.s2v import (AUDIO_ENCODER, S2V_14B_CONFIG, S2V_DIT, WAV2VEC2_XLSR_CONFIG,
-                                       WanModel_S2V, infer_s2v_config, load_audio_processor, model_fn_wan_s2v,
-                                       s2v_audio_embeds)
+from difftune.families.wan.s2v.keys import (AUDIO_ENCODER, S2V_14B_CONFIG, S2V_DIT, WAV2VEC2_XLSR_CONFIG,
+                                            infer_s2v_config)
+from difftune.families.wan.s2v.model import model_fn_wan_s2v
+from difftune.families.wan.s2v.units import load_audio_processor, s2v_audio_embeds
 from support.wan.s2v import WAV2VEC_FOLDER, tiny_wav2vec2, write_tiny_s2v
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component
@@ -69,7 +70,7 @@ def test_wav2vec2_file_in_older_names_loads(repo):
     reference = tiny_wav2vec2()
     assert all(torch.equal(module.state_dict()[k], v) for k, v in reference.state_dict().items())
     # the released 300M file's shapes, in its names, match the known config
-    from difftune.families.wan.s2v import wav2vec2_from_file
+    from difftune.families.wan.s2v.keys import wav2vec2_from_file
 
     signature = AUDIO_ENCODER.signature(WAV2VEC2_XLSR_CONFIG)
     old = {k.replace("parametrizations.weight.original0", "weight_g")

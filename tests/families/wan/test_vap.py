@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from difftune.families.wan.components import WAN_DIT_CONFIGS
 from support.wan.vap import (MOT_LAYERS, TRANSFORMER_FOLDER, tiny_vap_branch, tiny_vap_dit,
                                                write_tiny_vap)
-from difftune.families.wan.vap import (VAP, VAP_14B_CONFIG, VAP_DIT, model_fn_wan_vap,
-                                       released_name, vap_from_released)
+from difftune.families.wan.vap.keys import VAP, VAP_14B_CONFIG, VAP_DIT, released_name, vap_from_released
+from difftune.families.wan.vap.model import model_fn_wan_vap
 from difftune.models.detect import match_header
 from difftune.models.load import load_component
 

@@ -11,13 +11,13 @@ import torch
 from PIL import Image
 
 from difftune.data.audio import audio_operator
-from difftune.families.wan.dancer import (WanDancerFramewiseVideo, WanDancerKeyframes, WanDancerReferenceImage,
-                                          framewise_num_frames)
-from difftune.families.wan.s2v import (WanS2VAudioEmbedder, WanS2VPoseEmbedder, WanS2VReferenceEmbedder,
-                                       load_audio_processor, s2v_audio_embeds)
+from difftune.families.wan.dancer.units import (WanDancerFramewiseVideo, WanDancerKeyframes, WanDancerReferenceImage,
+                                                framewise_num_frames)
+from difftune.families.wan.s2v.units import (WanS2VAudioEmbedder, WanS2VPoseEmbedder, WanS2VReferenceEmbedder,
+                                             load_audio_processor, s2v_audio_embeds)
 from support.wan.s2v import WAV2VEC_FOLDER, tiny_wav2vec2, write_tiny_wav2vec2
 from difftune.families.wan.units import WanImageEmbedderCLIP, vae_encode, video_tensor
-from difftune.families.wan.vap import WanVAPPromptEmbedder, WanVAPVideoEmbedder
+from difftune.families.wan.vap.units import WanVAPPromptEmbedder, WanVAPVideoEmbedder
 from support.audio import tone, write_audio, write_clip_with_audio
 
 H = W = 32

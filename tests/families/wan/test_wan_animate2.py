@@ -7,11 +7,12 @@ import torch
 from PIL import Image
 
 from difftune.core.units import run_unit
-from difftune.families.wan.animate2 import (ANIMATE2_CONFIG, ANIMATE2_LORA_TARGETS, ANIMATE2_ORIGINAL,
-                                            WanAnimate2CLIPEmbedder, WanAnimate2InputVideoEmbedder,
-                                            WanAnimate2NoiseInitializer, WanAnimate2PromptEmbedder,
-                                            WanAnimate2VAEEmbedder, animate2_forward, animate2_from_original,
-                                            animate2_module_name, animate2_to_original)
+from difftune.families.wan.animate2.keys import (ANIMATE2_CONFIG, ANIMATE2_LORA_TARGETS, ANIMATE2_ORIGINAL,
+                                                 animate2_from_original, animate2_module_name, animate2_to_original)
+from difftune.families.wan.animate2.model import animate2_forward
+from difftune.families.wan.animate2.units import (WanAnimate2CLIPEmbedder, WanAnimate2InputVideoEmbedder,
+                                                  WanAnimate2NoiseInitializer, WanAnimate2PromptEmbedder,
+                                                  WanAnimate2VAEEmbedder)
 from difftune.families.wan.components import DIT_ORIGINAL
 from difftune.families.wan.pipeline import WanVideoPipeline
 from support.wan.animate2 import tiny_animate2_transformer

@@ -18,7 +18,7 @@ FILES = {"global": "global_model.safetensors", "local": "local_model.safetensors
 
 def tiny_dancer_dit(seed: int = 41):
     from .tiny import TinyWanSpec
-    from difftune.families.wan.dancer import WanDancerTransformer
+    from difftune.families.wan.dancer.model import WanDancerTransformer
 
     spec = TinyWanSpec()
     torch.manual_seed(seed)
@@ -33,7 +33,7 @@ def write_tiny_dancer(models: str | os.PathLike, seed: int = 41) -> Path:
     """Under `models` (the hub base path): Wan-AI/Wan-Dancer-14B with both DiT files and the Wan2.1 files."""
     from safetensors.torch import save_file
 
-    from difftune.families.wan.dancer import dancer_to_original
+    from difftune.families.wan.dancer.keys import dancer_to_original
 
     root = Path(models) / FOLDER
     root.mkdir(parents=True, exist_ok=True)

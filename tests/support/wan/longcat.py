@@ -16,7 +16,7 @@ WAN_FOLDER = "Wan-AI/Wan2.1-T2V-14B"
 
 
 def tiny_longcat_dit(seed: int = 21, depth: int = 2):
-    from difftune.families.wan.longcat import LongCatVideoTransformer3DModel
+    from difftune.families.wan.longcat.model import LongCatVideoTransformer3DModel
 
     torch.manual_seed(seed)
     dit = LongCatVideoTransformer3DModel(in_channels=16, out_channels=16, hidden_size=32, depth=depth, num_heads=2,

@@ -55,7 +55,7 @@ def write_tiny_wav2vec2(folder: str | os.PathLike, seed: int = 7) -> Path:
 
 
 def tiny_s2v_dit(seed: int = 11, num_layers: int = 2):
-    from difftune.families.wan.s2v import WanModel_S2V
+    from difftune.families.wan.s2v.model import WanModel_S2V
 
     torch.manual_seed(seed)
     dit = WanModel_S2V(dim=16, in_dim=16, ffn_dim=32, out_dim=16, text_dim=TEXT_DIM, freq_dim=16, num_heads=2,

@@ -28,7 +28,7 @@ def tiny_vap_dit(seed: int = 31):
 
 def tiny_vap_branch(seed: int = 32, mot_layers=tuple(MOT_LAYERS)):
     from .tiny import TinyWanSpec
-    from difftune.families.wan.vap import WanVAPModel
+    from difftune.families.wan.vap.model import WanVAPModel
 
     spec = TinyWanSpec(**SPEC)
     torch.manual_seed(seed)
@@ -42,7 +42,7 @@ def write_tiny_vap(models: str | os.PathLike, seed: int = 31) -> Path:
     """Under `models` (the hub base path): the VAP transformer folder and the Wan2.1 I2V files."""
     from safetensors.torch import save_file
 
-    from difftune.families.wan.vap import released_name
+    from difftune.families.wan.vap.keys import released_name
 
     models = Path(models)
     folder = models / TRANSFORMER_FOLDER

@@ -42,7 +42,7 @@ def variants_b(folder: Path) -> dict[str, TinyVariant]:
     def dancer():
         from safetensors.torch import save_file
 
-        from difftune.families.wan.dancer import dancer_to_original
+        from difftune.families.wan.dancer.keys import dancer_to_original
 
         (folder / "dancer").mkdir(parents=True, exist_ok=True)
         path = folder / "dancer" / "local_model.safetensors"
@@ -58,7 +58,7 @@ def variants_b(folder: Path) -> dict[str, TinyVariant]:
         models = write_tiny_vap(folder / "vap")
         return [_one(_files(models / TRANSFORMER_FOLDER, "*.safetensors")), *wan(True)]
 
-    from difftune.families.wan.dancer import has_librosa
+    from difftune.families.wan.dancer.units import has_librosa
 
     small = ("--max_pixels", "4096")
     found = {

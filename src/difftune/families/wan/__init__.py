@@ -19,7 +19,7 @@ from .animate2 import ANIMATE2_ORIGINAL, WanAnimate2Pipeline, animate2_to_origin
 from .fun_control import FUN_DIT_ORIGINAL
 from .speed_control import MOTION_CONTROLLER
 from .vace import VACE_DIT_ORIGINAL, VACE_LORA_TARGETS, VACE_ORIGINAL, vace_to_original
-from .dancer import DANCER_DIT, WanDancerPipeline
+from .dancer import DANCER_DIT, DANCER_MODULE_PREFIXES, WanDancerPipeline, dancer_to_original
 from .longcat import LONGCAT_DIT, WanLongCatPipeline
 from .s2v import AUDIO_ENCODER, AUDIO_PROCESSOR, S2V_DIT, WanS2VPipeline
 from .vap import VAP, VAP_DIT, WanVAPPipeline
@@ -50,12 +50,11 @@ def load_image_processor(path_or_config):
 def dit_native_keys(state: dict) -> dict:
     """--full_format original for every Wan DiT: S2V's and LongCat's are in their released names already, the
     Dancer's base goes to Wan-AI's names with its own modules as they are, the rest through Wan's map."""
-    from .dancer import _EXTRA_PREFIXES, dancer_to_original
     from .dit_keys import dit_to_original
 
     if any(k.startswith(("casual_audio_encoder.", "x_embedder.")) for k in state):
         return dict(state)
-    if any(k.startswith(_EXTRA_PREFIXES) for k in state):
+    if any(k.startswith(DANCER_MODULE_PREFIXES) for k in state):
         return dancer_to_original(state)
     return dit_to_original(state)
 

@@ -1,6 +1,6 @@
-"""What the Wan variant pipelines with models of their own (S2V, Wan-Dancer, LongCat-Video, Video-As-Prompt: s2v.py,
-dancer.py, longcat.py, vap.py) share: which runs are theirs (the DiT's class), their data columns handed to their
-units as the data set loaded them, stage 1 one sample at a time, and `__call__` with their inputs by name."""
+"""What the Wan variant pipelines with models of their own (S2V, Wan-Dancer, LongCat-Video, Video-As-Prompt: the
+sub-packages s2v/, dancer/, longcat/, vap/) share: which runs are theirs (the DiT's class), their data columns handed
+to their units as the data set loaded them, stage 1 one sample at a time, and `__call__` with their inputs by name."""
 
 from __future__ import annotations
 
