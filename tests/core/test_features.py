@@ -7,15 +7,15 @@ import pytest
 import torch
 from PIL import Image
 
-from difftune.core.features import ALIGNED_FRAMES, FRAMES, IMAGE, VALUE, Feature, RunContext, compose_units
+from difftune.core.features import ALIGNED_FRAMES, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units
 from difftune.core.pipeline import BasePipeline
 from difftune.core.units import PipelineUnit
 from difftune.errors import UserError
 
 
-def unit(name, inputs=(), outputs=(), replaces=(), feature="base"):
+def unit(name, inputs=(), outputs=(), replaces=(), feature="base", before=()):
     return type(name, (PipelineUnit,), {"inputs": tuple(inputs), "outputs": tuple(outputs),
-                                        "replaces": tuple(replaces), "feature": feature})()
+                                        "replaces": tuple(replaces), "feature": feature, "before": tuple(before)})()
 
 
 BASE_UNITS = lambda: [unit("Shape", ["h"], ["h"]), unit("Noise", ["h"], ["noise"]),  # noqa: E731
@@ -45,6 +45,18 @@ def test_a_stand_in_that_reads_a_later_value_goes_at_the_end():
     assert names(units)[-2:] == ["Split", "Inpaint"]
 
 
+def test_a_unit_that_must_run_before_others_goes_right_before_the_first_of_them():
+    """Encoders of two features ahead of the prompt encoder, in feature order; a stand-in for the prompt encoder
+    after it; a `before` naming no unit of the pipeline is at the end."""
+    edit = unit("EditImage", ["edit"], ["edit_latents"], before=["Prompt"])
+    edit_prompt = unit("EditPrompt", ["prompt", "edit"], ["embeds"], replaces=["Prompt"])
+    control = unit("Control", ["control"], ["control_latents"], before=["Missing", "Prompt"])
+    stray = unit("Stray", ["x"], ["y"], before=["Missing"])
+    units = compose_units(BASE_UNITS(), [Feature("edit", units=(edit, edit_prompt)),
+                                         Feature("control", units=(control, stray))])
+    assert names(units) == ["Shape", "Noise", "Latents", "EditImage", "Control", "Prompt", "EditPrompt", "Stray"]
+
+
 def test_a_unit_listed_by_the_pipeline_is_not_added_twice_and_a_foreign_unit_is_refused():
     listed = unit("Context", ["video"], ["context"])
     units = compose_units([*BASE_UNITS(), listed], [Feature("a", units=(unit("Context", ["video"], ["context"]),))])
@@ -67,7 +79,8 @@ class _Scaled(Feature):
 
 SCALED = _Scaled("scaled", columns=("hint",), units=(unit("Hint", ["hint"], ["hint_embeds"]),), slots=("adapter",),
                  loss_models=("adapter",), needs={"adapter": "the adapter file"},
-                 inputs={"hint": VALUE, "clip": FRAMES, "aligned": ALIGNED_FRAMES, "picture": IMAGE},
+                 inputs={"hint": VALUE, "clip": FRAMES, "aligned": ALIGNED_FRAMES, "picture": IMAGE,
+                         "pictures": IMAGES},
                  call_inputs={"hint": None}, call_settings={"hint_scale": 1.0})
 
 
@@ -131,6 +144,17 @@ def test_row_columns_by_kind_with_one_line_errors():
         pipe.feature_data({**row, "aligned": [frame, frame]}, num_frames=5)
     with pytest.raises(UserError, match=r"^row 3: 'picture' must be an image file"):
         pipe.feature_data({**row, "picture": "not loaded"}, num_frames=5)
+
+
+def test_a_list_of_images_column():
+    """IMAGES: a list of images as it is, one image as a list of one; anything else is refused naming the row."""
+    pipe = Toy()
+    a, b = Image.new("RGB", (8, 8)), Image.new("RGB", (4, 4))
+    assert pipe.feature_data({"pictures": [a, b]})["pictures"] == [a, b]
+    assert pipe.feature_data({"pictures": a})["pictures"] == [a]
+    for bad in (["a.png"], [a, "b.png"], []):
+        with pytest.raises(UserError, match=r"^row 7: 'pictures' must be image file\(s\)"):
+            pipe.feature_data({"_row": 7, "pictures": bad})
 
 
 def test_finish_runs_for_the_calls_features_only():

@@ -50,9 +50,10 @@ class RunContext:
 FRAMES = "frames"  # a list of frames (a still image is a one-frame clip)
 ALIGNED_FRAMES = "aligned_frames"  # a clip that must have the training clip's frames (one per frame)
 IMAGE = "image"  # one image (the first frame of what the column loads)
+IMAGES = "images"  # a list of images (one image is a list of one)
 VALUE = "value"  # text, numbers or lists, as they come (an empty CSV cell is left out)
 RAW = "raw"  # handed on as the data set loaded it (audio paths, lists of files, ...)
-KINDS = (FRAMES, ALIGNED_FRAMES, IMAGE, VALUE, RAW)
+KINDS = (FRAMES, ALIGNED_FRAMES, IMAGE, IMAGES, VALUE, RAW)
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,7 +87,7 @@ class Feature:
     loss_models: tuple[str, ...] = ()
     # slot -> what to load, for a run that switches the feature on without that model (one line, before any work).
     needs: Mapping[str, str] = field(default_factory=dict)
-    # column -> its kind (FRAMES, ALIGNED_FRAMES, IMAGE, VALUE, RAW): how `training_inputs` hands it to the units.
+    # column -> its kind (FRAMES, ALIGNED_FRAMES, IMAGE, IMAGES, VALUE, RAW): how `training_inputs` hands it on.
     inputs: Mapping[str, str] = field(default_factory=dict)
     # Sampling inputs (`pipe(..., name=value)`) -> their defaults (None: not given); the reference's names.
     call_inputs: Mapping[str, Any] = field(default_factory=dict)
@@ -127,6 +128,7 @@ class Feature:
 
 def compose_units(base: Sequence, features: Sequence[Feature]) -> list:
     """The pipeline's units: the base units in their order, then each feature's units in feature order. A unit that
+    must run before others (`before`) goes right before the first of them; a unit that
     stands in for another (`replaces`) goes right after it when every value it reads that a unit writes is written
     by then; every other unit goes at the end. Each unit serves its feature (`unit.feature`)."""
     units = list(base)
@@ -143,6 +145,9 @@ def compose_units(base: Sequence, features: Sequence[Feature]) -> list:
 
 
 def _place(units: list, unit) -> int:
+    ahead = [i for i, u in enumerate(units) if u.name in unit.before]
+    if ahead:
+        return ahead[0]
     replaced = [i for i, u in enumerate(units) if u.name in unit.replaces or set(u.replaces) & set(unit.replaces)]
     if not replaced:
         return len(units)
@@ -181,5 +186,5 @@ def describe(features: Iterable[str]) -> str:
     return ", ".join([BASE, *rest])
 
 
-__all__ = ["ALIGNED_FRAMES", "BASE", "FRAMES", "IMAGE", "KINDS", "RAW", "VALUE", "Feature", "RunContext",
+__all__ = ["ALIGNED_FRAMES", "BASE", "FRAMES", "IMAGE", "IMAGES", "KINDS", "RAW", "VALUE", "Feature", "RunContext",
            "compose_units", "describe", "model_config", "resolve_features"]

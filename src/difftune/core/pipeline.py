@@ -15,8 +15,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from .features import ALIGNED_FRAMES, BASE, FRAMES, IMAGE, VALUE, Feature, RunContext, compose_units, model_config, \
-    resolve_features
+from .features import ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units, \
+    model_config, resolve_features
 from .units import PipelineUnit, run_unit
 
 
@@ -143,7 +143,8 @@ class BasePipeline:
 
     def feature_data(self, data: Mapping[str, Any], num_frames: int | None = None) -> dict[str, Any]:
         """The features' columns a row has, as pipeline inputs by kind (one-line errors naming the row and column):
-        clips as lists of frames (an aligned clip must have `num_frames`), images as one image, values as they come
+        clips as lists of frames (an aligned clip must have `num_frames`), an image as one image, a list of images as a
+        list (one image as a list of one), values as they come
         (an empty CSV cell left out), raw columns untouched."""
         from PIL import Image
 
@@ -166,6 +167,11 @@ class BasePipeline:
                 if not frames or not isinstance(frames[0], Image.Image):
                     raise UserError(f"row {row}: '{name}' must be an image file (listed in --data_file_keys)")
                 out[name] = frames[0]
+            elif kind == IMAGES:
+                images = _frames(value)
+                if not images or not all(isinstance(i, Image.Image) for i in images):
+                    raise UserError(f"row {row}: '{name}' must be image file(s) (listed in --data_file_keys)")
+                out[name] = images
             elif kind == VALUE:
                 if not (isinstance(value, float) and value != value):
                     out[name] = value

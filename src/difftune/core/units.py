@@ -38,6 +38,9 @@ class PipelineUnit:
     # Units (by class name) this one stands in for when its feature is active, e.g. an edit prompt encoder for the
     # plain one: both write the same values, only one runs.
     replaces: tuple[str, ...] = ()
+    # Units (by class name) a feature's unit must run before, e.g. an image encoder ahead of the prompt encoder of a
+    # family that encodes prompts last: `compose_units` puts it right before the first of them.
+    before: tuple[str, ...] = ()
     # How the values this unit writes batch (core/batch.py: STACK, Pad(mask), SCALAR, LIST, SAME); a cfg output
     # is named by its argument name and the rule applies to both sides. Undeclared tensors stack.
     batching: Mapping[str, Any] = {}
