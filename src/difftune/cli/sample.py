@@ -149,7 +149,8 @@ def main(argv: list[str]) -> int:
             pipe.load_lora(pipe.models[slot], path, alpha=alpha)
 
     call = {"negative_prompt": args.negative_prompt, "seed": args.seed}
-    accepted = inspect.signature(pipe.__call__).parameters
+    # the call's own parameters and its features' inputs (taken through **inputs)
+    accepted = {*inspect.signature(pipe.__call__).parameters, *pipeline.call_inputs(), *pipeline.call_settings()}
     defaults = {k: v for k, v in pipeline.call_defaults.items() if k in accepted}
     call.update(defaults)
     call.update({k: v for k, v in (("cfg_scale", args.cfg_scale), ("height", args.height), ("width", args.width),

@@ -135,7 +135,7 @@ def test_single_image_edit_still_equals_diffusers_edit(pipe, repo, monkeypatch):
     d = diffusers_qwen_image_edit(repo, plus=False)
     d.prompt_template_encode_start_idx = template_drop_count(pipe.tokenizer, units.EDIT_PROMPT_TEMPLATE)
     size, dims = units.edit_image_size, de.calculate_dimensions
-    monkeypatch.setattr(units, "edit_image_size", lambda w, h, area=0: size(w, h, area=VAE_AREA))
+    monkeypatch.setattr(edit_plus, "edit_image_size", lambda w, h, area=0: size(w, h, area=VAE_AREA))  # the unit's
     monkeypatch.setattr(de, "calculate_dimensions", lambda area, ratio: dims(VAE_AREA, ratio))
     a = pictures()[0]
     prompt = "make the circle blue " * 30  # with the image's tokens, past 512 after the template

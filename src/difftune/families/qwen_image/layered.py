@@ -317,6 +317,7 @@ class QwenImageLayeredPipeline(QwenImageBasePipeline):
         return out[0] if isinstance(prompt, str) and output_type == "pil" else out
 
 
-__all__ = ["LAYERED_CONTEXT", "LAYERED_EDIT", "QwenImageLayerInputEmbedder", "QwenImageLayerStackEmbedder", "QwenImageLayeredPipeline", "claims_layered",
+__all__ = ["LAYERED_CONTEXT", "LAYERED_EDIT", "QwenImageLayerInputEmbedder", "QwenImageLayerStackEmbedder",
+           "QwenImageLayeredPipeline", "claims_layered",
            "data_operators", "decode_layers", "is_layered_dit", "layered_noise", "layered_training_inputs",
            "model_fn_qwen_image_layered"]

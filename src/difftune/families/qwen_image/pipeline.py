@@ -164,10 +164,8 @@ class QwenImageBasePipeline(BasePipeline):
                  num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"], seed: int | None = None,
                  input_image=None, denoising_strength: float = 1.0, rand_device: str = "cpu", progress: bool = True,
                  output_type: str = "pil", zero_cond_t: bool = False, **inputs):
-        """`inputs`: the features' inputs by the reference's names (`call_inputs()` lists them): `edit_image` (one
-        image: Edit; a list: Edit-Plus) and `edit_image_auto_resize`, `context_image`, `blockwise_controlnet_image`
-        / `_inpaint_mask` (or `blockwise_controlnet_inputs`), `eligen_entity_prompts` / `_masks` and
-        `eligen_enable_on_negative`."""
+        """`inputs`: the features' inputs by the reference's names (`call_inputs()` lists them; each feature's module
+        says what it takes): Edit / Edit-Plus, In-Context control, the Blockwise ControlNet, EliGen."""
         values = self.prompt_values(prompt, negative_prompt)
         values.update(self.feature_values(inputs, values))
         if input_image is not None and (height is None or width is None):
