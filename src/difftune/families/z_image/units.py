@@ -17,6 +17,11 @@ VAE_SCALE = 8
 LATENT_CHANNELS = 16
 
 
+def omni_dit(context) -> bool:
+    """Whether the run's DiT is Omni-Base's (its config's siglip_feat_dim)."""
+    return (context.config("dit") or {}).get("siglip_feat_dim") is not None
+
+
 def vae_encode(pipe, images: torch.Tensor) -> torch.Tensor:
     """(B, 3, H, W) in [-1, 1] -> Z-Image latents (z - shift) * scale, the posterior mode (deterministic)."""
     vae = pipe.vae
