@@ -119,8 +119,7 @@ class ZImagePipeline(BasePipeline):
                  output_type: str = "pil", **inputs):
         """`cfg_scale` is the reference's (nega + s * (posi - nega)); diffusers' `guidance_scale` g is s = 1 + g.
         `inputs`: the features' by the reference's names (`call_inputs()` lists them; edit.py and controlnet.py say
-        what each takes, e.g. the Fun ControlNet's `control_compat="diffusers"`, which samples as diffusers'
-        `ZImageControlNetPipeline`)."""
+        what each takes: Omni-Base's edit images, a Fun ControlNet's control image, strength and forward)."""
         given, _ = self.take_call_inputs(inputs)
         features, settings = {}, {}
         for feature in self.features:
