@@ -13,9 +13,9 @@ from difftune.core.units import PipelineUnit
 from difftune.errors import UserError
 
 
-def unit(name, inputs=(), outputs=(), replaces=(), feature="base"):
+def unit(name, inputs=(), outputs=(), replaces=(), feature="base", before=()):
     return type(name, (PipelineUnit,), {"inputs": tuple(inputs), "outputs": tuple(outputs),
-                                        "replaces": tuple(replaces), "feature": feature})()
+                                        "replaces": tuple(replaces), "feature": feature, "before": tuple(before)})()
 
 
 BASE_UNITS = lambda: [unit("Shape", ["h"], ["h"]), unit("Noise", ["h"], ["noise"]),  # noqa: E731
@@ -56,6 +56,18 @@ def test_a_unit_goes_before_the_first_unit_it_names():
                 Feature("l", units=(late,))]
     assert names(compose_units(BASE_UNITS(), features)) == ["Size", "Shape", "Noise", "Latents", "CondB", "CondA",
                                                              "Prompt", "Late"]
+
+
+def test_a_unit_that_must_run_before_others_goes_right_before_the_first_of_them():
+    """Encoders of two features ahead of the prompt encoder, in feature order; a stand-in for the prompt encoder
+    after it; a `before` naming no unit of the pipeline is at the end."""
+    edit = unit("EditImage", ["edit"], ["edit_latents"], before=["Prompt"])
+    edit_prompt = unit("EditPrompt", ["prompt", "edit"], ["embeds"], replaces=["Prompt"])
+    control = unit("Control", ["control"], ["control_latents"], before=["Missing", "Prompt"])
+    stray = unit("Stray", ["x"], ["y"], before=["Missing"])
+    units = compose_units(BASE_UNITS(), [Feature("edit", units=(edit, edit_prompt)),
+                                         Feature("control", units=(control, stray))])
+    assert names(units) == ["Shape", "Noise", "Latents", "EditImage", "Control", "Prompt", "EditPrompt", "Stray"]
 
 
 def test_a_unit_listed_by_the_pipeline_is_not_added_twice_and_a_foreign_unit_is_refused():
@@ -155,6 +167,17 @@ def test_a_column_of_several_images_is_always_a_list():
     with pytest.raises(UserError, match=r"^row 2: 'pictures' must be image file\(s\) listed in --data_file_keys "
                                         r"\(e.g. --data_file_keys image,pictures\), got 'a.png'"):
         pipe.feature_data({"_row": 2, "pictures": "a.png"})
+
+
+def test_a_list_of_images_column():
+    """IMAGES: a list of images as it is, one image as a list of one; anything else is refused naming the row."""
+    pipe = Toy()
+    a, b = Image.new("RGB", (8, 8)), Image.new("RGB", (4, 4))
+    assert pipe.feature_data({"pictures": [a, b]})["pictures"] == [a, b]
+    assert pipe.feature_data({"pictures": a})["pictures"] == [a]
+    for bad in (["a.png"], [a, "b.png"], []):
+        with pytest.raises(UserError, match=r"^row 7: 'pictures' must be image file\(s\)"):
+            pipe.feature_data({"_row": 7, "pictures": bad})
 
 
 def test_finish_runs_for_the_calls_features_only():

@@ -201,8 +201,19 @@ def test_eligen_inputs_change_the_output_and_batch_like_single_samples(ws):
     assert (together - torch.cat(alone)).abs().max() < 1e-5
 
 
+def control_training_inputs(data):
+    """The control features' columns of a training row, as each feature reads them."""
+    from difftune.families.qwen_image.context import CONTEXT
+    from difftune.families.qwen_image.controlnet import BLOCKWISE
+    from difftune.families.qwen_image.eligen import ELIGEN
+
+    out = {}
+    for feature in (CONTEXT, ELIGEN, BLOCKWISE):
+        out.update(feature.row_values(data))
+    return out
+
+
 def test_eligen_rows_must_pair_prompts_with_masks():
-    from difftune.families.qwen_image.control_inputs import control_training_inputs
 
     mask = Image.new("RGB", (16, 16))
     with pytest.raises(UserError, match="row 3: eligen_entity_masks without its other half"):

@@ -135,7 +135,7 @@ def test_single_image_edit_still_equals_diffusers_edit(pipe, repo, monkeypatch):
     d = diffusers_qwen_image_edit(repo, plus=False)
     d.prompt_template_encode_start_idx = template_drop_count(pipe.tokenizer, units.EDIT_PROMPT_TEMPLATE)
     size, dims = units.edit_image_size, de.calculate_dimensions
-    monkeypatch.setattr(units, "edit_image_size", lambda w, h, area=0: size(w, h, area=VAE_AREA))
+    monkeypatch.setattr(edit_plus, "edit_image_size", lambda w, h, area=0: size(w, h, area=VAE_AREA))  # the unit's
     monkeypatch.setattr(de, "calculate_dimensions", lambda area, ratio: dims(VAE_AREA, ratio))
     a = pictures()[0]
     prompt = "make the circle blue " * 30  # with the image's tokens, past 512 after the template
@@ -164,7 +164,7 @@ def test_each_edit_image_is_encoded_at_its_own_size_and_gets_its_img_shape(pipe,
     real = pipe.dit.forward
     monkeypatch.setattr(pipe.dit, "forward", lambda *args, **kw: seen.update(kw) or real(*args, **kw))
     model_fn_qwen_image(pipe.dit, torch.zeros(1, 16, 8, 6), torch.tensor([500.0]), torch.zeros(1, 3, 32),
-                        torch.ones(1, 3, dtype=torch.long), latents)
+                        torch.ones(1, 3, dtype=torch.long), edit_latents=latents)
     assert seen["img_shapes"] == [[(1, 4, 3), (1, 3, 4), (1, 4, 3)]]
     assert seen["hidden_states"].shape[1] == 12 + 12 + 12
 
@@ -175,9 +175,10 @@ def test_a_batch_of_multi_image_samples_equals_one_at_a_time(pipe):
     latents, emb = torch.randn(2, 16, 4, 4, generator=g), torch.randn(2, 5, 32, generator=g)
     mask, t = torch.ones(2, 5, dtype=torch.long), torch.tensor([300.0, 800.0])
     with torch.no_grad():
-        both = model_fn_qwen_image(pipe.dit, latents, t, emb, mask, samples)
+        both = model_fn_qwen_image(pipe.dit, latents, t, emb, mask, edit_latents=samples)
         for i in range(2):
-            one = model_fn_qwen_image(pipe.dit, latents[i:i + 1], t[i:i + 1], emb[i:i + 1], mask[i:i + 1], [samples[i]])
+            one = model_fn_qwen_image(pipe.dit, latents[i:i + 1], t[i:i + 1], emb[i:i + 1], mask[i:i + 1],
+                                      edit_latents=[samples[i]])
             assert (both[i:i + 1] - one).abs().max().item() < 1e-5
     with pytest.raises(UserError, match=r"sample 2 has \[\(4, 6\)\]"):
         edit_latent_batches([samples[0], samples[1][:1]], 2, latents)

@@ -8,8 +8,7 @@ from ...core.options import BOOL, SWITCH, option
 from ...models.load import load_tokenizer
 from ...parts.qwen_vl import load_processor
 from .components import DIT, LORA_TARGET_MODULES, TEXT_ENCODER, VAE
-from .control_inputs import ControlNetInput
-from .controlnet import BLOCKWISE_CONTROLNET
+from .controlnet import BLOCKWISE_CONTROLNET, ControlNetInput
 from .layered import QwenImageLayeredPipeline
 from .pipeline import QwenImagePipeline
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from ...core.latents import pack_latents
+from ...core.features import RAW
 from ...core.units import PipelineUnit
 from ...media.image import as_image_list, images_to_tensor
 from .encoding import vae_encode
+from .feature import QwenImageFeature, loaded
 
 
 class QwenImageContextImageEmbedder(PipelineUnit):
@@ -19,6 +20,7 @@ class QwenImageContextImageEmbedder(PipelineUnit):
     outputs = ("context_latents",)
     models = ("vae",)
     feature = "context"
+    before = ("QwenImagePromptEmbedder",)  # the family encodes prompts after every image
 
     def process(self, pipe, context_image, height, width):
         if context_image is None:
@@ -30,10 +32,16 @@ class QwenImageContextImageEmbedder(PipelineUnit):
         return vae_encode(pipe, images_to_tensor(images, height, width))
 
 
-def append_context(tokens: torch.Tensor, shapes: list, context_latents: torch.Tensor | None):
-    """The image sequence with the context image's tokens after the noisy ones, and its RoPE shapes."""
-    if context_latents is None:
-        return tokens, shapes
-    context_latents = context_latents.to(tokens.dtype)
-    h, w = context_latents.shape[-2:]
-    return torch.cat([tokens, pack_latents(context_latents)], dim=1), [*shapes, (1, h // 2, w // 2)]
+class _Context(QwenImageFeature):
+    def row_values(self, data):
+        return {"context_image": loaded(data.get("context_image"))}
+
+    def denoise(self, pipe, call):
+        """The control image's tokens right after the noisy image's (before any edit image's, as the reference)."""
+        call.conditions.append(call.values["context_latents"])
+
+
+CONTEXT = _Context("context", columns=("context_image",), model_fn_inputs=("context_latents",),
+                   units=(QwenImageContextImageEmbedder(),), inputs={"context_image": RAW},
+                   call_inputs={"context_image": None},
+                   description="In-Context control: a control image's tokens beside the image's")

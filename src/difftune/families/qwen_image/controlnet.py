@@ -14,6 +14,7 @@ load with `models.0.` added to their keys.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 from diffusers import ConfigMixin, ModelMixin
@@ -21,12 +22,14 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.normalization import RMSNorm
 from torch import nn
 
+from ...core.features import RAW
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
-from ...parts.controlnet import encode_control_images
+from ...parts.controlnet import ControlNetInput, encode_control_images
+from .feature import QwenImageFeature, loaded, per_prompt, row_label
 
 IN_DIM = 64  # 16 latent channels x a 2x2 patch
 INPAINT_EXTRA_DIM = 4  # the mask channel x a 2x2 patch
@@ -133,6 +136,7 @@ class QwenImageBlockwiseControlNetEmbedder(PipelineUnit):
     outputs = ("blockwise_controlnet_conditioning",)
     models = ("vae",)
     feature = "blockwise_controlnet"
+    before = ("QwenImagePromptEmbedder",)  # the family encodes prompts after every image
 
     def process(self, pipe, blockwise_controlnet_image, blockwise_controlnet_inpaint_mask, height, width):
         if blockwise_controlnet_image is None:
@@ -148,3 +152,84 @@ class QwenImageBlockwiseControlNetEmbedder(PipelineUnit):
             raise UserError(f"{len(images)} blockwise_controlnet_image(s) but {len(masks)} inpaint mask(s)")
         out = encode_control_images(pipe, images, masks, height, width, vae_encode, mask_at_image_size=True)
         return {"blockwise_controlnet_conditioning": torch.cat(out).to(pipe.torch_dtype)}
+
+
+# -- the feature: the reference's call input, its values and its part of the denoiser call -----------------------
+
+def controlnet_from_inputs(inputs) -> tuple[Any, Any]:
+    """(image, inpaint mask) of `blockwise_controlnet_inputs`; what this pipeline cannot do is refused."""
+    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    if len(inputs) != 1:
+        raise UserError(f"blockwise_controlnet_inputs: {len(inputs)} given; one Blockwise ControlNet is supported")
+    c = inputs[0]
+    if (c.controlnet_id, c.scale, c.start, c.end) != (0, 1.0, 1.0, 0.0) or c.inpaint_image is not None or \
+            c.processor_id is not None:
+        raise UserError("blockwise_controlnet_inputs: only image and inpaint_mask are supported (controlnet_id 0, "
+                        "scale 1, start 1, end 0, no inpaint_image / processor_id)")
+    if c.image is None:
+        raise UserError("blockwise_controlnet_inputs: the ControlNetInput has no image")
+    return c.image, c.inpaint_mask
+
+
+def check_controlnet_fed(controlnet, conditioning) -> None:
+    """A loaded ControlNet with no control image while training would be trained / kept for nothing."""
+    if controlnet is not None and conditioning is None and torch.is_grad_enabled():
+        raise UserError("a Blockwise ControlNet is loaded but the sample has no blockwise_controlnet_image (name "
+                        "the column in --extra_inputs and --data_file_keys), so it would be ignored")
+
+
+class _BlockwiseControlNet(QwenImageFeature):
+    def row_values(self, data):
+        image = loaded(data.get("blockwise_controlnet_image"))
+        mask = loaded(data.get("blockwise_controlnet_inpaint_mask"))
+        if mask is not None and image is None:
+            raise UserError(f"row {row_label(data)}: blockwise_controlnet_inpaint_mask without "
+                            f"blockwise_controlnet_image")
+        return {"blockwise_controlnet_image": image, "blockwise_controlnet_inpaint_mask": mask}
+
+    def call_values(self, given, values):
+        image, mask = given.get("blockwise_controlnet_image"), given.get("blockwise_controlnet_inpaint_mask")
+        if given.get("blockwise_controlnet_inputs") is not None:
+            if image is not None:
+                raise UserError("give blockwise_controlnet_inputs or blockwise_controlnet_image, not both")
+            image, mask = controlnet_from_inputs(given["blockwise_controlnet_inputs"])
+        n = values["batch_size"]
+        return {"blockwise_controlnet_image": per_prompt(image, n),
+                "blockwise_controlnet_inpaint_mask": per_prompt(mask, n)}
+
+    def denoise(self, pipe, call):
+        """The ControlNet's residual on the noisy image's tokens after each DiT block. It runs whenever the
+        ControlNet is loaded: a training sample without a control image is refused."""
+        controlnet = pipe.models.get("blockwise_controlnet") if pipe is not None else None
+        conditioning = call.values.get("blockwise_controlnet_conditioning")
+        check_controlnet_fed(controlnet, conditioning)
+        if conditioning is None:
+            return
+        if controlnet is None:
+            raise UserError("a blockwise_controlnet_image is given but no Blockwise ControlNet is loaded: add its "
+                            "weights (e.g. DiffSynth-Studio/Qwen-Image-Blockwise-ControlNet-Canny:model.safetensors)")
+        image_len = call.tokens.shape[1]
+        control = controlnet.condition(conditioning)
+        if control.shape[1] != image_len:
+            raise UserError(f"the Blockwise ControlNet's control image gives {control.shape[1]} tokens, the output "
+                            f"{image_len}: give the control image the output's size")
+        depth, blocks = len(controlnet.net.controlnet_blocks), len(call.dit.transformer_blocks)
+        if depth != blocks:
+            raise UserError(f"the Blockwise ControlNet has {depth} blocks but the DiT has {blocks}")
+
+        def add_control(i, hidden):
+            image = hidden[:, :image_len]
+            return torch.cat([image + controlnet.residual(i, image, control.to(image.dtype)), hidden[:, image_len:]],
+                             dim=1)
+
+        call.block_residuals.append(add_control)
+
+
+CONTROL_INPUTS = ("blockwise_controlnet_image", "blockwise_controlnet_inpaint_mask")
+BLOCKWISE = _BlockwiseControlNet(
+    "blockwise_controlnet", columns=CONTROL_INPUTS[:1], data_inputs=CONTROL_INPUTS,
+    model_fn_inputs=("blockwise_controlnet_conditioning",), units=(QwenImageBlockwiseControlNetEmbedder(),),
+    slots=("blockwise_controlnet",), loss_models=("blockwise_controlnet",),
+    inputs=dict.fromkeys(CONTROL_INPUTS, RAW),
+    call_inputs={**dict.fromkeys(CONTROL_INPUTS), "blockwise_controlnet_inputs": None},
+    description="Blockwise ControlNet: a control image's residuals after each DiT block")

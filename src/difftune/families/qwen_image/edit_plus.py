@@ -18,9 +18,14 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
+from ...core.batch import LIST
+from ...core.features import RAW
+from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...media.image import images_to_tensor
+from ...media.image import as_image_list, images_to_tensor
 from .encoding import EDIT_IMAGE_AREA, EDIT_PROMPT_TEMPLATE, edit_image_size, vae_encode
+from .feature import QwenImageFeature, sizes
+from .prompt import QwenImagePromptEmbedder, encode
 
 CONDITION_IMAGE_AREA = 384 * 384  # what the VL encoder sees of each image
 VAE_IMAGE_AREA = EDIT_IMAGE_AREA  # what the transformer sees of each, with edit_image_auto_resize
@@ -144,3 +149,83 @@ def edit_latent_batches(edit_latents, batch_size: int, like: torch.Tensor) -> li
         per_image = [torch.stack([s[j] for s in samples]) for j in range(len(samples[0]))]
     return [(e.expand(batch_size, *e.shape[1:]) if e.shape[0] == 1 < batch_size else e).to(like.device, like.dtype)
             for e in per_image]
+
+
+# -- the feature: its units, values and part of the denoiser call ----------------------------------------
+
+class QwenImageEditImageEmbedder(PipelineUnit):
+    """Qwen-Image-Edit: resize the edit image to about 1 MP (unless told not to) and encode it."""
+
+    inputs = ("edit_image", "edit_image_auto_resize", "batch_size")
+    outputs = ("edit_image", "edit_latents")
+    models = ("vae",)
+    feature = "edit"
+    before = ("QwenImagePromptEmbedder",)  # the family encodes prompts after every image
+    batching = {"edit_latents": LIST}  # Edit-Plus: a list of latents per sample
+
+    def process(self, pipe, edit_image, edit_image_auto_resize, batch_size):
+        if edit_image is None:
+            return {}
+        groups = edit_groups(edit_image, batch_size)
+        if groups is not None:  # Edit-Plus: each image at its own size; the originals stay for the prompt
+            return {"edit_latents": encode_edit_groups(pipe, groups, edit_image_auto_resize)}
+        images = as_image_list(edit_image)
+        if edit_image_auto_resize is not False:
+            w, h = edit_image_size(*images[0].size)
+            images = [img.convert("RGB").resize((w, h), Image.LANCZOS) for img in images]
+        latents = vae_encode(pipe, images_to_tensor(images))
+        # one image stays one image: a list would read as Edit-Plus to the prompt
+        return {"edit_image": images[0] if isinstance(edit_image, Image.Image) else images, "edit_latents": latents}
+
+
+class QwenImageEditPromptEmbedder(QwenImagePromptEmbedder):
+    """Qwen-Image-Edit: the prompt with the edit image(s) shown to Qwen2.5-VL. One image (the Edit template, inside
+    the user turn) or a list of them per sample (Edit-Plus: "Picture i" per image), as the reference tells them
+    apart: by the form of the value."""
+
+    inputs = ("edit_image",)
+    feature = "edit"
+    replaces = ("QwenImagePromptEmbedder",)
+
+    def process(self, pipe, prompt, edit_image):
+        if prompt is None:
+            return {}
+        if edit_image is None:  # a call without an edit image: the plain template
+            return super().process(pipe, prompt)
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        groups = edit_groups(edit_image, len(prompts))
+        if groups is not None:  # Edit-Plus: "Picture i" per image
+            template = EDIT_PLUS_PROMPT_TEMPLATE
+            tokens, extra = edit_plus_vl_inputs(pipe, prompts, groups)
+        else:
+            template = EDIT_PROMPT_TEMPLATE
+            tokens, extra = pipe.vl_inputs([template.format(p) for p in prompts], as_image_list(edit_image))
+        # Only text prompts are cut (as diffusers): an edit prompt's image tokens come first and often pass it.
+        return encode(pipe, template, tokens, extra, limit=None)
+
+
+class _Edit(QwenImageFeature):
+    def row_values(self, data):
+        return {"edit_image": loaded_edit_image(data.get("edit_image"))}
+
+    def call_values(self, given, values):
+        return {"edit_image": per_prompt_edit_images(given.get("edit_image"), values["batch_size"]),
+                "edit_image_auto_resize": given.get("edit_image_auto_resize", True)}
+
+    def signature(self, sample):
+        """A list (Edit-Plus) never shares a batch with one image (Edit), even of the same size."""
+        return (sizes(loaded_edit_image(sample.get("edit_image"))),)
+
+    def batch_values(self, values, samples):
+        if samples == 1 and isinstance(values.get("edit_image"), list):
+            values["edit_image"] = [values["edit_image"]]  # the sample axis, so one image's list stays a list
+
+    def denoise(self, pipe, call):
+        """Each edit image's tokens after the conditions', each its own entry of img_shapes."""
+        call.references.extend(edit_latent_batches(call.values["edit_latents"], call.batch, call.tokens))
+
+
+EDIT = _Edit("edit", columns=("edit_image",), model_fn_inputs=("edit_latents",),
+             units=(QwenImageEditImageEmbedder(), QwenImageEditPromptEmbedder()), inputs={"edit_image": RAW},
+             call_inputs={"edit_image": None, "edit_image_auto_resize": True},
+             description="Qwen-Image-Edit / Edit-Plus: edit image(s) shown to the text encoder and the DiT")

@@ -21,10 +21,13 @@ from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStrea
                                                                  apply_rotary_emb_qwen)
 
 from ...core.batch import Pad
+from ...core.features import RAW
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...parts.eligen import entity_samples, entity_token_masks, segment_attention_mask
-from .encoding import VAE_SCALE
+from ...util import text_list
+from .encoding import DIVISION_FACTOR, VAE_SCALE
+from .feature import QwenImageFeature, loaded, per_prompt, row_label
 
 ENTITY_OUTPUTS = ("entity_prompt_embeds", "entity_prompt_embeds_mask", "entity_token_ids", "entity_masks",
                   "entity_masks_mask")
@@ -40,6 +43,7 @@ class QwenImageEntityControl(PipelineUnit):
     cfg_outputs = {name: (name, "negative_" + name) for name in ENTITY_OUTPUTS}
     models = ("text_encoder",)
     feature = "eligen"
+    before = ("QwenImagePromptEmbedder",)  # the family encodes prompts after every image
     batching = {"entity_prompt_embeds": Pad("entity_prompt_embeds_mask"),
                 "entity_token_ids": Pad("entity_prompt_embeds_mask"), "entity_masks": Pad("entity_masks_mask")}
 
@@ -175,3 +179,66 @@ def eligen_inputs(dit, prompt_embeds, prompt_embeds_mask, entity_prompt_embeds, 
     use_masked_attention(dit)
     return text, entity_attention_mask(valid, segment, regions, image_len), segment_freqs(dit, img_shapes,
                                                                                             position, device)
+
+
+# -- the feature ---------------------------------------------------------------------------------------------------
+
+class _EliGen(QwenImageFeature):
+    def in_call(self, values):
+        return values.get("entity_prompt_embeds") is not None  # the entities are used with their prompts only
+
+    def operators(self, config):
+        """Masks are cropped as the training image is (a mask of the image's size stays aligned with it), and one
+        too small for the size factor is kept whole: the unit resizes every mask to the latent grid."""
+        from ...data import IMAGE_EXTENSIONS, ImageCropAndResize, LoadImage, RouteByExtension, ToAbsolutePath
+
+        f = DIVISION_FACTOR
+        height, width = ((None, None) if config.height is None or config.width is None else
+                         (-(-config.height // f) * f, -(-config.width // f) * f))
+        return {"eligen_entity_masks": ToAbsolutePath(config.dataset_base_path)
+                >> RouteByExtension({IMAGE_EXTENSIONS: LoadImage()})
+                >> ImageCropAndResize(height, width, config.max_pixels, f, f, keep_small=True)}
+
+    def row_values(self, data):
+        row = row_label(data)
+        masks = loaded(data.get("eligen_entity_masks"))
+        prompts = None if masks is None else \
+            text_list(data.get("eligen_entity_prompts"), "eligen_entity_prompts", f"row {row}")
+        if (prompts is None) != (masks is None):
+            given = "eligen_entity_prompts" if masks is None else "eligen_entity_masks"
+            raise UserError(f"row {row}: {given} without its other half (EliGen needs eligen_entity_prompts and "
+                            f"eligen_entity_masks, one prompt per mask image)")
+        return {"eligen_entity_prompts": prompts, "eligen_entity_masks": masks}
+
+    def call_values(self, given, values):
+        """One copy per prompt; `eligen_enable_on_negative`: the negative prompt in every entity's place."""
+        prompts = text_list(given.get("eligen_entity_prompts"), "eligen_entity_prompts", "(call)")
+        masks = given.get("eligen_entity_masks")
+        if (prompts is None) != (masks is None):
+            raise UserError("EliGen needs both eligen_entity_prompts and eligen_entity_masks")
+        n = values["batch_size"]
+        out = {"eligen_entity_prompts": per_prompt(prompts, n), "eligen_entity_masks": per_prompt(masks, n)}
+        if given.get("eligen_enable_on_negative") and prompts is not None:
+            per = [[negative] * len(prompts) for negative in values["negative_prompt"]]
+            out["negative_eligen_entity_prompts"] = per[0] if n == 1 else per
+        return out
+
+    def denoise(self, pipe, call):
+        """The entity prompts before the prompt in the text sequence, with their RoPE positions and the regional
+        attention mask, once the image sequence is complete."""
+        entity = {name: call.values.get(name) for name in ENTITY_OUTPUTS}
+
+        def entities(call):
+            call.text, call.attention_mask, call.txt_freqs = eligen_inputs(
+                call.dit, call.text, call.text_mask, img_shapes=call.img_shapes, image_len=call.sequence.shape[1],
+                device=call.sequence.device, **entity)
+            call.text_mask = None
+
+        call.sequence_hooks.append(entities)
+
+
+ENTITY_INPUTS = ("eligen_entity_prompts", "eligen_entity_masks")
+ELIGEN = _EliGen("eligen", columns=ENTITY_INPUTS, model_fn_inputs=ENTITY_OUTPUTS, same_length=(ENTITY_INPUTS,),
+                 units=(QwenImageEntityControl(),), inputs=dict.fromkeys(ENTITY_INPUTS, RAW),
+                 call_inputs={**dict.fromkeys(ENTITY_INPUTS), "eligen_enable_on_negative": False},
+                 description="EliGen: entity prompts with regional attention masks")

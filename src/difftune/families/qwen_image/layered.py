@@ -21,6 +21,7 @@ Qwen-Image's linear mu instead; training does not depend on it.)
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,11 +32,12 @@ from ...core.latents import pack_latents, seeded_noise, unpack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, tensor_to_images
-from .context import QwenImageContextImageEmbedder
+from .context import CONTEXT, QwenImageContextImageEmbedder
+from .edit_plus import EDIT, QwenImageEditImageEmbedder, QwenImageEditPromptEmbedder
 from .encoding import DIVISION_FACTOR, VAE_SCALE, encode_rgba, set_zero_cond_t, vae_decode
-from .pipeline import CALL_DEFAULTS, CONTEXT, EDIT, QwenImagePipeline
-from .prompt import QwenImageEditPromptEmbedder, QwenImagePromptEmbedder
-from .units import QwenImageEditImageEmbedder, QwenImageInputImageEmbedder, QwenImageShapeChecker
+from .pipeline import CALL_DEFAULTS, QwenImageBasePipeline
+from .prompt import QwenImagePromptEmbedder
+from .units import QwenImageInputImageEmbedder, QwenImageShapeChecker
 
 LAYER_COLUMNS = ("layer_input_image", "layer_num")
 
@@ -229,22 +231,29 @@ class QwenImageLayeredContextImageEmbedder(QwenImageContextImageEmbedder):
         return encode_rgba(pipe, images, height, width)
 
 
-class QwenImageLayeredPipeline(QwenImagePipeline):
+def _before(unit, *names: str):
+    unit.before = names
+    return unit
+
+
+# Its features: the edit images encoded before the image to take apart, the control image through the RGBA VAE.
+LAYERED_EDIT = replace(EDIT, units=(_before(QwenImageEditImageEmbedder(), "QwenImageLayerInputEmbedder"),
+                                    QwenImageEditPromptEmbedder()))
+LAYERED_CONTEXT = replace(CONTEXT, units=(QwenImageLayeredContextImageEmbedder(),))
+
+
+class QwenImageLayeredPipeline(QwenImageBasePipeline):
     """Take an image apart into RGBA layers (DiffSynth-Studio's Qwen-Image-Layered, -Layered-Control, -V2)."""
 
-    model_names = ("dit", "text_encoder", "vae")
     model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "layer_input_latents")
-    features = (EDIT, CONTEXT)
-    data_inputs = (*QwenImagePipeline.data_inputs, *LAYER_COLUMNS)
-    loss_models = ("dit",)
+    features = (LAYERED_EDIT, LAYERED_CONTEXT)
+    data_inputs = (*QwenImageBasePipeline.data_inputs, *LAYER_COLUMNS)
     output_kind = "layers"
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype, scheduler)
         self.units = [QwenImageShapeChecker(), QwenImageLayeredNoiseInitializer(), QwenImageInputImageEmbedder(),
-                      QwenImageLayerStackEmbedder(), QwenImageEditImageEmbedder(), QwenImageLayerInputEmbedder(),
-                      QwenImageLayeredContextImageEmbedder(), QwenImagePromptEmbedder(),
-                      QwenImageEditPromptEmbedder()]
+                      QwenImageLayerStackEmbedder(), QwenImageLayerInputEmbedder(), QwenImagePromptEmbedder()]
 
     @classmethod
     def claims(cls, context) -> bool:
@@ -280,19 +289,19 @@ class QwenImageLayeredPipeline(QwenImagePipeline):
         return [tensor_to_images(stack) for stack in images]
 
     def training_inputs(self, data):
-        return layered_training_inputs(self, data, QwenImagePipeline.training_inputs)
+        return layered_training_inputs(self, data, QwenImageBasePipeline.training_inputs)
 
-    @staticmethod
-    def batch_signature(sample):
+    def batch_signature(self, sample):
         return None  # stacks are encoded one at a time
 
     def __call__(self, prompt, negative_prompt="", cfg_scale: float = CALL_DEFAULTS["cfg_scale"],
                  height: int | None = CALL_DEFAULTS["height"], width: int | None = CALL_DEFAULTS["width"],
                  num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"], seed: int | None = None,
                  layer_input_image=None, layer_num: int | None = None, rand_device: str = "cpu",
-                 progress: bool = True, output_type: str = "pil", context_image=None, zero_cond_t: bool = False):
+                 progress: bool = True, output_type: str = "pil", zero_cond_t: bool = False, **inputs):
         """Take `layer_input_image` apart into `layer_num` + 1 RGBA layers (per prompt: a list of images; "pt": a
-        tensor (B, L + 1, 4, H, W) in [0, 1]; "latent": the latents)."""
+        tensor (B, L + 1, 4, H, W) in [0, 1]; "latent": the latents). `inputs`: the features' (Layered-Control's
+        control image, edit images) by the reference's names."""
         if layer_input_image is None:
             raise UserError("Qwen-Image-Layered sampling needs layer_input_image (the image to take apart)")
         if layer_num is None:
@@ -300,14 +309,15 @@ class QwenImageLayeredPipeline(QwenImagePipeline):
         if height is None or width is None:
             width, height = as_image_list(layer_input_image)[0].size
         values = self.prompt_values(prompt, negative_prompt)
+        values.update(self.feature_values(inputs, values))
         values.update({"height": height, "width": width, "seed": seed, "rand_device": rand_device,
-                       "layer_input_image": layer_input_image, "layer_num": layer_num,
-                       "context_image": context_image})  # Layered-Control: its control image
+                       "layer_input_image": layer_input_image, "layer_num": layer_num})
         out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps,
                             settings={"zero_cond_t": zero_cond_t}, progress=progress, output_type=output_type)
         return out[0] if isinstance(prompt, str) and output_type == "pil" else out
 
 
-__all__ = ["QwenImageLayerInputEmbedder", "QwenImageLayerStackEmbedder", "QwenImageLayeredPipeline", "claims_layered",
+__all__ = ["LAYERED_CONTEXT", "LAYERED_EDIT", "QwenImageLayerInputEmbedder", "QwenImageLayerStackEmbedder",
+           "QwenImageLayeredPipeline", "claims_layered",
            "data_operators", "decode_layers", "is_layered_dit", "layered_noise", "layered_training_inputs",
            "model_fn_qwen_image_layered"]

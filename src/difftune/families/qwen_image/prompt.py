@@ -1,5 +1,5 @@
-"""Qwen-Image's prompt units: the chat template; for the Edit models (feature "edit") with the edit image(s) shown to
-Qwen2.5-VL."""
+"""Qwen-Image's prompt unit (the chat template) and the Qwen2.5-VL encoding the edit feature's prompt unit shares
+(edit_plus.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import torch
 
 from ...core.batch import Pad
 from ...core.units import PipelineUnit
-from ...media.image import as_image_list
-from .edit_plus import EDIT_PLUS_PROMPT_TEMPLATE, edit_groups, edit_plus_vl_inputs
-from .encoding import EDIT_PROMPT_TEMPLATE, MAX_SEQUENCE_LENGTH, PROMPT_TEMPLATE, TOKENIZER_MAX_LENGTH
+from .encoding import MAX_SEQUENCE_LENGTH, PROMPT_TEMPLATE, TOKENIZER_MAX_LENGTH
 
 
 class QwenImagePromptEmbedder(PipelineUnit):
@@ -29,32 +27,6 @@ class QwenImagePromptEmbedder(PipelineUnit):
                                 max_length=TOKENIZER_MAX_LENGTH + pipe.template_drop(PROMPT_TEMPLATE),
                                 padding=True, truncation=True, return_tensors="pt")
         return encode(pipe, PROMPT_TEMPLATE, tokens, {}, limit=MAX_SEQUENCE_LENGTH)
-
-
-class QwenImageEditPromptEmbedder(QwenImagePromptEmbedder):
-    """Qwen-Image-Edit: the prompt with the edit image(s) shown to Qwen2.5-VL. One image (the Edit template, inside
-    the user turn) or a list of them per sample (Edit-Plus: "Picture i" per image), as the reference tells them
-    apart: by the form of the value."""
-
-    inputs = ("edit_image",)
-    feature = "edit"
-    replaces = ("QwenImagePromptEmbedder",)
-
-    def process(self, pipe, prompt, edit_image):
-        if prompt is None:
-            return {}
-        if edit_image is None:  # a call without an edit image: the plain template
-            return super().process(pipe, prompt)
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        groups = edit_groups(edit_image, len(prompts))
-        if groups is not None:  # Edit-Plus: "Picture i" per image
-            template = EDIT_PLUS_PROMPT_TEMPLATE
-            tokens, extra = edit_plus_vl_inputs(pipe, prompts, groups)
-        else:
-            template = EDIT_PROMPT_TEMPLATE
-            tokens, extra = pipe.vl_inputs([template.format(p) for p in prompts], as_image_list(edit_image))
-        # Only text prompts are cut (as diffusers): an edit prompt's image tokens come first and often pass it.
-        return encode(pipe, template, tokens, extra, limit=None)
 
 
 def encode(pipe, template: str, tokens: dict, extra: dict, limit: int | None) -> dict:

@@ -1,17 +1,14 @@
-"""Qwen-Image's units: size check, noise, input image, edit image, prompt (with the chat template).
+"""Qwen-Image's base units: size check, noise, input image, prompt (with the chat template); the features' units
+live in their modules (edit_plus, context, controlnet, eligen).
 
 Values keep a leading batch dimension; prompt embeddings of a batch are padded and masked.
 """
 
 from __future__ import annotations
 
-from PIL import Image
-
-from ...core.batch import LIST
 from ...core.latents import seeded_noise
 from ...core.common_units import InputImageEmbedder, ShapeChecker
 from ...core.units import PipelineUnit
-from ...media.image import as_image_list, images_to_tensor
 
 from .encoding import (  # noqa: F401  (re-exported: the family's units read them from here)
     DIVISION_FACTOR, EDIT_IMAGE_AREA, EDIT_PROMPT_TEMPLATE, MAX_SEQUENCE_LENGTH, PROMPT_TEMPLATE,
@@ -42,29 +39,3 @@ class QwenImageNoiseInitializer(PipelineUnit):
 
 class QwenImageInputImageEmbedder(InputImageEmbedder):
     encode = staticmethod(vae_encode)
-
-
-class QwenImageEditImageEmbedder(PipelineUnit):
-    """Qwen-Image-Edit: resize the edit image to about 1 MP (unless told not to) and encode it."""
-
-    inputs = ("edit_image", "edit_image_auto_resize", "batch_size")
-    outputs = ("edit_image", "edit_latents")
-    models = ("vae",)
-    feature = "edit"
-    batching = {"edit_latents": LIST}  # Edit-Plus: a list of latents per sample
-
-    def process(self, pipe, edit_image, edit_image_auto_resize, batch_size):
-        if edit_image is None:
-            return {}
-        from .edit_plus import edit_groups, encode_edit_groups
-
-        groups = edit_groups(edit_image, batch_size)
-        if groups is not None:  # Edit-Plus: each image at its own size; the originals stay for the prompt
-            return {"edit_latents": encode_edit_groups(pipe, groups, edit_image_auto_resize)}
-        images = as_image_list(edit_image)
-        if edit_image_auto_resize is not False:
-            w, h = edit_image_size(*images[0].size)
-            images = [img.convert("RGB").resize((w, h), Image.LANCZOS) for img in images]
-        latents = vae_encode(pipe, images_to_tensor(images))
-        # one image stays one image: a list would read as Edit-Plus to the prompt
-        return {"edit_image": images[0] if isinstance(edit_image, Image.Image) else images, "edit_latents": latents}

@@ -15,10 +15,13 @@ from PIL import Image
 from torch.nn.utils.rnn import pad_sequence
 
 from ...core.checkpointing import gradient_checkpoint_forward
+from ...core.features import IMAGE
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
 from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_encode
+from .feature import ZImageFeature
+from .units import omni_dit
 
 PATCH = "2-1"  # the only patch size (2) and frame patch size (1) Z-Image has
 CONTROL_COLUMNS = ("controlnet_image", "controlnet_inpaint_mask", "controlnet_inpaint_image")
@@ -134,3 +137,56 @@ def controlled_forward(dit, controlnet, x_list: list, t: torch.Tensor, caps: lis
             unified = unified + hints[i]
     unified = dit.all_final_layer[PATCH](unified, c=adaln)
     return dit.unpatchify(list(unified.unbind(dim=0)), x_size, 2, 1)
+
+
+# -- the feature ---------------------------------------------------------------------------------------------------
+
+class _ControlNet(ZImageFeature):
+    def check(self, context, features):
+        dit = context.config("dit")
+        has_control = context.has(*CONTROL_COLUMNS)
+        if context.config("controlnet") is not None and not has_control:
+            raise UserError("a Fun ControlNet is loaded but the data has no control image: add the column "
+                            "controlnet_image (--data_file_keys image,controlnet_image --extra_inputs "
+                            "controlnet_image)")
+        if has_control and dit is not None and context.config("controlnet") is None:
+            raise UserError("controlnet_image: no Fun ControlNet loaded; add its file (e.g. PAI/Z-Image-Turbo-"
+                            "Fun-Controlnet-Union-2.1:Z-Image-Turbo-Fun-Controlnet-Union-2.1.safetensors) to the "
+                            "model flags")
+        if dit is not None and omni_dit(context):
+            raise UserError("the Fun ControlNets work with Z-Image(-Turbo)'s DiT, not Omni-Base's")
+
+    def call_values(self, given):
+        """The call's control images as values; `controlnet_scale` and `control_compat` ("diffusers": zero inpaint
+        latents and no refiner hints in the DiT's stream, as diffusers' `ZImageControlNetPipeline`) as settings."""
+        compat = given.get("control_compat", "reference")
+        if compat not in ("reference", "diffusers"):
+            raise UserError(f"control_compat must be 'reference' or 'diffusers', got {compat!r}")
+        values = {name: given.get(name) for name in CONTROL_COLUMNS}
+        values["control_inpaint_latents"] = "zeros" if compat == "diffusers" else "encoded"
+        return values, {"control_scale": given.get("controlnet_scale", 1.0),
+                        "control_refiner_hints": compat == "reference"}
+
+    def denoise(self, pipe, call):
+        """The DiT's forward with the ControlNet's hints in place of the plain one."""
+        if call.omni:
+            raise UserError("the Fun ControlNet works with Z-Image(-Turbo)'s DiT, not Omni-Base's")
+        controlnet = pipe.models.get("controlnet") if pipe is not None else None
+        if controlnet is None:
+            raise UserError("controlnet_image given but no ControlNet loaded: add the Fun ControlNet's file to "
+                            "--model_paths / --model_id_with_origin_paths")
+        v = call.values
+        context = v["control_context"].to(call.dtype)
+        scale = 1.0 if v.get("control_scale") is None else v["control_scale"]
+        hints = v.get("control_refiner_hints", True)
+        call.forward = lambda c: controlled_forward(c.dit, controlnet, c.x, c.t, c.caps, context, scale, hints,
+                                                    c.use_gradient_checkpointing,
+                                                    c.use_gradient_checkpointing_offload)
+
+
+CONTROLNET = _ControlNet(
+    "controlnet", columns=CONTROL_COLUMNS, models=("controlnet",), model_fn_inputs=("control_context",),
+    units=(ZImageControlEmbedder(),), slots=("controlnet",), loss_models=("controlnet",),
+    inputs=dict.fromkeys(CONTROL_COLUMNS, IMAGE),
+    call_inputs={**dict.fromkeys(CONTROL_COLUMNS), "controlnet_scale": 1.0, "control_compat": "reference"},
+    description="Z-Image-Turbo Fun ControlNet (Union / Tile 2.1 and 8-step): a control image")

@@ -1,16 +1,20 @@
 """Omni-Base image(s)-to-image (the `edit` feature): each edit image resized as the reference does, VAE-encoded at
-its own size, and its SigLIP2 features on its patch grid, as diffusers' `ZImageOmniPipeline` computes them."""
+its own size, and its SigLIP2 features on its patch grid, as diffusers' `ZImageOmniPipeline` computes them; the
+prompt cut around the images' slots (prompt.py encodes the pieces); and the `omni` feature, Omni-Base's DiT."""
 
 from __future__ import annotations
 
 from PIL import Image
 
 from ...core.batch import LIST
+from ...core.features import IMAGES
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
 from ...parts.flux_ae import vae_encode
-from .units import DIVISION_FACTOR
+from .feature import ZImageFeature
+from .prompt import ZImageEditPromptEmbedder, edit_fixed_texts, encode_texts
+from .units import DIVISION_FACTOR, omni_dit
 
 EDIT_IMAGE_MAX_PIXELS = 1024 * 1024
 
@@ -106,3 +110,60 @@ def siglip_processor_for(encoder):
     return Siglip2ImageProcessor(patch_size=cfg.patch_size, max_num_patches=cfg.num_patches, image_mean=[0.5] * 3,
                                  image_std=[0.5] * 3, resample=2, do_resize=True, do_rescale=True,
                                  do_normalize=True)
+
+
+class ZImageEditTextEmbedder(PipelineUnit):
+    """Omni-Base with edit images: the fixed pieces around the images' slots, per sample (they depend on the
+    number of images only, and are the same for the prompt and the negative prompt)."""
+
+    feature = "edit"
+    inputs = ("edit_image", "batch_size")
+    outputs = ("edit_text_embeds",)
+    models = ("text_encoder",)
+    batching = {"edit_text_embeds": LIST}
+
+    def process(self, pipe, edit_image, batch_size):
+        per_sample = edit_image_lists(edit_image, int(batch_size or 1))
+        if per_sample is None:
+            return {}
+        counts = sorted({len(images) for images in per_sample})
+        texts = [edit_fixed_texts(n) for n in counts]
+        encoded = encode_texts(pipe, [t for group in texts for t in group])
+        by_count, at = {}, 0
+        for n, group in zip(counts, texts):
+            by_count[n] = [e.to(pipe.torch_dtype) for e in encoded[at: at + len(group)]]
+            at += len(group)
+        return {"edit_text_embeds": [list(by_count[len(images)]) for images in per_sample]}
+
+
+# -- the features ---------------------------------------------------------------------------------------------------
+
+class _Edit(ZImageFeature):
+    def check(self, context, features):
+        if context.config("dit") is not None and not omni_dit(context):
+            raise UserError("edit_image: edit images need Z-Image-Omni-Base's DiT "
+                            "(Tongyi-MAI/Z-Image-Omni-Base:transformer/); this DiT has no SigLIP embedder")
+        if context.config("image_encoder") is None:
+            raise UserError("edit_image: Omni-Base's edit images need its SigLIP2 image encoder "
+                            "(Tongyi-MAI/Z-Image-Omni-Base:siglip/model.safetensors) in the model flags")
+
+    def denoise(self, pipe, call):
+        """Omni mode: the edit images' clean latents and SigLIP features before the target, the prompt's pieces
+        around their slots."""
+        v = call.values
+        if not call.omni:
+            if v.get("edit_latents") is not None:
+                raise UserError("edit images need Z-Image-Omni-Base's DiT (transformer/ of Tongyi-MAI/Z-Image-Omni-"
+                                "Base); this DiT has no SigLIP embedder")
+            return
+        call.conditions = (v.get("edit_latents"), v.get("siglip_embeds"), v.get("edit_text_embeds"))
+
+
+EDIT = _Edit("edit", columns=("edit_image",), model_fn_inputs=("edit_latents", "siglip_embeds", "edit_text_embeds"),
+             units=(ZImageEditPromptEmbedder(), ZImageEditTextEmbedder(), ZImageEditImageEmbedder(),
+                    ZImageSiglipEmbedder()),
+             slots=("image_encoder",), inputs={"edit_image": IMAGES}, call_inputs={"edit_image": None},
+             description="Omni-Base image(s)-to-image: edit images as VAE latents and SigLIP2 features, the prompt "
+                         "around their slots")
+OMNI = ZImageFeature("omni", when=omni_dit,
+                     description="Omni-Base's DiT (its config's siglip_feat_dim): the omni forward")

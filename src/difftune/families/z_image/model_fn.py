@@ -1,5 +1,6 @@
-"""Z-Image's model_fn: one call of diffusers' `ZImageTransformer2DModel` (Z-Image, Turbo, Omni-Base), or the DiT
-with a Fun ControlNet (controlnet.py).
+"""Z-Image's model_fn: one call of diffusers' `ZImageTransformer2DModel` (Z-Image, Turbo, Omni-Base), assembled in a
+`ZImageCall` to which each feature of the call adds its part (edit.py: Omni-Base's edit images; controlnet.py: the
+DiT's forward with a Fun ControlNet).
 
 The DiT reads one latent per sample as (C, 1, H, W) and the prompt as its real tokens; it predicts x0 - noise at
 t = 1 - sigma, so the velocity the losses and the sampler use is its negation (as diffusers' pipelines).
@@ -7,13 +8,14 @@ t = 1 - sigma, so the velocity the losses and the sampler use is its negation (a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ...core.checkpointing import set_gradient_checkpointing
 from ...errors import UserError
-from .controlnet import controlled_forward
 
 
 def is_omni(dit) -> bool:
@@ -50,37 +52,54 @@ def omni_inputs(latents: list, caps: list, edit_latents, siglip_embeds, edit_tex
     return x, texts, siglip, noisy
 
 
+@dataclass
+class ZImageCall:
+    """One denoiser call being assembled: per sample the target's latents `x` (C, 1, H, W) and the prompt's tokens
+    `caps`; `t` the DiT's time; `omni`: the DiT is Omni-Base's (it always runs its omni forward)."""
+
+    pipe: Any
+    dit: Any
+    values: Mapping[str, Any]
+    x: list
+    t: torch.Tensor
+    caps: list
+    dtype: torch.dtype
+    omni: bool
+    use_gradient_checkpointing: bool = False
+    use_gradient_checkpointing_offload: bool = False
+    # -- the forward's hook points -------------------------------------------------------------------------
+    # omni mode: per sample the clean images' latents, their SigLIP features and the text pieces around their slots
+    # (the edit images'), taken before the target as diffusers' `ZImageOmniPipeline`
+    conditions: tuple = (None, None, None)
+    # fn(call) -> the DiT's output list, in place of its plain forward (the Fun ControlNet's)
+    forward: Callable | None = None
+
+
 def model_fn_z_image(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
-                     prompt_embeds_mask: torch.Tensor | None = None, edit_latents=None, siglip_embeds=None,
-                     edit_text_embeds=None, controlnet=None, control_context=None, control_scale: float | None = None,
-                     control_refiner_hints: bool = True, use_gradient_checkpointing: bool = False,
-                     use_gradient_checkpointing_offload: bool = False, **_: Any) -> torch.Tensor:
+                     prompt_embeds_mask: torch.Tensor | None = None, *, pipe=None, features=(),
+                     use_gradient_checkpointing: bool = False, use_gradient_checkpointing_offload: bool = False,
+                     **inputs: Any) -> torch.Tensor:
     """latents (B, 16, h, w), timestep (B,) in [0, 1000] -> velocity (B, 16, h, w).
 
-    Omni-Base (a DiT with a SigLIP embedder) always runs in its omni mode, the edit images' latents (clean) and
-    SigLIP features before the target, as diffusers' `ZImageOmniPipeline`. `control_context` runs the Fun
-    ControlNet."""
+    Omni-Base (a DiT with a SigLIP embedder) always runs in its omni mode. `features`: the pipeline's features; each
+    one whose model_fn inputs are given adds its part (`Feature.denoise`): the edit images' conditions, the Fun
+    ControlNet's forward. `inputs` also carries the call's settings (`control_scale`, ...)."""
     b = latents.shape[0]
     dtype = next(dit.parameters()).dtype
     t = (1000 - timestep.to(device=latents.device, dtype=torch.float32).reshape(-1).expand(b)) / 1000
     x = list(latents.to(dtype).unsqueeze(2).unbind(0))
     caps = prompt_rows(prompt_embeds.to(dtype), prompt_embeds_mask)
     set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
-    if is_omni(dit):
-        if control_context is not None:
-            raise UserError("the Fun ControlNet works with Z-Image(-Turbo)'s DiT, not Omni-Base's")
-        x_in, caps_in, sig, noisy = omni_inputs(x, caps, edit_latents, siglip_embeds, edit_text_embeds, dtype)
+    call = ZImageCall(pipe, dit, inputs, x, t, caps, dtype, is_omni(dit), use_gradient_checkpointing,
+                      use_gradient_checkpointing_offload)
+    for feature in features:
+        if feature.in_call(inputs):
+            feature.denoise(pipe, call)
+    if call.omni:
+        x_in, caps_in, sig, noisy = omni_inputs(x, caps, *call.conditions, dtype)
         out = dit(x_in, t, caps_in, siglip_feats=sig, image_noise_mask=noisy, return_dict=False)[0]
-    elif edit_latents is not None:
-        raise UserError("edit images need Z-Image-Omni-Base's DiT (transformer/ of Tongyi-MAI/Z-Image-Omni-Base); "
-                        "this DiT has no SigLIP embedder")
-    elif control_context is not None:
-        if controlnet is None:
-            raise UserError("controlnet_image given but no ControlNet loaded: add the Fun ControlNet's file to "
-                            "--model_paths / --model_id_with_origin_paths")
-        out = controlled_forward(dit, controlnet, x, t, caps, control_context.to(dtype),
-                                 1.0 if control_scale is None else control_scale, control_refiner_hints,
-                                 use_gradient_checkpointing, use_gradient_checkpointing_offload)
+    elif call.forward is not None:
+        out = call.forward(call)
     else:
         out = dit(x, t, caps, return_dict=False)[0]
     return -torch.stack([o.float() for o in out]).squeeze(2).to(latents.dtype)

@@ -4,17 +4,16 @@
 A plain prompt is one user turn of Qwen3's chat template. With Omni-Base edit images the text is cut into pieces
 around each image's slot, each encoded on its own: only one piece holds the prompt (`ZImageEditPromptEmbedder`,
 the prompt unit of the `edit` feature); the others are fixed texts that depend only on the number of images
-(`ZImageEditTextEmbedder`), so a new prompt (validation) is encoded alone and meets any sample's images.
+(`ZImageEditTextEmbedder`, edit.py), so a new prompt (validation) is encoded alone and meets any sample's images.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...core.batch import LIST, Pad
+from ...core.batch import Pad
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from .edit import edit_image_lists
 
 MAX_SEQUENCE_LENGTH = 512
 USER, ASSISTANT, END = "<|im_start|>user\n", "<|im_start|>assistant\n", "<|im_end|>\n"
@@ -86,27 +85,3 @@ class ZImageEditPromptEmbedder(ZImagePromptEmbedder):
     feature = "edit"
     replaces = ("ZImagePromptEmbedder",)
     template = staticmethod(edit_prompt_text)
-
-
-class ZImageEditTextEmbedder(PipelineUnit):
-    """Omni-Base with edit images: the fixed pieces around the images' slots, per sample (they depend on the
-    number of images only, and are the same for the prompt and the negative prompt)."""
-
-    feature = "edit"
-    inputs = ("edit_image", "batch_size")
-    outputs = ("edit_text_embeds",)
-    models = ("text_encoder",)
-    batching = {"edit_text_embeds": LIST}
-
-    def process(self, pipe, edit_image, batch_size):
-        per_sample = edit_image_lists(edit_image, int(batch_size or 1))
-        if per_sample is None:
-            return {}
-        counts = sorted({len(images) for images in per_sample})
-        texts = [edit_fixed_texts(n) for n in counts]
-        encoded = encode_texts(pipe, [t for group in texts for t in group])
-        by_count, at = {}, 0
-        for n, group in zip(counts, texts):
-            by_count[n] = [e.to(pipe.torch_dtype) for e in encoded[at: at + len(group)]]
-            at += len(group)
-        return {"edit_text_embeds": [list(by_count[len(images)]) for images in per_sample]}

@@ -14,6 +14,11 @@ from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_encode
 DIVISION_FACTOR = 16  # VAE x8, then 2x2 patches
 
 
+def omni_dit(context) -> bool:
+    """Whether the run's DiT is Omni-Base's (its config's siglip_feat_dim)."""
+    return (context.config("dit") or {}).get("siglip_feat_dim") is not None
+
+
 class ZImageShapeChecker(ShapeChecker):
     """Round height and width up to multiples of 16 (VAE x8 and 2x2 patches)."""
 
