@@ -26,10 +26,10 @@ def load_audio_processor(path_or_config):
     tokenizer beside it is not needed for features."""
     from transformers import Wav2Vec2FeatureExtractor
 
-    from ....models.load import _directory
+    from ....models.load import model_directory
     from ....util import first_line
 
-    path = _directory(path_or_config, "audio processor")
+    path = model_directory(path_or_config, "audio processor")
     try:
         return Wav2Vec2FeatureExtractor.from_pretrained(str(path))
     except Exception as err:  # noqa: BLE001 - transformers raises many kinds for a bad folder
