@@ -109,6 +109,17 @@ class FamilySpec:
     def __post_init__(self):
         for cls in self.pipelines:
             cls.spec = self  # a pipeline knows its family without a look-up by name
+        # a feature that brings a model registers it itself (`Feature.components`, `Feature.native_keys`)
+        features = [f for cls in self.pipelines for f in cls.features]
+        extra = []
+        for component in (c for f in features for c in f.components):
+            if not any(component is c for c in (*self.components, *extra)):
+                extra.append(component)
+        if extra:
+            object.__setattr__(self, "components", (*self.components, *extra))
+        natives = {slot: fn for f in features for slot, fn in f.native_keys.items()}
+        if natives:
+            object.__setattr__(self, "full_native_keys", {**natives, **dict(self.full_native_keys)})
 
     @property
     def pipelines(self) -> tuple[type, ...]:

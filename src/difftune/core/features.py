@@ -87,6 +87,10 @@ class Feature:
     loss_models: tuple[str, ...] = ()
     # slot -> what to load, for a run that switches the feature on without that model (one line, before any work).
     needs: Mapping[str, str] = field(default_factory=dict)
+    # The models it brings (ComponentSpecs: recognition from the weights) and, for --full_format original, slot ->
+    # their keys in the released names: the family registers them with the feature (`FamilySpec`).
+    components: tuple[Any, ...] = ()
+    native_keys: Mapping[str, Callable[[dict], dict]] = field(default_factory=dict)
     # column -> its kind (FRAMES, ALIGNED_FRAMES, IMAGE, IMAGES, VALUE, RAW): how `training_inputs` hands it on.
     inputs: Mapping[str, str] = field(default_factory=dict)
     # Sampling inputs (`pipe(..., name=value)`) -> their defaults (None: not given); the reference's names.

@@ -99,3 +99,20 @@ def test_motion_residual_unit_is_cached_unless_the_controller_trains():
     assert not lora.stage2 and lora.frontier == ("motion_residual",)
     full = split_units(units, ["motion_controller"], ("motion_residual",), loss_models=("dit",))
     assert [u.name for u in full.stage2] == ["WanMotionResidual"] and full.frontier == ("motion_bucket_id",)
+
+
+def test_speed_control_is_one_module_and_one_line():
+    """The feature registers its model with the family itself (recognition and --full_format original): the family
+    package names none of it, the base pipeline lists it once."""
+    from pathlib import Path
+
+    import difftune.families.wan as wan
+    from difftune.families.wan.speed_control import MOTION_CONTROLLER, SPEED_CONTROL
+
+    assert MOTION_CONTROLLER in wan.FAMILY.components and wan.FAMILY.full_native_keys["motion_controller"] is dict
+    assert SPEED_CONTROL in WanVideoPipeline.features and "motion_controller" in WanVideoPipeline.model_names
+    folder = Path(wan.__file__).parent
+    naming = sorted(p.name for p in folder.rglob("*.py") if "motion_controller" in p.read_text()
+                    or "SPEED_CONTROL" in p.read_text() or "motion_bucket_id" in p.read_text())
+    assert naming == ["pipeline.py", "speed_control.py"]
+    assert sum("SPEED_CONTROL" in line for line in (folder / "pipeline.py").read_text().splitlines()) == 2  # import, list

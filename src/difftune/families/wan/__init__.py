@@ -17,7 +17,6 @@ from .pipeline import WanVideoPipeline
 from .animate import ANIMATE_ADAPTER_ORIGINAL, ANIMATE_DIT_ORIGINAL, animate_adapter_to_original
 from .animate2 import ANIMATE2_ORIGINAL, WanAnimate2Pipeline, animate2_to_original
 from .fun_control import FUN_DIT_ORIGINAL
-from .speed_control import MOTION_CONTROLLER
 from .vace import VACE_DIT_ORIGINAL, VACE_LORA_TARGETS, VACE_ORIGINAL, vace_to_original
 from .dancer import DANCER_DIT, DANCER_MODULE_PREFIXES, WanDancerPipeline, dancer_to_original
 from .longcat import LONGCAT_DIT, WanLongCatPipeline
@@ -101,7 +100,7 @@ FAMILY = FamilySpec(
                 DIT_ORIGINAL, TEXT_ENCODER_ORIGINAL, VAE22_ORIGINAL, VAE_ORIGINAL, IMAGE_ENCODER_ORIGINAL,
                 # the variants' models; a VACE / Animate-14B file holds the DiT and a companion model
                 FUN_DIT_ORIGINAL, VACE_DIT_ORIGINAL, VACE_ORIGINAL, ANIMATE_DIT_ORIGINAL, ANIMATE_ADAPTER_ORIGINAL,
-                ANIMATE2_ORIGINAL, MOTION_CONTROLLER),
+                ANIMATE2_ORIGINAL),
     tokenizers=(
         TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
                       flag="tokenizer_path", default="Wan-AI/Wan2.1-T2V-1.3B:google/umt5-xxl/"),
@@ -126,7 +125,7 @@ FAMILY = FamilySpec(
     # diffusion_model.<Wan's module names> + .alpha: diffusers, ComfyUI and DiffSynth-Studio all read it
     lora_default_format="comfyui",
     full_native_keys={"dit": dit_keys_to_original, "vace": vace_to_original,
-                      "animate_adapter": animate_adapter_to_original, "motion_controller": dict},
+                      "animate_adapter": animate_adapter_to_original},
     experts=("dit", "dit2"),
     expert_boundary=expert_boundary,
     data="video",  # clips (a still image is a one-frame clip); input_image / end_image from their frames

@@ -125,6 +125,7 @@ class _SpeedControl(Feature):
 SPEED_CONTROL = _SpeedControl(
     "speed_control", columns=("motion_bucket_id",), model_fn_inputs=("motion_residual",),
     units=(WanSpeedControl(), WanMotionResidual()), slots=("motion_controller",),
+    components=(MOTION_CONTROLLER,), native_keys={"motion_controller": dict},
     needs={"motion_controller": "the motion controller (DiffSynth-Studio/Wan2.1-1.3b-speedcontrol-v1's "
                                 "model.safetensors)"},
     inputs={"motion_bucket_id": VALUE}, call_inputs={"motion_bucket_id": None},
