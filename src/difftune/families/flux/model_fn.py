@@ -166,10 +166,10 @@ def model_fn_flux(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_emb
     from .controlnet import pad_samples
     from .value_control import extend_prompt
 
-    if features is None:
-        from .pipeline import FluxImagePipeline
+    if features is None:  # a direct call: the family's pipeline's (through the registry: no import cycle)
+        from ...core.family import get_family
 
-        features = FluxImagePipeline.features
+        features = get_family("flux").pipeline.features
     b, _, h, w = latents.shape
     dtype, device = latents.dtype, latents.device
     settings = {"use_gradient_checkpointing": use_gradient_checkpointing,

@@ -60,10 +60,10 @@ def model_fn_qwen_image(dit, latents: torch.Tensor, timestep: torch.Tensor, prom
     transformer's config says so (the config's setting holds either way). `features`: the pipeline's features
     (default: `QwenImagePipeline`'s); each one whose model_fn inputs are given (or whose own model is loaded in
     `pipe`) adds its part."""
-    if features is None:
-        from .pipeline import QwenImagePipeline
+    if features is None:  # a direct call: the family's pipeline's (through the registry: no import cycle)
+        from ...core.family import get_family
 
-        features = QwenImagePipeline.features
+        features = get_family("qwen_image").pipeline.features
     b, _, h, w = latents.shape
     call = QwenImageCall(pipe, dit, inputs, pack_latents(latents), b, prompt_embeds, prompt_embeds_mask)
     for feature in features:
