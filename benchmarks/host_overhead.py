@@ -86,7 +86,7 @@ def earlier_behaviour():
 
     make = fit.make_optimizer
 
-    def per_tensor(params, config):
+    def per_tensor(params, config, accelerator=None):
         return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
 
     fit.make_optimizer, attention.DROP_UNPADDED_MASKS = per_tensor, False
