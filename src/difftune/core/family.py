@@ -110,7 +110,7 @@ class FamilySpec:
         for cls in self.pipelines:
             cls.spec = self  # a pipeline knows its family without a look-up by name
         # a feature that brings a model registers it itself (`Feature.components`, `Feature.native_keys`)
-        features = [f for cls in self.pipelines for f in cls.features]
+        features = [f for cls in self.pipelines for f in getattr(cls, "features", ())]
         extra = []
         for component in (c for f in features for c in f.components):
             if not any(component is c for c in (*self.components, *extra)):
