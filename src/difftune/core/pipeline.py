@@ -147,10 +147,7 @@ class BasePipeline:
     @classmethod
     def input_kinds(cls) -> dict[str, str]:
         """Every feature's data column -> its kind (core/features.py: clip, aligned clip, image, images, value, raw)."""
-        kinds: dict[str, str] = {}
-        for feature in cls.features:
-            kinds.update(feature.inputs)
-        return kinds
+        return {k: v for feature in cls.features for k, v in feature.inputs.items()}
 
     def feature_data(self, data: Mapping[str, Any], num_frames: int | None = None) -> dict[str, Any]:
         """The features' columns a row has, as pipeline inputs by kind (one-line errors naming the row and column):
@@ -194,18 +191,12 @@ class BasePipeline:
     @classmethod
     def call_inputs(cls) -> dict[str, Any]:
         """Every feature's sampling input -> its default (the reference's names)."""
-        inputs: dict[str, Any] = {}
-        for feature in cls.features:
-            inputs.update(feature.call_inputs)
-        return inputs
+        return {k: v for feature in cls.features for k, v in feature.call_inputs.items()}
 
     @classmethod
     def call_settings(cls) -> dict[str, Any]:
         """Every feature's run-time setting of the denoiser call -> its default."""
-        settings: dict[str, Any] = {}
-        for feature in cls.features:
-            settings.update(feature.call_settings)
-        return settings
+        return {k: v for feature in cls.features for k, v in feature.call_settings.items()}
 
     def take_call_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """A call's feature inputs -> (values given, settings): an unknown name is a TypeError naming the known
