@@ -86,8 +86,10 @@ def _save(state: dict, path: Path) -> Path:
     return path
 
 
-def write_tiny_ideogram4_hub(base: str | os.PathLike, spec: TinyIdeogram4Spec | None = None) -> Path:
-    """The tiny repackage and the tokenizer under `base` at the hub ids the scripts name; returns `base`."""
+def write_tiny_ideogram4_hub(base: str | os.PathLike, spec: TinyIdeogram4Spec | None = None,
+                             tokenizer_beside: bool = False) -> Path:
+    """The tiny repackage and the tokenizer under `base` at the hub ids the scripts name; returns `base`.
+    `tokenizer_beside`: a copy of the tokenizer in the repackage's `tokenizer/` too (found without a flag)."""
     from difftune.families.ideogram4.components import original_dit_keys
 
     quiet_hf()
@@ -99,6 +101,8 @@ def write_tiny_ideogram4_hub(base: str | os.PathLike, spec: TinyIdeogram4Spec | 
     _save(tiny_text_encoder(spec).state_dict(), repo / "text_encoder" / "model.safetensors")
     _save(tiny_vae().state_dict(), repo / "vae" / "diffusion_pytorch_model.safetensors")
     ideogram4_tokenizer().save_pretrained(base / TOKENIZER_REPO / "tokenizer")
+    if tokenizer_beside:
+        ideogram4_tokenizer().save_pretrained(repo / "tokenizer")
     return base
 
 
@@ -119,12 +123,12 @@ def load_tiny_ideogram4(base: str | os.PathLike, uncond: bool = True, torch_dtyp
 
 
 def _tiny_ideogram4(folder) -> TinyFamily:
-    base = write_tiny_ideogram4_hub(Path(folder) / "hub")
+    base = write_tiny_ideogram4_hub(Path(folder) / "hub", tokenizer_beside=True)
     from difftune.families.ideogram4.components import LORA_TARGET_MODULES
 
     return TinyFamily(model_paths=hub_paths(base), lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(32, 32)),
-                      flags=("--max_pixels", "1024", "--tokenizer_path", str(base / TOKENIZER_REPO / "tokenizer")),
+                      flags=("--max_pixels", "1024"),
                       optional_slots=("dit_uncond",))
 
 
