@@ -6,6 +6,7 @@ from ...core.family import FamilySpec, TokenizerSpec
 from ...core.options import option
 from ...models.load import load_tokenizer
 from .components import COMPONENTS, LORA_TARGET_ALIASES, LORA_TARGET_MODULES, original_dit_keys
+from .lora_names import convert_original_named_lora, ideogram4_lora_export_notes, original_lora_from_diffusers
 from .pipeline import Ideogram4Pipeline
 
 GROUP = "Ideogram-4"
@@ -30,6 +31,12 @@ FAMILY = FamilySpec(
     lora_prefixes={"dit": "transformer", "dit_uncond": "unconditional_transformer", "text_encoder": "text_encoder"},
     lora_target_modules=LORA_TARGET_MODULES,
     lora_target_aliases={"dit": LORA_TARGET_ALIASES, "dit_uncond": LORA_TARGET_ALIASES},
+    lora_converters=(convert_original_named_lora,),
+    lora_native_names=original_lora_from_diffusers,
+    # the default file: diffusion_model.<original module> + .alpha, which the reference's loader and ComfyUI read,
+    # and diffusers too while the LoRA stays in the blocks (lora_names.py)
+    lora_default_format="comfyui",
+    lora_export_notes=ideogram4_lora_export_notes,
     full_native_keys={"dit": original_dit_keys, "dit_uncond": original_dit_keys},
     data="image",
     options=Ideogram4Options,
