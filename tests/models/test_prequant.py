@@ -55,16 +55,19 @@ def test_a_bitsandbytes_save_decodes_as_bitsandbytes_does(bnb, quant_type, neste
     weight = torch.randn(96, 192)
     layer = _bnb_linear(weight, quant_type, nested, bias=torch.randn(96))
     state = {f"blocks.0.ff.{k}": v for k, v in layer.state_dict().items()}
+    assert split_prequantized(layer.state_dict())[1]["weight"].shape == (96, 192)  # a module's own weight too
     assert "blocks.0.ff.weight.quant_state.bitsandbytes__" + quant_type in state
     plain, packed = split_prequantized(state)
     assert set(plain) == {"blocks.0.ff.bias"} and set(packed) == {"blocks.0.ff.weight"}
     qw = packed["blocks.0.ff.weight"]
     assert qw.kind == quant_type and qw.shape == (96, 192)
     want = bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
-    assert torch.equal(qw.dequantize(torch.float32), want)  # no bitsandbytes needed to decode: the same numbers
+    assert torch.equal(qw.dequantize(torch.float32), want)
+    assert torch.equal(qw.dequantize(torch.float32, native=False), want)  # no bitsandbytes needed: the same numbers
     assert 0.05 < ((want - weight).norm() / weight.norm()).item() < 0.15  # and they are 4-bit weights
     # rows cut on block boundaries stay packed (a fused qkv split in three)
-    assert torch.equal(qw.rows(32, 64).dequantize(), want[32:64]) and qw.rows(32, 64).shape == (32, 192)
+    assert torch.equal(qw.rows(32, 64).dequantize(native=False), want[32:64]) and qw.rows(32, 64).shape == (32, 192)
+    assert torch.equal(qw.rows(32, 64).dequantize(), want[32:64])
     assert QuantizedWeight("nf4", (3, 10), qw.data, stats=qw.stats).rows(1, 2) is None  # 10 values: not a block
     # unpack_state_dict: the same names, normal tensors
     unpacked = unpack_state_dict(state, torch.bfloat16)
@@ -348,3 +351,23 @@ def test_a_lora_trains_on_a_pre_quantised_dit_and_loads_in_diffusers_with_every_
     for name, layer in layers.items():
         want = lora[f"diffusion_model.{name}.lora_B.weight"].float() @ lora[f"diffusion_model.{name}.lora_A.weight"].float()
         assert torch.allclose(layer.get_delta_weight("file").float(), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["nf4", "fp8_scaled", "fp8_rows"])
+def test_in_bfloat16_a_peft_lora_on_a_packed_layer_gets_gradients(saved, layout, bnb, ao):
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from difftune.families.qwen_image.components import DIT
+    from difftune.models import load_component
+
+    module = load_component(ModelConfig(str(saved[layout])), [DIT], torch_dtype=torch.bfloat16, log=lambda m: None).module
+    packed = module.transformer_blocks[0].attn.to_q
+    assert (type(packed).__name__, type(packed.weight).__name__) in {("Linear4bit", "Params4bit"), ("Linear", "Float8Tensor")}
+    module = inject_adapter_in_model(LoraConfig(r=4, target_modules=["to_q"], init_lora_weights=False), module)
+    layer = module.transformer_blocks[0].attn.to_q
+    layer.train()
+    x = torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True)
+    out = layer(x)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and x.grad.abs().max() > 0
+    assert layer.lora_A["default"].weight.grad.abs().max() > 0 and layer.lora_B["default"].weight.grad.abs().max() > 0
