@@ -371,3 +371,19 @@ def test_in_bfloat16_a_peft_lora_on_a_packed_layer_gets_gradients(saved, layout,
     out.float().sum().backward()
     assert out.dtype == torch.bfloat16 and x.grad.abs().max() > 0
     assert layer.lora_A["default"].weight.grad.abs().max() > 0 and layer.lora_B["default"].weight.grad.abs().max() > 0
+
+
+def test_full_training_of_a_pre_quantised_dit_trains_its_decoded_weights(repo, saved, tmp_path, bnb):
+    meta = make_image_dataset(tmp_path / "data", n=1)
+    paths = tiny_qwen_image_paths(repo)
+    run_train("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--max_pixels", 4096,
+              "--model_paths", json.dumps([str(saved["nf4"]), paths["text_encoder"], paths["vae"][0]]),
+              "--trainable_models", "dit", "--learning_rate", 1e-3, "--num_epochs", 1,
+              "--output_path", tmp_path / "out", "--torch_dtype", "float32")
+    trained = load_file(str(next((tmp_path / "out").glob("*.safetensors"))))
+    key = next(k for k in trained if k.endswith("transformer_blocks.0.attn.to_q.weight"))
+    file = load_file(str(saved["nf4"] / "diffusion_pytorch_model.safetensors"))
+    _, packed = split_prequantized(file)
+    start = packed["transformer_blocks.0.attn.to_q.weight"].dequantize()
+    assert trained[key].shape == (64, 64) and trained[key].dtype == torch.float32  # full weights, not 4-bit codes
+    assert 0 < (trained[key] - start).abs().max() < 0.1  # trained from the decoded weights
