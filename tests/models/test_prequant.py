@@ -313,9 +313,16 @@ def test_a_layout_converter_splits_packed_weights_by_rows_or_gets_them_decoded(b
             part = out[f"{p}.{name}.weight"]
             assert isinstance(part, QuantizedWeight) and part.shape == (64, 64)
             assert torch.equal(part.dequantize(), full[64 * i:64 * (i + 1)])
-    out = convert_packed(lambda sd: {"t": sd["b.qkv.weight"].t()}, state, notes.append)  # not rows: decoded
-    assert torch.equal(out["t"], packed["b.qkv.weight"].dequantize().t())
-    assert notes == ["note: converting the layout needs t in full: the pre-quantised weights are decoded"]
+    # not rows: that weight is decoded, the others stay packed
+    out = convert_packed(lambda sd: {"t": sd["b.qkv.weight"].t(), "a": sd["a.qkv.weight"]}, state, notes.append)
+    assert torch.equal(out["t"], packed["b.qkv.weight"].dequantize().t()) and out["a"] is packed["a.qkv.weight"]
+    assert notes == ["note: 1 pre-quantised weights decoded: converting the layout needs them in full (e.g. b.qkv.weight)"]
+    # a weight used both renamed and concatenated: everything is decoded
+    out = convert_packed(lambda sd: {"c": torch.cat([sd["a.qkv.weight"], sd["b.qkv.weight"]]), "a": sd["a.qkv.weight"]},
+                         state, notes.append)
+    assert torch.equal(out["c"], torch.cat([packed["a.qkv.weight"].dequantize(), packed["b.qkv.weight"].dequantize()]))
+    assert torch.equal(out["a"], packed["a.qkv.weight"].dequantize())
+    assert notes[-1] == "note: the pre-quantised weights are decoded: converting the layout needs them in full"
 
 
 # -- a LoRA on a pre-quantised base ------------------------------------------------------------------------------------
@@ -387,3 +394,118 @@ def test_full_training_of_a_pre_quantised_dit_trains_its_decoded_weights(repo, s
     start = packed["transformer_blocks.0.attn.to_q.weight"].dequantize()
     assert trained[key].shape == (64, 64) and trained[key].dtype == torch.float32  # full weights, not 4-bit codes
     assert 0 < (trained[key] - start).abs().max() < 0.1  # trained from the decoded weights
+
+
+# -- FLUX.1 in BFL's single-file layout: the converter splits packed fused weights -------------------------------------
+
+@pytest.fixture(scope="module")
+def flux(tmp_path_factory):
+    """A tiny FLUX.1 repository and its transformer as BFL single files (fused qkv / linear1, the final modulation's
+    halves swapped), saved NF4 (bitsandbytes' layout without double quantisation, as Ideogram-4's nf4 release) and
+    ComfyUI fp8_scaled (prefixed keys): every 2-D weight of the blocks and of the final layer packed."""
+    from safetensors.torch import load_file as read
+
+    from difftune.families.flux.bfl import bfl_transformer_from_diffusers
+    from support import tiny_flux_paths, write_tiny_flux
+
+    bnb = pytest.importorskip("bitsandbytes")
+    root = tmp_path_factory.mktemp("flux")
+    repo = write_tiny_flux(root / "repo")
+    dit = {}
+    for f in tiny_flux_paths(repo)["transformer"]:
+        dit.update(read(f))
+    bfl = {k: v.contiguous() for k, v in bfl_transformer_from_diffusers(dit).items()}
+    packed = [k for k, v in bfl.items() if v.dim() == 2 and k.endswith(".weight")
+              and k.startswith(("double_blocks.", "single_blocks.", "final_layer."))]
+    nf4, fp8 = dict(bfl), {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
+    for key in packed:
+        data, state = bnb.functional.quantize_4bit(bfl[key], blocksize=64, compress_statistics=False, quant_type="nf4")
+        nf4[key] = data
+        nf4.update({f"{key}.{k}": v.clone() for k, v in state.as_dict(packed=True).items()})
+    for key, value in bfl.items():
+        if key in packed:
+            scale = value.abs().max() / 448
+            fp8[COMFY + key] = (value / scale).to(torch.float8_e4m3fn)
+            fp8[COMFY + key[:-len("weight")] + "scale_weight"] = scale.reshape(())
+        else:
+            fp8[COMFY + key] = value
+    files = {"bfl": root / "flux1-dev.safetensors", "nf4": root / "flux1-dev-nf4.safetensors",
+             "fp8_scaled": root / "flux1-dev-fp8-scaled.safetensors"}
+    for name, state in (("bfl", bfl), ("nf4", nf4), ("fp8_scaled", fp8)):
+        save_file(state, str(files[name]))
+    return repo, files, len(packed)
+
+
+def _tiny_flux_known(repo, monkeypatch):
+    """The tiny FLUX.1's configs among the known ones (FLUX's size inference assumes heads of 128)."""
+    from difftune.families.flux.components import DIT, VAE
+
+    for spec, folder in ((DIT, "transformer"), (VAE, "vae")):
+        monkeypatch.setitem(spec.known_configs, "tiny", json.loads((repo / folder / "config.json").read_text()))
+
+
+@pytest.mark.parametrize("layout", ["nf4", "fp8_scaled"])
+def test_a_bfl_flux_file_saved_pre_quantised_loads_with_its_fused_weights_split_packed(flux, layout, bnb, ao,
+                                                                                      monkeypatch):
+    from difftune.families.flux import FAMILY
+    from difftune.models.load import load_component
+
+    repo, files, _ = flux
+    _tiny_flux_known(repo, monkeypatch)
+    notes = []
+    got = load_component(str(files[layout]), FAMILY.components, torch_dtype=torch.float32, log=notes.append)
+    plain = load_component(str(files["bfl"]), FAMILY.components, torch_dtype=torch.float32).module
+    assert got.source.startswith("weights match")
+    module = got.module
+    to_q = module.transformer_blocks[0].attn.to_q  # a third of the packed double_blocks.0.img_attn.qkv
+    if layout == "nf4":
+        assert isinstance(to_q, bnb.nn.Linear4bit)
+        weight = bnb.functional.dequantize_4bit(to_q.weight.data, to_q.weight.quant_state).float()
+    else:
+        assert type(to_q.weight).__name__ == "Float8Tensor"
+        weight = to_q.weight.dequantize()
+    full = plain.transformer_blocks[0].attn.to_q.weight
+    assert weight.shape == full.shape and 0 < ((weight - full).norm() / full.norm()).item() < 0.15
+    # the final modulation's halves are swapped by concatenation: that one weight is decoded
+    assert type(module.norm_out.linear) is torch.nn.Linear and type(module.norm_out.linear.weight) is torch.nn.Parameter
+    assert notes[0] == "note: 1 pre-quantised weights decoded: converting the layout needs them in full " \
+                       "(e.g. final_layer.adaLN_modulation.1.weight)"
+    assert re.fullmatch(rf"dit: \d+ weights of {re.escape(str(files[layout]))} kept as stored "
+                        rf"\({'nf4' if layout == 'nf4' else 'fp8'}\)", notes[1])
+
+
+@pytest.mark.parametrize("layout", ["nf4", "fp8_scaled"])
+def test_a_lora_trains_on_a_bare_pre_quantised_flux_file_and_loads_in_diffusers(flux, layout, tmp_path, bnb, ao,
+                                                                                capsys, monkeypatch):
+    """`--model_paths` names the bare single file: the family and the model are recognised from its weights."""
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+    from peft.tuners.lora import LoraLayer
+
+    from difftune.families.flux.components import LORA_TARGET_MODULES
+    from support import tiny_flux_paths, write_example_dataset
+
+    repo, files, _ = flux
+    _tiny_flux_known(repo, monkeypatch)
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
+    paths = tiny_flux_paths(repo)
+    models = [str(files[layout]), paths["text_encoder"], paths["text_encoder_2"], paths["vae"]]
+    run_train("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--output_path", tmp_path / "out",
+              "--model_paths", json.dumps([m if isinstance(m, str) or len(m) > 1 else m[0] for m in models]),
+              "--torch_dtype", "float32", "--learning_rate", 1e-2, "--max_steps", 2, "--no_progress",
+              "--max_pixels", 4096, "--lora_base_model", "dit", "--lora_target_modules", LORA_TARGET_MODULES,
+              "--lora_rank", 4)
+    out = capsys.readouterr().out
+    assert "family: flux (recognised from the weights)" in out and f"weights of {files[layout]} kept as stored" in out
+    path = next((tmp_path / "out").glob("*.safetensors"))
+    lora = load_file(str(path))
+    transformer = FluxTransformer2DModel.from_pretrained(str(repo / "transformer"))
+    transformer.load_lora_adapter(FluxPipeline.lora_state_dict(str(path)), prefix="transformer", adapter_name="file")
+    layers = {n: m for n, m in transformer.named_modules() if isinstance(m, LoraLayer) and "file" in m.lora_A}
+    a_keys = [k for k in lora if k.endswith(".lora_A.weight")]
+    assert len(layers) == len(a_keys) > 10  # every LoRA of the file lands on a layer
+    for name, layer in layers.items():
+        a = next(k for k in a_keys if ("." + k).endswith(f".{name}.lora_A.weight"))
+        b = a.replace(".lora_A.", ".lora_B.")
+        assert torch.allclose(layer.get_delta_weight("file").float(), lora[b].float() @ lora[a].float(), atol=1e-6)
+    q = next(k for k in lora if ("." + k).endswith(".transformer_blocks.0.attn.to_q.lora_B.weight"))
+    assert lora[q].abs().max() > 0  # trained on the packed layer

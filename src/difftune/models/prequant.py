@@ -475,38 +475,54 @@ def _row_range(view: torch.Tensor, base: torch.Tensor) -> tuple[int, int] | None
     return start, start + view.shape[0]
 
 
-def convert_packed(convert: Callable[[dict], dict], state: dict, log: Callable[[str], None] = print) -> dict:
-    """`convert(state)` (a key-layout converter written for plain tensors) on a state dict holding QuantizedWeights:
-    each goes in as an empty (meta) stand-in of its shape; a stand-in that comes out renamed, or cut into row ranges
-    (a fused qkv split), comes out packed. A converter that does anything else with one (concatenates, transposes,
-    computes) is rerun on the decoded weights."""
+def _convert_stand_ins(convert, state: dict) -> tuple[dict, set[str]]:
+    """One run of `convert` with each QuantizedWeight of `state` as an empty stand-in: (its output with the weights
+    that came out renamed or cut into rows packed again, the input keys of those that did not)."""
     stand_ins, feed = {}, {}
     for key, value in state.items():
         if isinstance(value, QuantizedWeight):
             proxy = torch.empty(value.shape, device="meta")
-            stand_ins[id(proxy)] = (proxy, value)
+            stand_ins[id(proxy)] = (proxy, key)
             feed[key] = proxy
         else:
             feed[key] = value
-    if not stand_ins:
-        return convert(feed)
-    out, failed = {}, None
+    out, failed, used = {}, False, set()
     for key, value in convert(feed).items():
         if not (torch.is_tensor(value) and value.is_meta):
             out[key] = value
             continue
         base = value if id(value) in stand_ins else value._base
         found = stand_ins.get(id(base)) if base is not None else None
-        if found is None or found[0] is not base:
-            failed = key
-            break
-        rows = (0, value.shape[0]) if value is base else _row_range(value, base)
-        part = found[1] if value is base else (found[1].rows(*rows) if rows else None)
+        rows = None
+        if found is not None and found[0] is base:
+            rows = (0, value.shape[0]) if value is base else _row_range(value, base)
+        part = None if rows is None else state[found[1]] if value is base else state[found[1]].rows(*rows)
         if part is None:
-            failed = key
-            break
+            failed = True
+            continue
         out[key] = part
-    if failed is None:
+        used.add(found[1])
+    return out, (set() if not failed else {k for _, k in stand_ins.values()} - used)
+
+
+def convert_packed(convert: Callable[[dict], dict], state: dict, log: Callable[[str], None] = print) -> dict:
+    """`convert(state)` (a key-layout converter written for plain tensors) on a state dict holding QuantizedWeights:
+    each goes in as an empty (meta) stand-in of its shape; a stand-in that comes out renamed, or cut into row ranges
+    (a fused qkv split), comes out packed. The weights the converter does anything else with (concatenates,
+    transposes, computes) are decoded and it runs again; if it still needs more, every weight is decoded."""
+    if not any(isinstance(v, QuantizedWeight) for v in state.values()):
+        return convert(state)
+    out, needed = _convert_stand_ins(convert, state)
+    if not needed:
         return out
-    log(f"note: converting the layout needs {failed} in full: the pre-quantised weights are decoded")
+    decoded = {k: v.dequantize(torch.float32) if k in needed else v for k, v in state.items()}
+    try:
+        out, more = _convert_stand_ins(convert, decoded)
+    except (RuntimeError, ValueError, KeyError, IndexError):  # e.g. a decoded weight concatenated with a stand-in
+        more = needed
+    if not more:
+        log(f"note: {len(needed)} pre-quantised weights decoded: converting the layout needs them in full "
+            f"(e.g. {sorted(needed)[0]})")
+        return out
+    log(f"note: the pre-quantised weights are decoded: converting the layout needs them in full")
     return convert({k: v.dequantize(torch.float32) if isinstance(v, QuantizedWeight) else v for k, v in state.items()})
