@@ -175,7 +175,8 @@ def load_component(config: ModelConfig | str | list[str], specs: Sequence[Compon
         module.load_state_dict(batch, strict=False, assign=True)
         del batch
     if packed:
-        held = [kind for kind in install_quantized(module, packed, dtype, device, log=log).values() if kind != "decoded"]
+        installed = install_quantized(module, packed, dtype, device, log=log)
+        held = [kind for kind in installed.values() if kind != "decoded"]
         if held:
             log(f"{det.name}: {len(held)} weights of {_files_desc(det.files)} kept as stored "
                 f"({', '.join(sorted(set(held)))})")

@@ -149,7 +149,8 @@ class QuantizedWeight:
         absmax = self._absmax()
         values = pairs[packed.long()].reshape(-1)
         whole = absmax.numel() * block
-        values = values[:whole] if values.numel() >= whole else torch.nn.functional.pad(values, (0, whole - values.numel()))
+        values = values[:whole] if values.numel() >= whole else \
+            torch.nn.functional.pad(values, (0, whole - values.numel()))
         values = (values.view(-1, block) * absmax[:, None]).reshape(-1)[:n]
         return values.reshape(self.shape).to(dtype)
 
@@ -369,7 +370,8 @@ def _decoded(linear: nn.Module, weight: QuantizedWeight, dtype, device) -> nn.Mo
 
 
 def install_quantized(module: nn.Module, weights: Mapping[str, QuantizedWeight], compute_dtype: torch.dtype,
-                      device: str | torch.device = "cpu", keep: Callable[[str, QuantizedWeight], bool] = lambda n, w: True,
+                      device: str | torch.device = "cpu",
+                      keep: Callable[[str, QuantizedWeight], bool] = lambda n, w: True,
                       log: Callable[[str], None] = print) -> dict[str, str]:
     """Put each weight of {state-dict key: QuantizedWeight} into `module`: kept packed where `keep(key, weight)` says
     so and this machine runs it (4-bit: the Linear becomes a bitsandbytes `Linear4bit`; fp8: its weight a torchao
@@ -410,21 +412,24 @@ def install_quantized(module: nn.Module, weights: Mapping[str, QuantizedWeight],
         if problem is not None:
             why.setdefault(family, f"its layers pass no gradient here ({problem})")
             for key in keys:
-                parent, _, leaf = key.removesuffix(".weight").rpartition(".")
-                linear = nn.Linear(weights[key].shape[1], weights[key].shape[0],
-                                   bias=module.get_submodule(key.removesuffix(".weight")).bias is not None,
-                                   device="meta")
-                old = module.get_submodule(key.removesuffix(".weight"))
-                if old.bias is not None:
-                    linear.bias = old.bias
-                setattr(module.get_submodule(parent) if parent else module, leaf, _decoded(linear, weights[key],
-                                                                                            compute_dtype, device))
+                _replace_decoded(module, key.removesuffix(".weight"), weights[key], compute_dtype, device)
                 out[key] = "decoded"
     for family, reason in why.items():
-        n = sum(1 for k, v in out.items() if v == "decoded" and ("fp8" if weights[k].kind == "fp8" else "4bit") == family)
+        n = sum(1 for k, v in out.items()
+                if v == "decoded" and ("fp8" if weights[k].kind == "fp8" else "4bit") == family)
         log(f"note: {n} pre-quantised {'fp8' if family == 'fp8' else '4-bit'} weights of {type(module).__name__} "
             f"decoded to {str(compute_dtype).removeprefix('torch.')}: {reason}")
     return out
+
+
+def _replace_decoded(module: nn.Module, name: str, weight: QuantizedWeight, dtype, device) -> None:
+    """The packed layer `name` replaced by a plain Linear holding the decoded weight (and the layer's bias)."""
+    old = module.get_submodule(name)
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=old.bias is not None, device="meta")
+    if old.bias is not None:
+        linear.bias = old.bias
+    parent, _, leaf = name.rpartition(".")
+    setattr(module.get_submodule(parent) if parent else module, leaf, _decoded(linear, weight, dtype, device))
 
 
 def _backend_missing(family: str) -> str | None:
