@@ -327,9 +327,9 @@ def test_a_layout_converter_splits_packed_weights_by_rows_or_gets_them_decoded(b
 
 # -- a LoRA on a pre-quantised base ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("layout", ["nf4", "fp8_scaled"])
-def test_a_lora_trains_on_a_pre_quantised_dit_and_loads_in_diffusers_with_every_key_used(repo, saved, layout, tmp_path,
-                                                                                        bnb, ao, capsys):
+@pytest.mark.parametrize("layout, extra", [("nf4", ()), ("fp8_scaled", ()), ("nf4", ("--enable_model_cpu_offload",))])
+def test_a_lora_trains_on_a_pre_quantised_dit_and_loads_in_diffusers_with_every_key_used(repo, saved, layout, extra,
+                                                                                        tmp_path, bnb, ao, capsys):
     from diffusers import QwenImagePipeline as DiffusersQwenImage, QwenImageTransformer2DModel
     from peft.tuners.lora import LoraLayer
 
@@ -339,10 +339,13 @@ def test_a_lora_trains_on_a_pre_quantised_dit_and_loads_in_diffusers_with_every_
         "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--max_pixels", 4096,
         "--model_paths", json.dumps([str(saved[layout]), paths["text_encoder"], paths["vae"][0]]),
         "--lora_base_model", "dit", "--lora_target_modules", LORA_TARGETS, "--lora_rank", 4, "--learning_rate", 1e-3,
-        "--num_epochs", 2, "--output_path", tmp_path / "out", "--torch_dtype", "float32", "--use_gradient_checkpointing")
+        "--num_epochs", 2, "--output_path", tmp_path / "out", "--torch_dtype", "float32", "--use_gradient_checkpointing",
+        *extra)
     kind, n = ("nf4", 24) if layout == "nf4" else ("fp8", 28)
-    assert f"dit: {n} weights of {saved[layout] / 'diffusion_pytorch_model.safetensors'} kept as stored ({kind})" \
-        in capsys.readouterr().out  # the base trained on stayed packed
+    out = capsys.readouterr().out
+    # the base trained on stayed packed (and streamed block by block with model offload)
+    assert f"dit: {n} weights of {saved[layout] / 'diffusion_pytorch_model.safetensors'} kept as stored ({kind})" in out
+    assert ("model offload: dit" in out) == bool(extra)
     losses = summary["losses"]
     assert len(losses) == 4 and all(0 < v < 10 for v in losses) and len(set(losses)) == 4
     path = tmp_path / "out" / "epoch-1.safetensors"
