@@ -41,7 +41,6 @@ COMFY_FP8 = "a ComfyUI fp8_scaled checkpoint"
 FP8 = "an fp8 checkpoint with weight scales"
 _BNB_STATS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 _BNB_STATE = ".quant_state.bitsandbytes__"
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # layouts recognised as quantised but not read: key ending -> what it is
 _UNSUPPORTED = {
     ".SCB": "a bitsandbytes 8-bit save (SCB tensors)",
@@ -91,10 +90,9 @@ def prequantized_layout(keys: Iterable[str]) -> str | None:
 
 
 def refusal(path: str, layout: str, why: str = "") -> UserError:
-    return UserError(f"{path}: {layout}{': ' + why if why else ''}: difftune reads bitsandbytes 4-bit saves and fp8 "
-                     f"files with weight scales, not this layout; give the full-precision weights and quantise them "
-                     f"as they load with --quant_options <model entry>:<method> (e.g. bitsandbytes_nf4, "
-                     f"torchao_fp8_w8a16)")
+    return UserError(f"{path}: {layout}{': ' + why if why else ''}: difftune reads whole bitsandbytes 4-bit saves and "
+                     f"fp8 files with weight scales only; give the full-precision weights and quantise them as they "
+                     f"load with --quant_options <model entry>:<method> (e.g. bitsandbytes_nf4, torchao_fp8_w8a16)")
 
 
 # -- one quantised weight ---------------------------------------------------------------------------------------------
@@ -110,11 +108,6 @@ class QuantizedWeight:
     scale: torch.Tensor | None = None  # fp8: float32 [out]
     stats: dict = field(default_factory=dict)  # 4-bit: absmax, quant_map, blocksize, dtype (+ nested_*)
     source: str = ""  # the file's key, for messages
-
-    @property
-    def bytes(self) -> int:
-        extra = [self.scale] if self.scale is not None else [v for v in self.stats.values() if torch.is_tensor(v)]
-        return sum(t.numel() * t.element_size() for t in [self.data, *extra])
 
     def _absmax(self) -> torch.Tensor:
         s = self.stats
