@@ -512,3 +512,21 @@ def test_a_lora_trains_on_a_bare_pre_quantised_flux_file_and_loads_in_diffusers(
         assert torch.allclose(layer.get_delta_weight("file").float(), lora[b].float() @ lora[a].float(), atol=1e-6)
     q = next(k for k in lora if ("." + k).endswith(".transformer_blocks.0.attn.to_q.lora_B.weight"))
     assert lora[q].abs().max() > 0  # trained on the packed layer
+
+
+def test_a_hub_entry_naming_a_pre_quantised_file_loads_as_the_reference_scripts_name_it(saved, tmp_path, monkeypatch,
+                                                                                       bnb):
+    """`--model_id_with_origin_paths owner/model-nf4:transformer/diffusion_pytorch_model.safetensors` (the form of the
+    reference's Ideogram-4-nf4.sh) on an offline hub folder."""
+    from difftune.families.qwen_image.components import DIT
+    from difftune.models import load_component, parse_model_configs
+
+    folder = tmp_path / "models" / "owner" / "model-nf4" / "transformer"
+    shutil.copytree(saved["nf4"], folder)
+    monkeypatch.setenv("DIFFTUNE_MODEL_BASE_PATH", str(tmp_path / "models"))
+    monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
+    [config] = parse_model_configs(model_id_with_origin_paths="owner/model-nf4:transformer/diffusion_pytorch_model.safetensors")
+    notes = []
+    module = load_component(config, [DIT], torch_dtype=torch.float32, log=notes.append).module
+    assert isinstance(module.transformer_blocks[1].img_mlp.net[2], bnb.nn.Linear4bit)
+    assert notes == [f"dit: 24 weights of {folder / 'diffusion_pytorch_model.safetensors'} kept as stored (nf4)"]
