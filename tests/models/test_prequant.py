@@ -81,7 +81,8 @@ def test_fp8_layouts_decode_weight_times_scale():
     per_row = weight.abs().amax(dim=1) / 448
     stored = (weight / per_row[:, None]).to(torch.float8_e4m3fn)
     one = weight.abs().max() / 448
-    comfy = {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn), f"{COMFY}a.weight": (weight / one).to(torch.float8_e4m3fn),
+    comfy = {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn),
+             f"{COMFY}a.weight": (weight / one).to(torch.float8_e4m3fn),
              f"{COMFY}a.scale_weight": one.reshape(()), f"{COMFY}a.scale_input": torch.tensor(1.0),
              f"{COMFY}a.bias": torch.zeros(48)}
     plain, packed = split_prequantized(comfy)
@@ -91,7 +92,8 @@ def test_fp8_layouts_decode_weight_times_scale():
     assert 0 < ((got - weight).norm() / weight.norm()).item() < 0.05
     # compressed-tensors / Ideogram-4 fp8: one scale per output row, [out] or [out, 1]
     for scale in (per_row, per_row[:, None]):
-        plain, packed = split_prequantized({"b.weight": stored, "b.weight_scale": scale, "b.input_scale": torch.ones(1)})
+        plain, packed = split_prequantized({"b.weight": stored, "b.weight_scale": scale,
+                                            "b.input_scale": torch.ones(1)})
         assert plain == {} and torch.equal(packed["b.weight"].dequantize(), stored.float() * per_row[:, None])
         assert torch.equal(packed["b.weight"].rows(16, 32).dequantize(), (stored.float() * per_row[:, None])[16:32])
 
@@ -265,7 +267,8 @@ def test_an_fp8_file_keeps_fp8_storage_with_torchao_or_is_decoded(repo, saved, a
     monkeypatch.setitem(sys.modules, "torchao", None)
     decoded, notes = _load(saved[layout])
     assert torch.equal(decoded.transformer_blocks[0].attn.to_q.weight, want)
-    assert len(notes) == 1 and "note: 28 pre-quantised fp8 weights of QwenImageTransformer2DModel decoded to float32: " \
+    assert len(notes) == 1 and "note: 28 pre-quantised fp8 weights of QwenImageTransformer2DModel decoded to " \
+                               "float32: " \
                                "torchao is not installed" in notes[0]
 
 
@@ -316,7 +319,8 @@ def test_a_layout_converter_splits_packed_weights_by_rows_or_gets_them_decoded(b
     # not rows: that weight is decoded, the others stay packed
     out = convert_packed(lambda sd: {"t": sd["b.qkv.weight"].t(), "a": sd["a.qkv.weight"]}, state, notes.append)
     assert torch.equal(out["t"], packed["b.qkv.weight"].dequantize().t()) and out["a"] is packed["a.qkv.weight"]
-    assert notes == ["note: 1 pre-quantised weights decoded: converting the layout needs them in full (e.g. b.qkv.weight)"]
+    assert notes == ["note: 1 pre-quantised weights decoded: converting the layout needs them in full "
+                     "(e.g. b.qkv.weight)"]
     # a weight used both renamed and concatenated: everything is decoded
     out = convert_packed(lambda sd: {"c": torch.cat([sd["a.qkv.weight"], sd["b.qkv.weight"]]), "a": sd["a.qkv.weight"]},
                          state, notes.append)
@@ -339,8 +343,8 @@ def test_a_lora_trains_on_a_pre_quantised_dit_and_loads_in_diffusers_with_every_
         "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--max_pixels", 4096,
         "--model_paths", json.dumps([str(saved[layout]), paths["text_encoder"], paths["vae"][0]]),
         "--lora_base_model", "dit", "--lora_target_modules", LORA_TARGETS, "--lora_rank", 4, "--learning_rate", 1e-3,
-        "--num_epochs", 2, "--output_path", tmp_path / "out", "--torch_dtype", "float32", "--use_gradient_checkpointing",
-        *extra)
+        "--num_epochs", 2, "--output_path", tmp_path / "out", "--torch_dtype", "float32",
+        "--use_gradient_checkpointing", *extra)
     kind, n = ("nf4", 24) if layout == "nf4" else ("fp8", 28)
     out = capsys.readouterr().out
     # the base trained on stayed packed (and streamed block by block with model offload)
@@ -359,7 +363,8 @@ def test_a_lora_trains_on_a_pre_quantised_dit_and_loads_in_diffusers_with_every_
     in_file = {k[len("diffusion_model."):-len(".lora_A.weight")] for k in lora if k.endswith(".lora_A.weight")}
     assert set(layers) == in_file and len(in_file) > 10  # every key of the file is used
     for name, layer in layers.items():
-        want = lora[f"diffusion_model.{name}.lora_B.weight"].float() @ lora[f"diffusion_model.{name}.lora_A.weight"].float()
+        b, a = (lora[f"diffusion_model.{name}.lora_{x}.weight"].float() for x in "BA")
+        want = b @ a
         assert torch.allclose(layer.get_delta_weight("file").float(), want, atol=1e-6)
 
 
@@ -370,9 +375,11 @@ def test_in_bfloat16_a_peft_lora_on_a_packed_layer_gets_gradients(saved, layout,
     from difftune.families.qwen_image.components import DIT
     from difftune.models import load_component
 
-    module = load_component(ModelConfig(str(saved[layout])), [DIT], torch_dtype=torch.bfloat16, log=lambda m: None).module
+    module = load_component(ModelConfig(str(saved[layout])), [DIT], torch_dtype=torch.bfloat16,
+                            log=lambda m: None).module
     packed = module.transformer_blocks[0].attn.to_q
-    assert (type(packed).__name__, type(packed.weight).__name__) in {("Linear4bit", "Params4bit"), ("Linear", "Float8Tensor")}
+    assert (type(packed).__name__, type(packed.weight).__name__) in {("Linear4bit", "Params4bit"),
+                                                                      ("Linear", "Float8Tensor")}
     module = inject_adapter_in_model(LoraConfig(r=4, target_modules=["to_q"], init_lora_weights=False), module)
     layer = module.transformer_blocks[0].attn.to_q
     layer.train()
@@ -525,7 +532,8 @@ def test_a_hub_entry_naming_a_pre_quantised_file_loads_as_the_reference_scripts_
     shutil.copytree(saved["nf4"], folder)
     monkeypatch.setenv("DIFFTUNE_MODEL_BASE_PATH", str(tmp_path / "models"))
     monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
-    [config] = parse_model_configs(model_id_with_origin_paths="owner/model-nf4:transformer/diffusion_pytorch_model.safetensors")
+    entry = "owner/model-nf4:transformer/diffusion_pytorch_model.safetensors"
+    [config] = parse_model_configs(model_id_with_origin_paths=entry)
     notes = []
     module = load_component(config, [DIT], torch_dtype=torch.float32, log=notes.append).module
     assert isinstance(module.transformer_blocks[1].img_mlp.net[2], bnb.nn.Linear4bit)
