@@ -35,6 +35,9 @@ class TinyIdeogram4Spec:
     layers: int = 2
     intermediate: int = 64
     adaln_dim: int = 16
+    text_head_dim: int = 8
+    text_intermediate: int | None = None  # default: twice the text width
+    vae_width: int = 8
 
 
 def ideogram4_tokenizer():
@@ -46,8 +49,8 @@ def ideogram4_tokenizer():
 def tiny_text_encoder(spec: TinyIdeogram4Spec | None = None):
     """Qwen3VLModel (the backbone a saved text_encoder/ holds)."""
     spec = spec or TinyIdeogram4Spec()
-    tvl = TinyQwen3VLSpec(hidden=spec.text_hidden, layers=TEXT_LAYERS, heads=2, kv_heads=1, head_dim=8,
-                          intermediate=2 * spec.text_hidden, vision_hidden=16, vision_depth=1,
+    tvl = TinyQwen3VLSpec(hidden=spec.text_hidden, layers=TEXT_LAYERS, heads=2, kv_heads=1, head_dim=spec.text_head_dim,
+                          intermediate=spec.text_intermediate or 2 * spec.text_hidden, vision_hidden=16, vision_depth=1,
                           tie_word_embeddings=False, seed=3)
     return tiny_qwen3_vl(tvl, vocab_size=len(ideogram4_tokenizer())).model
 
@@ -74,8 +77,8 @@ def tiny_dit(spec: TinyIdeogram4Spec | None = None, seed: int = 0):
     return dit.eval()
 
 
-def tiny_vae():
-    return tiny_flux2_vae(latent_channels=32, width=8, seed=2)
+def tiny_vae(spec: TinyIdeogram4Spec | None = None):
+    return tiny_flux2_vae(latent_channels=32, width=(spec or TinyIdeogram4Spec()).vae_width, seed=2)
 
 
 def _save(state: dict, path: Path) -> Path:
@@ -99,7 +102,7 @@ def write_tiny_ideogram4_hub(base: str | os.PathLike, spec: TinyIdeogram4Spec | 
     _save(original_dit_keys(tiny_dit(spec, seed=1).state_dict()),
           repo / "unconditional_transformer" / "diffusion_pytorch_model.safetensors")
     _save(tiny_text_encoder(spec).state_dict(), repo / "text_encoder" / "model.safetensors")
-    _save(tiny_vae().state_dict(), repo / "vae" / "diffusion_pytorch_model.safetensors")
+    _save(tiny_vae(spec).state_dict(), repo / "vae" / "diffusion_pytorch_model.safetensors")
     ideogram4_tokenizer().save_pretrained(base / TOKENIZER_REPO / "tokenizer")
     if tokenizer_beside:
         ideogram4_tokenizer().save_pretrained(repo / "tokenizer")
