@@ -151,3 +151,15 @@ def test_diffusers_reads_the_default_file_in_the_blocks_and_refuses_the_final_la
         assert torch.allclose(base[f"{module}.weight"] + delta, ours[f"{module}.weight"], atol=1e-6), (module, scale)
     with pytest.raises(ValueError, match="Ideogram4"):
         _diffusers(load_tiny_ideogram4(hub), loras["default"])
+
+
+def test_the_references_validate_lora_lines_work(hub, loras):
+    """`pipe.load_lora(pipe.dit, path); pipe.load_lora(pipe.dit_uncond, path)`: the same updates in both DiTs."""
+    pipe = load_tiny_ideogram4(hub)
+    base = load_tiny_ideogram4(hub)
+    pipe.load_lora(pipe.dit, str(loras["default"]), alpha=1)
+    pipe.load_lora(pipe.dit_uncond, str(loras["default"]), alpha=1)
+    for key in ("layers.0.attention.to_v.weight", "final_layer.adaln_modulation.weight"):
+        d_cond = pipe.dit.state_dict()[key] - base.dit.state_dict()[key]
+        d_uncond = pipe.dit_uncond.state_dict()[key] - base.dit_uncond.state_dict()[key]
+        assert d_cond.abs().max() > 1e-3 and torch.allclose(d_cond, d_uncond, atol=1e-6)

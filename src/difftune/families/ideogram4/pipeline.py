@@ -64,6 +64,19 @@ class Ideogram4Pipeline(BasePipeline):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return vae_decode(self, latents)
 
+    def load_lora(self, module, path: str, alpha: float = 1.0) -> None:
+        """As the base; a DiT LoRA also fuses into the unconditional DiT (the reference's validate_lora loads the
+        trained file into both: `pipe.load_lora(pipe.dit_uncond, path)`)."""
+        uncond = self.models.get("dit_uncond")
+        if uncond is None or module is not uncond:
+            return super().load_lora(module, path, alpha)
+        from ...lora import fuse_lora, load_lora_file
+
+        lora = load_lora_file(path, converters=self.spec.lora_converters)
+        prefix = self.spec.lora_prefix("dit_uncond")
+        fuse_lora(module, lora, scale=alpha, component=prefix if prefix in lora.components
+                  else self.spec.lora_prefix("dit"))
+
     def set_timesteps(self, values, num_inference_steps: int, denoising_strength: float = 1.0) -> None:
         """The logit-normal schedule for the image's size (height x width in pixels)."""
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength,
