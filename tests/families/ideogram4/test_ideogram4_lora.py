@@ -163,3 +163,17 @@ def test_the_references_validate_lora_lines_work(hub, loras):
         d_cond = pipe.dit.state_dict()[key] - base.dit.state_dict()[key]
         d_uncond = pipe.dit_uncond.state_dict()[key] - base.dit_uncond.state_dict()[key]
         assert d_cond.abs().max() > 1e-3 and torch.allclose(d_cond, d_uncond, atol=1e-6)
+
+
+def test_every_module_of_the_default_file_is_one_comfyui_maps(hub, loras):
+    """ComfyUI's Ideogram-4 model (comfy/ldm/ideogram4/model.py) names its weights as the original files do, behind
+    `diffusion_model.`; its LoRA key map (comfy/lora.py, model_lora_keys_unet) takes `diffusion_model.<module>` for
+    each of them, and scales B @ A by the file's alpha / rank: every module of the default file is one, at its shape."""
+    comfy = {f"diffusion_model.{k}": v.shape for k, v in original_dit_keys(load_tiny_ideogram4(hub).dit.state_dict())
+             .items() if k.endswith(".weight")}
+    saved = load_file(str(loras["default"]))
+    modules = {k.rpartition(".lora_")[0] for k in saved if ".lora_" in k}
+    assert modules and all(f"{m}.weight" in comfy for m in modules)
+    for m in modules:
+        b, a = saved[f"{m}.lora_B.weight"], saved[f"{m}.lora_A.weight"]
+        assert (b @ a).shape == comfy[f"{m}.weight"] and f"{m}.alpha" in saved

@@ -1,5 +1,6 @@
 """Ideogram-4's model_fn: one call of diffusers' `Ideogram4Transformer2DModel` on the packed sequence
-[text tokens][image tokens], assembled in an `Ideogram4Call` to which each feature of the call adds its part.
+[text tokens][image tokens], assembled in an `Ideogram4Call` (each feature of the call may change it before the sequence is built; the
+reference's scripts use none).
 
 The conditional pass packs the prompt's features before the image tokens (padding, if a batch has prompts of
 several lengths, in a segment of its own that no real token sees); the unconditional pass (the negative side of
@@ -11,7 +12,7 @@ t = 1 - sigma; the velocity the losses and the sampler use is its negation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,9 +45,6 @@ class Ideogram4Call:
     text: torch.Tensor | None
     text_mask: torch.Tensor | None
     grid: tuple[int, int]
-    # -- hook points ---------------------------------------------------------------------------------------
-    # tokens appended after the image's (B, n, 128) with their (B, n, 3) positions: a feature's conditions
-    extra_tokens: list = field(default_factory=list)
 
     def sequence(self) -> dict[str, torch.Tensor]:
         """The DiT's inputs for the packed sequence."""
@@ -71,12 +69,6 @@ class Ideogram4Call:
             ones = torch.ones(b, n, dtype=torch.long, device=device)
             segments = torch.cat([torch.where(mask.bool(), 1, PADDING_SEGMENT), ones], dim=1)
             indicator = torch.cat([mask * LLM_TOKEN, ones * OUTPUT_IMAGE], dim=1)
-        for tokens, pos in self.extra_tokens:
-            hidden = torch.cat([hidden, tokens.to(hidden)], dim=1)
-            features = torch.cat([features, features.new_zeros(b, tokens.shape[1], width)], dim=1)
-            positions = torch.cat([positions, pos.to(device)], dim=1)
-            segments = torch.cat([segments, torch.ones(b, tokens.shape[1], dtype=torch.long, device=device)], dim=1)
-            indicator = torch.cat([indicator, torch.full((b, tokens.shape[1]), OUTPUT_IMAGE, device=device)], dim=1)
         return {"hidden_states": hidden, "encoder_hidden_states": features, "position_ids": positions,
                 "segment_ids": segments, "indicator": indicator}
 
@@ -99,7 +91,7 @@ def model_fn_ideogram4(dit, latents: torch.Tensor, timestep: torch.Tensor, promp
         if feature.in_call(inputs):
             feature.denoise(pipe, call)
     seq = call.sequence()
-    text_length = seq["hidden_states"].shape[1] - call.tokens.shape[1] - sum(x.shape[1] for x, _ in call.extra_tokens)
+    text_length = seq["hidden_states"].shape[1] - call.tokens.shape[1]
     out = model(hidden_states=seq["hidden_states"].to(dtype), timestep=t.to(dtype),
                 encoder_hidden_states=seq["encoder_hidden_states"].to(dtype), position_ids=seq["position_ids"],
                 segment_ids=seq["segment_ids"], indicator=seq["indicator"], return_dict=False)[0]
