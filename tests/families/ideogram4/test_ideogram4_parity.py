@@ -86,3 +86,21 @@ def test_the_unconditional_side_uses_the_unconditional_dit(hub, ours):
     args = dict(seed=0, output_type="latent", progress=False, **KW)
     assert not torch.allclose(solo("a red circle", cfg_scale=4.0, **args), ours("a red circle", cfg_scale=4.0, **args))
     assert torch.equal(solo("a red circle", cfg_scale=1.0, **args), ours("a red circle", cfg_scale=1.0, **args))
+
+
+def test_a_batch_of_prompts_of_different_lengths_equals_diffusers(ours):
+    """Two prompts at once: difftune pads the shorter one's features on the right (its own attention segment),
+    diffusers on the left; the same result."""
+    theirs = _diffusers(ours)
+    prompts = ["a red circle", "a small blue square on a wide green field"]
+    h, w = KW["height"] // 16, KW["width"] // 16
+    noise = torch.randn(2, 128, h, w, generator=torch.Generator().manual_seed(4))
+    mine = ours.generate({**ours.prompt_values(prompts, ""), "height": KW["height"], "width": KW["width"],
+                          "seed": None, "rand_device": "cpu", "input_image": None, "latents": noise},
+                         cfg_scale=3.0, num_inference_steps=KW["num_inference_steps"], given=("latents",),
+                         progress=False, output_type="latent")
+    out = theirs(prompts, guidance_scale=3.0, guidance_schedule=None, latents=grid_to_tokens(noise),
+                 max_sequence_length=96, output_type="latent", **KW).images
+    diff = (mine - tokens_to_grid(out, h, w)).abs().max().item()
+    print(f"ideogram4 batch of 2 prompts vs diffusers: latents max difference {diff:.2e}")
+    assert diff <= 1e-4
