@@ -113,3 +113,21 @@ def test_the_unconditional_side_reads_no_prompt(hub):
     kw = dict(seed=1, height=32, width=32, num_inference_steps=2, cfg_scale=5.0, output_type="latent", progress=False)
     assert torch.equal(pipe("a cat", negative_prompt="", **kw), pipe("a cat", negative_prompt="blurry, dark", **kw))
     assert not torch.equal(pipe("a cat", **kw), pipe("a dog", **kw))
+
+
+def test_image_to_image_starts_from_the_noised_image(hub):
+    """denoising_strength < 1 runs every step over the first `strength` of the schedule's quantiles (the reference's
+    img2img), from the input image's latents noised to its first sigma."""
+    pipe = load_tiny_ideogram4(hub)
+    image = Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8))
+    kw = dict(seed=2, height=32, width=32, num_inference_steps=3, output_type="latent", progress=False)
+    full = pipe("a cat", **kw)
+    half = pipe("a cat", input_image=image, denoising_strength=0.5, **kw)
+    assert pipe.scheduler.sigmas[0] < 0.99 and len(pipe.scheduler.timesteps) == 3
+    assert not torch.allclose(full, half)
+    near = pipe("a cat", input_image=image, denoising_strength=0.05, **kw)
+    from difftune.families.ideogram4.units import vae_encode
+    from difftune.media.image import images_to_tensor
+
+    clean = vae_encode(pipe, images_to_tensor(image, 32, 32))
+    assert (near - clean).abs().mean() < (half - clean).abs().mean()
