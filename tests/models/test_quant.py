@@ -255,6 +255,8 @@ def test_torchao_int8_lora_trains_and_loads_in_diffusers_with_every_key_used(qua
     (["scaled_fp8", "blocks.0.attn.to_q.weight", "blocks.0.attn.to_q.scale_weight"], "a ComfyUI fp8_scaled checkpoint"),
 ])
 def test_pre_quantised_checkpoints_are_refused_in_one_line(tmp_path, keys, layout):
+    """Files with the names of a bitsandbytes / fp8_scaled save but not their contents (zeros: no quant state
+    record, no fp8 weight) are refused in one line; whole ones load (tests/models/test_prequant.py)."""
     from safetensors.torch import save_file
 
     from difftune.models.detect import check_files

@@ -75,7 +75,7 @@ def build_pipeline(spec, models: Sequence, *, device="cpu", torch_dtype=torch.fl
         if slot not in pipe.model_names:
             raise UserError(f"{config.describe()} is a {slot}, which {pipeline.__name__} does not take")
         loaded = load_component(config, spec.components, torch_dtype=dtype, device=load_device or device,
-                                detected=detected.get(slot))
+                                detected=detected.get(slot), log=log)
         setattr(pipe, slot, loaded.module)
     if features is not None:
         pipe.activate(features)

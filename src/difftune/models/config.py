@@ -33,6 +33,7 @@ class ModelConfig:
     # `--fp8_models dit` is known before the weights are recognised.
     fp8_components: tuple[str, ...] = ()
     quant: object = None  # a models.quant.QuantOption: Linear weights stored in 4 bits (--quant_options)
+    decode_prequantized: bool = False  # a pre-quantised file's weights decoded in full (a fully trained model)
     _resolved: list[str] | str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -31,6 +31,7 @@ import torch
 from ..errors import UserError
 from .config import ModelConfig
 from .download import missing_shards
+from .prequant import logical_shapes
 
 
 
@@ -79,33 +80,14 @@ def check_files(files: list[str]) -> dict[str, dict[str, tuple[int, ...]]]:
     out = {}
     seen: dict[str, str] = {}
     for f in files:
-        shapes = header_shapes(read_header(f))
-        refuse_prequantized(f, shapes)
+        # a pre-quantised file (models/prequant.py) shows its weights at their own shapes, not packed
+        shapes = logical_shapes(f, header_shapes(read_header(f)))
         for key in shapes:
             if key in seen and seen[key] != f:
                 raise UserError(f"{f}: tensor {key} is also in {seen[key]} (two copies of one model?)")
             seen[key] = f
         out[f] = shapes
     return out
-
-
-def prequantized_layout(keys) -> str | None:
-    """The pre-quantised layout a checkpoint's tensor names show (None: plain weights)."""
-    for key in keys:
-        if ".quant_state.bitsandbytes__" in key or key.endswith((".weight.absmax", ".weight.quant_map")):
-            return "a bitsandbytes 4-bit save (quant_state / absmax tensors)"
-        if key == "scaled_fp8" or key.endswith(".scale_weight"):
-            return "a ComfyUI fp8_scaled checkpoint (scale_weight tensors)"
-    return None
-
-
-def refuse_prequantized(path: str, keys) -> None:
-    """Pre-quantised files are refused in one line (their weights would load as garbage or not fit)."""
-    layout = prequantized_layout(keys)
-    if layout is not None:
-        raise UserError(f"{path}: {layout}: difftune does not load pre-quantised weights; give the full-precision "
-                        f"weights and quantise them as they load with --quant_options <model entry>:<method> "
-                        f"(e.g. bitsandbytes_nf4, torchao_fp8_w8a16)")
 
 
 # -- the registry ---------------------------------------------------------------------------------------

@@ -82,17 +82,38 @@ def _kept_in_fp32(module: torch.nn.Module, library: str, dtype) -> tuple[str, ..
     return strict if dtype == torch.bfloat16 else ()
 
 
+def _packed_rule(config: ModelConfig, slot: str):
+    """Which weights of a pre-quantised file stay packed: all (no option for this model), the 4-bit ones with a
+    bitsandbytes method, the fp8 ones with torchao_fp8_w8a16, none with another method, `--fp8_models` or full
+    training (`config.decode_prequantized`); never the layers the option keeps in full precision. None: decode all."""
+    from .quant import _kept
+
+    option = config.quant
+    if config.wants_fp8(slot) or config.decode_prequantized:
+        return None
+    if option is None:
+        return lambda name, weight: True
+    kinds = ("nf4", "fp4") if option.method.startswith("bitsandbytes_") else \
+        ("fp8",) if option.method == "torchao_fp8_w8a16" else ()
+    if not kinds:
+        return None
+    return lambda name, weight: weight.kind in kinds and not _kept(name.removesuffix(".weight"), option.keep)
+
+
 def load_component(config: ModelConfig | str | list[str], specs: Sequence[ComponentSpec] | None = None,
                    torch_dtype=torch.bfloat16, device: str | torch.device = "cpu",
-                   detected: DetectedComponent | None = None) -> LoadedComponent:
+                   detected: DetectedComponent | None = None, log=print) -> LoadedComponent:
     """Recognise (among `specs`, unless already `detected`), build and load one model: frozen (`requires_grad=False`), `eval()`, on `device`.
 
     Floating tensors are cast to `torch_dtype`; with `config.fp8` (or `--fp8_models <name>`) the Linear
     weights are stored in float8_e4m3fn as they are read (see `fp8.py`); with `config.quant` (--quant_options) in
-    4 bits once loaded (see `quant.py`).
+    4 bits once loaded (see `quant.py`). Pre-quantised files (`prequant.py`) keep their packed weights where the
+    run's options allow it and this machine runs them (see `_packed_rule`), else they are decoded to `torch_dtype`.
     """
+    from .detect import read_header
     from .files import iter_tensors
     from .fp8 import enable_fp8_storage, fp8_weight_names
+    from .prequant import QuantizedWeight, convert_packed, install_quantized, prequantized_layout, split_prequantized
 
     config = as_model_config(config)
     dtype = _dtype(torch_dtype)
@@ -119,23 +140,47 @@ def load_component(config: ModelConfig | str | list[str], specs: Sequence[Compon
             tensor = tensor.to(target)
         return tensor.to(device)
 
+    keep = _packed_rule(config, det.name)
+    packed: dict[str, QuantizedWeight] = {}  # pre-quantised weights kept packed, installed once the rest is in
+
     def read(f):
-        for key, tensor in iter_tensors(f):
+        tensors = iter_tensors(f)
+        if prequantized_layout(read_header(f)) is not None:
+            plain, weights = split_prequantized(dict(tensors), f)
+            tensors = [*plain.items(), *weights.items()]
+        for key, tensor in tensors:
             yield det.spec.normalize_key(key), tensor
+
+    def take(name, value):
+        if not isinstance(value, QuantizedWeight):
+            return cast(name, value)
+        if keep is not None and keep(name, value):
+            packed[name] = value
+            return None
+        return cast(name, value.dequantize(torch.float32))
 
     if det.spec.convert_state_dict is not None:
         # fused tensors are split across files' keys: convert the whole checkpoint at once
         state = {}
         for f in det.files:
             state.update(dict(read(f)))
-        batch = {k: cast(k, v) for k, v in det.spec.convert_state_dict(state).items()}
+        converted = convert_packed(det.spec.convert_state_dict, state, log)
         del state
+        batch = {k: v for k, v in ((k, take(k, v)) for k, v in converted.items()) if v is not None}
+        del converted
         module.load_state_dict(batch, strict=False, assign=True)
         del batch
     for f in det.files if det.spec.convert_state_dict is None else ():
-        batch = {name: cast(name, t) for name, t in read(f)}
+        batch = {k: v for k, v in ((k, take(k, t)) for k, t in read(f)) if v is not None}
         module.load_state_dict(batch, strict=False, assign=True)
         del batch
+    if packed:
+        installed = install_quantized(module, packed, dtype, device, log=log)
+        held = [kind for kind in installed.values() if kind != "decoded"]
+        if held:
+            log(f"{det.name}: {len(held)} weights of {_files_desc(det.files)} kept as stored "
+                f"({', '.join(sorted(set(held)))})")
+        del packed
     if hasattr(module, "tie_weights"):
         module.tie_weights()
     left = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]

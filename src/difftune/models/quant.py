@@ -175,8 +175,9 @@ def quantize_linears(module: nn.Module, option: QuantOption, compute_dtype: torc
     if unknown:
         raise UserError(f"--quant_options: layer(s) to keep in full precision {', '.join(unknown)} match no module of "
                         f"{type(module).__name__}")
-    names = [n for n, m in module.named_modules()
-             if n and type(m) is nn.Linear and not _kept(n, option.keep)]
+    names = [n for n, m in module.named_modules()  # (a weight loaded packed from a pre-quantised file stays so)
+             if n and type(m) is nn.Linear and type(m.weight) in (nn.Parameter, torch.Tensor)
+             and not _kept(n, option.keep)]
     if option.method.startswith("torchao_"):
         torchao()
         module.requires_grad_(False)
