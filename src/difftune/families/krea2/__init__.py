@@ -1,5 +1,6 @@
 """The Krea-2 family (Krea-2 Raw and Turbo): its spec, found by the family scan."""
 
+import os
 from dataclasses import dataclass
 
 from ...core.family import FamilySpec, TokenizerSpec
@@ -24,6 +25,13 @@ class Krea2Options:
                               "--cfg_scale 1); default: from the image size (Raw).", kind=float, group=GROUP,
                               sample=True, train=False)
 
+    def __post_init__(self):
+        # The reference names Qwen3-VL's repository root ("Qwen/Qwen3-VL-4B-Instruct:"), where the tokenizer sits
+        # beside the weights: its tokenizer.json (with the JSON files beside it) stands for that folder.
+        path = self.tokenizer_path
+        if isinstance(path, str) and path.endswith(":") and not os.path.exists(path):
+            object.__setattr__(self, "tokenizer_path", path + "tokenizer.json")
+
     def lora_format(self) -> tuple[str, str] | None:
         """(the LoRA layout these flags ask for, the flag), or None: --lora_format decides."""
         return ("diffusers", "--align_to_opensource_format") if self.align_to_opensource_format else None
@@ -39,7 +47,7 @@ FAMILY = FamilySpec(
     tokenizers=(
         # Qwen3-VL keeps its tokenizer beside its weights; the reference's default is that repository's root
         TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="", load=load_tokenizer,
-                      flag="tokenizer_path", default="Qwen/Qwen3-VL-4B-Instruct:"),
+                      flag="tokenizer_path", default="Qwen/Qwen3-VL-4B-Instruct:tokenizer.json"),
     ),
     lora_prefixes={"dit": "transformer", "text_encoder": "text_encoder"},
     lora_target_modules=LORA_TARGET_MODULES,
