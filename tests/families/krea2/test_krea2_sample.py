@@ -1,5 +1,5 @@
 """`difftune sample` on Krea-2: the scripts' files (Krea's single file, Qwen3-VL's folder with its tokenizer, the
-VAE), Raw's default time shift and Turbo's `--mu 1.15`, each written image equal to the pipeline's own call; a LoRA
+VAE), Raw's default time shift and Turbo's `--shift_mu 1.15`, each written image equal to the pipeline's own call; a LoRA
 file applied; the family's flag refused for another family."""
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ def test_raw_and_turbo(hub, tmp_path):
                    "--output", str(tmp_path / "raw.png"), *SIZE]) == 0
     assert _same(tmp_path / "raw.png", load_tiny_krea2(hub)("a red circle", cfg_scale=2.0, **kw))
     assert sample(["--model_paths", json.dumps(model_paths(hub, TURBO_REPO)), "--prompt", "a red circle",
-                   "--cfg_scale", "1", "--mu", "1.15", "--output", str(tmp_path / "turbo.png"), *SIZE]) == 0
+                   "--cfg_scale", "1", "--shift_mu", "1.15", "--output", str(tmp_path / "turbo.png"), *SIZE]) == 0
     turbo = load_tiny_krea2(hub, TURBO_REPO)
     assert _same(tmp_path / "turbo.png", turbo("a red circle", cfg_scale=1.0, mu=1.15, **kw))
-    assert not _same(tmp_path / "turbo.png", turbo("a red circle", cfg_scale=1.0, **kw))  # --mu was used
+    assert not _same(tmp_path / "turbo.png", turbo("a red circle", cfg_scale=1.0, **kw))  # --shift_mu was used
 
 
-def test_mu_is_refused_for_another_family(tmp_path):
+def test_shift_mu_is_refused_for_another_family(tmp_path):
     from difftune.errors import UserError
     from support import write_tiny_qwen_image
 
     repo = write_tiny_qwen_image(tmp_path / "qwen")
-    with pytest.raises(UserError, match="--mu: the qwen_image family does not take it"):
-        sample(["--model_dir", str(repo), "--prompt", "x", "--mu", "1.15", "--output", str(tmp_path / "q.png"), *SIZE])
+    with pytest.raises(UserError, match="--shift_mu: the qwen_image family does not take it"):
+        sample(["--model_dir", str(repo), "--prompt", "x", "--shift_mu", "1.15", "--output", str(tmp_path / "q.png"), *SIZE])

@@ -21,7 +21,7 @@ class Krea2Options:
                                               "names behind transformer. (its 'open-source' format), which is "
                                               "difftune's default file; the same as --lora_format diffusers.",
                                               kind=SWITCH, group=GROUP)
-    mu: float | None = option(None, "difftune sample: a fixed time shift (Krea-2-Turbo: 1.15, with 8 steps and "
+    shift_mu: float | None = option(None, "difftune sample: a fixed time shift mu (Krea-2-Turbo: 1.15, with 8 steps and "
                               "--cfg_scale 1); default: from the image size (Raw).", kind=float, group=GROUP,
                               sample=True, train=False)
 
@@ -37,7 +37,7 @@ class Krea2Options:
         return ("diffusers", "--align_to_opensource_format") if self.align_to_opensource_format else None
 
     def call_inputs(self, images: dict) -> dict:
-        return {"mu": self.mu} if self.mu is not None else {}
+        return {"mu": self.shift_mu} if self.shift_mu is not None else {}
 
 
 FAMILY = FamilySpec(
