@@ -67,14 +67,17 @@ def write_single_file(path: Path, dit) -> Path:
     return path
 
 
-def write_tiny_krea2_hub(base: str | os.PathLike, spec: TinyKrea2Spec | None = None) -> Path:
-    """Every repository the four Krea-2 scripts name, under a model base path."""
+def write_tiny_krea2_hub(base: str | os.PathLike, spec: TinyKrea2Spec | None = None,
+                         text_spec: TinyQwen3VLSpec = TEXT_SPEC, vae_base_dim: int = 8, turbo: bool = True) -> Path:
+    """Every repository the four Krea-2 scripts name, under a model base path (the benchmark's sizes through
+    `spec`, `text_spec`, `vae_base_dim`)."""
     quiet_hf()
     base = Path(base)
     write_single_file(base / RAW_REPO / "raw.safetensors", tiny_dit(spec, seed=0))
-    write_single_file(base / TURBO_REPO / "turbo.safetensors", tiny_dit(spec, seed=1))
-    write_tiny_qwen3_vl(base / QWEN3_VL_REPO, TEXT_SPEC)
-    write_tiny_qwen_image_vae(base / QWEN_IMAGE_REPO / "vae")
+    if turbo:
+        write_single_file(base / TURBO_REPO / "turbo.safetensors", tiny_dit(spec, seed=1))
+    write_tiny_qwen3_vl(base / QWEN3_VL_REPO, text_spec)
+    write_tiny_qwen_image_vae(base / QWEN_IMAGE_REPO / "vae", base_dim=vae_base_dim)
     return base
 
 
