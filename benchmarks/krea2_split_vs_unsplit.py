@@ -3,8 +3,8 @@
 The Krea-2 family at CPU scale with Krea-2-Raw's proportions (the Qwen3-VL-4B text encoder 0.35x the 12.8B DiT's
 parameters, the Qwen-Image VAE 0.010x), three runs of the CLI path, one process each: `sft` (one stage),
 `sft:data_process` (stage 1: Qwen3-VL, the VAE) and `sft:train` (stage 2: the DiT alone, from the cache). Also
-times, in this process, one Qwen3-VL encode of a prompt (the 12 tapped hidden states of a 546-token sequence, as
-diffusers and the reference encode it) and one VAE encode of an image, to give their share of a one-stage step.
+times, in this process, one Qwen3-VL encode of a prompt (the 12 tapped hidden states of the 546-token sequence
+diffusers and the reference encode) and one VAE encode of an image, to give their share of a one-stage step.
 Prints one JSON line (the ratios side by side); writes its table to docs/benchmarks.md.
 
     .venv/bin/python benchmarks/krea2_split_vs_unsplit.py            # the proportional model (minutes here)
@@ -44,8 +44,7 @@ class Krea2Bench:
 def proportional() -> Krea2Bench:
     """Heads of 128 with 4:1 grouped queries and the MLP at 2.67x as Krea-2's DiT (4 heads, 4 layers against 48 and
     28); Qwen3-VL with its 36 layers (the DiT reads states up to the 35th) at a width that makes it 0.33x the DiT,
-    its MLP at 3.8x as the 4B's; the VAE at about the real 0.01x; 256x256 gives 256 image tokens beside the 512
-    text tokens."""
+    its MLP at 3.8x as the 4B's; the VAE at about the real 0.01x; 256x256 gives 256 image tokens."""
     return Krea2Bench("proportional",
                       dit=dict(hidden_heads=4, head_dim=128, kv_heads=1, layers=4, intermediate=1367, text_hidden=96,
                                text_heads=1, text_intermediate=259),
@@ -155,8 +154,8 @@ def render(r: dict) -> str:
     head = (f"Config `{r['config']}` at {r['resolution']}x{r['resolution']}: DiT {p['transformer'] / 1e6:.2f}M, "
             f"Qwen3-VL {p['text_encoder'] / 1e6:.2f}M ({q['text_encoder']:.3f}x the DiT; Krea-2-Raw "
             f"{real['text_encoder']:.3f}x), VAE {p['vae'] / 1e6:.3f}M ({q['vae']:.4f}x; real {real['vae']:.4f}x); "
-            f"LoRA rank {32 if r['config'] != 'quick' else 4} on the reference's targets; fp32; prompts padded to "
-            f"512 tokens; stage 1 took {r['stage1_seconds']:.1f} s (model loading included), peak RSS "
+            f"LoRA rank {32 if r['config'] != 'quick' else 4} on the reference's targets; fp32; prompts encoded "
+            f"at 512 tokens, their real tokens kept; stage 1 took {r['stage1_seconds']:.1f} s (model loading included), peak RSS "
             f"{r['peak_rss_stage1_mib']:.0f} MiB. The work stage 2 leaves out is "
             f"{100 * r['cached_share_of_one_stage_step']:.0f}% of a one-stage step (1 - the step-time ratio). "
             f"Timed apart afterwards, one Qwen3-VL encode of a prompt takes {r['qwen3_vl_encode_s']:.3f} s "

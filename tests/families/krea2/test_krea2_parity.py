@@ -82,11 +82,28 @@ def test_sampling_equals_diffusers_krea2_pipeline(pipe, case):
     assert (pack(ours_latents) - theirs_latents).abs().max().item() < 1e-5
 
 
-def test_prompt_states_equal_diffusers(pipe):
-    values = {"prompt": ["a cat", "two dogs on a long sofa"]}
-    ours = pipe.units[-1].process(pipe, values["prompt"])
-    ref = diffusers_krea2(pipe)
-    embeds, mask = ref.get_text_hidden_states(values["prompt"], device="cpu")
-    assert ours["prompt_embeds"].shape == (2, 512, 12, 32)
-    assert torch.equal(ours["prompt_embeds_mask"].bool(), mask)
-    assert (ours["prompt_embeds"] - embeds).abs().max().item() == 0.0
+def test_prompt_states_equal_diffusers_on_the_real_tokens(pipe):
+    prompts = ["a cat", "two dogs on a long sofa"]
+    ours = pipe.units[-1].process(pipe, prompts)
+    embeds, mask = diffusers_krea2(pipe).get_text_hidden_states(prompts, device="cpu")
+    assert embeds.shape == (2, 512, 12, 32)
+    # the prompt's tokens and the suffix's, the padding between them left out
+    counts = mask.sum(1).tolist()
+    assert ours["prompt_embeds"].shape == (2, max(counts), 12, 32) and counts[0] < counts[1] < 60
+    for i, n in enumerate(counts):
+        assert ours["prompt_embeds_mask"][i].tolist() == [1] * n + [0] * (max(counts) - n)
+        assert torch.equal(ours["prompt_embeds"][i, :n], embeds[i][mask[i]])
+
+
+def test_leaving_the_padding_out_changes_no_prediction(pipe):
+    """The DiT on the fixed-length sequence (diffusers') and on the real tokens only: the same velocity."""
+    from difftune.families.krea2.model_fn import model_fn_krea2
+
+    embeds, mask = diffusers_krea2(pipe).get_text_hidden_states(["a cat", "two dogs on a long sofa"], device="cpu")
+    ours = pipe.units[-1].process(pipe, ["a cat", "two dogs on a long sofa"])
+    latents = torch.randn(2, 16, 4, 6, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([700.0, 300.0])
+    full = model_fn_krea2(pipe.dit, latents, t, embeds, mask)
+    short = model_fn_krea2(pipe.dit, latents, t, ours["prompt_embeds"], ours["prompt_embeds_mask"])
+    one = model_fn_krea2(pipe.dit, latents[:1], t[:1], ours["prompt_embeds"][:1, :int(mask[0].sum())], None)
+    assert (full - short).abs().max().item() < 1e-5 and (full[:1] - one).abs().max().item() < 1e-5

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ...core.batch import Pad
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from .components import TEXT_LAYERS
@@ -45,17 +46,32 @@ def text_hidden_states(pipe, prompts: list[str], max_sequence_length: int = MAX_
     return hidden[:, prefix:], mask[:, prefix:]
 
 
+def real_tokens(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each prompt's real tokens only (the prompt's, then the suffix's), padded to the longest of the batch.
+
+    The same result as the fixed-length sequence: padded tokens are masked out as keys everywhere in the DiT and never
+    read back, and the text has no positions there (no rotary embedding in the text fusion, all text tokens at the
+    origin in the blocks), so which tokens are left out and in what order the rest come changes nothing. A prompt of
+    40 tokens caches and attends 45 text tokens instead of 512."""
+    rows = [h[m] for h, m in zip(hidden, mask)]
+    length = max(r.shape[0] for r in rows)
+    embeds = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, 0, 0, length - r.shape[0])) for r in rows])
+    keep = torch.stack([torch.arange(length, device=embeds.device) < r.shape[0] for r in rows])
+    return embeds, keep
+
+
 class Krea2PromptEmbedder(PipelineUnit):
-    """The prompt through Qwen3-VL: 12 tapped hidden states per token and the mask of real tokens."""
+    """The prompt through Qwen3-VL: 12 tapped hidden states per real token and the mask of real tokens."""
 
     cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
     cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds"),
                    "prompt_embeds_mask": ("prompt_embeds_mask", "negative_prompt_embeds_mask")}
     models = ("text_encoder",)
+    batching = {"prompt_embeds": Pad("prompt_embeds_mask")}  # prompts of a batch differ in length
 
     def process(self, pipe, prompt):
         if prompt is None:
             return {}
         prompts = [prompt] if isinstance(prompt, str) else ["" if p is None else str(p) for p in prompt]
-        hidden, mask = text_hidden_states(pipe, prompts)
+        hidden, mask = real_tokens(*text_hidden_states(pipe, prompts))
         return {"prompt_embeds": hidden.to(pipe.torch_dtype), "prompt_embeds_mask": mask.long()}
