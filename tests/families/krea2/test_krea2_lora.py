@@ -96,7 +96,8 @@ def test_diffusers_loads_every_tensor_and_samples_as_difftune(hub, loras):
     assert {k.rpartition(".lora_")[0] for k in loaded} == _modules(saved, "transformer.")
     # the strength: diffusers' B @ A equals the trained alpha / rank (2) times the comfyui file's plain B @ A
     plain = load_file(str(loras["comfyui"]))
-    ab = plain["diffusion_model.blocks.0.attn.wq.lora_B.weight"] @ plain["diffusion_model.blocks.0.attn.wq.lora_A.weight"]
+    wq = "diffusion_model.blocks.0.attn.wq"
+    ab = plain[f"{wq}.lora_B.weight"] @ plain[f"{wq}.lora_A.weight"]
     assert float(plain["diffusion_model.blocks.0.attn.wq.alpha"]) == 8.0
     config = theirs.transformer.peft_config["ours"]
     theirs_ab = (loaded["transformer_blocks.0.attn.to_q.lora_B.weight"]
@@ -160,8 +161,8 @@ def _comfyui_krea2_map(layers: int) -> dict[str, str]:
              "ff.down": "mlp.down"}
     out = {}
     for ours, theirs in ([(f"transformer_blocks.{i}", f"blocks.{i}") for i in range(layers)]
-                         + [(f"text_fusion.{k}.{i}", f"txtfusion.{k}.{i}") for k in ("layerwise_blocks", "refiner_blocks")
-                            for i in range(2)]):
+                         + [(f"text_fusion.{k}.{i}", f"txtfusion.{k}.{i}")
+                            for k in ("layerwise_blocks", "refiner_blocks") for i in range(2)]):
         out.update({f"{ours}.{d}": f"{theirs}.{c}" for d, c in block.items()})
     out.update({"img_in": "first", "time_embed.linear_1": "tmlp.0", "time_embed.linear_2": "tmlp.2",
                 "time_mod_proj": "tproj.1", "txt_in.linear_1": "txtmlp.1", "txt_in.linear_2": "txtmlp.3",

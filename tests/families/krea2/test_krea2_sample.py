@@ -1,6 +1,6 @@
 """`difftune sample` on Krea-2: the scripts' files (Krea's single file, Qwen3-VL's folder with its tokenizer, the
-VAE), Raw's default time shift and Turbo's `--shift_mu 1.15`, each written image equal to the pipeline's own call; a LoRA
-file applied; the family's flag refused for another family."""
+VAE), Raw's default time shift and Turbo's `--shift_mu 1.15`, each written image equal to the pipeline's own call;
+the family's flag refused for another family."""
 
 from __future__ import annotations
 
@@ -45,4 +45,5 @@ def test_shift_mu_is_refused_for_another_family(tmp_path):
 
     repo = write_tiny_qwen_image(tmp_path / "qwen")
     with pytest.raises(UserError, match="--shift_mu: the qwen_image family does not take it"):
-        sample(["--model_dir", str(repo), "--prompt", "x", "--shift_mu", "1.15", "--output", str(tmp_path / "q.png"), *SIZE])
+        sample(["--model_dir", str(repo), "--prompt", "x", "--shift_mu", "1.15", "--output", str(tmp_path / "q.png"),
+                *SIZE])

@@ -21,9 +21,9 @@ class Krea2Options:
                                               "names behind transformer. (its 'open-source' format), which is "
                                               "difftune's default file; the same as --lora_format diffusers.",
                                               kind=SWITCH, group=GROUP)
-    shift_mu: float | None = option(None, "difftune sample: a fixed time shift mu (Krea-2-Turbo: 1.15, with 8 steps and "
-                              "--cfg_scale 1); default: from the image size (Raw).", kind=float, group=GROUP,
-                              sample=True, train=False)
+    shift_mu: float | None = option(None, "difftune sample: a fixed time shift mu (Krea-2-Turbo: 1.15, with 8 "
+                                    "steps and --cfg_scale 1); default: from the image size (Raw).", kind=float,
+                                    group=GROUP, sample=True, train=False)
 
     def __post_init__(self):
         # The reference names Qwen3-VL's repository root ("Qwen/Qwen3-VL-4B-Instruct:"), where the tokenizer sits

@@ -97,7 +97,8 @@ _BACK_PREFIX = (("img_in.", "first."), ("time_embed.linear_1.", "tmlp.0."), ("ti
                 ("time_mod_proj.", "tproj.1."), ("txt_in.norm.weight", "txtmlp.0.scale"),
                 ("txt_in.linear_1.", "txtmlp.1."), ("txt_in.linear_2.", "txtmlp.3."), ("text_fusion.", "txtfusion."),
                 ("transformer_blocks.", "blocks."), ("final_layer.linear.", "last.linear."),
-                ("final_layer.norm.weight", "last.norm.scale"), ("final_layer.scale_shift_table", "last.modulation.lin"))
+                ("final_layer.norm.weight", "last.norm.scale"),
+                ("final_layer.scale_shift_table", "last.modulation.lin"))
 _BACK_BLOCK = ((".attn.to_q.", ".attn.wq."), (".attn.to_k.", ".attn.wk."), (".attn.to_v.", ".attn.wv."),
                (".attn.to_out.0.", ".attn.wo."), (".attn.to_gate.", ".attn.gate."),
                (".attn.norm_q.weight", ".attn.qknorm.qnorm.scale"), (".attn.norm_k.weight", ".attn.qknorm.knorm.scale"),

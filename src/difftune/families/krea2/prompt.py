@@ -39,7 +39,8 @@ def text_hidden_states(pipe, prompts: list[str], max_sequence_length: int = MAX_
     encoder = pipe.text_encoder
     depth = encoder.config.text_config.num_hidden_layers
     if depth < TEXT_LAYERS[-1]:
-        raise UserError(f"the text encoder has {depth} layers; Krea-2 reads its hidden states {', '.join(map(str, TEXT_LAYERS))} "
+        taps = ", ".join(map(str, TEXT_LAYERS))
+        raise UserError(f"the text encoder has {depth} layers; Krea-2 reads its hidden states {taps} "
                         f"(Qwen3-VL-4B has 36)")
     out = encoder(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True)
     hidden = torch.stack([out.hidden_states[i] for i in TEXT_LAYERS], dim=2)
