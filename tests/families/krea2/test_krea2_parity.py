@@ -107,3 +107,30 @@ def test_leaving_the_padding_out_changes_no_prediction(pipe):
     short = model_fn_krea2(pipe.dit, latents, t, ours["prompt_embeds"], ours["prompt_embeds_mask"])
     one = model_fn_krea2(pipe.dit, latents[:1], t[:1], ours["prompt_embeds"][:1, :int(mask[0].sum())], None)
     assert (full - short).abs().max().item() < 1e-5 and (full[:1] - one).abs().max().item() < 1e-5
+
+
+def test_a_diffusers_transformer_folder_loads_as_the_single_file(hub, pipe, tmp_path):
+    from difftune.families.krea2.components import DIT
+    from difftune.models.detect import detect_component
+
+    tiny_dit(seed=0).save_pretrained(tmp_path / "transformer")
+    det = detect_component(str(tmp_path / "transformer" / "diffusion_pytorch_model.safetensors"), FAMILY.components)
+    assert det.spec is DIT and det.source.endswith("config.json")
+    # bare diffusers-named weights (no config.json): every size read from the shapes
+    (tmp_path / "transformer" / "config.json").unlink()
+    det = detect_component(str(tmp_path / "transformer" / "diffusion_pytorch_model.safetensors"), FAMILY.components)
+    assert det.spec is DIT and det.config["num_layers"] == 2 and det.config["axes_dims_rope"] == [4, 6, 6]
+
+
+def test_a_text_encoder_without_the_tapped_layers_is_refused_in_one_line(hub, tmp_path):
+    from difftune.errors import UserError
+    from difftune.families.krea2 import Krea2Pipeline
+    from support.qwen_parts import TinyQwen3VLSpec, write_tiny_qwen3_vl
+
+    shallow = write_tiny_qwen3_vl(tmp_path / "shallow", TinyQwen3VLSpec(hidden=32, layers=4, head_dim=16,
+                                                                        intermediate=64))
+    paths = model_paths(hub)
+    pipe = Krea2Pipeline.from_pretrained(torch_dtype=torch.float32, model_configs=[
+        ModelConfig(paths[0]), ModelConfig(str(shallow / "model.safetensors")), ModelConfig(paths[2])])
+    with pytest.raises(UserError, match=r"the text encoder has 4 layers; Krea-2 reads its hidden states 2, 5, .*35"):
+        pipe("a cat", height=32, width=32, num_inference_steps=1, progress=False)
