@@ -58,11 +58,11 @@ def quick() -> Krea2Bench:
 
 
 def prepare(workdir: Path, cfg: Krea2Bench, n: int) -> tuple[Path, Path]:
-    from support.krea2.tiny import TEXT_SPEC, TinyKrea2Spec, write_tiny_krea2_hub
+    from support.krea2.tiny import KREA2_TEXT_SPEC, TinyKrea2Spec, write_tiny_krea2_hub
     from support.qwen_parts import TinyQwen3VLSpec
 
     repo = workdir / f"krea2-{cfg.name}"
-    text = TinyQwen3VLSpec(**cfg.text) if cfg.text else TEXT_SPEC
+    text = TinyQwen3VLSpec(**cfg.text) if cfg.text else KREA2_TEXT_SPEC
     reuse_or_write(repo, {"dit": cfg.dit, "text": cfg.text, "vae": cfg.vae_base_dim},
                    lambda repo: write_tiny_krea2_hub(repo, TinyKrea2Spec(**cfg.dit), text, cfg.vae_base_dim,
                                                      turbo=False))

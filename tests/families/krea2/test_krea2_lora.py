@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from conftest import run_train
 from difftune.families.krea2.lora import to_diffusers_path, to_original_path
 from support import write_example_dataset
-from support.krea2 import diffusers_krea2, load_tiny_krea2, model_paths, write_tiny_krea2_hub
+from support.krea2 import diffusers_krea2, load_tiny_krea2, krea2_model_paths, write_tiny_krea2_hub
 
 REFERENCE_TARGETS = "wq,wk,wv,gate,wo,gate,up,down,first,tmlp.0,tmlp.2,projector,txtmlp.1,txtmlp.3,last.linear,tproj.1"
 KW = dict(height=32, width=32, num_inference_steps=2)
@@ -47,7 +47,7 @@ def loras(hub, tmp_path_factory):
     out = {}
     for layout in ("default", "comfyui"):
         run_train("--task", "sft", "--dataset_base_path", root / "data", "--dataset_metadata_path", meta,
-                  "--output_path", root / layout, "--model_paths", json.dumps(model_paths(hub)), "--torch_dtype",
+                  "--output_path", root / layout, "--model_paths", json.dumps(krea2_model_paths(hub)), "--torch_dtype",
                   "float32", "--learning_rate", 5e-2, "--max_steps", 2, "--seed", 5, "--no_progress", "--max_pixels",
                   1024, "--enable_tensorboard_log", "false", "--lora_base_model", "dit", "--lora_target_modules",
                   REFERENCE_TARGETS, "--lora_rank", 4, "--lora_alpha", 8, "--lora_format", layout)

@@ -15,7 +15,7 @@ from difftune.families.krea2.components import (DIT_ORIGINAL, KREA2_TRANSFORMER_
 from difftune.families.krea2.model_fn import pack
 from difftune.models import ModelConfig
 from difftune.models.detect import match_header
-from support.krea2 import diffusers_krea2, load_tiny_krea2, model_paths, tiny_dit, write_tiny_krea2_hub
+from support.krea2 import diffusers_krea2, load_tiny_krea2, krea2_model_paths, tiny_krea2_dit, write_tiny_krea2_hub
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def pipe(hub):
 
 
 def test_the_scripts_files_are_recognised(hub):
-    spec, found = recognise([ModelConfig(p) for p in model_paths(hub)], None, log=lambda *a: None)
+    spec, found = recognise([ModelConfig(p) for p in krea2_model_paths(hub)], None, log=lambda *a: None)
     slots = {slot: det for slot, _, det in found}
     assert spec.name == "krea2" and sorted(slots) == ["dit", "text_encoder", "vae"]
     assert slots["dit"].spec is DIT_ORIGINAL and slots["dit"].config["num_layers"] == 2
@@ -38,7 +38,7 @@ def test_the_scripts_files_are_recognised(hub):
 
 def test_single_file_loads_the_same_weights_as_the_model(pipe):
     ours = pipe.dit.state_dict()
-    for k, v in tiny_dit(seed=0).state_dict().items():
+    for k, v in tiny_krea2_dit(seed=0).state_dict().items():
         assert torch.equal(ours[k], v), k
 
 
@@ -113,7 +113,7 @@ def test_a_diffusers_transformer_folder_loads_as_the_single_file(hub, pipe, tmp_
     from difftune.families.krea2.components import DIT
     from difftune.models.detect import detect_component
 
-    tiny_dit(seed=0).save_pretrained(tmp_path / "transformer")
+    tiny_krea2_dit(seed=0).save_pretrained(tmp_path / "transformer")
     det = detect_component(str(tmp_path / "transformer" / "diffusion_pytorch_model.safetensors"), FAMILY.components)
     assert det.spec is DIT and det.source.endswith("config.json")
     # bare diffusers-named weights (no config.json): every size read from the shapes
@@ -129,7 +129,7 @@ def test_a_text_encoder_without_the_tapped_layers_is_refused_in_one_line(hub, tm
 
     shallow = write_tiny_qwen3_vl(tmp_path / "shallow", TinyQwen3VLSpec(hidden=32, layers=4, head_dim=16,
                                                                         intermediate=64))
-    paths = model_paths(hub)
+    paths = krea2_model_paths(hub)
     pipe = Krea2Pipeline.from_pretrained(torch_dtype=torch.float32, model_configs=[
         ModelConfig(paths[0]), ModelConfig(str(shallow / "model.safetensors")), ModelConfig(paths[2])])
     with pytest.raises(UserError, match=r"the text encoder has 4 layers; Krea-2 reads its hidden states 2, 5, .*35"):

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from difftune.cli.main import main as difftune
 from difftune.families.krea2.components import convert_original_dit
 from support import read_reference_script
-from support.krea2 import RAW_REPO, TURBO_REPO, write_krea2_script_workspace
+from support.krea2 import KREA2_RAW_REPO, KREA2_TURBO_REPO, write_krea2_script_workspace
 from support.scripts import flag_value
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "krea2" / "model_training"
@@ -55,7 +55,7 @@ def test_reference_script_runs(in_workspace, script, capsys):
     assert "family: krea2" in log
     out = Path(flag_value(argv, "--output_path"))
     saved = load_file(str(sorted(out.glob("*.safetensors"))[-1]))
-    repo, name = (RAW_REPO, "raw.safetensors") if "Raw" in script else (TURBO_REPO, "turbo.safetensors")
+    repo, name = (KREA2_RAW_REPO, "raw.safetensors") if "Raw" in script else (KREA2_TURBO_REPO, "turbo.safetensors")
     if script.startswith("lora/"):
         assert all(k.startswith("transformer.") and k.endswith((".lora_A.weight", ".lora_B.weight")) for k in saved)
         for module in ("transformer_blocks.0.attn.to_q", "transformer_blocks.1.ff.down", "img_in",
@@ -75,4 +75,4 @@ def test_full_script_in_the_original_names(in_workspace, capsys):
             *argv[argv.index("--output_path") + 2:]]
     _run(argv, capsys, "--full_format", "original", "--max_pixels", "1024")
     saved = load_file(str(sorted(Path("models/train/Krea-2-Raw_full_original").glob("*.safetensors"))[-1]))
-    assert saved.keys() == load_file(str(in_workspace / "models" / RAW_REPO / "raw.safetensors")).keys()
+    assert saved.keys() == load_file(str(in_workspace / "models" / KREA2_RAW_REPO / "raw.safetensors")).keys()

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from difftune.cli.sample import main as sample
-from support.krea2 import TURBO_REPO, load_tiny_krea2, model_paths, write_tiny_krea2_hub
+from support.krea2 import KREA2_TURBO_REPO, load_tiny_krea2, krea2_model_paths, write_tiny_krea2_hub
 
 SIZE = ["--height", "32", "--width", "48", "--num_inference_steps", "2", "--torch_dtype", "float32", "--seed", "3",
         "--device", "cpu"]
@@ -29,12 +29,12 @@ def _same(path, image) -> bool:
 
 def test_raw_and_turbo(hub, tmp_path):
     kw = dict(seed=3, height=32, width=48, num_inference_steps=2, progress=False)
-    assert sample(["--model_paths", json.dumps(model_paths(hub)), "--prompt", "a red circle", "--cfg_scale", "2",
+    assert sample(["--model_paths", json.dumps(krea2_model_paths(hub)), "--prompt", "a red circle", "--cfg_scale", "2",
                    "--output", str(tmp_path / "raw.png"), *SIZE]) == 0
     assert _same(tmp_path / "raw.png", load_tiny_krea2(hub)("a red circle", cfg_scale=2.0, **kw))
-    assert sample(["--model_paths", json.dumps(model_paths(hub, TURBO_REPO)), "--prompt", "a red circle",
+    assert sample(["--model_paths", json.dumps(krea2_model_paths(hub, KREA2_TURBO_REPO)), "--prompt", "a red circle",
                    "--cfg_scale", "1", "--shift_mu", "1.15", "--output", str(tmp_path / "turbo.png"), *SIZE]) == 0
-    turbo = load_tiny_krea2(hub, TURBO_REPO)
+    turbo = load_tiny_krea2(hub, KREA2_TURBO_REPO)
     assert _same(tmp_path / "turbo.png", turbo("a red circle", cfg_scale=1.0, mu=1.15, **kw))
     assert not _same(tmp_path / "turbo.png", turbo("a red circle", cfg_scale=1.0, **kw))  # --shift_mu was used
 

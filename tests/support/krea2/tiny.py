@@ -14,9 +14,9 @@ import torch
 from ..common import TinyFamily, quiet_hf, register_tiny, write_example_dataset
 from ..qwen_parts import TinyQwen3VLSpec, write_tiny_qwen3_vl, write_tiny_qwen_image_vae
 
-RAW_REPO, TURBO_REPO = "krea/Krea-2-Raw", "krea/Krea-2-Turbo"
-QWEN3_VL_REPO, QWEN_IMAGE_REPO = "Qwen/Qwen3-VL-4B-Instruct", "Qwen/Qwen-Image"
-TEXT_SPEC = TinyQwen3VLSpec(hidden=32, layers=36, heads=2, kv_heads=1, head_dim=16, intermediate=64,
+KREA2_RAW_REPO, KREA2_TURBO_REPO = "krea/Krea-2-Raw", "krea/Krea-2-Turbo"
+KREA2_QWEN3_VL_REPO, KREA2_VAE_REPO = "Qwen/Qwen3-VL-4B-Instruct", "Qwen/Qwen-Image"
+KREA2_TEXT_SPEC = TinyQwen3VLSpec(hidden=32, layers=36, heads=2, kv_heads=1, head_dim=16, intermediate=64,
                             vision_hidden=32, vision_depth=1)
 
 
@@ -33,7 +33,7 @@ class TinyKrea2Spec:
     seed: int = 0
 
 
-def tiny_dit(spec: TinyKrea2Spec | None = None, seed: int | None = None):
+def tiny_krea2_dit(spec: TinyKrea2Spec | None = None, seed: int | None = None):
     """diffusers' Krea2Transformer2DModel at tiny sizes; the zero-initialised parts (modulation tables, the final
     layer) given random values so a test sees them."""
     from diffusers import Krea2Transformer2DModel
@@ -56,7 +56,7 @@ def tiny_dit(spec: TinyKrea2Spec | None = None, seed: int | None = None):
     return dit.eval()
 
 
-def write_single_file(path: Path, dit) -> Path:
+def write_krea2_single_file(path: Path, dit) -> Path:
     """A DiT as Krea's single file: the original names (`first`, `blocks.N.attn.wq`, flat modulation tables)."""
     from safetensors.torch import save_file
 
@@ -68,33 +68,34 @@ def write_single_file(path: Path, dit) -> Path:
 
 
 def write_tiny_krea2_hub(base: str | os.PathLike, spec: TinyKrea2Spec | None = None,
-                         text_spec: TinyQwen3VLSpec = TEXT_SPEC, vae_base_dim: int = 8, turbo: bool = True) -> Path:
+                         text_spec: TinyQwen3VLSpec = KREA2_TEXT_SPEC, vae_base_dim: int = 8,
+                         turbo: bool = True) -> Path:
     """Every repository the four Krea-2 scripts name, under a model base path (the benchmark's sizes through
     `spec`, `text_spec`, `vae_base_dim`)."""
     quiet_hf()
     base = Path(base)
-    write_single_file(base / RAW_REPO / "raw.safetensors", tiny_dit(spec, seed=0))
+    write_krea2_single_file(base / KREA2_RAW_REPO / "raw.safetensors", tiny_krea2_dit(spec, seed=0))
     if turbo:
-        write_single_file(base / TURBO_REPO / "turbo.safetensors", tiny_dit(spec, seed=1))
-    write_tiny_qwen3_vl(base / QWEN3_VL_REPO, text_spec)
-    write_tiny_qwen_image_vae(base / QWEN_IMAGE_REPO / "vae", base_dim=vae_base_dim)
+        write_krea2_single_file(base / KREA2_TURBO_REPO / "turbo.safetensors", tiny_krea2_dit(spec, seed=1))
+    write_tiny_qwen3_vl(base / KREA2_QWEN3_VL_REPO, text_spec)
+    write_tiny_qwen_image_vae(base / KREA2_VAE_REPO / "vae", base_dim=vae_base_dim)
     return base
 
 
-def model_paths(base: str | os.PathLike, repo: str = RAW_REPO) -> list[str]:
+def krea2_model_paths(base: str | os.PathLike, repo: str = KREA2_RAW_REPO) -> list[str]:
     base = Path(base)
-    dit = base / repo / ("raw.safetensors" if repo == RAW_REPO else "turbo.safetensors")
-    return [str(dit), str(base / QWEN3_VL_REPO / "model.safetensors"),
-            str(base / QWEN_IMAGE_REPO / "vae" / "diffusion_pytorch_model.safetensors")]
+    dit = base / repo / ("raw.safetensors" if repo == KREA2_RAW_REPO else "turbo.safetensors")
+    return [str(dit), str(base / KREA2_QWEN3_VL_REPO / "model.safetensors"),
+            str(base / KREA2_VAE_REPO / "vae" / "diffusion_pytorch_model.safetensors")]
 
 
-def load_tiny_krea2(base: str | os.PathLike, repo: str = RAW_REPO, torch_dtype=torch.float32):
+def load_tiny_krea2(base: str | os.PathLike, repo: str = KREA2_RAW_REPO, torch_dtype=torch.float32):
     """Our pipeline on the tiny files (tokenizer found beside the text encoder)."""
     from difftune.families.krea2 import Krea2Pipeline
     from difftune.models import ModelConfig
 
     return Krea2Pipeline.from_pretrained(torch_dtype=torch_dtype, device="cpu",
-                                         model_configs=[ModelConfig(p) for p in model_paths(base, repo)])
+                                         model_configs=[ModelConfig(p) for p in krea2_model_paths(base, repo)])
 
 
 def diffusers_krea2(pipe, is_distilled: bool = False):
@@ -119,7 +120,8 @@ def _tiny_krea2(folder: Path) -> TinyFamily:
     from difftune.families.krea2.components import LORA_TARGET_MODULES
 
     base = write_tiny_krea2_hub(folder / "hub")
-    return TinyFamily(model_paths=model_paths(base), lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
+    return TinyFamily(model_paths=krea2_model_paths(base), lora_base_model="dit",
+                      lora_target_modules=LORA_TARGET_MODULES,
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(32, 32)),
                       flags=("--max_pixels", "1024"),
                       trainable_cases={"text_encoder_lora": ("--lora_base_model", "text_encoder",
@@ -128,6 +130,6 @@ def _tiny_krea2(folder: Path) -> TinyFamily:
 
 register_tiny("krea2", _tiny_krea2)
 
-__all__ = ["QWEN3_VL_REPO", "QWEN_IMAGE_REPO", "RAW_REPO", "TEXT_SPEC", "TURBO_REPO", "TinyKrea2Spec",
-           "diffusers_krea2", "load_tiny_krea2", "model_paths", "tiny_dit", "write_single_file",
-           "write_tiny_krea2_hub"]
+__all__ = ["KREA2_QWEN3_VL_REPO", "KREA2_RAW_REPO", "KREA2_TEXT_SPEC", "KREA2_TURBO_REPO", "KREA2_VAE_REPO",
+           "TinyKrea2Spec", "diffusers_krea2", "krea2_model_paths", "load_tiny_krea2", "tiny_krea2_dit",
+           "write_krea2_single_file", "write_tiny_krea2_hub"]
