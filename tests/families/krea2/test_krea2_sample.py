@@ -47,3 +47,18 @@ def test_shift_mu_is_refused_for_another_family(tmp_path):
     with pytest.raises(UserError, match="--shift_mu: the qwen_image family does not take it"):
         sample(["--model_dir", str(repo), "--prompt", "x", "--shift_mu", "1.15", "--output", str(tmp_path / "q.png"),
                 *SIZE])
+
+
+def test_image_to_image_starts_from_the_noised_image(hub):
+    """An input image at strength 0.5: the reference's schedule (all steps from sigma 0.5, shifted), the image's
+    latents noised to the first sigma; a different image gives a different result, strength 1 ignores it."""
+    import torch
+
+    pipe = load_tiny_krea2(hub)
+    g = torch.Generator().manual_seed(0)
+    images = [Image.fromarray((torch.rand(32, 48, 3, generator=g) * 255).to(torch.uint8).numpy()) for _ in range(2)]
+    kw = dict(seed=3, height=32, width=48, num_inference_steps=2, cfg_scale=1.0, progress=False, output_type="latent")
+    a, b = (pipe("a cat", input_image=i, denoising_strength=0.5, **kw) for i in images)
+    assert a.shape == (1, 16, 4, 6) and (a - b).abs().max() > 1e-3
+    full = [pipe("a cat", input_image=i, denoising_strength=1.0, **kw) for i in images]
+    assert torch.equal(full[0], full[1]) and torch.equal(full[0], pipe("a cat", **kw))
