@@ -10,6 +10,7 @@ setting that changes no weight, comes from the pipeline, not from here).
 from __future__ import annotations
 
 from ...models.detect import ComponentSpec, strip_comfyui_prefix
+from ...parts.qwen_image_vae import QWEN_IMAGE_VAE_CONFIG, qwen_image_vae_spec
 from ...parts.qwen_vl import QWEN25_VL_7B_CONFIG, qwen25_vl_key
 
 # The official Qwen/Qwen-Image scheduler/scheduler_config.json (the values that matter here).
@@ -38,21 +39,6 @@ QWEN_IMAGE_TRANSFORMER_CONFIG = {
     "pooled_projection_dim": 768,  # in the official file; the diffusers class takes no such argument
 }
 
-QWEN_IMAGE_VAE_CONFIG = {
-    "_class_name": "AutoencoderKLQwenImage",
-    "attn_scales": [],
-    "base_dim": 96,
-    "dim_mult": [1, 2, 4, 4],
-    "dropout": 0.0,
-    "latents_mean": [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-                     0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921],
-    "latents_std": [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-                    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.916],
-    "num_res_blocks": 2,
-    "temperal_downsample": [False, True, True],
-    "z_dim": 16,
-}
-
 # Qwen/Qwen-Image-Layered (and DiffSynth-Studio's -Layered-Control): the Qwen-Image transformer plus an embedding of
 # the "is RGB" flag (a weight) and the layer-3D RoPE (no weight); its VAE reads and writes RGBA.
 QWEN_IMAGE_LAYERED_TRANSFORMER_CONFIG = {**QWEN_IMAGE_TRANSFORMER_CONFIG, "use_additional_t_cond": True,
@@ -73,9 +59,4 @@ TEXT_ENCODER = ComponentSpec(
     marker_keys=("model.language_model.embed_tokens.weight", "model.visual.patch_embed.proj.weight"),
     normalize_key=qwen25_vl_key, description="Qwen2.5-VL-7B text encoder")
 
-VAE = ComponentSpec(
-    name="vae", library="diffusers", class_name="AutoencoderKLQwenImage",
-    known_configs={"Qwen/Qwen-Image VAE": QWEN_IMAGE_VAE_CONFIG,
-                   "Qwen/Qwen-Image-Layered VAE (RGBA)": QWEN_IMAGE_LAYERED_VAE_CONFIG},
-    marker_keys=("encoder.conv_in.weight", "decoder.conv_in.weight", "quant_conv.weight", "post_quant_conv.weight"),
-    description="Qwen-Image VAE")
+VAE = qwen_image_vae_spec({"Qwen/Qwen-Image-Layered VAE (RGBA)": QWEN_IMAGE_LAYERED_VAE_CONFIG})

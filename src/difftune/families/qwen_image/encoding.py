@@ -11,6 +11,7 @@ import torch
 
 from ...errors import UserError
 from ...media.image import images_to_tensor
+from ...parts.qwen_image_vae import vae_decode, vae_encode  # noqa: F401 - the units and features import them here
 
 PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
                    "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}"
@@ -45,28 +46,6 @@ def edit_image_size(width: int, height: int, area: int = EDIT_IMAGE_AREA) -> tup
     w = math.sqrt(area * ratio)
     h = w / ratio
     return max(32, round(w / 32) * 32), max(32, round(h / 32) * 32)
-
-
-def _latent_stats(vae, dtype, device):
-    mean = torch.tensor(vae.config.latents_mean, dtype=dtype, device=device).view(1, -1, 1, 1)
-    std = torch.tensor(vae.config.latents_std, dtype=dtype, device=device).view(1, -1, 1, 1)
-    return mean, std
-
-
-def vae_encode(pipe, images: torch.Tensor) -> torch.Tensor:
-    """(B, 3, H, W) in [-1, 1] -> normalised latents (B, 16, H/8, W/8), the posterior mode (deterministic)."""
-    vae = pipe.vae
-    x = images.to(device=pipe.device, dtype=vae.dtype).unsqueeze(2)  # the VAE is a video VAE: one frame
-    z = vae.encode(x).latent_dist.mode()[:, :, 0]
-    mean, std = _latent_stats(vae, z.dtype, z.device)
-    return ((z - mean) / std).to(pipe.torch_dtype)
-
-
-def vae_decode(pipe, latents: torch.Tensor) -> torch.Tensor:
-    vae = pipe.vae
-    latents = latents.to(vae.dtype)
-    mean, std = _latent_stats(vae, latents.dtype, latents.device)
-    return vae.decode((latents * std + mean).unsqueeze(2)).sample[:, :, 0]
 
 
 def check_rgba_vae(pipe) -> None:

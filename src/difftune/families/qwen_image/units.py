@@ -12,7 +12,7 @@ from ...core.units import PipelineUnit
 
 from .encoding import (  # noqa: F401  (re-exported: the family's units read them from here)
     DIVISION_FACTOR, EDIT_IMAGE_AREA, EDIT_PROMPT_TEMPLATE, MAX_SEQUENCE_LENGTH, PROMPT_TEMPLATE,
-    TOKENIZER_MAX_LENGTH, VAE_SCALE, _latent_stats, edit_image_size, template_drop_count, vae_decode, vae_encode)
+    TOKENIZER_MAX_LENGTH, VAE_SCALE, edit_image_size, template_drop_count, vae_decode, vae_encode)
 from .prompt import QwenImagePromptEmbedder  # noqa: F401
 
 
