@@ -30,7 +30,10 @@ FAMILY = FamilySpec(
     lora_target_modules=LORA_TARGET_MODULES,
     # the reference's DiT has diffusers' module names, so no renaming either way
     lora_native_names=None,
-    lora_default_format="comfyui",
+    # diffusers' ErnieImageLoraLoaderMixin refuses files holding `.alpha` tensors, so the default is diffusers'
+    # layout (alpha folded into B); the reference's loader strips only `diffusion_model.`, so it takes
+    # --lora_format comfyui (docs/ernie_image.md)
+    lora_default_format="diffusers",
     data="image",
     options=ErnieImageOptions,
     description="ERNIE-Image (diffusers ErnieImageTransformer2DModel, Ministral-3 3B, FLUX.2 AE)",
