@@ -7,7 +7,9 @@ serves every reader:
   (its `.alpha` tensors are not "lora" keys), which is why that is not the default;
 - the reference's own loader (GeneralLoRALoader: a leading `diffusion_model.` dropped, B @ A * alpha / rank fused
   into the module of that name) reads `--lora_format comfyui`, every module found, to difftune's fused weights;
-  the default file's `transformer.` names match none of its modules.
+  the default file's `transformer.` names match none of its modules;
+- ComfyUI (comfy/ldm/ernie/model.py, `model_base.ErnieImage`) builds the DiT with diffusers' module names, so its
+  generic key map (`diffusion_model.<module>` + `.alpha`) takes the comfyui layout.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ def _noise(seed):
 
 
 def test_comfyui_file_is_diffusion_model_names_with_alpha(loras):
+    """Every module is one of ComfyUI's ErnieImageModel (its blocks' self_attention.to_q/to_k/to_v/to_out.0)."""
     keys = load_file(str(loras["comfyui"])).keys()
     modules = {k.rpartition(".lora_")[0] if ".lora_" in k else k.rpartition(".alpha")[0] for k in keys}
     pattern = re.compile(r"diffusion_model\.layers\.\d+\.self_attention\.(to_q|to_k|to_v|to_out\.0)")

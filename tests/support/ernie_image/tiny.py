@@ -33,6 +33,9 @@ class TinyErnieImageSpec:
     ffn: int = 96
     text_hidden: int = 32
     text_layers: int = 3
+    text_heads: int = 2
+    text_head_dim: int = 16
+    text_intermediate: int = 64
     vae_width: int = 8
     seed: int = 0
 
@@ -64,7 +67,8 @@ def tiny_text_encoder(spec: TinyErnieImageSpec, tok):
     from difftune.parts.mistral3 import MINISTRAL3_3B_TEXT_CONFIG
 
     cfg = tiny_text_config(MINISTRAL3_3B_TEXT_CONFIG, vocab_size=len(tok), hidden=spec.text_hidden,
-                           layers=spec.text_layers)
+                           layers=spec.text_layers, heads=spec.text_heads, head_dim=spec.text_head_dim,
+                           intermediate=spec.text_intermediate)
     return tiny_mistral3(cfg, seed=spec.seed + 2)
 
 
