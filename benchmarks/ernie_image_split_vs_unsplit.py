@@ -41,11 +41,12 @@ class ErnieImageBench:
 
 def proportional() -> ErnieImageBench:
     """Heads of 128 and RoPE axes (32, 48, 48) as ERNIE-Image's DiT (2 heads and 4 layers against 32 and 36, the
-    MLP at 3x the width as there), Ministral-3 with heads of 128, one KV head per two and its MLP at 3x the width
-    (as 9216 / 3072) to reach about 0.43x the DiT; 256x256 gives 256 image tokens."""
+    MLP at 3x the width as there), Ministral-3 with heads of 128, one KV head per two and its MLP at 3.25x the width
+    (a little above 9216 / 3072, for the embedding the byte vocabulary lacks) to reach 0.42x the DiT, the AE at
+    about FLUX.2's 0.01x; 256x256 gives 256 image tokens."""
     return ErnieImageBench("proportional", dict(
         hidden=256, heads=2, layers=4, ffn=768, text_hidden=256, text_layers=2, text_heads=2, text_head_dim=128,
-        text_intermediate=768, vae_width=16), resolution=256)
+        text_intermediate=832, vae_width=10), resolution=256)
 
 
 def quick() -> ErnieImageBench:
