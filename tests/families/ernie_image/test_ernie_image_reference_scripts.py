@@ -14,10 +14,11 @@ from safetensors.torch import load_file
 from difftune.cli.main import main as difftune
 from support import read_reference_script
 from support.ernie_image import REPO, write_ernie_image_script_workspace
-from support.scripts import flag_value
+from support.scripts import at_small_size, flag_value
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "ernie_image" / "model_training"
 ALL = sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*.sh"))
+COVERED_SCRIPTS = {f"ernie_image/model_training/{s}" for s in ALL}  # tests/test_reference_coverage.py
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def _released_dit(workspace) -> dict:
 @pytest.mark.parametrize("script", ALL)
 def test_reference_script_runs(in_workspace, script, capsys):
     (argv,) = read_reference_script(SCRIPTS / script).commands
-    code = difftune([*argv, "--max_steps", "2", "--no_progress"])
+    code = difftune([*at_small_size(argv), "--max_steps", "2", "--no_progress"])
     out = capsys.readouterr()
     assert code == 0, f"`difftune {' '.join(argv)}` exited {code}: {out.err.strip()[-2000:]}"
     assert "family: ernie_image" in out.out + out.err
