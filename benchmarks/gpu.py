@@ -351,7 +351,7 @@ def run_parts(args) -> None:
     import gpu_families
 
     cfg = quick() if args.quick else realwidth(args.blocks, args.text_layers, args.resolution)
-    deadline = time.monotonic() + args.budget
+    deadline = args.deadline = time.monotonic() + args.budget
     with workdir_of(args) as wd:
         for part in args.parts.split(","):
             if time.monotonic() > deadline:
@@ -527,8 +527,8 @@ def main(argv=None) -> None:
     p.add_argument("--part_timeout", type=float, default=600, help="seconds a measured process may run")
     p.add_argument("--mfu_blocks", type=int, default=2, help="real-width blocks per family in the mfu and reference "
                                                              "parts")
-    p.add_argument("--families", default=",".join(("qwen_image", "flux", "wan", "z_image")),
-                   help="the mfu part's families")
+    p.add_argument("--families", default=",".join(("qwen_image", "z_image", "flux", "wan")),
+                   help="the mfu part's families, in this order (past --budget the rest are skipped)")
     p.add_argument("--ds-python", dest="ds_python", default=None, help="reference part: python of a venv with "
                                                                        "DiffSynth-Studio's diffsynth package")
     p.add_argument("--diffsynth_src", default=None, help="reference part: a DiffSynth-Studio checkout to import "

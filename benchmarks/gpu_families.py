@@ -1,7 +1,7 @@
 """benchmarks/gpu.py's `mfu` and `reference` parts: stage-2 LoRA MFU of the four families at real block width, and
 difftune's stage-2 step against DiffSynth-Studio's own on the same GPU, blocks and data.
 
-Each family's DiT is built at its real width with a few blocks (`--blocks`), beside text encoders of the real output
+Each family's DiT is built at its real width with a few blocks (`--mfu_blocks`), beside text encoders of the real output
 width with one or two layers and the tests' small VAEs (stage 1 only feeds the cache): Qwen-Image (24 heads of 128,
 text 3584), FLUX.1 (24 heads of 128, double:single blocks 1:2, T5 4096 / CLIP 768), Wan 14B (40 heads of 128, FFN
 13824, UMT5 4096) and Z-Image (30 heads of 128, one refiner of each kind, Qwen3 2560). Per family: stage 1 into a
@@ -9,13 +9,15 @@ cache, then stage 2 (bf16, LoRA rank 32 on the family's reference targets, batch
 checkpointing. The model FLOPs of a step are counted, not modelled: torch's `FlopCounterMode` over one warm-up step of
 the run without checkpointing (matrix products and torch's attention kernels, forward and backward; where the
 attention ran in a kernel the counter does not know, one more short run with `--attention_backend native` counts
-them; on a CPU, SDPA's kernel is not counted either, and no MFU is given). MFU is those FLOPs over the median step time over the card's dense bf16 peak.
+them; on a CPU, SDPA's kernel is not counted either, and no MFU is given). MFU is those FLOPs over the median step
+time over the card's dense bf16 peak.
 
 `reference`: DiffSynth-Studio trains the same Qwen-Image blocks from its own stage-1 cache with
 `benchmarks/peer_diffsynth.py` (the peers benchmark's runner: its `DiffusionTrainingModule`, `launch_training_task`),
-on the GPU, in bf16, with and without its gradient checkpointing; difftune ÷ reference step time. The reference needs
-its `diffsynth` package: `--ds-python` (a venv that has it) or `--diffsynth_src` (a DiffSynth-Studio checkout, put on
-the path of this python); without either the part says so and skips. FLUX.1, Wan and Z-Image have no reference runner
+on the GPU, in bf16, with and without its gradient checkpointing; difftune ÷ reference step time (difftune's from the
+`mfu` part when it ran first). The reference needs its `diffsynth` package: `--ds-python` (a venv that has it) or
+`--diffsynth_src` (a DiffSynth-Studio checkout, put on the path of this python); without either the part says so and
+skips. FLUX.1, Wan and Z-Image have no reference runner
 yet (peer_diffsynth.py builds DiffSynth's Qwen-Image classes only).
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -76,13 +79,15 @@ def _set(flags: list[str], name: str, value: str) -> list[str]:
 
 
 def family_flags(family: str, wd: Path, cfg, n: int, dtype: str):
-    """(stage-1 flags, fn(output, repeat, checkpointing, extra) -> stage-2 flags) of `family` on `n` samples."""
+    """(fn() -> stage-1 flags, fn(output, repeat, checkpointing, extra) -> stage-2 flags) of `family` on `n` samples,
+    its model and data written (or reused). Building a run's flags empties its output folder (the cache for stage 1)."""
     if family == "qwen_image":
         from common import train_flags
         from gpu import device_workspace
 
         ws = device_workspace(wd, cfg, n)
-        s1 = train_flags(ws, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
+        def s1():
+            return train_flags(ws, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
 
         def s2(output, repeat):
             return train_flags(ws, "sft:train", output, dataset=wd / "cache", repeat=repeat,
@@ -91,8 +96,9 @@ def family_flags(family: str, wd: Path, cfg, n: int, dtype: str):
         import flux_split_vs_unsplit as f
 
         repo, meta = f.prepare(wd, cfg, n)
-        s1 = f.flags(repo, meta, cfg, "sft:data_process", wd / "cache",
-                     components=("text_encoder", "text_encoder_2", "vae"))
+        def s1():
+            return f.flags(repo, meta, cfg, "sft:data_process", wd / "cache",
+                           components=("text_encoder", "text_encoder_2", "vae"))
 
         def s2(output, repeat):
             return f.flags(repo, meta, cfg, "sft:train", output, dataset=wd / "cache", repeat=repeat,
@@ -101,7 +107,8 @@ def family_flags(family: str, wd: Path, cfg, n: int, dtype: str):
         import wan_split_vs_unsplit as w
 
         prep = w.prepare(wd, cfg, n)
-        s1 = w.flags(prep, cfg, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
+        def s1():
+            return w.flags(prep, cfg, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
 
         def s2(output, repeat):
             return w.flags(prep, cfg, "sft:train", output, dataset=wd / "cache", repeat=repeat,
@@ -110,7 +117,8 @@ def family_flags(family: str, wd: Path, cfg, n: int, dtype: str):
         import z_image_split_vs_unsplit as z
 
         repo, meta = z.prepare(wd, cfg, n)
-        s1 = z.flags(repo, meta, cfg, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
+        def s1():
+            return z.flags(repo, meta, cfg, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
 
         def s2(output, repeat):
             return z.flags(repo, meta, cfg, "sft:train", output, dataset=wd / "cache", repeat=repeat,
@@ -120,7 +128,10 @@ def family_flags(family: str, wd: Path, cfg, n: int, dtype: str):
         flags = _set(_set(s2(output, repeat), "--torch_dtype", dtype), "--lora_rank", str(cfg.lora_rank))
         return flags + (["--use_gradient_checkpointing"] if checkpointing else []) + list(extra)
 
-    return _set(s1, "--torch_dtype", dtype), stage2
+    def stage1() -> list[str]:
+        return _set(s1(), "--torch_dtype", dtype)
+
+    return stage1, stage2
 
 
 # -- the measured child ----------------------------------------------------------------------------------------
@@ -182,15 +193,18 @@ def part_mfu(wd: Path, args, peak: float | None) -> dict:
     from common import run_difftune
 
     warmup = max(args.warmup, COUNTED_STEP + 1)
-    out = {"families": {}, "dtype": args.dtype, "blocks": None if args.quick else args.mfu_blocks, "images": args.images,
-           "repeat": args.repeat, "warmup_steps": warmup, "peak_flops": peak}
+    out = {"families": {}, "dtype": args.dtype, "blocks": None if args.quick else args.mfu_blocks,
+           "images": args.images, "repeat": args.repeat, "warmup_steps": warmup, "peak_flops": peak}
     for family in args.families.split(","):
+        if time.monotonic() > getattr(args, "deadline", float("inf")):  # --budget spent: the next parts' time
+            out["families"][family] = {"error": "skipped: out of time (--budget)"}
+            continue
         try:
             cfg = family_config(family, args.mfu_blocks, args.resolution, args.quick)
             fwd = wd / family
             s1, stage2 = family_flags(family, fwd, cfg, args.images, args.dtype)
             isolated = not args.quick  # smoke runs stay in this process (seconds, not a process start each)
-            run_difftune(s1, isolated, args.threads)
+            run_difftune(s1(), isolated, args.threads)
             runs = {}
             for ckpt in (False, True):
                 runs[ckpt] = counted_run(stage2(fwd / "two", args.repeat, ckpt), args.threads, isolated)
@@ -233,22 +247,30 @@ def diffsynth_python(args) -> tuple[str | None, dict, str | None]:
 
 
 def part_reference(wd: Path, args) -> dict:
-    """difftune's stage 2 against DiffSynth-Studio's on the same Qwen-Image blocks, data and GPU."""
+    """difftune's stage 2 against DiffSynth-Studio's on the same Qwen-Image blocks, data and GPU. The mfu part's
+    Qwen-Image model, data, cache and step times are reused when it ran first in this run (same flags)."""
+    import json
+
     import torch
 
     from common import run_difftune
+    from gpu import device_workspace
     from peers import template_drop
 
     python, env, why = diffsynth_python(args)
     if why:
         return {"skipped": why}
     cfg = family_config("qwen_image", args.mfu_blocks, args.resolution, args.quick)
-    fwd = wd / "reference"
-    s1, stage2 = family_flags("qwen_image", fwd, cfg, args.images, args.dtype)
-    from gpu import device_workspace
-
+    fwd = wd / "qwen_image"
+    stage1, stage2 = family_flags("qwen_image", fwd, cfg, args.images, args.dtype)
     ws = device_workspace(fwd, cfg, args.images)
-    run_difftune(s1, True, args.threads)
+    warmup = max(args.warmup, COUNTED_STEP + 1)
+    mfu_file = Path(args.out) / "mfu.json"
+    measured = json.loads(mfu_file.read_text()).get("families", {}).get("qwen_image", {}) if mfu_file.is_file() else {}
+    if "error" in measured or measured.get("config") != cfg.name:
+        measured = {}
+    if not measured and not any((fwd / "cache").rglob("*.safetensors")):
+        run_difftune(stage1(), True, args.threads)
     base = {"spec": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.tiny_spec().__dict__.items()},
             "repo": str(ws.repo), "resolution": cfg.resolution, "data": str(ws.data), "metadata": str(ws.metadata),
             "rank": cfg.lora_rank, "drop": template_drop(ws.repo), "epochs": 1, "repeat": args.repeat,
@@ -256,17 +278,21 @@ def part_reference(wd: Path, args) -> dict:
     script = Path(__file__).with_name("peer_diffsynth.py")
     run_child(child_command(python, script, dict(base, task="sft:data_process", models=["text_encoder", "vae"],
                                                  output=str(fresh(fwd / "ds-cache")))), args.threads, env=env)
-    warmup = max(args.warmup, COUNTED_STEP + 1)
-    out = {"family": "qwen_image", "config": cfg.name, "blocks": args.mfu_blocks, "resolution": cfg.resolution,
-           "dtype": args.dtype, "lora_rank": cfg.lora_rank, "warmup_steps": warmup}
+    out = {"family": "qwen_image", "config": cfg.name, "blocks": None if args.quick else args.mfu_blocks,
+           "resolution": cfg.resolution, "dtype": args.dtype, "lora_rank": cfg.lora_rank, "warmup_steps": warmup,
+           "difftune_from_mfu_part": bool(measured)}
     for ckpt, key in ((False, "no_checkpointing"), (True, "checkpointing")):
-        dt = run_difftune(stage2(fwd / "dt-two", args.repeat, ckpt), True, args.threads)
+        if measured:
+            t_dt, peak_dt = measured[key]["step_time_s"], measured[key]["gpu_peak_allocated_mib"]
+        else:
+            dt = run_difftune(stage2(fwd / "two", args.repeat, ckpt), True, args.threads)
+            t_dt, peak_dt = step_time(dt, warmup), dt.get("gpu_peak_allocated_mib")
         ds = run_child(child_command(python, script, dict(base, task="sft:train", models=["dit"], checkpointing=ckpt,
                                                           cache=str(fwd / "ds-cache"),
                                                           output=str(fresh(fwd / "ds-two")))), args.threads, env=env)
-        t_dt, t_ds = step_time(dt, warmup), step_time(ds, warmup)
+        t_ds = step_time(ds, warmup)
         out[key] = {"difftune_step_s": t_dt, "reference_step_s": t_ds, "difftune_over_reference": ratio(t_dt, t_ds),
-                    "speedup": ratio(t_ds, t_dt), "difftune_peak_allocated_mib": dt.get("gpu_peak_allocated_mib"),
+                    "speedup": ratio(t_ds, t_dt), "difftune_peak_allocated_mib": peak_dt,
                     "reference_peak_allocated_mib": ds.get("gpu_peak_allocated_mib")}
     out["not_covered"] = "FLUX.1, Wan, Z-Image: no DiffSynth-Studio runner in benchmarks/peer_diffsynth.py yet"
     return out
@@ -303,7 +329,7 @@ def render(mfu: dict | None, reference: dict | None) -> list[str]:
         rows = [[k.replace("_", " "), reference[k]["difftune_step_s"], reference[k]["reference_step_s"],
                  reference[k]["speedup"]] for k in ("no_checkpointing", "checkpointing")]
         parts.append(f"**difftune against DiffSynth-Studio's own stage 2** (`--parts reference`): the same "
-                     f"{reference['blocks']} Qwen-Image blocks, data and GPU, {reference['dtype']}.")
+                     f"{reference['blocks'] or 'tiny'} Qwen-Image blocks, data and GPU, {reference['dtype']}.")
         parts.append(table(["gradient checkpointing", "difftune step (s)", "DiffSynth-Studio step (s)",
                             "difftune speed-up"], rows))
     return parts
