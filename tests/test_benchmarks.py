@@ -176,3 +176,13 @@ def test_gpu_mfu_and_reference_parts_smoke(tmp_path):
     import gpu
 
     assert "| z_image | " in gpu.render([out])
+
+
+def test_host_overhead_z_image(tmp_path):
+    """The tiny Z-Image's step (six RMSNorms a block) also dispatches at most 0.6x the earlier operators: its queries
+    and keys are normed and rotated together (docs/performance.md)."""
+    r = run_quick("host_overhead.py", tmp_path, "--families", "z_image", timeout=600)
+    z = r["families"]["z_image"]
+    assert set(r["families"]) == {"z_image"} and z["before"]["ops"] > 0
+    assert z["ops_ratio"] <= 0.6, z
+    assert z["after"]["to_copy"] <= 0.4 * z["before"]["to_copy"], z
