@@ -13,10 +13,15 @@ as soon as it ends (a part that fails writes its error instead, and the next par
   process against `accelerate launch --config_file examples/accelerate/fsdp.yaml` on every GPU of the machine
   (and DDP where there are two or more): step time, peak GPU memory, the checkpoints' largest difference.
 - `demo`: `difftune demo` (the README's main job) on the GPU.
+- `mfu` (issue 33): stage-2 LoRA MFU of Qwen-Image, FLUX.1, Wan 14B and Z-Image at real block width (`--mfu_blocks`
+  blocks each), with and without gradient checkpointing (benchmarks/gpu_families.py).
+- `reference` (issue 33): difftune's stage-2 step against DiffSynth-Studio's own on the same Qwen-Image blocks and
+  GPU (`--ds-python` or `--diffsynth_src`; skipped, saying why, without either).
 
     python benchmarks/gpu.py --workdir /tmp/gpu --out DIR        # on the GPU machine
     python benchmarks/gpu.py --render DIR                        # here: DIR's JSON into docs/benchmarks.md
     python benchmarks/gpu.py --quick --parts parity,split,fsdp   # smoke run on this CPU (tiny model)
+    python benchmarks/gpu.py --quick --parts mfu,reference --out DIR   # the issue-33 parts' smoke run (tiny models)
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from common import (ROOT, BenchConfig, Workspace, base_parser, fresh, param_coun
                     ratio, resolve_doc, reuse_or_write, run_child, run_difftune, step_time, table, train_flags,
                     update_doc, use_word_tokenizer, workdir_of, write_images)
 
-PARTS = ("split", "fsdp", "parity", "stage1", "profile", "demo")
+PARTS = ("split", "fsdp", "parity", "stage1", "profile", "demo", "mfu", "reference")
 # Dense bf16 tensor-core peak (NVIDIA's data sheets, SXM): the H200 has the H100's compute with more memory.
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}
 
@@ -341,9 +346,12 @@ def run_parts(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ["DIFFTUNE_BENCH_CHILD_TIMEOUT"] = str(args.part_timeout)
-    (out / "device.json").write_text(json.dumps(device_info(), indent=1))
+    info = device_info()
+    (out / "device.json").write_text(json.dumps(info, indent=1))
+    import gpu_families
+
     cfg = quick() if args.quick else realwidth(args.blocks, args.text_layers, args.resolution)
-    deadline = time.monotonic() + args.budget
+    deadline = args.deadline = time.monotonic() + args.budget
     with workdir_of(args) as wd:
         for part in args.parts.split(","):
             if time.monotonic() > deadline:
@@ -354,7 +362,9 @@ def run_parts(args) -> None:
                 result = {"part_seconds": None, **{
                     "parity": lambda: part_parity(wd, args), "split": lambda: part_split(wd, args, cfg),
                     "fsdp": lambda: part_fsdp(wd, args, cfg), "demo": lambda: part_demo(wd, args),
-                    "stage1": lambda: part_stage1(wd, args, cfg), "profile": lambda: part_profile(wd, args, cfg)}[part]()}
+                    "stage1": lambda: part_stage1(wd, args, cfg), "profile": lambda: part_profile(wd, args, cfg),
+                    "mfu": lambda: gpu_families.part_mfu(wd, args, info.get("bf16_peak")),
+                    "reference": lambda: gpu_families.part_reference(wd, args)}[part]()}
             except Exception as e:  # the next part still runs; the error is the part's result
                 result = {"error": f"{type(e).__name__}: {e}"[-6000:], "traceback": traceback.format_exc()[-6000:]}
             result["part_seconds"] = time.perf_counter() - start
@@ -467,6 +477,14 @@ def render(folders: list[Path]) -> str:
             f"batch 1 per step.")
         parts.append(table(["run", "step time (s)", "MFU", "peak GPU memory allocated (GiB, rank 0)",
                             "reserved (GiB)", "checkpoint's largest difference from 1 process"], rows))
+    import gpu_families
+
+    for folder, mfu in _load(folders, "mfu"):
+        parts += [f"(run `{folder.name}`) " + p if i == 0 else p
+                  for i, p in enumerate(gpu_families.render(mfu, None))]
+    for folder, ref in _load(folders, "reference"):
+        parts += [f"(run `{folder.name}`) " + p if i == 0 else p
+                  for i, p in enumerate(gpu_families.render(None, ref))]
     for folder, pa in _load(folders, "parity"):
         parts.append(f"**Split equals one stage on the GPU** (run `{folder.name}`): the tests' tiny Qwen-Image in "
                      f"fp32, a LoRA trained {pa['steps']} steps one stage and split; the two LoRAs' largest difference "
@@ -507,6 +525,14 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--budget", type=float, default=1e9, help="seconds after which no further part starts")
     p.add_argument("--part_timeout", type=float, default=600, help="seconds a measured process may run")
+    p.add_argument("--mfu_blocks", type=int, default=2, help="real-width blocks per family in the mfu and reference "
+                                                             "parts")
+    p.add_argument("--families", default=",".join(("qwen_image", "z_image", "flux", "wan")),
+                   help="the mfu part's families, in this order (past --budget the rest are skipped)")
+    p.add_argument("--ds-python", dest="ds_python", default=None, help="reference part: python of a venv with "
+                                                                       "DiffSynth-Studio's diffsynth package")
+    p.add_argument("--diffsynth_src", default=None, help="reference part: a DiffSynth-Studio checkout to import "
+                                                         "diffsynth from (with this python)")
     args = p.parse_args(argv)
     if args.render:
         update_doc(None if args.no_doc else Path(args.doc or ROOT / "docs" / "benchmarks.md"), "gpu",
@@ -522,10 +548,18 @@ def main(argv=None) -> None:
     run_parts(args)
 
 
+def _child(payload: dict) -> dict:
+    if payload["kind"] == "flops":
+        from gpu_families import flops_child
+
+        return flops_child(payload)
+    return _profile_child(payload)
+
+
 if __name__ == "__main__":
-    if "--child" in sys.argv:  # a measured child process (see part_profile)
+    if "--child" in sys.argv:  # a measured child process (see part_profile, gpu_families.counted_run)
         from common import child_main
 
-        child_main(_profile_child)
+        child_main(_child)
     else:
         main()

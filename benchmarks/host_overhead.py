@@ -6,8 +6,9 @@ stage 2 from a cache on the CPU with default flags (bf16, LoRA rank 32 on the fa
 checkpointing), in this process, with a `TorchDispatchMode` counting every operator between two optimizer steps
 (the third step: the first ones create the optimizer's state). "before" is the earlier behaviour: `--lora_compute
 fp32` (fp32 adapters, autocast casting around each), `--loss_readback_steps 1` (the loss read back every step) and,
-switched here, torch's own per-tensor AdamW loop on the CPU (`foreach=None`) and the attention masks passed as they
-were built. Prints the counts side by side and one JSON line.
+switched here, torch's own per-tensor AdamW loop on the CPU (`foreach=None`), the attention masks passed as they
+were built and Z-Image's queries and keys normed and rotated apart (diffusers' own processor). Prints the counts side
+by side and one JSON line.
 
     .venv/bin/python benchmarks/host_overhead.py                  # every family, into docs/performance.md
     .venv/bin/python benchmarks/host_overhead.py --quick          # Qwen-Image only
@@ -78,22 +79,23 @@ def family_runs(family: str, wd: Path):
 @contextlib.contextmanager
 def earlier_behaviour():
     """What no flag selects any more: AdamW's per-tensor loop on the CPU, attention masks kept when nothing is
-    padded."""
+    padded, Z-Image's queries and keys normed and rotated apart (diffusers' processor)."""
     import torch
 
     import difftune.training.fit as fit
     from difftune.core import attention
+    from difftune.families.z_image import attention as z_attention
 
     make = fit.make_optimizer
 
     def per_tensor(params, config, accelerator=None):
         return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
 
-    fit.make_optimizer, attention.DROP_UNPADDED_MASKS = per_tensor, False
+    fit.make_optimizer, attention.DROP_UNPADDED_MASKS, z_attention.JOINT_QK = per_tensor, False, False
     try:
         yield
     finally:
-        fit.make_optimizer, attention.DROP_UNPADDED_MASKS = make, True
+        fit.make_optimizer, attention.DROP_UNPADDED_MASKS, z_attention.JOINT_QK = make, True, True
 
 
 def count_step(argv: list[str]) -> dict:
@@ -152,7 +154,7 @@ def render(result: dict) -> str:
         "Operators dispatched per stage-2 optimizer step of each family's tiny model (bf16 mixed precision, LoRA "
         "rank 32 on the reference's targets, gradient checkpointing), counted with a `TorchDispatchMode` "
         "(`benchmarks/host_overhead.py`). Before: `--lora_compute fp32 --loss_readback_steps 1`, AdamW's "
-        "per-tensor loop, attention masks kept.", "",
+        "per-tensor loop, attention masks kept, Z-Image's q/k norms and RoPE apart (diffusers' processor).", "",
         table(["family", "operators before", "operators after", "after / before", "`_to_copy` before",
                "`_to_copy` after"], rows), "", machine_line(result["machine"])])
 

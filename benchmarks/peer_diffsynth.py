@@ -15,6 +15,9 @@ which is what its `train.py` does for Qwen-Image. Shims, none of which edits Dif
   benchmark's byte-level tokenizer turns the same system prompt into more tokens, so the extra ones are
   dropped as well: the DiT then sees exactly the prompt tokens difftune gives it (same work per step).
 
+The payload's `device` ("cpu"), `dtype` ("float32") and `checkpointing` (false) choose where and how it trains
+(benchmarks/gpu.py's `reference` part: "cuda", "bfloat16", both checkpointing settings).
+
 Usage: `<diffsynth-venv>/bin/python benchmarks/peer_diffsynth.py --child '<json>'`; prints one BENCH_RESULT.
 """
 
@@ -78,23 +81,23 @@ def build_pipeline(p: dict):
             out.update(load_file(str(f)))
         return out
 
-    dtype = torch.float32
-    pipe = QwenImagePipeline(device="cpu", torch_dtype=dtype)
+    dtype, device = getattr(torch, p.get("dtype", "float32")), p.get("device", "cpu")
+    pipe = QwenImagePipeline(device=device, torch_dtype=dtype)
     if "dit" in p["models"]:
         dit = BenchDiT()
         dit.load_state_dict(weights("transformer"), strict=True)
-        pipe.dit = dit.to(dtype)
+        pipe.dit = dit.to(device=device, dtype=dtype)
     if "text_encoder" in p["models"]:
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
         hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(repo / "text_encoder"), torch_dtype=dtype)
-        pipe.text_encoder = BenchTextEncoder(hf).eval()
+        pipe.text_encoder = BenchTextEncoder(hf).to(device).eval()
         pipe.tokenizer = AutoTokenizer.from_pretrained(str(repo / "tokenizer"))
     if "vae" in p["models"]:
         vae = QwenImageVAE(base_dim=spec["vae_base_dim"], z_dim=16, dim_mult=list(spec["vae_dim_mult"]),
                            num_res_blocks=spec["vae_num_res_blocks"], temperal_downsample=[False, True, True])
         vae.load_state_dict(weights("vae"), strict=True)
-        pipe.vae = vae.to(dtype).eval()
+        pipe.vae = vae.to(device=device, dtype=dtype).eval()
     return pipe
 
 
@@ -109,7 +112,7 @@ def prompt_drop_shim(extra: int) -> None:
     QwenImageUnit_PromptEmbedder.encode_prompt = encode_prompt
 
 
-def make_module(pipe, task: str, rank: int):
+def make_module(pipe, task: str, rank: int, checkpointing: bool = False):
     from diffsynth.diffusion.loss import FlowMatchSFTLoss
     from diffsynth.diffusion.training_module import DiffusionTrainingModule
 
@@ -127,7 +130,7 @@ def make_module(pipe, task: str, rank: int):
         def get_pipeline_inputs(self, data):
             image = data["image"]
             shared = {"input_image": image, "height": image.size[1], "width": image.size[0], "cfg_scale": 1,
-                      "rand_device": self.pipe.device, "use_gradient_checkpointing": False,
+                      "rand_device": self.pipe.device, "use_gradient_checkpointing": checkpointing,
                       "use_gradient_checkpointing_offload": False}
             return shared, {"prompt": data["prompt"]}, {"negative_prompt": ""}
 
@@ -149,7 +152,8 @@ def measure(p: dict) -> dict:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    torchvision_shim()
+    if torch.version.cuda is None:  # a CPU-only torch: the CUDA torchvision wheel's _C cannot load
+        torchvision_shim()
     import accelerate
     import diffsynth  # noqa: F401  (the ~10 s import, before the baseline)
     from diffsynth.core.data import UnifiedDataset
@@ -157,7 +161,14 @@ def measure(p: dict) -> dict:
     from diffsynth.diffusion.runner import launch_data_process_task, launch_training_task
 
     record = {"step_stamps": [], "write_stamps": [], "loader_waits": []}
-    register_optimizer_step_post_hook(lambda *a: record["step_stamps"].append(time.perf_counter()))
+    cuda = p.get("device", "cpu") != "cpu"
+
+    def stamp(*_):
+        if cuda:  # a step ends when the GPU has done its work (as difftune's runs are timed)
+            torch.cuda.synchronize()
+        record["step_stamps"].append(time.perf_counter())
+
+    register_optimizer_step_post_hook(stamp)
     save = torch.save
 
     def timed_save(*a, **k):  # stage 1 writes one .pth per sample with torch.save
@@ -172,7 +183,7 @@ def measure(p: dict) -> dict:
     start = time.perf_counter()
     pipe = build_pipeline(p)
     task = p["task"]
-    module = make_module(pipe, task, p["rank"])
+    module = make_module(pipe, task, p["rank"], p.get("checkpointing", False))
     res = p["resolution"]
     if task.endswith(":train"):
         dataset = UnifiedDataset(base_path=p["cache"], metadata_path=None, repeat=p["repeat"])
@@ -186,7 +197,7 @@ def measure(p: dict) -> dict:
                            enable_optimizer_cpu_offload=False, cpu_offload_split_threshold=None,
                            customized_optimizer=None, output_path=p["output"])
     logger = ModelLogger(p["output"], remove_prefix_in_ckpt="pipe.dit.")
-    accelerator = accelerate.Accelerator(cpu=True)
+    accelerator = accelerate.Accelerator(cpu=not cuda)
     if task.endswith(":data_process"):
         launch_data_process_task(accelerator, dataset, module, logger, args=args)
     else:
@@ -195,6 +206,9 @@ def measure(p: dict) -> dict:
     stamps = record["step_stamps"]
     record.update(start=start, end=end, run_seconds=end - start, vmhwm_kb=status_kb("VmHWM"),
                   steps=len(stamps), close_stamp=None)
+    if cuda:
+        record.update(gpu_peak_allocated_mib=torch.cuda.max_memory_allocated() / 2**20,
+                      gpu_peak_reserved_mib=torch.cuda.max_memory_reserved() / 2**20)
     return record
 
 

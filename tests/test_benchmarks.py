@@ -147,3 +147,42 @@ def test_host_overhead_quick(tmp_path):
     assert q["ops_ratio"] <= 0.6, q
     assert q["after"]["to_copy"] <= 0.4 * q["before"]["to_copy"], q
     assert r["targets"]["ops_ratio_qwen_image"]["met"]
+
+
+def test_gpu_mfu_and_reference_parts_smoke(tmp_path):
+    """benchmarks/gpu.py's issue-33 parts on this CPU with the tiny Z-Image: stage 1, stage 2 with and without
+    checkpointing, the FLOPs of a step counted (the checkpointed step recomputes the forward: more FLOPs); no MFU
+    without a GPU's peak; the reference part says how to give it DiffSynth-Studio when it cannot import it."""
+    import importlib.util
+
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--parts", "mfu,reference",
+                           "--families", "z_image", "--out", str(out), "--workdir", str(tmp_path / "wd")],
+                          capture_output=True, text=True, timeout=600, cwd=str(ROOT), env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    mfu = json.loads((out / "mfu.json").read_text())
+    z = mfu["families"]["z_image"]
+    assert "error" not in z, z
+    plain, ckpt = z["no_checkpointing"], z["checkpointing"]
+    assert z["model_flops_per_step"] == plain["step_flops_counted"] > 0
+    assert plain["step_flops_counted"] < ckpt["step_flops_counted"] < 2 * plain["step_flops_counted"]
+    assert plain["steps"] == ckpt["steps"] == 4 and plain["step_time_s"] > 0 and ckpt["step_time_s"] > 0
+    assert plain["mfu"] is None and mfu["peak_flops"] is None  # no GPU: no peak to divide by
+    reference = json.loads((out / "reference.json").read_text())
+    if importlib.util.find_spec("diffsynth") is None:
+        assert "--ds-python" in reference["skipped"] and "--diffsynth_src" in reference["skipped"]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu
+
+    assert "| z_image | " in gpu.render([out])
+
+
+def test_host_overhead_z_image(tmp_path):
+    """The tiny Z-Image's step (six RMSNorms a block) also dispatches at most 0.6x the earlier operators: its queries
+    and keys are normed and rotated together (docs/performance.md)."""
+    r = run_quick("host_overhead.py", tmp_path, "--families", "z_image", timeout=600)
+    z = r["families"]["z_image"]
+    assert set(r["families"]) == {"z_image"} and z["before"]["ops"] > 0
+    assert z["ops_ratio"] <= 0.6, z
+    assert z["after"]["to_copy"] <= 0.4 * z["before"]["to_copy"], z

@@ -97,11 +97,11 @@ def tiny_qwen_image_vae(seed: int = 1, base_dim: int = 8):
                                   latents_std=QWEN_IMAGE_VAE_CONFIG["latents_std"])
 
 
-def write_tiny_qwen_image_vae(folder: str | os.PathLike, seed: int = 1) -> Path:
+def write_tiny_qwen_image_vae(folder: str | os.PathLike, seed: int = 1, base_dim: int = 8) -> Path:
     """`vae/` of a tiny Qwen/Qwen-Image: config.json + diffusion_pytorch_model.safetensors."""
     quiet_hf()
     folder = Path(folder)
-    tiny_qwen_image_vae(seed).save_pretrained(folder)
+    tiny_qwen_image_vae(seed, base_dim).save_pretrained(folder)
     return folder
 
 

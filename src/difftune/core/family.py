@@ -254,7 +254,21 @@ def detect_component(config, family: str | None = None):
     """Which model of which family `config`'s weights are (`family` names it; else every family is tried)."""
     from ..models.detect import as_model_config
 
-    _, found = recognise([as_model_config(config)], family, log=lambda *a, **k: None)
+    config = as_model_config(config)
+    if family is None:
+        # a shared part (the Qwen-Image VAE of Qwen-Image and Krea-2) fits several families as the same model: for
+        # one model alone, which family asks does not matter
+        same = set()
+        for spec in families().values():
+            try:
+                detected = _slots(spec, _detect_all([config], spec))[0][2]
+            except UserError:
+                continue
+            same.add((detected.spec.library, detected.spec.class_name, repr(sorted(detected.config.items()))))
+            found = detected
+        if len(same) == 1:
+            return found
+    _, found = recognise([config], family, log=lambda *a, **k: None)
     return found[0][2]
 
 

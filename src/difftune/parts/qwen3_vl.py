@@ -22,14 +22,14 @@ _VISION_COMMON = {
 _TOP_COMMON = {"model_type": "qwen3_vl", "image_token_id": 151655, "video_token_id": 151656,
                "vision_start_token_id": 151652, "vision_end_token_id": 151653}
 
-# Qwen/Qwen3-VL-4B-Instruct's config.json (Krea-2's text encoder).
+# Qwen/Qwen3-VL-4B-Instruct's config.json.
 QWEN3_VL_4B_CONFIG = {
     **_TOP_COMMON, "architectures": ["Qwen3VLForConditionalGeneration"], "tie_word_embeddings": True,
     "text_config": {**_TEXT_COMMON, "hidden_size": 2560, "intermediate_size": 9728, "tie_word_embeddings": True},
     "vision_config": {**_VISION_COMMON, "deepstack_visual_indexes": [5, 11, 17], "depth": 24, "hidden_size": 1024,
                       "intermediate_size": 4096, "out_hidden_size": 2560},
 }
-# Qwen/Qwen3-VL-8B-Instruct's config.json (Ideogram-4's text encoder).
+# Qwen/Qwen3-VL-8B-Instruct's config.json.
 QWEN3_VL_8B_CONFIG = {
     **_TOP_COMMON, "architectures": ["Qwen3VLForConditionalGeneration"], "tie_word_embeddings": False,
     "text_config": {**_TEXT_COMMON, "hidden_size": 4096, "intermediate_size": 12288},

@@ -1,5 +1,5 @@
 """The Qwen-Image VAE (diffusers' `AutoencoderKLQwenImage`, a one-frame video VAE, x8, 16 channels): its official
-config, its ComponentSpec and the normalised encode/decode of images. Qwen-Image and Krea-2 use it."""
+config, its ComponentSpec and the normalised encode/decode of images."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
 from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_encode
+from .attention import use_joint_qk
 from .feature import ZImageFeature
 from .units import omni_dit
 
@@ -175,6 +176,7 @@ class _ControlNet(ZImageFeature):
         if controlnet is None:
             raise UserError("controlnet_image given but no ControlNet loaded: add the Fun ControlNet's file to "
                             "--model_paths / --model_id_with_origin_paths")
+        use_joint_qk(controlnet)
         v = call.values
         context = v["control_context"].to(call.dtype)
         scale = 1.0 if v.get("control_scale") is None else v["control_scale"]

@@ -16,6 +16,7 @@ import torch
 
 from ...core.checkpointing import set_gradient_checkpointing
 from ...errors import UserError
+from .attention import use_joint_qk
 
 
 def is_omni(dit) -> bool:
@@ -90,6 +91,7 @@ def model_fn_z_image(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_
     x = list(latents.to(dtype).unsqueeze(2).unbind(0))
     caps = prompt_rows(prompt_embeds.to(dtype), prompt_embeds_mask)
     set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
+    use_joint_qk(dit)
     call = ZImageCall(pipe, dit, inputs, x, t, caps, dtype, is_omni(dit), use_gradient_checkpointing,
                       use_gradient_checkpointing_offload)
     for feature in features:
