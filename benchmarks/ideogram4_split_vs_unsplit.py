@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (PROMPTS, base_parser, emit, fresh, machine, machine_line, median_seconds, param_counts,  # noqa: E402
-                    ratio, resolve_doc, reuse_or_write, run_difftune, split_figures, split_rows, table, update_doc,
-                    workdir_of, write_images)
+from common import (PROMPTS, base_parser, emit, fresh, machine, machine_line,  # noqa: E402
+                    median_seconds, param_counts, ratio, resolve_doc, reuse_or_write, run_difftune,
+                    split_figures, split_rows, table, update_doc, workdir_of, write_images)
 
 COMPONENTS = ("transformer", "text_encoder", "vae")
 REPO = "DiffSynth-Studio/ideogram-4-bf16-repackage"

@@ -98,7 +98,8 @@ def write_tiny_ideogram4_hub(base: str | os.PathLike, spec: TinyIdeogram4Spec | 
     quiet_hf()
     base = Path(base)
     repo = base / REPACKAGE
-    _save(original_dit_keys(tiny_dit(spec, seed=0).state_dict()), repo / "transformer" / "diffusion_pytorch_model.safetensors")
+    _save(original_dit_keys(tiny_dit(spec, seed=0).state_dict()),
+          repo / "transformer" / "diffusion_pytorch_model.safetensors")
     _save(original_dit_keys(tiny_dit(spec, seed=1).state_dict()),
           repo / "unconditional_transformer" / "diffusion_pytorch_model.safetensors")
     _save(tiny_text_encoder(spec).state_dict(), repo / "text_encoder" / "model.safetensors")

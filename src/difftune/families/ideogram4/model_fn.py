@@ -1,6 +1,6 @@
 """Ideogram-4's model_fn: one call of diffusers' `Ideogram4Transformer2DModel` on the packed sequence
-[text tokens][image tokens], assembled in an `Ideogram4Call` (each feature of the call may change it before the sequence is built; the
-reference's scripts use none).
+[text tokens][image tokens], assembled in an `Ideogram4Call` (each feature of the call may change it before the
+sequence is built; the reference's scripts use none).
 
 The conditional pass packs the prompt's features before the image tokens (padding, if a batch has prompts of
 several lengths, in a segment of its own that no real token sees); the unconditional pass (the negative side of

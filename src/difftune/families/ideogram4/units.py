@@ -83,7 +83,8 @@ def chat_text(tokenizer, prompt: str) -> str:
 
 def text_features(pipe, prompt: str) -> torch.Tensor:
     """One prompt (a user turn of the chat template) -> its tokens' features (n, hidden * 13): the outputs of the
-    `ACTIVATION_LAYERS` decoder layers, interleaved per hidden unit, as diffusers' pipeline and the reference read them."""
+    `ACTIVATION_LAYERS` decoder layers, interleaved per hidden unit, as diffusers' pipeline and the reference read
+    them."""
     if pipe.tokenizer is None:
         raise UserError("no tokenizer: pass --tokenizer_path (Ideogram-4's tokenizer/ folder) to encode prompts")
     ids = pipe.tokenizer(chat_text(pipe.tokenizer, prompt), return_tensors="pt", add_special_tokens=False).input_ids
