@@ -1,0 +1,127 @@
+"""FLUX.2 components: the official configs, how their checkpoints are recognised, the scheduler config.
+
+Classes are diffusers' (`Flux2Transformer2DModel`, `AutoencoderKLFlux2`) and transformers' (`Qwen3Model` for klein's
+text encoder), so black-forest-labs/FLUX.2-dev and FLUX.2-klein-{4B,9B,base-4B,base-9B} folders (`transformer/`,
+`text_encoder/`, `vae/`) load with their own key names. BFL's single files (`flux2-dev.safetensors`, fused qkv,
+`double_blocks.*`) are converted whole by diffusers' own single-file converter.
+"""
+
+from __future__ import annotations
+
+from ...models.detect import ComponentSpec, strip_comfyui_prefix
+from ...parts.qwen3 import QWEN3_4B_CONFIG, QWEN3_MARKER_KEYS, drop_lm_head, qwen3_config_from_weights, qwen3_key
+
+# black-forest-labs/FLUX.2-* scheduler/scheduler_config.json: exponential time shift, mu from the image size (the
+# pipeline passes diffusers' `compute_empirical_mu`); the reference trains at mu = 0.8.
+SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True,
+                    "time_shift_type": "exponential", "base_image_seq_len": 256, "max_image_seq_len": 4096,
+                    "base_shift": 0.5, "max_shift": 1.15}
+TRAINING_MU = 0.8
+
+# The reference's DiT targets (its scripts' --lora_target_modules, less the per-block single-block to_out list,
+# which the suffix `attn.to_out` of the single blocks covers).
+LORA_TARGET_MODULES = ("to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out,linear_in,linear_out,"
+                       "to_qkv_mlp_proj,single_transformer_blocks.*.attn.to_out")
+
+_BASE = {"_class_name": "Flux2Transformer2DModel", "patch_size": 1, "in_channels": 128, "out_channels": None,
+         "attention_head_dim": 128, "timestep_guidance_channels": 256, "mlp_ratio": 3.0,
+         "axes_dims_rope": [32, 32, 32, 32], "rope_theta": 2000, "eps": 1e-06}
+FLUX2_DEV_CONFIG = {**_BASE, "num_layers": 8, "num_single_layers": 48, "num_attention_heads": 48,
+                    "joint_attention_dim": 15360, "guidance_embeds": True}
+FLUX2_KLEIN_4B_CONFIG = {**_BASE, "num_layers": 5, "num_single_layers": 20, "num_attention_heads": 24,
+                         "joint_attention_dim": 7680, "guidance_embeds": False}
+FLUX2_KLEIN_9B_CONFIG = {**_BASE, "num_layers": 8, "num_single_layers": 24, "num_attention_heads": 32,
+                         "joint_attention_dim": 12288, "guidance_embeds": False}
+
+# Qwen3-8B (FLUX.2-klein-9B's text encoder): the 4B's layout, wider.
+QWEN3_8B_CONFIG = {**QWEN3_4B_CONFIG, "hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "num_hidden_layers": 36}
+
+# The official VAE (all FLUX.2 models share it): 32 latent channels, 2x2 patches normalised by a BatchNorm.
+FLUX2_VAE_CONFIG = {"_class_name": "AutoencoderKLFlux2", "in_channels": 3, "out_channels": 3,
+                    "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
+                    "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "act_fn": "silu",
+                    "latent_channels": 32, "norm_num_groups": 32, "sample_size": 1024, "use_quant_conv": True,
+                    "use_post_quant_conv": True, "mid_block_add_attention": True, "batch_norm_eps": 1e-4,
+                    "batch_norm_momentum": 0.1, "patch_size": [2, 2]}
+
+
+def _count(shapes, prefix: str) -> int:
+    return len({k[len(prefix):].split(".")[0] for k in shapes if k.startswith(prefix)})
+
+
+def dit_config_from_weights(shapes: dict) -> dict | None:
+    """A FLUX.2 DiT of any depth and width: the head size from the q norm, the RoPE axes its four equal quarters
+    (as the official 4 x 32 of 128; the split is not in the weights)."""
+    if "x_embedder.weight" not in shapes or "transformer_blocks.0.attn.norm_q.weight" not in shapes:
+        return None
+    inner, in_channels = shapes["x_embedder.weight"]
+    head = shapes["transformer_blocks.0.attn.norm_q.weight"][0]
+    if head % 4 or inner % head:
+        return None
+    return {**_BASE, "in_channels": in_channels, "attention_head_dim": head, "num_attention_heads": inner // head,
+            "axes_dims_rope": [head // 4] * 4, "joint_attention_dim": shapes["context_embedder.weight"][1],
+            "num_layers": _count(shapes, "transformer_blocks."),
+            "num_single_layers": _count(shapes, "single_transformer_blocks."),
+            "mlp_ratio": shapes["transformer_blocks.0.ff.linear_out.weight"][1] / inner,
+            "timestep_guidance_channels": shapes["time_guidance_embed.timestep_embedder.linear_1.weight"][1],
+            "guidance_embeds": "time_guidance_embed.guidance_embedder.linear_1.weight" in shapes}
+
+
+def convert_bfl_dit(state: dict) -> dict:
+    """BFL's names (`double_blocks.*`, fused qkv, `img_in`, ...) -> diffusers', by diffusers' single-file converter
+    (it pops from what it is given, so it gets a copy)."""
+    from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
+
+    if not any(k.startswith("double_blocks.") for k in state):
+        raise KeyError("not BFL's FLUX.2 layout")
+    return convert_flux2_transformer_checkpoint_to_diffusers(dict(state))
+
+
+def vae_config_from_weights(shapes: dict) -> dict | None:
+    """An AutoencoderKLFlux2 of any width (its block widths from the encoder's down blocks' convolutions)."""
+    if "bn.running_mean" not in shapes or "encoder.conv_in.weight" not in shapes:
+        return None
+    blocks = _count(shapes, "encoder.down_blocks.")
+    widths = [shapes[f"encoder.down_blocks.{i}.resnets.0.conv1.weight"][0] for i in range(blocks)]
+    latent = shapes["encoder.conv_out.weight"][0] // 2
+    groups = 32 if widths[0] % 32 == 0 else max(g for g in (16, 8, 4, 2, 1) if widths[0] % g == 0)
+    return {**FLUX2_VAE_CONFIG, "block_out_channels": widths, "latent_channels": latent, "norm_num_groups": groups,
+            "down_block_types": ["DownEncoderBlock2D"] * blocks, "up_block_types": ["UpDecoderBlock2D"] * blocks,
+            "layers_per_block": _count(shapes, "encoder.down_blocks.0.resnets."),
+            "patch_size": [2, 2] if shapes["bn.running_mean"][0] == 4 * latent else [1, 1]}
+
+
+DIT = ComponentSpec(
+    name="dit", library="diffusers", class_name="Flux2Transformer2DModel",
+    known_configs={"black-forest-labs/FLUX.2-dev transformer": FLUX2_DEV_CONFIG,
+                   "black-forest-labs/FLUX.2-klein(-base)-4B transformer": FLUX2_KLEIN_4B_CONFIG,
+                   "black-forest-labs/FLUX.2-klein(-base)-9B transformer": FLUX2_KLEIN_9B_CONFIG},
+    marker_keys=("x_embedder.weight", "single_stream_modulation.linear.weight",
+                 "transformer_blocks.0.attn.to_q.weight"),
+    normalize_key=strip_comfyui_prefix, infer_config=dit_config_from_weights, description="FLUX.2 DiT")
+
+DIT_BFL = ComponentSpec(
+    name="dit", library="diffusers", class_name="Flux2Transformer2DModel", known_configs=DIT.known_configs,
+    marker_keys=("img_in.weight", "single_stream_modulation.lin.weight", "double_blocks.0.img_attn.qkv.weight"),
+    normalize_key=strip_comfyui_prefix, convert_state_dict=convert_bfl_dit, infer_config=dit_config_from_weights,
+    description="FLUX.2 DiT, BFL's single-file layout (flux2-dev.safetensors and alike)")
+
+TEXT_ENCODER_QWEN3 = ComponentSpec(
+    name="text_encoder", library="transformers", class_name="Qwen3Model", config_class_name="Qwen3Config",
+    known_configs={"Qwen3-4B (FLUX.2-klein-4B text_encoder)": QWEN3_4B_CONFIG,
+                   "Qwen3-8B (FLUX.2-klein-9B text_encoder)": QWEN3_8B_CONFIG},
+    marker_keys=QWEN3_MARKER_KEYS, normalize_key=qwen3_key, convert_state_dict=drop_lm_head,
+    foreign_config_classes=("Qwen3ForCausalLM",), infer_config=qwen3_config_from_weights,
+    description="Qwen3 text encoder of FLUX.2-klein (hidden states 9, 18, 27)")
+
+VAE = ComponentSpec(
+    name="vae", library="diffusers", class_name="AutoencoderKLFlux2",
+    known_configs={"black-forest-labs/FLUX.2 vae": FLUX2_VAE_CONFIG},
+    marker_keys=("bn.running_mean", "encoder.conv_in.weight", "decoder.conv_in.weight"),
+    infer_config=vae_config_from_weights, description="FLUX.2 autoencoder (32 channels, 2x2 patches, BatchNorm)")
+
+COMPONENTS = (DIT, DIT_BFL, TEXT_ENCODER_QWEN3, VAE)
+
+__all__ = ["COMPONENTS", "DIT", "DIT_BFL", "FLUX2_DEV_CONFIG", "FLUX2_KLEIN_4B_CONFIG", "FLUX2_KLEIN_9B_CONFIG",
+           "FLUX2_VAE_CONFIG", "LORA_TARGET_MODULES", "SCHEDULER_CONFIG", "TEXT_ENCODER_QWEN3", "TRAINING_MU", "VAE"]

@@ -1,0 +1,62 @@
+"""FLUX.2 sampling through `Flux2Pipeline.__call__` equals diffusers' Flux2KleinPipeline (distilled klein, no CFG;
+klein base with CFG) on the tiny models (fp32, latents and decoded images)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from support.flux2 import KLEIN_4B, KLEIN_BASE_4B, load_tiny_klein, write_tiny_flux2_hub
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    return write_tiny_flux2_hub(tmp_path_factory.mktemp("flux2_hub"))
+
+
+def _klein(hub, dit_repo, distilled):
+    from diffusers import (AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline,
+                           Flux2Transformer2DModel)
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    repo = hub / KLEIN_4B
+    pipe = Flux2KleinPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(repo / "scheduler"),
+        vae=AutoencoderKLFlux2.from_pretrained(repo / "vae"),
+        text_encoder=Qwen3ForCausalLM.from_pretrained(repo / "text_encoder"),
+        tokenizer=AutoTokenizer.from_pretrained(repo / "tokenizer"),
+        transformer=Flux2Transformer2DModel.from_pretrained(hub / dit_repo / "transformer"),
+        is_distilled=distilled).to(torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _to_vae_latents(pipe, latents):
+    """Our (B, 128, H/16, W/16) normalised patch latents as diffusers' `output_type="latent"` returns them."""
+    from difftune.families.flux2.latents import unpatchify
+
+    mean = pipe.vae.bn.running_mean.view(1, -1, 1, 1)
+    std = torch.sqrt(pipe.vae.bn.running_var.view(1, -1, 1, 1) + pipe.vae.config.batch_norm_eps)
+    return unpatchify(latents * std + mean)
+
+
+@pytest.mark.parametrize("dit_repo,cfg_scale", [(KLEIN_4B, 1.0), (KLEIN_BASE_4B, 3.0)])
+def test_klein_equals_diffusers(hub, dit_repo, cfg_scale):
+    ours = load_tiny_klein(hub, dit_repo)
+    theirs = _klein(hub, dit_repo, distilled=cfg_scale == 1.0)
+    prompts = ["a red circle", "a much longer prompt about a blue square on a green field"]
+    kwargs = dict(height=32, width=48, num_inference_steps=3)
+    mine = ours(prompts, cfg_scale=cfg_scale, seed=7, output_type="latent", progress=False, **kwargs)
+    ref = theirs(prompt=prompts, guidance_scale=cfg_scale, generator=torch.Generator().manual_seed(7),
+                 output_type="latent", **kwargs).images
+    diff = (_to_vae_latents(ours, mine) - ref).abs().max().item()
+    print(f"flux2 klein {dit_repo} cfg {cfg_scale}: max |latents - diffusers| = {diff:.2e}")
+    assert mine.shape == (2, 128, 2, 3) and diff <= TOL
+    image = ours(prompts[0], cfg_scale=cfg_scale, seed=7, output_type="pt", progress=False, **kwargs)
+    ref_image = theirs(prompt=prompts[0], guidance_scale=cfg_scale, generator=torch.Generator().manual_seed(7),
+                       output_type="pt", **kwargs).images
+    diff = (image - ref_image).abs().max().item()
+    print(f"flux2 klein {dit_repo} cfg {cfg_scale}: max |image - diffusers| = {diff:.2e}")
+    assert image.shape == ref_image.shape == (1, 3, 32, 48) and diff <= TOL
