@@ -117,8 +117,10 @@ def write_tiny_klein(repo: str | os.PathLike, size: str = "4B", spec: TinyFlux2S
     return repo
 
 
-def write_tiny_flux2_hub(base: str | os.PathLike, spec: TinyFlux2Spec | None = None, *, shard: bool = True) -> Path:
-    """The tiny klein models under `base` at the hub ids the scripts name; returns `base`."""
+def write_tiny_flux2_hub(base: str | os.PathLike, spec: TinyFlux2Spec | None = None, *, shard: bool = True,
+                         dev: bool = False) -> Path:
+    """The tiny klein models (and FLUX.2-dev with `dev`) under `base` at the hub ids the scripts name; returns
+    `base`."""
     spec = spec or TinyFlux2Spec()
     base = Path(base)
     write_tiny_klein(base / KLEIN_4B, "4B", spec, shard=shard)
@@ -126,7 +128,13 @@ def write_tiny_flux2_hub(base: str | os.PathLike, spec: TinyFlux2Spec | None = N
     for repo, size, seed in ((KLEIN_BASE_4B, "4B", 3), (KLEIN_BASE_9B, "9B", 4)):
         _save(tiny_dit(spec, size, seed=seed), base / repo / "transformer", shard)
         _write_scheduler(base / repo)
+    if dev:
+        write_tiny_dev(base / DEV, spec, shard=shard)
     return base
+
+
+def write_tiny_dev(repo, spec=None, *, shard=True):
+    raise NotImplementedError("FLUX.2-dev's tiny models need parts/mistral3.py")
 
 
 def hub_paths(base: str | os.PathLike, repo: str, folder: str, pattern: str = "*.safetensors") -> list[str]:
