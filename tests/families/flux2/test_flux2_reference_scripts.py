@@ -87,3 +87,10 @@ def test_template_scripts_are_refused_in_one_line(in_workspace, script, capsys):
     assert difftune([*argv, "--max_steps", "2", "--no_progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--template_model_id_or_path" in err[0] and "Diffusion Templates" in err[0], err
+
+
+def test_dmd2_script_is_refused_in_one_line(in_workspace, capsys):
+    (argv,) = read_reference_script(SCRIPTS / DMD2[0]).commands
+    assert difftune([*argv, "--max_steps", "2", "--no_progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--dmd2_fake_score_learning_rate" in err[0] and "DMD2 distillation" in err[0], err
