@@ -1,19 +1,20 @@
 """FLUX.2 sampling through `Flux2Pipeline.__call__` equals diffusers' Flux2KleinPipeline (distilled klein, no CFG;
-klein base with CFG) on the tiny models (fp32, latents and decoded images)."""
+klein base with CFG) and Flux2Pipeline (FLUX.2-dev, embedded guidance) on the tiny models (fp32, latents and decoded
+images)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from support.flux2 import KLEIN_4B, KLEIN_BASE_4B, load_tiny_klein, write_tiny_flux2_hub
+from support.flux2 import DEV, KLEIN_4B, KLEIN_BASE_4B, load_tiny_dev, load_tiny_klein, write_tiny_flux2_hub
 
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    return write_tiny_flux2_hub(tmp_path_factory.mktemp("flux2_hub"))
+    return write_tiny_flux2_hub(tmp_path_factory.mktemp("flux2_hub"), dev=True)
 
 
 def _klein(hub, dit_repo, distilled):
@@ -35,7 +36,7 @@ def _klein(hub, dit_repo, distilled):
 
 def _to_vae_latents(pipe, latents):
     """Our (B, 128, H/16, W/16) normalised patch latents as diffusers' `output_type="latent"` returns them."""
-    from difftune.families.flux2.latents import unpatchify
+    from difftune.parts.flux2_vae import unpatchify
 
     mean = pipe.vae.bn.running_mean.view(1, -1, 1, 1)
     std = torch.sqrt(pipe.vae.bn.running_var.view(1, -1, 1, 1) + pipe.vae.config.batch_norm_eps)
@@ -60,3 +61,27 @@ def test_klein_equals_diffusers(hub, dit_repo, cfg_scale):
     diff = (image - ref_image).abs().max().item()
     print(f"flux2 klein {dit_repo} cfg {cfg_scale}: max |image - diffusers| = {diff:.2e}")
     assert image.shape == ref_image.shape == (1, 3, 32, 48) and diff <= TOL
+
+
+def test_dev_equals_diffusers(hub):
+    from diffusers import Flux2Pipeline as Theirs
+
+    ours = load_tiny_dev(hub)
+    theirs = Theirs.from_pretrained(str(hub / DEV), torch_dtype=torch.float32)
+    theirs.set_progress_bar_config(disable=True)
+    prompts = ["a red circle", "a much longer prompt about a blue square on a green field"]
+    kwargs = dict(height=48, width=32, num_inference_steps=3)
+    mine = ours(prompts, embedded_guidance=2.5, seed=3, output_type="latent", progress=False, **kwargs)
+    ref = theirs(prompt=prompts, guidance_scale=2.5, generator=torch.Generator().manual_seed(3),
+                 output_type="latent", **kwargs).images
+    # Flux2Pipeline's "latent" output is the packed tokens (B, h*w, 128), normalised
+    diff = (mine.flatten(2).transpose(1, 2) - ref).abs().max().item()
+    image = ours(prompts[0], embedded_guidance=2.5, seed=3, output_type="pt", progress=False, **kwargs)
+    ref_image = theirs(prompt=prompts[0], guidance_scale=2.5, generator=torch.Generator().manual_seed(3),
+                       output_type="pt", **kwargs).images
+    image_diff = (image - ref_image).abs().max().item()
+    # the guidance reaches the DiT: another value moves the result
+    other = ours(prompts, embedded_guidance=6.0, seed=3, output_type="latent", progress=False, **kwargs)
+    print(f"flux2 dev: max |latents - diffusers| = {diff:.2e}, |image - diffusers| = {image_diff:.2e}; guidance 2.5 -> 6 moves them by "
+          f"{(other - mine).abs().max().item():.2e}")
+    assert mine.shape == (2, 128, 3, 2) and diff <= TOL and image_diff <= TOL and (other - mine).abs().max() > 1e-4

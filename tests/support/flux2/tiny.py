@@ -2,9 +2,10 @@
 
 `write_tiny_flux2_hub(base)` lays out, under a model base path, what the scripts load: black-forest-labs/
 FLUX.2-klein-4B and FLUX.2-klein-9B (transformer/, text_encoder/ (Qwen3 causal LM), vae/, tokenizer/, scheduler/,
-model_index.json), FLUX.2-klein-base-4B and -base-9B (transformer/). Depths are the real ones (klein-4B 5 + 20 blocks,
-9B 8 + 24; the scripts name every single block), widths tiny; the text encoders have the 27 layers whose hidden
-states klein reads. Everything is seeded: two processes write bit-identical files.
+model_index.json), FLUX.2-klein-base-4B and -base-9B (transformer/), and with `dev` FLUX.2-dev (transformer/, text_encoder/
+(a Mistral-3 file), vae/, tokenizer/). Depths are the real ones (klein-4B 5 + 20 blocks, 9B 8 + 24, dev 8 + 48; the
+scripts name every single block), widths tiny; the text encoders have the layers whose hidden states are read (27
+of Qwen3 for klein, 30 of Mistral for dev). Everything is seeded: two processes write bit-identical files.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class TinyFlux2Spec:
 
 
 # (double blocks, single blocks, text encoder width) per released model
-SIZES = {"4B": (5, 20, 32), "9B": (8, 24, 48)}
+SIZES = {"4B": (5, 20, 32), "9B": (8, 24, 48), "dev": (8, 48, 32)}
 
 
 def tiny_dit(spec: TinyFlux2Spec, size: str = "4B", *, guidance: bool = False, seed: int = 0):
@@ -74,17 +75,37 @@ def tiny_qwen3(spec: TinyFlux2Spec, tok, hidden: int, seed: int = 0):
 
 
 def tiny_vae(spec: TinyFlux2Spec):
-    from diffusers import AutoencoderKLFlux2
+    """The FLUX.2 autoencoder at the released 32 latent channels (128 once patched), tiny widths."""
+    from ..parts import tiny_flux2_vae
 
-    torch.manual_seed(spec.seed + 3)
-    c = spec.vae_channels
-    vae = AutoencoderKLFlux2(block_out_channels=(c,) * 4, layers_per_block=1, latent_channels=32, norm_num_groups=4,
-                             sample_size=64)
-    g = torch.Generator().manual_seed(spec.seed + 4)
-    with torch.no_grad():  # the BatchNorm's statistics away from (0, 1), so a test sees the normalisation
-        vae.bn.running_mean.copy_(torch.randn(vae.bn.running_mean.shape, generator=g) * 0.2)
-        vae.bn.running_var.copy_(torch.rand(vae.bn.running_var.shape, generator=g) + 0.5)
-    return vae.eval()
+    return tiny_flux2_vae(latent_channels=32, width=spec.vae_channels, seed=spec.seed + 3)
+
+
+# Mistral-Small-3.1's turns as its chat template renders a system and a user message (text content parts).
+DEV_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['content'] is string %}{% set t = m['content'] %}"
+                     "{% else %}{% set t = m['content'] | map(attribute='text') | join('') %}{% endif %}"
+                     "{% if m['role'] == 'system' %}{{ '[SYSTEM_PROMPT]' + t + '[/SYSTEM_PROMPT]' }}"
+                     "{% else %}{{ '[INST]' + t + '[/INST]' }}{% endif %}{% endfor %}")
+DEV_TEXT_LAYERS = 30  # dev reads hidden states 10, 20 and 30
+
+
+def dev_tokenizer():
+    from ..parts import mistral_tokenizer
+
+    tok = mistral_tokenizer()
+    tok.chat_template = DEV_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_dev_text_encoder(spec: TinyFlux2Spec, tok):
+    """FLUX.2-dev's text encoder class (`Mistral3ForConditionalGeneration`) around a tiny Mistral-Small-3.1."""
+    from difftune.parts.mistral3 import MISTRAL_SMALL_3_1_TEXT_CONFIG
+
+    from ..parts import tiny_mistral3, tiny_text_config
+
+    cfg = tiny_text_config(MISTRAL_SMALL_3_1_TEXT_CONFIG, vocab_size=len(tok), hidden=32, layers=DEV_TEXT_LAYERS)
+    cfg["tie_word_embeddings"] = True  # transformers ties the tiny model's head anyway: say so, so it is not stored
+    return tiny_mistral3(cfg, conditional_generation=True, seed=spec.seed + 7)
 
 
 def _save(model, folder: Path, shard: bool) -> None:
@@ -133,8 +154,40 @@ def write_tiny_flux2_hub(base: str | os.PathLike, spec: TinyFlux2Spec | None = N
     return base
 
 
-def write_tiny_dev(repo, spec=None, *, shard=True):
-    raise NotImplementedError("FLUX.2-dev's tiny models need parts/mistral3.py")
+def write_tiny_dev(repo: str | os.PathLike, spec: TinyFlux2Spec | None = None, *, shard: bool = True) -> Path:
+    """FLUX.2-dev's layout: transformer/ (8 + 48 blocks, guidance embedder), text_encoder/ (a whole Mistral-3 in
+    transformers 4's layout), vae/, tokenizer/, scheduler/, model_index.json."""
+    from ..parts import write_mistral3_folder
+
+    quiet_hf()
+    spec = spec or TinyFlux2Spec()
+    repo = Path(repo)
+    tok = dev_tokenizer()
+    tok.save_pretrained(repo / "tokenizer")
+    _save(tiny_dit(spec, "dev", guidance=True, seed=6), repo / "transformer", shard)
+    write_mistral3_folder(tiny_dev_text_encoder(spec, tok), repo / "text_encoder")
+    tiny_vae(spec).save_pretrained(repo / "vae")
+    _write_scheduler(repo)
+    index = {"_class_name": "Flux2Pipeline", "_diffusers_version": "0.42.1",
+             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "text_encoder": ["transformers", "Mistral3ForConditionalGeneration"],
+             "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+             "transformer": ["diffusers", "Flux2Transformer2DModel"], "vae": ["diffusers", "AutoencoderKLFlux2"]}
+    (repo / "model_index.json").write_text(json.dumps(index, indent=2))
+    return repo
+
+
+def dev_model_paths(base: str | os.PathLike) -> list:
+    return [hub_entry(base, DEV, f) for f in ("transformer", "text_encoder", "vae")]
+
+
+def load_tiny_dev(base: str | os.PathLike, dtype=torch.float32):
+    from difftune.families.flux2.pipeline import Flux2Pipeline
+    from difftune.models import ModelConfig
+
+    return Flux2Pipeline.from_pretrained(torch_dtype=dtype, device="cpu",
+                                         model_configs=[ModelConfig(p) for p in dev_model_paths(base)],
+                                         tokenizer_config=ModelConfig(str(Path(base) / DEV / "tokenizer")))
 
 
 def hub_paths(base: str | os.PathLike, repo: str, folder: str, pattern: str = "*.safetensors") -> list[str]:
@@ -182,6 +235,6 @@ def _tiny_flux2(folder: Path) -> TinyFamily:
 
 register_tiny("flux2", _tiny_flux2)
 
-__all__ = ["DEV", "KLEIN_4B", "KLEIN_9B", "KLEIN_BASE_4B", "KLEIN_BASE_9B", "SIZES", "TinyFlux2Spec", "hub_entry",
+__all__ = ["DEV", "dev_model_paths", "dev_tokenizer", "load_tiny_dev", "write_tiny_dev", "KLEIN_4B", "KLEIN_9B", "KLEIN_BASE_4B", "KLEIN_BASE_9B", "SIZES", "TinyFlux2Spec", "hub_entry",
            "hub_paths", "klein_model_paths", "klein_tokenizer", "load_tiny_klein", "tiny_dit", "tiny_qwen3",
            "tiny_vae", "write_tiny_flux2_hub", "write_tiny_klein"]

@@ -1,14 +1,19 @@
 """FLUX.2 components: the official configs, how their checkpoints are recognised, the scheduler config.
 
 Classes are diffusers' (`Flux2Transformer2DModel`, `AutoencoderKLFlux2`) and transformers' (`Qwen3Model` for klein's
-text encoder), so black-forest-labs/FLUX.2-dev and FLUX.2-klein-{4B,9B,base-4B,base-9B} folders (`transformer/`,
+text encoder, `MistralModel` for dev's: the language model of its Mistral-3 file, `parts/mistral3.py`), so black-forest-labs/FLUX.2-dev and FLUX.2-klein-{4B,9B,base-4B,base-9B} folders (`transformer/`,
 `text_encoder/`, `vae/`) load with their own key names. BFL's single files (`flux2-dev.safetensors`, fused qkv,
 `double_blocks.*`) are converted whole by diffusers' own single-file converter.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 from ...models.detect import ComponentSpec, strip_comfyui_prefix
+from ...parts.flux2_vae import FLUX2_VAE_CONFIG, FLUX2_VAE_MARKER_KEYS, flux2_vae_config_from_weights
+from ...parts.mistral3 import (MISTRAL3_TEXT_MARKER_KEYS, MISTRAL_SMALL_3_1_TEXT_CONFIG, drop_non_text,
+                               text_config_from_weights, text_key)
 from ...parts.qwen3 import QWEN3_4B_CONFIG, QWEN3_MARKER_KEYS, drop_lm_head, qwen3_config_from_weights, qwen3_key
 
 # black-forest-labs/FLUX.2-* scheduler/scheduler_config.json: exponential time shift, mu from the image size (the
@@ -37,13 +42,6 @@ FLUX2_KLEIN_9B_CONFIG = {**_BASE, "num_layers": 8, "num_single_layers": 24, "num
 QWEN3_8B_CONFIG = {**QWEN3_4B_CONFIG, "hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32,
                    "num_key_value_heads": 8, "num_hidden_layers": 36}
 
-# The official VAE (all FLUX.2 models share it): 32 latent channels, 2x2 patches normalised by a BatchNorm.
-FLUX2_VAE_CONFIG = {"_class_name": "AutoencoderKLFlux2", "in_channels": 3, "out_channels": 3,
-                    "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
-                    "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "act_fn": "silu",
-                    "latent_channels": 32, "norm_num_groups": 32, "sample_size": 1024, "use_quant_conv": True,
-                    "use_post_quant_conv": True, "mid_block_add_attention": True, "batch_norm_eps": 1e-4,
-                    "batch_norm_momentum": 0.1, "patch_size": [2, 2]}
 
 
 def _count(shapes, prefix: str) -> int:
@@ -78,19 +76,6 @@ def convert_bfl_dit(state: dict) -> dict:
     return convert_flux2_transformer_checkpoint_to_diffusers(dict(state))
 
 
-def vae_config_from_weights(shapes: dict) -> dict | None:
-    """An AutoencoderKLFlux2 of any width (its block widths from the encoder's down blocks' convolutions)."""
-    if "bn.running_mean" not in shapes or "encoder.conv_in.weight" not in shapes:
-        return None
-    blocks = _count(shapes, "encoder.down_blocks.")
-    widths = [shapes[f"encoder.down_blocks.{i}.resnets.0.conv1.weight"][0] for i in range(blocks)]
-    latent = shapes["encoder.conv_out.weight"][0] // 2
-    groups = 32 if widths[0] % 32 == 0 else max(g for g in (16, 8, 4, 2, 1) if widths[0] % g == 0)
-    return {**FLUX2_VAE_CONFIG, "block_out_channels": widths, "latent_channels": latent, "norm_num_groups": groups,
-            "down_block_types": ["DownEncoderBlock2D"] * blocks, "up_block_types": ["UpDecoderBlock2D"] * blocks,
-            "layers_per_block": _count(shapes, "encoder.down_blocks.0.resnets."),
-            "patch_size": [2, 2] if shapes["bn.running_mean"][0] == 4 * latent else [1, 1]}
-
 
 DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="Flux2Transformer2DModel",
@@ -115,13 +100,22 @@ TEXT_ENCODER_QWEN3 = ComponentSpec(
     foreign_config_classes=("Qwen3ForCausalLM",), infer_config=qwen3_config_from_weights,
     description="Qwen3 text encoder of FLUX.2-klein (hidden states 9, 18, 27)")
 
+TEXT_ENCODER_MISTRAL = ComponentSpec(
+    name="text_encoder", library="transformers", class_name="MistralModel", config_class_name="MistralConfig",
+    known_configs={"Mistral-Small-3.1 24B (FLUX.2-dev text_encoder)": MISTRAL_SMALL_3_1_TEXT_CONFIG},
+    marker_keys=MISTRAL3_TEXT_MARKER_KEYS, normalize_key=text_key, convert_state_dict=drop_non_text,
+    # the folder's config.json names the multimodal model: its language model's weights are matched instead
+    foreign_config_classes=("Mistral3ForConditionalGeneration",),
+    infer_config=partial(text_config_from_weights, base=MISTRAL_SMALL_3_1_TEXT_CONFIG),
+    description="Mistral-Small-3.1 text encoder of FLUX.2-dev (hidden states 10, 20, 30; vision tower not loaded)")
+
 VAE = ComponentSpec(
     name="vae", library="diffusers", class_name="AutoencoderKLFlux2",
-    known_configs={"black-forest-labs/FLUX.2 vae": FLUX2_VAE_CONFIG},
-    marker_keys=("bn.running_mean", "encoder.conv_in.weight", "decoder.conv_in.weight"),
-    infer_config=vae_config_from_weights, description="FLUX.2 autoencoder (32 channels, 2x2 patches, BatchNorm)")
+    known_configs={"black-forest-labs/FLUX.2 vae": FLUX2_VAE_CONFIG}, marker_keys=FLUX2_VAE_MARKER_KEYS,
+    infer_config=flux2_vae_config_from_weights,
+    description="FLUX.2 autoencoder (32 latent channels, BatchNorm-normalised 2x2 patches)")
 
-COMPONENTS = (DIT, DIT_BFL, TEXT_ENCODER_QWEN3, VAE)
+COMPONENTS = (DIT, DIT_BFL, TEXT_ENCODER_QWEN3, TEXT_ENCODER_MISTRAL, VAE)
 
 __all__ = ["COMPONENTS", "DIT", "DIT_BFL", "FLUX2_DEV_CONFIG", "FLUX2_KLEIN_4B_CONFIG", "FLUX2_KLEIN_9B_CONFIG",
-           "FLUX2_VAE_CONFIG", "LORA_TARGET_MODULES", "SCHEDULER_CONFIG", "TEXT_ENCODER_QWEN3", "TRAINING_MU", "VAE"]
+           "LORA_TARGET_MODULES", "SCHEDULER_CONFIG", "TEXT_ENCODER_MISTRAL", "TEXT_ENCODER_QWEN3", "TRAINING_MU", "VAE"]
