@@ -18,7 +18,6 @@ from support.scripts import flag_value
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "flux2" / "model_training"
 ALL = sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.rglob("*.sh"))
-DEV = ("lora/FLUX.2-dev.sh", "special/npu_training/FLUX.2-dev-Lora-NPU.sh")
 INFERENCE_ONLY = ["full/TreeAdapter-KleinBase4B.sh"]  # comments only: "supports inference only"
 TEMPLATES = [s for s in ALL if "Template-" in s or "i2L" in s]
 DMD2 = [s for s in ALL if "dmd2" in s]
@@ -73,8 +72,6 @@ def _check_checkpoint(argv) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("script", RUNNING)
 def test_reference_script_runs(in_workspace, script, capsys):
-    if script in DEV:
-        pytest.importorskip("difftune.parts.mistral3")
     commands = read_reference_script(SCRIPTS / script).commands
     for argv in commands:
         _run(argv, capsys)

@@ -15,12 +15,8 @@ DATA = Path("data") / "diffsynth_example_dataset" / "flux2"
 DATASETS = ("FLUX.2-dev", "FLUX.2-klein-4B", "FLUX.2-klein-9B", "FLUX.2-klein-base-4B", "FLUX.2-klein-base-9B")
 
 
-def write_flux2_script_workspace(root: str | os.PathLike, *, dev: bool | None = None) -> Path:
-    import importlib.util
-
+def write_flux2_script_workspace(root: str | os.PathLike, *, dev: bool = True) -> Path:
     root = Path(root)
-    if dev is None:  # FLUX.2-dev's Mistral-3 text encoder is a shared part
-        dev = importlib.util.find_spec("difftune.parts.mistral3") is not None
     write_tiny_flux2_hub(root / "models", dev=dev)
     for name in DATASETS:
         write_example_dataset(root / DATA / name, n=2, size=(32, 32))

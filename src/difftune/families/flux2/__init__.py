@@ -16,6 +16,9 @@ class Flux2Options:
     tokenizer_path: str | None = option(None, "Tokenizer directory or model_id:folder/ (default: tokenizer/ beside "
                                         "the text encoder, else black-forest-labs/FLUX.2-dev:tokenizer/).",
                                         group=GROUP, sample=True)
+    # difftune sample's inputs
+    embedded_guidance: float | None = option(None, "FLUX.2-dev's distilled guidance (default: the family's, 4; "
+                                             "klein has none).", kind=float, group=GROUP, sample=True, train=False)
 
 
 FAMILY = FamilySpec(
