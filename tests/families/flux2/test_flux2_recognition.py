@@ -1,0 +1,94 @@
+"""FLUX.2's models are recognised from their weights: the official folders the scripts name (klein's Qwen3 and dev's
+Mistral-3 text encoders told apart), bare weight files without their config.json, and at the real sizes (from headers
+alone: meta tensors) klein-4B / 9B and dev's DiTs, Qwen3-8B and Mistral-Small-3.1 in FLUX.2-dev's Mistral-3 file."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from difftune.core.family import recognise
+from difftune.families.flux2 import FAMILY
+from difftune.families.flux2.components import (DIT, FLUX2_DEV_CONFIG, FLUX2_KLEIN_4B_CONFIG, FLUX2_KLEIN_9B_CONFIG,
+                                                QWEN3_8B_CONFIG, TEXT_ENCODER_MISTRAL, TEXT_ENCODER_QWEN3)
+from difftune.models import ModelConfig
+from difftune.models.detect import match_header
+from support.flux2 import DEV, KLEIN_4B, KLEIN_9B, KLEIN_BASE_9B, hub_paths, write_tiny_flux2_hub
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    return write_tiny_flux2_hub(tmp_path_factory.mktemp("flux2_hub"), dev=True)
+
+
+def _slots(configs, family=None):
+    spec, found = recognise(configs, family, log=lambda *a: None)
+    return spec.name, {slot: det for slot, _, det in found}
+
+
+def _entry(hub, repo, folder):
+    paths = hub_paths(hub, repo, folder)
+    return ModelConfig(paths if len(paths) > 1 else paths[0])
+
+
+@pytest.mark.parametrize("dit_repo,encoder_repo,encoder_class,guidance",
+                         [(KLEIN_4B, KLEIN_4B, "Qwen3Model", False), (KLEIN_BASE_9B, KLEIN_9B, "Qwen3Model", False),
+                          (DEV, DEV, "MistralModel", True)])
+def test_every_official_folder_the_scripts_name(hub, dit_repo, encoder_repo, encoder_class, guidance):
+    name, found = _slots([_entry(hub, dit_repo, "transformer"), _entry(hub, encoder_repo, "text_encoder"),
+                          _entry(hub, encoder_repo, "vae")])
+    assert name == "flux2" and sorted(found) == ["dit", "text_encoder", "vae"]
+    assert found["text_encoder"].spec.class_name == encoder_class
+    assert found["dit"].config["guidance_embeds"] is guidance
+
+
+def test_bare_weights_without_their_config(hub, tmp_path):
+    """Weights copied away from their config.json: sizes read off the shapes (depths, widths, guidance embedder)."""
+    for repo, folder in ((DEV, "transformer"), (KLEIN_9B, "text_encoder"), (DEV, "text_encoder"), (DEV, "vae")):
+        target = tmp_path / repo.replace("/", "_") / folder
+        target.mkdir(parents=True)
+        for path in hub_paths(hub, repo, folder):
+            shutil.copy(path, target)
+    name, found = _slots([ModelConfig(sorted(str(p) for p in (tmp_path / DEV.replace("/", "_") / "transformer").glob(
+        "*.safetensors"))), ModelConfig(str(next((tmp_path / DEV.replace("/", "_") / "vae").glob("*.safetensors"))))])
+    config = found["dit"].config
+    assert name == "flux2" and config["num_layers"] == 8 and config["num_single_layers"] == 48
+    assert config["guidance_embeds"] is True and config["joint_attention_dim"] == 96
+    assert found["vae"].config["latent_channels"] == 32
+    for repo, cls, hidden in ((KLEIN_9B, "Qwen3Model", 48), (DEV, "MistralModel", 32)):
+        files = sorted(str(p) for p in (tmp_path / repo.replace("/", "_") / "text_encoder").glob("*.safetensors"))
+        _, found = _slots([ModelConfig(files if len(files) > 1 else files[0])], "flux2")
+        assert found["text_encoder"].spec.class_name == cls and found["text_encoder"].config["hidden_size"] == hidden
+
+
+def _meta_shapes(build, names=lambda sd: sd):
+    with torch.device("meta"):
+        model = build()
+    return {k: tuple(v.shape) for k, v in names(model.state_dict()).items()}
+
+
+@pytest.mark.parametrize("config", [FLUX2_KLEIN_4B_CONFIG, FLUX2_KLEIN_9B_CONFIG, FLUX2_DEV_CONFIG])
+def test_real_size_dits_from_headers(config):
+    from diffusers import Flux2Transformer2DModel
+
+    shapes = _meta_shapes(lambda: Flux2Transformer2DModel(**{k: v for k, v in config.items() if k[0] != "_"}))
+    match = match_header(shapes, FAMILY.components)
+    assert match.spec is DIT and match.config == config
+
+
+def test_real_size_text_encoders_from_headers():
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration, Qwen3Config, Qwen3ForCausalLM
+
+    from difftune.parts.mistral3 import MISTRAL3_24B_CONFIG, MISTRAL_SMALL_3_1_TEXT_CONFIG
+    from support.parts import v4_layout
+
+    qwen = _meta_shapes(lambda: Qwen3ForCausalLM(Qwen3Config(**QWEN3_8B_CONFIG)))  # the 8B stores its LM head
+    found = match_header(qwen, FAMILY.components)
+    assert found.spec is TEXT_ENCODER_QWEN3 and found.config == QWEN3_8B_CONFIG
+    config = Mistral3Config(**{k: v for k, v in MISTRAL3_24B_CONFIG.items() if k != "architectures"})
+    mistral = _meta_shapes(lambda: Mistral3ForConditionalGeneration(config), v4_layout)
+    assert "language_model.model.layers.39.mlp.down_proj.weight" in mistral and "vision_tower.ln_pre.weight" in mistral
+    found = match_header(mistral, FAMILY.components)
+    assert found.spec is TEXT_ENCODER_MISTRAL and found.config == MISTRAL_SMALL_3_1_TEXT_CONFIG
