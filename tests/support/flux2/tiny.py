@@ -36,7 +36,16 @@ class TinyFlux2Spec:
     head_dim: int = 16  # four RoPE axes of 4
     text_layers: int = 27  # klein reads hidden states 9, 18 and 27
     vae_channels: int = 8
+    # overrides of a released model's sizes (the benchmark's proportions): double blocks, single blocks, text width
+    double: int | None = None
+    single: int | None = None
+    text_hidden: int | None = None
+    text_intermediate: int | None = None  # default: 2 x the text width
     seed: int = 0
+
+    def sizes(self, size: str) -> tuple[int, int, int]:
+        double, single, text = SIZES[size]
+        return self.double or double, self.single or single, self.text_hidden or text
 
 
 # (double blocks, single blocks, text encoder width) per released model
@@ -46,7 +55,7 @@ SIZES = {"4B": (5, 20, 32), "9B": (8, 24, 48), "dev": (8, 48, 32)}
 def tiny_dit(spec: TinyFlux2Spec, size: str = "4B", *, guidance: bool = False, seed: int = 0):
     from diffusers import Flux2Transformer2DModel
 
-    double, single, text = SIZES[size]
+    double, single, text = spec.sizes(size)
     torch.manual_seed(spec.seed + seed)
     dit = Flux2Transformer2DModel(
         patch_size=1, in_channels=128, num_layers=double, num_single_layers=single, attention_head_dim=spec.head_dim,
@@ -66,7 +75,7 @@ def tiny_qwen3(spec: TinyFlux2Spec, tok, hidden: int, seed: int = 0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(spec.seed + 100 + seed)
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=spec.text_intermediate or 2 * hidden,
                          num_hidden_layers=spec.text_layers, num_attention_heads=2, num_key_value_heads=1,
                          head_dim=hidden // 2, max_position_embeddings=1024, rope_theta=1e6, tie_word_embeddings=True,
                          bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
@@ -127,7 +136,7 @@ def write_tiny_klein(repo: str | os.PathLike, size: str = "4B", spec: TinyFlux2S
     tok = klein_tokenizer()
     tok.save_pretrained(repo / "tokenizer")
     _save(tiny_dit(spec, size, seed=1 if size == "4B" else 2), repo / "transformer", shard)
-    _save(tiny_qwen3(spec, tok, SIZES[size][2], seed=0 if size == "4B" else 1), repo / "text_encoder", shard)
+    _save(tiny_qwen3(spec, tok, spec.sizes(size)[2], seed=0 if size == "4B" else 1), repo / "text_encoder", shard)
     tiny_vae(spec).save_pretrained(repo / "vae")
     _write_scheduler(repo)
     index = {"_class_name": "Flux2KleinPipeline", "_diffusers_version": "0.42.1", "is_distilled": True,
