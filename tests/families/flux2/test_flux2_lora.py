@@ -114,3 +114,17 @@ def test_the_reference_loader_reads_the_comfyui_layout_at_the_trained_strength(h
     print(f"flux2 comfyui LoRA fused by the reference's loader vs difftune's default file fused: {diff:.2e}")
     assert diff <= 1e-6
     assert reference_loader_fuse(load_tiny_klein(hub).dit, default) == 0  # transformer.<module>: none found
+
+
+def test_every_module_is_one_comfyui_maps_for_flux2(loras):
+    """ComfyUI's FLUX LoRA key map (comfy/lora.py: for its Flux models, FLUX.2's class included, `transformer.<diffusers
+    name>` through comfy/utils.py's flux_to_diffusers) names, per double block, attn.to_q/to_k/to_v and
+    add_q/k/v_proj (slices of the fused img/txt qkv), attn.to_out.0, attn.to_add_out, ff.linear_in/out and
+    ff_context.linear_in/out, and per single block attn.to_qkv_mlp_proj (linear1) and attn.to_out (linear2): every
+    module of the default file is one, and it holds only LoRA pairs (alpha folded into B: ComfyUI's scale 1)."""
+    mapped = re.compile(r"transformer\.(transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|add_q_proj|add_k_proj|"
+                        r"add_v_proj|to_out\.0|to_add_out)|ff\.linear_(in|out)|ff_context\.linear_(in|out))|"
+                        r"single_transformer_blocks\.\d+\.attn\.(to_qkv_mlp_proj|to_out))")
+    keys = load_file(str(loras["diffusers"])).keys()
+    assert all(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in keys)
+    assert all(mapped.fullmatch(k.rpartition(".lora_")[0]) for k in keys)
