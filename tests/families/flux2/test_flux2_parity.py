@@ -85,3 +85,28 @@ def test_dev_equals_diffusers(hub):
     print(f"flux2 dev: max |latents - diffusers| = {diff:.2e}, |image - diffusers| = {image_diff:.2e}; guidance 2.5 -> 6 moves them by "
           f"{(other - mine).abs().max().item():.2e}")
     assert mine.shape == (2, 128, 3, 2) and diff <= TOL and image_diff <= TOL and (other - mine).abs().max() > 1e-4
+
+
+def _picture(seed, size):
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    return Image.fromarray((torch.rand(size[1], size[0], 3, generator=g) * 255).to(torch.uint8).numpy())
+
+
+def test_klein_edit_images_equal_diffusers(hub):
+    """Two reference images of different sizes (multiples of 16, at least 64 and under 1024 x 1024: diffusers keeps
+    them as they are, as `edit_image_auto_resize=False` does), CFG on the base model."""
+    images = [_picture(1, (96, 64)), _picture(2, (64, 64))]
+    ours = load_tiny_klein(hub, KLEIN_BASE_4B)
+    theirs = _klein(hub, KLEIN_BASE_4B, distilled=False)
+    kwargs = dict(height=32, width=32, num_inference_steps=3)
+    mine = ours("make it blue", cfg_scale=2.0, seed=5, edit_image=images, edit_image_auto_resize=False,
+                output_type="latent", progress=False, **kwargs)
+    ref = theirs(prompt="make it blue", image=images, guidance_scale=2.0, generator=torch.Generator().manual_seed(5),
+                 output_type="latent", **kwargs).images
+    plain = ours("make it blue", cfg_scale=2.0, seed=5, output_type="latent", progress=False, **kwargs)
+    diff = (_to_vae_latents(ours, mine) - ref).abs().max().item()
+    print(f"flux2 klein-base edit images: max |latents - diffusers| = {diff:.2e}; the images move them by "
+          f"{(mine - plain).abs().max().item():.2e}")
+    assert diff <= TOL and (mine - plain).abs().max() > 1e-3

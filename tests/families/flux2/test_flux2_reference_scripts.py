@@ -91,3 +91,25 @@ def test_dmd2_script_is_refused_in_one_line(in_workspace, capsys):
     assert difftune([*argv, "--max_steps", "2", "--no_progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--dmd2_fake_score_learning_rate" in err[0] and "DMD2 distillation" in err[0], err
+
+
+def _commented_command(script: Path, tmp: Path) -> list[str]:
+    """The script's commented-out edit command (Qwen-Image-Edit-2511's data, `--extra_inputs edit_image`)."""
+    lines = script.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# accelerate launch"))
+    uncommented = tmp / script.name
+    uncommented.write_text("\n".join(line[2:] for line in lines[start:] if line.startswith("# ")) + "\n")
+    (argv,) = read_reference_script(uncommented).commands
+    return argv
+
+
+@pytest.mark.slow
+def test_klein_edit_command_runs(in_workspace, capsys, tmp_path):
+    """lora/FLUX.2-klein-4B.sh's commented edit command: two edit images per row (a JSON list). Appended:
+    `--edit_image_auto_resize false`, which keeps the tiny edit images at their size (the reference's resize to
+    about 1024 x 1024 is the default; it makes this CPU run a minute longer)."""
+    argv = _commented_command(SCRIPTS / "lora/FLUX.2-klein-4B.sh", tmp_path)
+    assert flag_value(argv, "--extra_inputs") == "edit_image"
+    log = _run([*argv, "--edit_image_auto_resize", "false"], capsys)
+    assert "features: base, edit" in log
+    _check_checkpoint(argv)

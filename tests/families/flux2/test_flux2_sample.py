@@ -40,3 +40,19 @@ def test_dev_embedded_guidance(hub, tmp_path):
     pipe = load_tiny_dev(hub)
     assert _same(tmp_path / "d.png", pipe("a cat", embedded_guidance=2.0, **KW))
     assert not _same(tmp_path / "d.png", pipe("a cat", **KW))  # the guidance was used
+
+
+def test_klein_edit_images(hub, tmp_path):
+    import torch
+
+    paths = []
+    for i in range(2):
+        g = torch.Generator().manual_seed(10 + i)
+        Image.fromarray((torch.rand(32, 48, 3, generator=g) * 255).to(torch.uint8).numpy()).save(tmp_path / f"e{i}.png")
+        paths += ["--edit_image", str(tmp_path / f"e{i}.png")]
+    assert sample(["--model_dir", str(hub / KLEIN_4B), "--prompt", "make it blue", "--output",
+                   str(tmp_path / "e.png"), *paths, "--edit_image_auto_resize", "false", *SIZE]) == 0
+    images = [Image.open(tmp_path / f"e{i}.png").convert("RGB") for i in range(2)]
+    pipe = load_tiny_klein(hub)
+    assert _same(tmp_path / "e.png", pipe("make it blue", edit_image=images, edit_image_auto_resize=False, **KW))
+    assert not _same(tmp_path / "e.png", pipe("make it blue", **KW))

@@ -21,4 +21,27 @@ def write_flux2_script_workspace(root: str | os.PathLike, *, dev: bool = True) -
     for name in DATASETS:
         write_example_dataset(root / DATA / name, n=2, size=(32, 32))
     write_example_dataset(root / "data" / "example_image_dataset", n=2, size=(32, 32))
+    write_edit_dataset(root / "data" / "diffsynth_example_dataset" / "qwen_image" / "Qwen-Image-Edit-2511")
     return root
+
+
+def write_edit_dataset(root: str | os.PathLike, n: int = 2, size: tuple[int, int] = (32, 32)) -> Path:
+    """Qwen-Image-Edit-2511's data set layout, which the klein scripts' commented edit commands train on:
+    metadata.json rows with `image`, `prompt` and `edit_image` (a list of two files: the target's colours
+    inverted, and a smaller crop of it)."""
+    import json
+
+    from PIL import Image, ImageOps
+
+    root = Path(root)
+    csv = write_example_dataset(root, n=n, size=size)
+    rows = []
+    for i, line in enumerate(csv.read_text().splitlines()[1:], 1):
+        image, prompt = line.split(",", 1)
+        with Image.open(root / image) as target:
+            ImageOps.invert(target.convert("RGB")).resize((48, 32)).save(root / f"edit_{i}_a.png")
+            target.convert("RGB").crop((0, 0, 16, 16)).resize((32, 32)).save(root / f"edit_{i}_b.png")
+        rows.append({"image": image, "prompt": prompt.strip('"'), "edit_image": [f"edit_{i}_a.png", f"edit_{i}_b.png"]})
+    csv.unlink()
+    (root / "metadata.json").write_text(json.dumps(rows, indent=1))
+    return root / "metadata.json"

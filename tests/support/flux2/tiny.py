@@ -229,7 +229,12 @@ def load_tiny_klein(base: str | os.PathLike, dit_repo: str = KLEIN_4B, dtype=tor
 def _tiny_flux2(folder: Path) -> TinyFamily:
     from difftune.families.flux2.components import LORA_TARGET_MODULES
 
+    from ..common import TinyVariant
+    from .scripts import write_edit_dataset
+
     base = write_tiny_flux2_hub(folder / "hub")
+    variants = {"edit": TinyVariant(flags=("--data_file_keys", "image,edit_image", "--extra_inputs", "edit_image",
+                                           "--edit_image_auto_resize", "false"), write_dataset=write_edit_dataset)}
     return TinyFamily(model_paths=klein_model_paths(base), lora_base_model="dit",
                       lora_target_modules=LORA_TARGET_MODULES,
                       write_dataset=lambda root: write_example_dataset(root, n=2, size=(32, 32)),
@@ -239,7 +244,7 @@ def _tiny_flux2(folder: Path) -> TinyFamily:
                       # measured: the DiT LoRA within 3e-5; the text encoder's q/v LoRA 4.7e-5 after 4 steps (lr 1e-3):
                       # its 27 layers pass gradients of ~1e-8 to the early layers, which Adam's first steps scale
                       # up to a part of lr (the field's note)
-                      split_tolerance=1e-4)
+                      split_tolerance=1e-4, variants=variants)
 
 
 register_tiny("flux2", _tiny_flux2)

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 from ...core.family import FamilySpec, TokenizerSpec
-from ...core.options import option
+from ...core.options import BOOL, option
 from ...models.load import load_tokenizer
 from .components import COMPONENTS, LORA_TARGET_MODULES
 from .pipeline import Flux2Pipeline
@@ -16,9 +16,23 @@ class Flux2Options:
     tokenizer_path: str | None = option(None, "Tokenizer directory or model_id:folder/ (default: tokenizer/ beside "
                                         "the text encoder, else black-forest-labs/FLUX.2-dev:tokenizer/).",
                                         group=GROUP, sample=True)
+    edit_image_auto_resize: bool = option(True, "Edit images: scale and crop each to about 1024 x 1024 (default true, "
+                                          "as the reference); false: encode them at their own size.", kind=BOOL,
+                                          group=GROUP, sample=True)
     # difftune sample's inputs
     embedded_guidance: float | None = option(None, "FLUX.2-dev's distilled guidance (default: the family's, 4; "
                                              "klein has none).", kind=float, group=GROUP, sample=True, train=False)
+    edit_image: list | None = option(None, "An edit (reference) image; repeat it for several.", repeat=True,
+                                     load="RGB", group=GROUP, sample=True, train=False)
+
+    def call_inputs(self, images: dict) -> dict:
+        """`difftune sample`'s inputs as pipeline arguments (`images`: the image flags, loaded)."""
+        out = {k: v for k, v in images.items() if v is not None}
+        if self.embedded_guidance is not None:
+            out["embedded_guidance"] = self.embedded_guidance
+        if out.get("edit_image") is not None:
+            out["edit_image_auto_resize"] = bool(self.edit_image_auto_resize)
+        return out
 
 
 FAMILY = FamilySpec(
@@ -36,6 +50,7 @@ FAMILY = FamilySpec(
     lora_default_format="diffusers",
     data="image",
     options=Flux2Options,
+    unit_settings=lambda options: {"edit_image_auto_resize": bool(options.edit_image_auto_resize)},
     description="FLUX.2-dev, FLUX.2-klein 4B / 9B / base (diffusers Flux2Transformer2DModel, Mistral-3 or Qwen3, "
                 "AutoencoderKLFlux2)",
 )

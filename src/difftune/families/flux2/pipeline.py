@@ -16,6 +16,7 @@ from ...core.pipeline import BasePipeline
 from ...errors import UserError
 from ...media.image import as_image_list
 from .components import SCHEDULER_CONFIG, TRAINING_MU
+from .edit import EDIT
 from .latents import LATENT_CHANNELS, VAE_SCALE, vae_decode
 from .model_fn import model_fn_flux2
 from .prompt import Flux2PromptEmbedder
@@ -38,8 +39,9 @@ def compute_empirical_mu(image_seq_len: int, num_steps: int) -> float:
 class Flux2Pipeline(BasePipeline):
     model_names = ("dit", "text_encoder", "vae")
     settings = frozenset({"batch_size", "rand_device", "use_gradient_checkpointing",
-                          "use_gradient_checkpointing_offload"})
+                          "use_gradient_checkpointing_offload", "edit_image_auto_resize"})
     model_fn_inputs = ("prompt_embeds", "guidance")
+    features = (EDIT,)  # edit.py: reference images beside the target
     sampling_values = ("guidance",)  # embedded guidance: the sampling default, not the training value
     data_inputs = ("image", "prompt", "seed", "rand_device", "num_inference_steps", "height", "width")
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "rand_device": SAME}
@@ -101,8 +103,10 @@ class Flux2Pipeline(BasePipeline):
         }
 
     def batch_signature(self, sample: dict[str, Any]) -> tuple:
-        image = sample.get("image")
-        return (image.size if isinstance(image, Image.Image) else None, sample.get("rand_device") or "cpu")
+        def size(v):
+            return v.size if isinstance(v, Image.Image) else tuple(map(size, v)) if isinstance(v, list) else v
+
+        return (*(size(sample.get(k)) for k in ("image", *self.input_kinds())), sample.get("rand_device") or "cpu")
 
     # -- inference ------------------------------------------------------------------------------------
     def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "",
@@ -113,7 +117,8 @@ class Flux2Pipeline(BasePipeline):
                  input_image=None, denoising_strength: float = 1.0, rand_device: str = "cpu", progress: bool = True,
                  output_type: str = "pil", **inputs):
         """`cfg_scale` is the reference's (nega + s * (posi - nega)), which is diffusers' `guidance_scale` of the klein
-        base models; `embedded_guidance` is Flux2Pipeline's `guidance_scale` (dev's distilled guidance)."""
+        base models; `embedded_guidance` is Flux2Pipeline's `guidance_scale` (dev's distilled guidance). `inputs`:
+        `edit_image` (an image or a list; edit.py) and `edit_image_auto_resize` (default True)."""
         given, settings = self.take_call_inputs(inputs)
         values = self.prompt_values(prompt, negative_prompt)
         if input_image is not None and (height is None or width is None):
