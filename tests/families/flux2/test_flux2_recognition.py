@@ -1,6 +1,8 @@
 """FLUX.2's models are recognised from their weights: the official folders the scripts name (klein's Qwen3 and dev's
 Mistral-3 text encoders told apart), bare weight files without their config.json, and at the real sizes (from headers
-alone: meta tensors) klein-4B / 9B and dev's DiTs, Qwen3-8B and Mistral-Small-3.1 in FLUX.2-dev's Mistral-3 file."""
+alone: meta tensors) klein-4B / 9B and dev's DiTs (diffusers' names and BFL's single-file layout), Qwen3-8B and
+Mistral-Small-3.1 in FLUX.2-dev's Mistral-3 file. BFL's single file of the tiny dev DiT loads to exactly the
+folder's tensors."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ import torch
 
 from difftune.core.family import recognise
 from difftune.families.flux2 import FAMILY
-from difftune.families.flux2.components import (DIT, FLUX2_DEV_CONFIG, FLUX2_KLEIN_4B_CONFIG, FLUX2_KLEIN_9B_CONFIG,
+from difftune.families.flux2.components import (DIT, DIT_BFL, FLUX2_DEV_CONFIG, FLUX2_KLEIN_4B_CONFIG, FLUX2_KLEIN_9B_CONFIG,
                                                 QWEN3_8B_CONFIG, TEXT_ENCODER_MISTRAL, TEXT_ENCODER_QWEN3)
 from difftune.models import ModelConfig
 from difftune.models.detect import match_header
-from support.flux2 import DEV, KLEIN_4B, KLEIN_9B, KLEIN_BASE_9B, hub_paths, write_tiny_flux2_hub
+from support.flux2 import (DEV, KLEIN_4B, KLEIN_9B, KLEIN_BASE_9B, bfl_dit_keys, hub_paths, load_tiny_dev,
+                           write_bfl_single_file, write_tiny_flux2_hub)
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +95,24 @@ def test_real_size_text_encoders_from_headers():
     assert "language_model.model.layers.39.mlp.down_proj.weight" in mistral and "vision_tower.ln_pre.weight" in mistral
     found = match_header(mistral, FAMILY.components)
     assert found.spec is TEXT_ENCODER_MISTRAL and found.config == MISTRAL_SMALL_3_1_TEXT_CONFIG
+
+
+def test_bfl_single_file_loads_as_the_official_folder(hub, tmp_path):
+    path = write_bfl_single_file(hub, DEV, tmp_path / "flux2-dev.safetensors")
+    name, found = _slots([ModelConfig(str(path))])
+    assert name == "flux2" and found["dit"].spec is DIT_BFL and found["dit"].config["guidance_embeds"] is True
+    ours = load_tiny_dev(hub)
+    single = type(ours).from_pretrained(torch_dtype=torch.float32, model_configs=[ModelConfig(str(path))])
+    a, b = ours.dit.state_dict(), single.dit.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("config", [FLUX2_KLEIN_4B_CONFIG, FLUX2_DEV_CONFIG])
+def test_real_size_bfl_single_files_from_headers(config):
+    from diffusers import Flux2Transformer2DModel
+
+    shapes = _meta_shapes(lambda: Flux2Transformer2DModel(**{k: v for k, v in config.items() if k[0] != "_"}),
+                          lambda sd: {"model.diffusion_model." + k: v for k, v in bfl_dit_keys(sd).items()})
+    assert "model.diffusion_model.double_blocks.0.img_attn.qkv.weight" in shapes
+    match = match_header(shapes, FAMILY.components)
+    assert match.spec is DIT_BFL and match.config == config
