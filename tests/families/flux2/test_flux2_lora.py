@@ -4,7 +4,8 @@ projections):
 
 - diffusers' `Flux2KleinPipeline.load_lora_weights` (Flux2LoraLoaderMixin) reads the default (diffusers) layout with
   every tensor used, and samples what difftune samples with the LoRA fused;
-- the reference's own loader (its DiT has diffusers' module names; a leading `diffusion_model.` dropped) reads
+- the reference's own loader (Flux2ImagePipeline keeps the base pipeline's GeneralLoRALoader; its DiT has diffusers'
+  module names; a leading `diffusion_model.` dropped, tests/support/lora_readers.py) reads
   `--lora_format comfyui` (diffusers' names behind `diffusion_model.`), every module found, to difftune's fused
   weights; the default layout's `transformer.` names match none of its modules.
 """
@@ -21,7 +22,7 @@ from safetensors.torch import load_file
 
 from conftest import run_train
 from difftune.families.flux2.components import LORA_TARGET_MODULES
-from families.z_image.test_z_image_lora import reference_loader_fuse
+from support.lora_readers import diffsynth_fuse, diffsynth_general_convert
 from support import write_example_dataset
 from support.flux2 import KLEIN_4B, klein_model_paths, load_tiny_klein, write_tiny_flux2_hub
 
@@ -105,15 +106,20 @@ def test_the_reference_loader_reads_the_comfyui_layout_at_the_trained_strength(h
     comfy, default = load_file(str(loras["comfyui"])), load_file(str(loras["diffusers"]))
     modules = {k.rpartition(".lora_")[0] for k in comfy if ".lora_" in k}
     assert all(re.match(r"diffusion_model\.(single_)?transformer_blocks\.", m) for m in modules)
-    theirs = load_tiny_klein(hub).dit
-    assert reference_loader_fuse(theirs, comfy) == len(modules) == 5 * 12 + 20 * 2
+    base = load_tiny_klein(hub).dit.state_dict()
+    weights = {k[: -len(".weight")]: v for k, v in base.items() if k.endswith(".weight") and v.dim() == 2}
+    theirs, unmatched = diffsynth_fuse(weights, comfy, diffsynth_general_convert)
+    assert unmatched == set() and len(modules) == 5 * 12 + 20 * 2
     ours = load_tiny_klein(hub)
     ours.load_lora(ours.dit, str(loras["diffusers"]))
     mine = ours.dit.state_dict()
-    diff = max((theirs.state_dict()[k] - mine[k]).abs().max().item() for k in mine)
-    print(f"flux2 comfyui LoRA fused by the reference's loader vs difftune's default file fused: {diff:.2e}")
-    assert diff <= 1e-6
-    assert reference_loader_fuse(load_tiny_klein(hub).dit, default) == 0  # transformer.<module>: none found
+    diff = max((theirs[k] - mine[f"{k}.weight"]).abs().max().item() for k in theirs)
+    moved = max((theirs[k] - weights[k]).abs().max().item() for k in theirs)
+    print(f"flux2 comfyui LoRA fused by the reference's loader vs difftune's default file fused: {diff:.2e} (the LoRA "
+          f"moves the weights by {moved:.2e})")
+    assert diff <= 1e-6 and moved > 1e-4
+    _, unmatched = diffsynth_fuse(weights, default, diffsynth_general_convert)
+    assert len(unmatched) == len(modules)  # transformer.<module>: none found
 
 
 def test_every_module_is_one_comfyui_maps_for_flux2(loras):
