@@ -116,3 +116,23 @@ def test_real_size_bfl_single_files_from_headers(config):
     assert "model.diffusion_model.double_blocks.0.img_attn.qkv.weight" in shapes
     match = match_header(shapes, FAMILY.components)
     assert match.spec is DIT_BFL and match.config == config
+
+
+def test_a_mistral_too_shallow_for_dev_is_not_its_text_encoder(tmp_path):
+    """dev reads hidden states 10, 20 and 30: a Mistral-3 of 26 layers (ERNIE-Image's Ministral-3 3B depth) is
+    refused by the family, one of 30 recognised."""
+    from difftune.errors import UserError
+    from difftune.parts.mistral3 import MISTRAL_SMALL_3_1_TEXT_CONFIG
+    from support.parts import mistral_tokenizer, tiny_mistral3, tiny_text_config, write_mistral3_folder
+
+    tok = mistral_tokenizer()
+    for layers, fits in ((26, False), (30, True)):
+        cfg = {**tiny_text_config(MISTRAL_SMALL_3_1_TEXT_CONFIG, vocab_size=len(tok), layers=layers),
+               "tie_word_embeddings": True}
+        folder = write_mistral3_folder(tiny_mistral3(cfg, conditional_generation=True), tmp_path / str(layers))
+        config = ModelConfig(str(folder / "model.safetensors"))
+        if fits:
+            assert _slots([config], "flux2")[1]["text_encoder"].config["num_hidden_layers"] == 30
+        else:
+            with pytest.raises(UserError):
+                _slots([config], "flux2")

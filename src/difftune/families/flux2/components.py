@@ -8,8 +8,6 @@ text encoder, `MistralModel` for dev's: the language model of its Mistral-3 file
 
 from __future__ import annotations
 
-from functools import partial
-
 from ...models.detect import ComponentSpec, strip_comfyui_prefix
 from ...parts.flux2_vae import FLUX2_VAE_CONFIG, FLUX2_VAE_MARKER_KEYS, flux2_vae_config_from_weights
 from ...parts.mistral3 import (MISTRAL3_TEXT_MARKER_KEYS, MISTRAL_SMALL_3_1_TEXT_CONFIG, drop_non_text,
@@ -77,6 +75,13 @@ def convert_bfl_dit(state: dict) -> dict:
 
 
 
+def mistral_config_from_weights(shapes: dict) -> dict | None:
+    """A Mistral text backbone of any size that has the 30 layers whose hidden states FLUX.2-dev reads (10, 20, 30):
+    a shallower one (ERNIE-Image's 26-layer Ministral-3 3B) cannot be FLUX.2-dev's text encoder."""
+    config = text_config_from_weights(shapes, base=MISTRAL_SMALL_3_1_TEXT_CONFIG)
+    return config if config is not None and config["num_hidden_layers"] >= 30 else None
+
+
 DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="Flux2Transformer2DModel",
     known_configs={"black-forest-labs/FLUX.2-dev transformer": FLUX2_DEV_CONFIG,
@@ -106,7 +111,7 @@ TEXT_ENCODER_MISTRAL = ComponentSpec(
     marker_keys=MISTRAL3_TEXT_MARKER_KEYS, normalize_key=text_key, convert_state_dict=drop_non_text,
     # the folder's config.json names the multimodal model: its language model's weights are matched instead
     foreign_config_classes=("Mistral3ForConditionalGeneration",),
-    infer_config=partial(text_config_from_weights, base=MISTRAL_SMALL_3_1_TEXT_CONFIG),
+    infer_config=mistral_config_from_weights,
     description="Mistral-Small-3.1 text encoder of FLUX.2-dev (hidden states 10, 20, 30; vision tower not loaded)")
 
 VAE = ComponentSpec(
