@@ -136,3 +136,23 @@ def test_a_mistral_too_shallow_for_dev_is_not_its_text_encoder(tmp_path):
         else:
             with pytest.raises(UserError):
                 _slots([config], "flux2")
+
+
+def test_weights_named_by_hub_id_go_to_the_family_they_come_from(hub, monkeypatch):
+    """FLUX.2-dev's text encoder and VAE alone (the dev script's stage 1) also fit ERNIE-Image (a Mistral-3 and the
+    FLUX.2 VAE): named by hub id, they go to the family whose `repositories` hold that id; by path, the family
+    must be named. A twin family with FLUX.2's components stands in for the other one here."""
+    import dataclasses
+
+    from difftune.core import family as registry
+    from difftune.errors import UserError
+
+    monkeypatch.setitem(registry._REGISTERED, "twin", dataclasses.replace(FAMILY, name="twin",
+                                                                          repositories=("someone/Twin",)))
+    monkeypatch.setenv("DIFFTUNE_MODEL_BASE_PATH", str(hub))
+    monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
+    by_id = [ModelConfig(model_id=DEV, origin_file_pattern="text_encoder/*.safetensors"),
+             ModelConfig(model_id=DEV, origin_file_pattern="vae/diffusion_pytorch_model.safetensors")]
+    assert _slots(by_id)[0] == "flux2"
+    with pytest.raises(UserError, match=r"fit several families \(.*flux2.*twin|twin.*flux2"):
+        _slots([_entry(hub, DEV, "text_encoder"), _entry(hub, DEV, "vae")])

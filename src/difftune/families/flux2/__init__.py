@@ -49,6 +49,8 @@ FAMILY = FamilySpec(
     lora_target_aliases={"dit": {"single_transformer_blocks.*.attn.to_out": "single_transformer_blocks.*.attn.to_out"}},
     lora_default_format="diffusers",
     data="image",
+    # FLUX.2-dev's Mistral-3 text encoder and VAE are ERNIE-Image's kind too: a stage 1 naming them alone by hub id
+    repositories=("black-forest-labs/FLUX.2-",),
     options=Flux2Options,
     unit_settings=lambda options: {"edit_image_auto_resize": bool(options.edit_image_auto_resize)},
     description="FLUX.2-dev, FLUX.2-klein 4B / 9B / base (diffusers Flux2Transformer2DModel, Mistral-3 or Qwen3, "
