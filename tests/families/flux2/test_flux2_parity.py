@@ -82,7 +82,8 @@ def test_dev_equals_diffusers(hub):
     image_diff = (image - ref_image).abs().max().item()
     # the guidance reaches the DiT: another value moves the result
     other = ours(prompts, embedded_guidance=6.0, seed=3, output_type="latent", progress=False, **kwargs)
-    print(f"flux2 dev: max |latents - diffusers| = {diff:.2e}, |image - diffusers| = {image_diff:.2e}; guidance 2.5 -> 6 moves them by "
+    print(f"flux2 dev: max |latents - diffusers| = {diff:.2e}, |image - diffusers| = {image_diff:.2e}; guidance "
+          f"2.5 -> 6 moves them by "
           f"{(other - mine).abs().max().item():.2e}")
     assert mine.shape == (2, 128, 3, 2) and diff <= TOL and image_diff <= TOL and (other - mine).abs().max() > 1e-4
 

@@ -13,11 +13,12 @@ import torch
 
 from difftune.core.family import recognise
 from difftune.families.flux2 import FAMILY
-from difftune.families.flux2.components import (DIT, DIT_BFL, FLUX2_DEV_CONFIG, FLUX2_KLEIN_4B_CONFIG, FLUX2_KLEIN_9B_CONFIG,
+from difftune.families.flux2.components import (DIT, DIT_BFL, FLUX2_DEV_CONFIG, FLUX2_KLEIN_4B_CONFIG,
+                                                FLUX2_KLEIN_9B_CONFIG, bfl_dit_keys,
                                                 QWEN3_8B_CONFIG, TEXT_ENCODER_MISTRAL, TEXT_ENCODER_QWEN3)
 from difftune.models import ModelConfig
 from difftune.models.detect import match_header
-from support.flux2 import (DEV, KLEIN_4B, KLEIN_9B, KLEIN_BASE_9B, bfl_dit_keys, hub_paths, load_tiny_dev,
+from support.flux2 import (DEV, KLEIN_4B, KLEIN_9B, KLEIN_BASE_9B, hub_paths, load_tiny_dev,
                            write_bfl_single_file, write_tiny_flux2_hub)
 
 
@@ -156,3 +157,33 @@ def test_weights_named_by_hub_id_go_to_the_family_they_come_from(hub, monkeypatc
     assert _slots(by_id)[0] == "flux2"
     with pytest.raises(UserError, match=r"fit several families \(.*flux2.*twin|twin.*flux2"):
         _slots([_entry(hub, DEV, "text_encoder"), _entry(hub, DEV, "vae")])
+
+
+def test_full_format_original_writes_bfls_single_file(hub, tmp_path):
+    """A fully trained klein DiT saved with `--full_format original` is BFL's layout (fused qkv, double_blocks), and
+    loads (recognised as BFL's file) to the same tensors as the run saved in diffusers' names."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from difftune.families.flux2.components import convert_bfl_dit
+    from support import write_example_dataset
+    from support.flux2 import klein_model_paths
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(32, 32))
+    saved = {}
+    for fmt in ("diffusers", "original"):
+        run_train("--task", "sft", "--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta,
+                  "--model_paths", json.dumps(klein_model_paths(hub)), "--tokenizer_path",
+                  hub / KLEIN_4B / "tokenizer", "--output_path", tmp_path / fmt, "--trainable_models", "dit",
+                  "--learning_rate", 1e-3, "--max_steps", 1, "--seed", 5, "--no_progress", "--max_pixels", 1024,
+                  "--torch_dtype", "float32", "--enable_tensorboard_log", "false", "--remove_prefix_in_ckpt",
+                  "pipe.dit.", "--full_format", fmt)
+        saved[fmt] = next((tmp_path / fmt).glob("*.safetensors"))
+    original = load_file(str(saved["original"]))
+    assert "double_blocks.0.img_attn.qkv.weight" in original and "single_blocks.19.linear1.weight" in original
+    name, found = _slots([ModelConfig(str(saved["original"]))])
+    assert name == "flux2" and found["dit"].spec is DIT_BFL
+    back, diffusers = convert_bfl_dit(original), load_file(str(saved["diffusers"]))
+    assert back.keys() == diffusers.keys() and all(torch.equal(back[k], diffusers[k]) for k in back)

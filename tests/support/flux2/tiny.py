@@ -2,10 +2,11 @@
 
 `write_tiny_flux2_hub(base)` lays out, under a model base path, what the scripts load: black-forest-labs/
 FLUX.2-klein-4B and FLUX.2-klein-9B (transformer/, text_encoder/ (Qwen3 causal LM), vae/, tokenizer/, scheduler/,
-model_index.json), FLUX.2-klein-base-4B and -base-9B (transformer/), and with `dev` FLUX.2-dev (transformer/, text_encoder/
-(a Mistral-3 file), vae/, tokenizer/). Depths are the real ones (klein-4B 5 + 20 blocks, 9B 8 + 24, dev 8 + 48; the
-scripts name every single block), widths tiny; the text encoders have the layers whose hidden states are read (27
-of Qwen3 for klein, 30 of Mistral for dev). Everything is seeded: two processes write bit-identical files.
+model_index.json), FLUX.2-klein-base-4B and -base-9B (transformer/), and with `dev` FLUX.2-dev (transformer/,
+text_encoder/ (a Mistral-3 file), vae/, tokenizer/). Depths are the real ones (klein-4B 5 + 20 blocks, 9B 8 + 24,
+dev 8 + 48; the scripts name every single block), widths tiny; the text encoders have the layers whose hidden
+states are read (27 of Qwen3 for klein, 30 of Mistral for dev). Everything is seeded: two processes write
+bit-identical files.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def tiny_qwen3(spec: TinyFlux2Spec, tok, hidden: int, seed: int = 0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(spec.seed + 100 + seed)
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=spec.text_intermediate or 2 * hidden,
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=hidden,
+                         intermediate_size=spec.text_intermediate or 2 * hidden,
                          num_hidden_layers=spec.text_layers, num_attention_heads=2, num_key_value_heads=1,
                          head_dim=hidden // 2, max_position_embeddings=1024, rope_theta=1e6, tie_word_embeddings=True,
                          bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
@@ -199,58 +201,11 @@ def load_tiny_dev(base: str | os.PathLike, dtype=torch.float32):
                                          tokenizer_config=ModelConfig(str(Path(base) / DEV / "tokenizer")))
 
 
-# diffusers' DiT names -> BFL's (the inverse of diffusers' convert_flux2_transformer_checkpoint_to_diffusers)
-_BFL_TOP = (("x_embedder.", "img_in."), ("context_embedder.", "txt_in."),
-            ("time_guidance_embed.timestep_embedder.linear_1.", "time_in.in_layer."),
-            ("time_guidance_embed.timestep_embedder.linear_2.", "time_in.out_layer."),
-            ("time_guidance_embed.guidance_embedder.linear_1.", "guidance_in.in_layer."),
-            ("time_guidance_embed.guidance_embedder.linear_2.", "guidance_in.out_layer."),
-            ("double_stream_modulation_img.linear.", "double_stream_modulation_img.lin."),
-            ("double_stream_modulation_txt.linear.", "double_stream_modulation_txt.lin."),
-            ("single_stream_modulation.linear.", "single_stream_modulation.lin."), ("proj_out.", "final_layer.linear."))
-_BFL_DOUBLE = {"attn.norm_q.weight": "img_attn.norm.query_norm.scale",
-               "attn.norm_k.weight": "img_attn.norm.key_norm.scale", "attn.to_out.0.weight": "img_attn.proj.weight",
-               "ff.linear_in.weight": "img_mlp.0.weight", "ff.linear_out.weight": "img_mlp.2.weight",
-               "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
-               "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale",
-               "attn.to_add_out.weight": "txt_attn.proj.weight", "ff_context.linear_in.weight": "txt_mlp.0.weight",
-               "ff_context.linear_out.weight": "txt_mlp.2.weight"}
-_BFL_QKV = {"img_attn.qkv.weight": ("attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight"),
-            "txt_attn.qkv.weight": ("attn.add_q_proj.weight", "attn.add_k_proj.weight", "attn.add_v_proj.weight")}
-_BFL_SINGLE = {"attn.to_qkv_mlp_proj.weight": "linear1.weight", "attn.to_out.weight": "linear2.weight",
-               "attn.norm_q.weight": "norm.query_norm.scale", "attn.norm_k.weight": "norm.key_norm.scale"}
-
-
-def bfl_dit_keys(state: dict) -> dict:
-    """A diffusers FLUX.2 DiT state dict in BFL's single-file names (`flux2-dev.safetensors`): fused qkv,
-    `double_blocks` / `single_blocks`, the final modulation's (shift, scale) order."""
-    import re
-
-    out = {}
-    blocks = {}
-    for key, value in state.items():
-        m = re.match(r"(single_transformer_blocks|transformer_blocks)\.(\d+)\.(.+)", key)
-        if m:
-            blocks.setdefault((m.group(1), int(m.group(2))), {})[m.group(3)] = value
-        elif key.startswith("norm_out.linear."):
-            scale, shift = value.chunk(2, dim=0)
-            out["final_layer.adaLN_modulation.1." + key.rsplit(".", 1)[1]] = torch.cat([shift, scale], dim=0)
-        else:
-            new = next((bfl + key[len(d):] for d, bfl in _BFL_TOP if key.startswith(d)), key)
-            out[new] = value
-    for (kind, i), params in sorted(blocks.items()):
-        if kind == "single_transformer_blocks":
-            out.update({f"single_blocks.{i}.{_BFL_SINGLE[k]}": v for k, v in params.items()})
-            continue
-        out.update({f"double_blocks.{i}.{_BFL_DOUBLE[k]}": v for k, v in params.items() if k in _BFL_DOUBLE})
-        for fused, parts in _BFL_QKV.items():
-            out[f"double_blocks.{i}.{fused}"] = torch.cat([params[p] for p in parts], dim=0)
-    return out
-
-
 def write_bfl_single_file(base: str | os.PathLike, repo: str, path: str | os.PathLike) -> Path:
     """`repo`'s tiny DiT as BFL's single file behind ComfyUI's `model.diffusion_model.`."""
     from safetensors.torch import load_file, save_file
+
+    from difftune.families.flux2.components import bfl_dit_keys
 
     state = {}
     for f in hub_paths(base, repo, "transformer"):
@@ -310,6 +265,7 @@ def _tiny_flux2(folder: Path) -> TinyFamily:
 
 register_tiny("flux2", _tiny_flux2)
 
-__all__ = ["DEV", "bfl_dit_keys", "write_bfl_single_file", "dev_model_paths", "dev_tokenizer", "load_tiny_dev", "write_tiny_dev", "KLEIN_4B", "KLEIN_9B", "KLEIN_BASE_4B", "KLEIN_BASE_9B", "SIZES", "TinyFlux2Spec", "hub_entry",
-           "hub_paths", "klein_model_paths", "klein_tokenizer", "load_tiny_klein", "tiny_dit", "tiny_qwen3",
-           "tiny_vae", "write_tiny_flux2_hub", "write_tiny_klein"]
+__all__ = ["DEV", "dev_model_paths", "dev_tokenizer", "hub_entry", "hub_paths", "KLEIN_4B", "KLEIN_9B",
+           "KLEIN_BASE_4B", "KLEIN_BASE_9B", "klein_model_paths", "klein_tokenizer", "load_tiny_dev",
+           "load_tiny_klein", "SIZES", "tiny_dit", "tiny_qwen3", "tiny_vae", "TinyFlux2Spec",
+           "write_bfl_single_file", "write_tiny_dev", "write_tiny_flux2_hub", "write_tiny_klein"]

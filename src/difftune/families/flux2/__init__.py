@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from ...core.family import FamilySpec, TokenizerSpec
 from ...core.options import BOOL, option
 from ...models.load import load_tokenizer
-from .components import COMPONENTS, LORA_TARGET_MODULES
+from .components import COMPONENTS, LORA_TARGET_MODULES, bfl_dit_keys
 from .pipeline import Flux2Pipeline
 
 GROUP = "FLUX.2"
@@ -48,6 +48,9 @@ FAMILY = FamilySpec(
     # the default target list names the single blocks' attn.to_out by a pattern (their number varies by model)
     lora_target_aliases={"dit": {"single_transformer_blocks.*.attn.to_out": "single_transformer_blocks.*.attn.to_out"}},
     lora_default_format="diffusers",
+    # --full_format original: the DiT in BFL's single-file names (ComfyUI's and BFL's loaders, diffusers'
+    # from_single_file)
+    full_native_keys={"dit": bfl_dit_keys},
     data="image",
     # FLUX.2-dev's Mistral-3 text encoder and VAE are ERNIE-Image's kind too: a stage 1 naming them alone by hub id
     repositories=("black-forest-labs/FLUX.2-",),

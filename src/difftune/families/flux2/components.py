@@ -1,9 +1,10 @@
 """FLUX.2 components: the official configs, how their checkpoints are recognised, the scheduler config.
 
 Classes are diffusers' (`Flux2Transformer2DModel`, `AutoencoderKLFlux2`) and transformers' (`Qwen3Model` for klein's
-text encoder, `MistralModel` for dev's: the language model of its Mistral-3 file, `parts/mistral3.py`), so black-forest-labs/FLUX.2-dev and FLUX.2-klein-{4B,9B,base-4B,base-9B} folders (`transformer/`,
-`text_encoder/`, `vae/`) load with their own key names. BFL's single files (`flux2-dev.safetensors`, fused qkv,
-`double_blocks.*`) are converted whole by diffusers' own single-file converter.
+text encoder, `MistralModel` for dev's: the language model of its Mistral-3 file, `parts/mistral3.py`), so the
+black-forest-labs/FLUX.2-dev and FLUX.2-klein-{4B,9B,base-4B,base-9B} folders (`transformer/`, `text_encoder/`,
+`vae/`) load with their own key names. BFL's single files (`flux2-dev.safetensors`, fused qkv, `double_blocks.*`)
+are converted whole by diffusers' own single-file converter; `bfl_dit_keys` is the inverse.
 """
 
 from __future__ import annotations
@@ -82,6 +83,59 @@ def mistral_config_from_weights(shapes: dict) -> dict | None:
     return config if config is not None and config["num_hidden_layers"] >= 30 else None
 
 
+# diffusers' DiT names -> BFL's (the inverse of diffusers' convert_flux2_transformer_checkpoint_to_diffusers)
+_BFL_TOP = (("x_embedder.", "img_in."), ("context_embedder.", "txt_in."),
+            ("time_guidance_embed.timestep_embedder.linear_1.", "time_in.in_layer."),
+            ("time_guidance_embed.timestep_embedder.linear_2.", "time_in.out_layer."),
+            ("time_guidance_embed.guidance_embedder.linear_1.", "guidance_in.in_layer."),
+            ("time_guidance_embed.guidance_embedder.linear_2.", "guidance_in.out_layer."),
+            ("double_stream_modulation_img.linear.", "double_stream_modulation_img.lin."),
+            ("double_stream_modulation_txt.linear.", "double_stream_modulation_txt.lin."),
+            ("single_stream_modulation.linear.", "single_stream_modulation.lin."), ("proj_out.", "final_layer.linear."))
+_BFL_DOUBLE = {"attn.norm_q.weight": "img_attn.norm.query_norm.scale",
+               "attn.norm_k.weight": "img_attn.norm.key_norm.scale", "attn.to_out.0.weight": "img_attn.proj.weight",
+               "ff.linear_in.weight": "img_mlp.0.weight", "ff.linear_out.weight": "img_mlp.2.weight",
+               "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
+               "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale",
+               "attn.to_add_out.weight": "txt_attn.proj.weight", "ff_context.linear_in.weight": "txt_mlp.0.weight",
+               "ff_context.linear_out.weight": "txt_mlp.2.weight"}
+_BFL_QKV = {"img_attn.qkv.weight": ("attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight"),
+            "txt_attn.qkv.weight": ("attn.add_q_proj.weight", "attn.add_k_proj.weight", "attn.add_v_proj.weight")}
+_BFL_SINGLE = {"attn.to_qkv_mlp_proj.weight": "linear1.weight", "attn.to_out.weight": "linear2.weight",
+               "attn.norm_q.weight": "norm.query_norm.scale", "attn.norm_k.weight": "norm.key_norm.scale"}
+
+
+def bfl_dit_keys(state: dict) -> dict:
+    """A diffusers FLUX.2 DiT state dict in BFL's single-file names (`flux2-dev.safetensors`): fused qkv,
+    `double_blocks` / `single_blocks`, the final modulation's (shift, scale) order. For `--full_format original` and
+    the single-file test models."""
+    import re
+
+    import torch
+
+    out = {}
+    blocks = {}
+    for key, value in state.items():
+        m = re.match(r"(single_transformer_blocks|transformer_blocks)\.(\d+)\.(.+)", key)
+        if m:
+            blocks.setdefault((m.group(1), int(m.group(2))), {})[m.group(3)] = value
+        elif key.startswith("norm_out.linear."):
+            scale, shift = value.chunk(2, dim=0)
+            out["final_layer.adaLN_modulation.1." + key.rsplit(".", 1)[1]] = torch.cat([shift, scale], dim=0)
+        else:
+            new = next((bfl + key[len(d):] for d, bfl in _BFL_TOP if key.startswith(d)), key)
+            out[new] = value
+    for (kind, i), params in sorted(blocks.items()):
+        if kind == "single_transformer_blocks":
+            out.update({f"single_blocks.{i}.{_BFL_SINGLE[k]}": v for k, v in params.items()})
+            continue
+        out.update({f"double_blocks.{i}.{_BFL_DOUBLE[k]}": v for k, v in params.items() if k in _BFL_DOUBLE})
+        for fused, parts in _BFL_QKV.items():
+            out[f"double_blocks.{i}.{fused}"] = torch.cat([params[p] for p in parts], dim=0)
+    return out
+
+
+
 DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="Flux2Transformer2DModel",
     known_configs={"black-forest-labs/FLUX.2-dev transformer": FLUX2_DEV_CONFIG,
@@ -122,5 +176,6 @@ VAE = ComponentSpec(
 
 COMPONENTS = (DIT, DIT_BFL, TEXT_ENCODER_QWEN3, TEXT_ENCODER_MISTRAL, VAE)
 
-__all__ = ["COMPONENTS", "DIT", "DIT_BFL", "FLUX2_DEV_CONFIG", "FLUX2_KLEIN_4B_CONFIG", "FLUX2_KLEIN_9B_CONFIG",
-           "LORA_TARGET_MODULES", "SCHEDULER_CONFIG", "TEXT_ENCODER_MISTRAL", "TEXT_ENCODER_QWEN3", "TRAINING_MU", "VAE"]
+__all__ = ["bfl_dit_keys", "COMPONENTS", "DIT", "DIT_BFL", "FLUX2_DEV_CONFIG", "FLUX2_KLEIN_4B_CONFIG",
+           "FLUX2_KLEIN_9B_CONFIG", "LORA_TARGET_MODULES", "SCHEDULER_CONFIG", "TEXT_ENCODER_MISTRAL",
+           "TEXT_ENCODER_QWEN3", "TRAINING_MU", "VAE"]

@@ -47,8 +47,8 @@ def encode_prompts(pipe, prompts: list[str]) -> torch.Tensor:
     mistral = is_mistral(encoder)
     tokens = (_mistral_inputs if mistral else _qwen3_inputs)(pipe.tokenizer, prompts)
     layers = MISTRAL3_LAYERS if mistral else QWEN3_LAYERS
-    out = encoder(input_ids=tokens["input_ids"].to(pipe.device), attention_mask=tokens["attention_mask"].to(pipe.device),
-                  output_hidden_states=True, use_cache=False)
+    out = encoder(input_ids=tokens["input_ids"].to(pipe.device),
+                  attention_mask=tokens["attention_mask"].to(pipe.device), output_hidden_states=True, use_cache=False)
     hidden = torch.stack([out.hidden_states[k] for k in layers], dim=1)  # (B, 3, L, D)
     b, n, length, d = hidden.shape
     return hidden.permute(0, 2, 1, 3).reshape(b, length, n * d).to(pipe.torch_dtype)
