@@ -28,7 +28,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-QUICK_FOLDERS = ("core", "data", "cache", "lora", "models")
+QUICK_FOLDERS = ("core", "data", "cache", "lora", "models", "parts")
 QUICK_END_TO_END = "test_split_equals_one_stage"
 
 

@@ -101,6 +101,14 @@ def test_wan_split_vs_unsplit_quick(tmp_path):
     assert v["step_time_stage2_s"] < v["step_time_one_stage_s"]
 
 
+def test_flux2_split_vs_unsplit_quick(tmp_path):
+    r = run_quick("flux2_split_vs_unsplit.py", tmp_path)
+    assert r["benchmark"] == "flux2_split_vs_unsplit" and r["steps"] == 4
+    assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio",
+                      "qwen3_share_of_one_stage_step", "vae_share_of_one_stage_step"])
+    assert set(r["params"]) == {"transformer", "text_encoder", "vae"} and r["params"]["transformer"] > 0
+
+
 def test_z_image_split_vs_unsplit_quick(tmp_path):
     r = run_quick("z_image_split_vs_unsplit.py", tmp_path)
     assert r["benchmark"] == "z_image_split_vs_unsplit" and r["steps"] == 4

@@ -56,6 +56,17 @@ REFUSED = {
     "template_model_id_or_path": ("value", "Diffusion Templates are not implemented"),
     "enable_lora_hot_loading": ("switch", "Diffusion Templates (LoRA hot loading) are not implemented"),
 }
+# Families of the reference's flags that belong to a training script difftune does not have (prefix -> why): refused
+# before parsing, naming the first such flag, rather than as unknown arguments.
+REFUSED_PREFIXES = {"dmd2_": "DMD2 distillation (the reference's special/dmd2 train.py: its fake-score model, "
+                             "discriminator and student sampling) is not implemented"}
+
+
+def check_refused_prefixes(argv: list[str]) -> None:
+    for arg in argv:
+        for prefix, why in REFUSED_PREFIXES.items():
+            if arg.startswith(f"--{prefix}"):
+                raise UserError(f"{arg.split('=')[0]}: not supported by difftune: {why}")
 
 
 # Numbers that make a run do nothing or nonsense (flag -> (smallest allowed, what it must be)); None = unset.
@@ -113,4 +124,5 @@ def training_parser(prog: str = "difftune train") -> argparse.ArgumentParser:
     return add_training_args(parser)
 
 
-__all__ = ["REFUSED", "add_training_args", "check_training_args", "training_parser"]
+__all__ = ["REFUSED", "REFUSED_PREFIXES", "add_training_args", "check_refused_prefixes", "check_training_args",
+           "training_parser"]

@@ -39,8 +39,9 @@ def _quiet_libraries() -> None:
 
 def cmd_train(argv: list[str]) -> int:
     from ..training.recipe import run
-    from .args import check_training_args, training_parser
+    from .args import check_refused_prefixes, check_training_args, training_parser
 
+    check_refused_prefixes(argv)
     args = training_parser().parse_args(argv)
     check_training_args(args)
     summary = run(args)

@@ -93,6 +93,9 @@ class FamilySpec:
     # from file headers, nothing loaded), or None: the default of --expert_boundary.
     expert_boundary: Callable[[list], float | None] | None = None
     data: str = "image"  # what the data operator loads: image | video
+    # Hub ids (or id prefixes) of the family's own releases: when weights named by hub id fit several families
+    # (two families sharing a text encoder and a VAE, given without a DiT), the one they come from is chosen.
+    repositories: tuple[str, ...] = ()
     # The family's own options: a dataclass whose fields are its flags (core/options.py), e.g. its tokenizer
     # paths; `difftune train` / `sample` take them, a run receives them as `config.family_options`.
     options: type = NoOptions
@@ -236,6 +239,12 @@ def recognise(configs: Sequence, family: str | None = None, log=print) -> tuple[
         base = [(s, d) for s, d in fits if _base_slots_only(s, d)]
         if len(base) == 1:
             fits = base
+    if len(fits) > 1:
+        ids = {getattr(c, "model_id", None) for c in configs}
+        if None not in ids:
+            own = [(s, d) for s, d in fits if all(i.startswith(s.repositories) for i in ids) and s.repositories]
+            if len(own) == 1:
+                fits = own
     if len(fits) > 1:
         raise UserError(f"the weights fit several families ({', '.join(s.name for s, _ in fits)}): "
                         f"choose one with --family")

@@ -1,0 +1,53 @@
+"""FLUX.2's base units: size check, noise, the input image (values keep a leading batch dimension)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...core.common_units import InputImageEmbedder, ShapeChecker
+from ...core.latents import seeded_noise
+from ...core.units import PipelineUnit
+from .latents import LATENT_CHANNELS, VAE_SCALE, vae_encode
+
+DIVISION_FACTOR = VAE_SCALE
+
+
+class Flux2ShapeChecker(ShapeChecker):
+    """Round height and width up to multiples of 16 (VAE x8 and 2x2 patches)."""
+
+
+class Flux2NoiseInitializer(PipelineUnit):
+    """Initial noise (B, 128, H/16, W/16) from `seed`, drawn on `rand_device` (the CPU by default), in the patch
+    layout diffusers and the reference draw it in."""
+
+    inputs = ("height", "width", "seed", "batch_size", "rand_device")
+    outputs = ("noise",)
+
+    def process(self, pipe, height, width, seed, batch_size, rand_device):
+        noise = seeded_noise((LATENT_CHANNELS, height // VAE_SCALE, width // VAE_SCALE), seed, batch_size,
+                             device=rand_device or "cpu")
+        return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
+
+
+class Flux2InputImageEmbedder(InputImageEmbedder):
+    encode = staticmethod(vae_encode)
+
+
+class Flux2EmbeddedGuidance(PipelineUnit):
+    """FLUX.2-dev's distilled guidance, one value per sample (klein's DiT has no guidance embedder and ignores it).
+    Training feeds the reference's 1.0; sampling the family's default (4.0) or the caller's."""
+
+    inputs = ("embedded_guidance", "batch_size")
+    outputs = ("guidance",)
+
+    def process(self, pipe, embedded_guidance, batch_size):
+        if isinstance(embedded_guidance, (list, tuple)):
+            values = [float(g) for g in embedded_guidance]
+        else:
+            g = pipe.call_defaults["embedded_guidance"] if embedded_guidance is None else float(embedded_guidance)
+            values = [g] * int(batch_size or 1)
+        return {"guidance": torch.tensor(values, dtype=torch.float32, device=pipe.device)}
+
+
+__all__ = ["DIVISION_FACTOR", "Flux2EmbeddedGuidance", "Flux2InputImageEmbedder", "Flux2NoiseInitializer",
+           "Flux2ShapeChecker"]
