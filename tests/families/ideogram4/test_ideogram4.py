@@ -131,3 +131,16 @@ def test_image_to_image_starts_from_the_noised_image(hub):
 
     clean = vae_encode(pipe, images_to_tensor(image, 32, 32))
     assert (near - clean).abs().mean() < (half - clean).abs().mean()
+
+
+def test_validation_during_training_with_both_dits(hub, tmp_path):
+    """A LoRA run given the DiT and the unconditional DiT renders its validation prompts (guided through the latter)."""
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(32, 32))
+    run_train("--task", "sft", "--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta,
+              "--output_path", tmp_path / "out", "--model_paths", json.dumps(hub_paths(hub, uncond=True)),
+              "--tokenizer_path", str(hub / TOKENIZER_REPO / "tokenizer"), "--torch_dtype", "float32",
+              "--max_steps", 2, "--no_progress", "--enable_tensorboard_log", "false", "--lora_base_model", "dit",
+              "--lora_target_modules", "attention.qkv,attention.o", "--validation_prompts", json.dumps(["a cat"]),
+              "--validation_steps", 1, "--height", 32, "--width", 32)
+    renders = sorted((tmp_path / "out" / "validation").glob("step-*.png"))
+    assert len(renders) == 2 and Image.open(renders[0]).size[0] >= 32
