@@ -127,6 +127,12 @@ def compute_split(pipeline: type, features, config: RunConfig, task: TaskSpec) -
 
     pipe = pipeline()
     pipe.activate(features)
+    used = {*pipe.loss_models, *(m for u in pipe.units for m in u.models)}
+    for slot in config.trainable:
+        if slot not in used:  # e.g. a second DiT the loss never runs (Ideogram-4's unconditional one)
+            flag = "--lora_base_model" if slot == config.lora_base_model else "--trainable_models"
+            raise UserError(f"{flag} {slot}: no part of this run's training step uses '{slot}' (the loss runs "
+                            f"{', '.join(pipe.loss_models) or 'no model'}): training it would change nothing")
     loss = all_losses()[task.loss]
     return split_units(pipe.units, config.trainable, tuple(loss.reads) + pipe.active_model_fn_inputs,
                        settings=pipe.settings, loss_models=pipe.loss_models, cfg=loss.cfg)

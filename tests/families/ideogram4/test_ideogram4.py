@@ -144,3 +144,20 @@ def test_validation_during_training_with_both_dits(hub, tmp_path):
               "--validation_steps", 1, "--height", 32, "--width", 32)
     renders = sorted((tmp_path / "out" / "validation").glob("step-*.png"))
     assert len(renders) == 2 and Image.open(renders[0]).size[0] >= 32
+
+
+def test_training_the_unconditional_dit_is_refused_in_one_line(tmp_path, capsys):
+    """The loss runs the conditional DiT only (as the reference's): a LoRA on `dit_uncond` would train nothing."""
+    from difftune.cli.main import main as difftune
+    from support import tiny_family
+
+    t = tiny_family("ideogram4", tmp_path)
+    meta = t.write_dataset(tmp_path / "data")
+    code = difftune(["train", "--dataset_base_path", str(meta.parent), "--dataset_metadata_path", str(meta),
+                     "--model_paths", json.dumps(t.model_paths), "--output_path", str(tmp_path / "out"),
+                     "--lora_base_model", "dit_uncond", "--lora_target_modules", "to_q", "--max_steps", "1",
+                     "--no_progress", *map(str, t.flags)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "--lora_base_model dit_uncond" in err[0] and "change nothing" in err[0], err
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.safetensors"))
