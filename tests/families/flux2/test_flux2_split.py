@@ -16,7 +16,9 @@ def test_dev_split_equals_one_stage(tmp_path):
     hub = write_tiny_flux2_hub(tmp_path / "hub", dev=True)
     meta = write_example_dataset(tmp_path / "data", n=2, size=(32, 32))
     paths = dev_model_paths(hub)
-    common = ["--tokenizer_path", hub / DEV / "tokenizer", "--lora_base_model", "dit", "--lora_target_modules",
+    # stage 1's text encoder and VAE alone, as local files, are also ERNIE-Image's kinds (hub ids would tell them
+    # apart: FamilySpec.repositories): the family is named
+    common = ["--family", "flux2", "--tokenizer_path", hub / DEV / "tokenizer", "--lora_base_model", "dit", "--lora_target_modules",
               "to_q,to_k,to_v,to_qkv_mlp_proj", "--lora_rank", 4, "--learning_rate", 1e-3, "--max_steps", 3,
               "--dataset_repeat", 2, "--seed", 5, "--no_progress", "--max_pixels", 1024, "--torch_dtype", "float32",
               "--enable_tensorboard_log", "false"]
