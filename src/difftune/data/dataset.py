@@ -30,8 +30,8 @@ import torch
 from ..media.audio import AUDIO_EXTENSIONS
 from ..media.video import VIDEO_EXTENSIONS
 from ..util import names
-from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension, RouteByListing,
-                        ToAbsolutePath, compose, one_line)
+from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, Frames, ImageCropAndResize, LoadImage,
+                        RouteByExtension, RouteByListing, Seconds, ToAbsolutePath, compose, one_line)
 
 # what makes an --extra_inputs column a file column (loaded by its operator, and in the cache's fingerprint)
 FILE_EXTENSIONS = IMAGE_EXTENSIONS + VIDEO_EXTENSIONS + AUDIO_EXTENSIONS
@@ -165,7 +165,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
                  main_data_operator=None, special_operator_map: dict | None = None, extra_inputs=(),
                  on_bad_sample: str = "error", present_keys_only: bool = False, allow_empty_prompts: bool = False,
                  precheck: bool = True, progress: bool = True, frame_inputs: dict | None = None,
-                 paired_columns=(), required_columns=(), allow_paths_outside: bool = False):
+                 paired_columns=(), required_columns=(), allow_paths_outside: bool = False,
+                 aligned_columns: dict | None = None, clip_columns=()):
         """`base_path` None means the metadata file's folder. `present_keys_only` drops listed file keys
         the metadata lacks (for the CLI default "image,video"), as long as one is left. Metadata without a
         `prompt` column is refused unless `allow_empty_prompts` (every sample would train on "").
@@ -177,7 +178,10 @@ class UnifiedDataset(torch.utils.data.Dataset):
         of columns whose lists must have as many entries (a pipeline's `paired_columns`), checked per row with the
         files. `required_columns`: columns every row must give a value in (the run trains a feature on them: an
         empty cell would switch it off for that row without a word). A file that resolves (`..`, an absolute path, a
-        link) outside the base path is refused unless `allow_paths_outside` (--allow_paths_outside_dataset)."""
+        link) outside the base path is refused unless `allow_paths_outside` (--allow_paths_outside_dataset).
+        `aligned_columns` ({column: None for a clip, or the frame rate its audio is timed at}): inputs timed frame by
+        frame with the row's clip (the first of `clip_columns` the row has), which must cover it: a clip file with
+        at least the clip's frames, audio at least as long as the clip's frames after the first at that rate."""
         if metadata_path is None:
             raise DataError("--dataset_metadata_path is required")
         if on_bad_sample not in ("error", "skip"):
@@ -197,6 +201,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
         self.frame_inputs = dict(frame_inputs or {})
         self.paired_columns = [tuple(p) for p in paired_columns if all(c in self.columns for c in p)]
         self.required_columns = [c for c in required_columns if c in self.columns]
+        self.aligned_columns = {c: r for c, r in (aligned_columns or {}).items() if c in self.columns}
+        self.clip_columns = tuple(clip_columns)
         # extra inputs taken from a clip's frames: name -> (column, frame index)
         self.derived = {k: tuple(self.frame_inputs[k]) for k in extra
                         if k in self.frame_inputs and k not in self.columns}
@@ -473,7 +479,42 @@ class UnifiedDataset(torch.utils.data.Dataset):
             except DataError as err:
                 self._record(row, key, context.get("file"), str(err))
                 return False
+        if self.aligned_columns:
+            try:
+                self._check_aligned(row)
+            except DataError as err:
+                self._record(row, getattr(err, "key", None), getattr(err, "file", None), str(err))
+                return False
         return True
+
+    def _check_aligned(self, row: int) -> None:
+        """Each time-aligned input of the row covers its clip (see `aligned_columns`), from the headers or by
+        counting frames; a shorter one would be padded, cut or misaligned further on."""
+        clip = next((k for k in self.clip_columns if k in self.data_file_keys
+                     and self.rows[row].get(k) not in (None, "", [])), None)
+        if clip is None or isinstance(self.rows[row][clip], list):
+            return
+        context = self._context(row, clip)
+        length = self._operator(clip).extent(self.rows[row][clip], context)
+        if not isinstance(length, Frames):
+            return
+        frames, clip_file = length.kept, context.get("file")
+        for key, fps in self.aligned_columns.items():
+            value = self.rows[row].get(key)
+            if value in (None, "", []) or isinstance(value, list) or key not in self.data_file_keys:
+                continue
+            context = self._context(row, key)
+            have = self._operator(key).extent(value, context)
+            if fps is None and isinstance(have, Frames) and have.available < frames:
+                problem = f"has {have.available} frame{'s' if have.available != 1 else ''}, the clip {frames}"
+            elif fps is not None and isinstance(have, Seconds) and have.seconds < (need := (frames - 1) / fps):
+                problem = f"lasts {have.seconds:.3f} s, the clip's {frames} frames at {fps:g} fps need {need:.3f} s"
+            else:
+                continue
+            err = DataError(f"{self.metadata_path} row {row + 1}: '{key}' {problem} ('{clip}': {clip_file}); give one "
+                            f"at least as long as the clip: {context.get('file')}")
+            err.key, err.file = key, context.get("file")
+            raise err
 
     def __getitem__(self, index: int) -> dict[str, Any] | None:
         """The item for `index` (mod the row count); None for a row that fails to load when skipping."""
