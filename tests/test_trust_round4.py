@@ -433,3 +433,50 @@ def test_allow_paths_outside_dataset_is_a_train_flag():
     proc = subprocess.run([sys.executable, "-m", "difftune", "train", "--help"], capture_output=True, text=True,
                           timeout=120)
     assert "--allow_paths_outside_dataset" in proc.stdout
+
+
+# -- defect 3: late and wrong row errors --------------------------------------------------------------------------
+
+def test_flux_eligen_prompts_and_masks_are_counted_up_front_naming_the_row(tmp_path):
+    """FLUX.1 EliGen with 3 prompts and 2 masks named no row (it failed in the denoiser); the prompts may be a JSON
+    list written in a CSV cell."""
+    from PIL import Image
+
+    from difftune.core.family import get_family
+    from difftune.data import UnifiedDataset
+
+    for name in ("a.png", "m1.png", "m2.png"):
+        Image.new("RGB", (32, 32)).save(tmp_path / name)
+    rows = [{"image": "a.png", "prompt": "two", "eligen_entity_prompts": ["a", "b"],
+             "eligen_entity_masks": ["m1.png", "m2.png"]},
+            {"image": "a.png", "prompt": "three", "eligen_entity_prompts": ["a", "b", "c"],
+             "eligen_entity_masks": ["m1.png", "m2.png"]}]
+    (tmp_path / "meta.json").write_text(json.dumps(rows))
+    pairs = get_family("flux").pipeline.paired_columns()
+    assert ("eligen_entity_prompts", "eligen_entity_masks") in pairs
+    keys = dict(data_file_keys=("image", "eligen_entity_masks"),
+                extra_inputs=("eligen_entity_prompts", "eligen_entity_masks"), paired_columns=pairs)
+    with pytest.raises(DataError, match=r"meta.json row 2: 'eligen_entity_prompts' has 3 entries and "
+                                        r"'eligen_entity_masks' 2; they go in pairs"):
+        UnifiedDataset(tmp_path, tmp_path / "meta.json", **keys)
+    (tmp_path / "meta.csv").write_text('image,prompt,eligen_entity_prompts,eligen_entity_masks\n'
+                                       'a.png,one,"[""a"", ""b""]",m1.png\n')
+    with pytest.raises(DataError, match=r"meta.csv row 1: 'eligen_entity_prompts' has 2 entries and "
+                                        r"'eligen_entity_masks' 1"):
+        UnifiedDataset(tmp_path, tmp_path / "meta.csv", **keys)
+
+
+@pytest.mark.parametrize("extra_row", [1, 2])
+def test_a_csv_row_with_an_extra_field_is_named(tmp_path, extra_row):
+    """A first row with an extra field shifted every value one column left (pandas read the first column as an index)
+    and was blamed on the next row's empty prompt; a later one was 'line 3' of the file."""
+    from difftune.data.dataset import read_metadata
+
+    rows = ["a.png,a dog", "b.png,a cat", "c.png,a bird"]
+    rows[extra_row - 1] += ",extra"
+    (tmp_path / "m.csv").write_text("\n".join(["image,prompt", *rows]) + "\n")
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'm.csv'} row {extra_row}: 3 fields, the header names 2 "
+                                        rf"columns \(image, prompt\); quote a value with a comma in it"):
+        read_metadata(tmp_path / "m.csv")
+    (tmp_path / "m.csv").write_text('image,prompt\n\na.png,"a dog, running"\n')
+    assert read_metadata(tmp_path / "m.csv") == [{"image": "a.png", "prompt": "a dog, running"}]

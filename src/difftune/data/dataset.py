@@ -58,21 +58,34 @@ def _convert_csv_column(values: list[str], keep_text: bool) -> list:
     return [None if v == "" else convert(v) for v in values]
 
 
-def _no_duplicate_columns(path: str) -> None:
-    """pandas renames a repeated header ('prompt', 'prompt.1'), so one of the two would be dropped unseen."""
+def _check_csv_layout(path: str) -> None:
+    """What pandas would take quietly: a repeated header is renamed ('prompt', 'prompt.1'), so one of the two would
+    be dropped unseen; a first row with one field more than the header makes pandas read the first column as an
+    index, shifting every row's values one column left (a later row's is a parse error naming a file line)."""
     import csv
     from collections import Counter
 
     with open(path, encoding="utf-8-sig", newline="") as f:
-        header = next(csv.reader(f, skipinitialspace=True), [])
-    for name, count in Counter(c.strip() for c in header).items():
-        if count > 1:
-            raise DataError(f"{path}: the column '{name}' appears {count} times; name each column once")
+        reader = csv.reader(f, skipinitialspace=True)
+        header = next(reader, [])
+        for name, count in Counter(c.strip() for c in header).items():
+            if count > 1:
+                raise DataError(f"{path}: the column '{name}' appears {count} times; name each column once")
+        try:
+            rows = (r for r in reader if r)  # pandas skips blank lines
+            for n, fields in enumerate(rows, 1):
+                if len(fields) > len(header):
+                    raise DataError(f"{path} row {n}: {len(fields)} fields, the header names {len(header)} columns "
+                                    f"({', '.join(c.strip() for c in header)}); quote a value with a comma in it "
+                                    f"(\"a, b\")")
+        except csv.Error:
+            pass  # pandas names the broken line
 
 
 def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
     import pandas as pd
 
+    _check_csv_layout(path)
     try:
         # everything as text first (no NaN, no "None" -> NaN), then convert per column
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True, encoding="utf-8-sig")
@@ -81,7 +94,6 @@ def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
     except pd.errors.ParserError as err:
         raise DataError(f"{path}: not valid CSV ({one_line(err)})") from None
     frame.columns = [str(c).strip() for c in frame.columns]
-    _no_duplicate_columns(path)
     columns = {c: _convert_csv_column([str(v) for v in frame[c].tolist()], c in text_columns) for c in frame.columns}
     return [{c: columns[c][i] for c in frame.columns} for i in range(len(frame))]
 
@@ -152,6 +164,16 @@ def _looks_like_files(rows: list[dict], key: str) -> bool:
     flat = [v for value in values for v in (value if isinstance(value, list) else [value])]
     return bool(flat) and all(isinstance(v, str) and os.path.splitext(v.strip())[1].lower() in FILE_EXTENSIONS
                               for v in flat)
+
+
+def _entries(value) -> int:
+    """How many items a list-valued cell gives: a list, a JSON list written in a CSV cell, or one value."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            pass  # not a list: one value (the column's own check names what is wrong with it)
+    return len(value) if isinstance(value, list) else 0 if value in (None, "") else 1
 
 
 def _is_clip(value) -> bool:
@@ -465,7 +487,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
             va, vb = self.rows[row].get(a), self.rows[row].get(b)
             if va is None and vb is None:
                 continue
-            na, nb = (len(v) if isinstance(v, list) else 0 if v in (None, "") else 1 for v in (va, vb))
+            na, nb = (_entries(v) for v in (va, vb))
             if na != nb:
                 self._record(row, b, None, f"{self.metadata_path} row {row + 1}: '{a}' has {na} entr"
                                            f"{'y' if na == 1 else 'ies'} and '{b}' {nb}; they go in pairs (one of "
