@@ -480,3 +480,32 @@ def test_a_csv_row_with_an_extra_field_is_named(tmp_path, extra_row):
         read_metadata(tmp_path / "m.csv")
     (tmp_path / "m.csv").write_text('image,prompt\n\na.png,"a dog, running"\n')
     assert read_metadata(tmp_path / "m.csv") == [{"image": "a.png", "prompt": "a dog, running"}]
+
+
+# -- left from the last round -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("slot", ["controlnet", "value_controller"])
+def test_a_fully_trained_controlnet_or_value_controller_saves_in_names_that_load_back(slot):
+    """`--full_format original` writes the released file's names (`models.0.` / `encoders.0.` dropped); the default
+    writes the slot's names, `pipe.<slot>.` less --remove_prefix_in_ckpt, as the reference's trained files. Either
+    loads back as the model it was; before, `--full_format original` was refused for both."""
+    import torch
+
+    from difftune.core.family import get_family
+    from difftune.models.detect import match_header
+    from difftune.training.config import RunConfig
+    from difftune.training.stages import full_converters
+
+    family = get_family("flux")
+    spec = next(c for c in family.components if c.name == slot)
+    label, config = next(iter(spec.known_configs.items()))
+    state = {k: torch.empty(s, device="meta") for k, s in spec.signature(config).items()}
+    native = family.full_native_keys[slot](state)
+    assert not any(k.startswith(("models.0.", "encoders.0.")) for k in native)
+    for saved in ({k: tuple(v.shape) for k, v in native.items()},  # --full_format original
+                  {f"{slot}.{k}": tuple(v.shape) for k, v in state.items()},  # --remove_prefix_in_ckpt pipe.
+                  {f"pipe.{slot}.{k}": tuple(v.shape) for k, v in state.items()}):
+        match = match_header(saved, [spec])
+        assert match is not None and match.label == label
+    run = RunConfig(trainable_models=slot, full_format="original")
+    assert full_converters(run, family) == {slot: family.full_native_keys[slot]}
