@@ -509,3 +509,34 @@ def test_a_fully_trained_controlnet_or_value_controller_saves_in_names_that_load
         assert match is not None and match.label == label
     run = RunConfig(trainable_models=slot, full_format="original")
     assert full_converters(run, family) == {slot: family.full_native_keys[slot]}
+
+
+def test_difftune_sample_takes_insert_anything_size_with_the_training_default():
+    from difftune.cli.sample import family_inputs, sample_parser
+    from difftune.core.family import get_family
+    from difftune.families.flux.insert_anything import SIZE
+
+    flux = get_family("flux")
+    options, call = family_inputs(sample_parser().parse_args(["--prompt", "p", "--insert_anything_size", "512"]), flux)
+    assert options.insert_anything_size == 512 and call["insert_anything_size"] == 512
+    options, call = family_inputs(sample_parser().parse_args(["--prompt", "p"]), flux)
+    assert "insert_anything_size" not in call  # unset: the pipeline's default, which is the training flag's
+    assert options.insert_anything_size == SIZE == 768
+    with pytest.raises(UserError, match="--insert_anything_size 500: a multiple of 16"):
+        family_inputs(sample_parser().parse_args(["--prompt", "p", "--insert_anything_size", "500"]), flux)
+    # a training-and-sampling flag that is no call input (a tokenizer path) is still not handed to the call
+    _, call = family_inputs(sample_parser().parse_args(["--prompt", "p", "--tokenizer_1_path", "x"]), flux)
+    assert "tokenizer_1_path" not in call
+
+
+def test_step1x_samples_at_the_reference_images_size_in_the_cli_as_in_python():
+    """`difftune sample` passed the family's 1024 x 1024 where the Python call takes the reference image's size."""
+    import inspect
+
+    from difftune.families.flux.step1x import Step1XEditPipeline
+
+    params = inspect.signature(Step1XEditPipeline.__call__).parameters
+    accepted = {*params, *Step1XEditPipeline.call_inputs(), *Step1XEditPipeline.call_settings()}
+    cli = {k: v for k, v in Step1XEditPipeline.call_defaults.items() if k in accepted}  # as `difftune sample`
+    assert cli["height"] is None and cli["width"] is None
+    assert all(params[k].default == v for k, v in cli.items())
