@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from difftune.cli.main import main as difftune
 from support.z_image import CONTROLNET_REPO, write_z_image_script_workspace
 from support import read_reference_script
+from support.lora_presets import check_merge, record_merges
 from support.scripts import flag_value
 
 # see tests/conftest.py: each picture encoded once; narrow conv3d layers as conv2d per time tap
@@ -87,8 +88,13 @@ def test_reference_script_runs(in_workspace, script, capsys, monkeypatch):
         (type(module).__name__, option.method)) or real(module, option, **kw))
     (argv,) = read_reference_script(SCRIPTS / script).commands
     before = _checkpoints(argv)
+    merges = record_merges(monkeypatch)
     log = _run(argv, capsys)
     saved = _check_checkpoint(argv, in_workspace, before)
+    if flag_value(argv, "--preset_lora_path"):  # the differential script: ostris' adapter merged into the DiT
+        assert check_merge(merges, in_workspace / flag_value(argv, "--preset_lora_path")) > 0
+    else:
+        assert not merges
     if "npu_training" in script:
         assert "note: --enable_npu_patch" in log
     if "trajectory_imitation" in script:
