@@ -93,8 +93,6 @@ def test_reference_script_runs(in_workspace, script, capsys, monkeypatch):
     saved = _check_checkpoint(argv, in_workspace, before)
     if flag_value(argv, "--preset_lora_path"):  # the differential script: ostris' adapter merged into the DiT
         assert check_merge(merges, in_workspace / flag_value(argv, "--preset_lora_path")) > 0
-    else:
-        assert not merges
     if "npu_training" in script:
         assert "note: --enable_npu_patch" in log
     if "trajectory_imitation" in script:
