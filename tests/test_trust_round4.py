@@ -433,3 +433,110 @@ def test_allow_paths_outside_dataset_is_a_train_flag():
     proc = subprocess.run([sys.executable, "-m", "difftune", "train", "--help"], capture_output=True, text=True,
                           timeout=120)
     assert "--allow_paths_outside_dataset" in proc.stdout
+
+
+# -- defect 3: late and wrong row errors --------------------------------------------------------------------------
+
+def test_flux_eligen_prompts_and_masks_are_counted_up_front_naming_the_row(tmp_path):
+    """FLUX.1 EliGen with 3 prompts and 2 masks named no row (it failed in the denoiser); the prompts may be a JSON
+    list written in a CSV cell."""
+    from PIL import Image
+
+    from difftune.core.family import get_family
+    from difftune.data import UnifiedDataset
+
+    for name in ("a.png", "m1.png", "m2.png"):
+        Image.new("RGB", (32, 32)).save(tmp_path / name)
+    rows = [{"image": "a.png", "prompt": "two", "eligen_entity_prompts": ["a", "b"],
+             "eligen_entity_masks": ["m1.png", "m2.png"]},
+            {"image": "a.png", "prompt": "three", "eligen_entity_prompts": ["a", "b", "c"],
+             "eligen_entity_masks": ["m1.png", "m2.png"]}]
+    (tmp_path / "meta.json").write_text(json.dumps(rows))
+    pairs = get_family("flux").pipeline.paired_columns()
+    assert ("eligen_entity_prompts", "eligen_entity_masks") in pairs
+    keys = dict(data_file_keys=("image", "eligen_entity_masks"),
+                extra_inputs=("eligen_entity_prompts", "eligen_entity_masks"), paired_columns=pairs)
+    with pytest.raises(DataError, match=r"meta.json row 2: 'eligen_entity_prompts' has 3 entries and "
+                                        r"'eligen_entity_masks' 2; they go in pairs"):
+        UnifiedDataset(tmp_path, tmp_path / "meta.json", **keys)
+    (tmp_path / "meta.csv").write_text('image,prompt,eligen_entity_prompts,eligen_entity_masks\n'
+                                       'a.png,one,"[""a"", ""b""]",m1.png\n')
+    with pytest.raises(DataError, match=r"meta.csv row 1: 'eligen_entity_prompts' has 2 entries and "
+                                        r"'eligen_entity_masks' 1"):
+        UnifiedDataset(tmp_path, tmp_path / "meta.csv", **keys)
+
+
+@pytest.mark.parametrize("extra_row", [1, 2])
+def test_a_csv_row_with_an_extra_field_is_named(tmp_path, extra_row):
+    """A first row with an extra field shifted every value one column left (pandas read the first column as an index)
+    and was blamed on the next row's empty prompt; a later one was 'line 3' of the file."""
+    from difftune.data.dataset import read_metadata
+
+    rows = ["a.png,a dog", "b.png,a cat", "c.png,a bird"]
+    rows[extra_row - 1] += ",extra"
+    (tmp_path / "m.csv").write_text("\n".join(["image,prompt", *rows]) + "\n")
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'm.csv'} row {extra_row}: 3 fields, the header names 2 "
+                                        rf"columns \(image, prompt\); quote a value with a comma in it"):
+        read_metadata(tmp_path / "m.csv")
+    (tmp_path / "m.csv").write_text('image,prompt\n\na.png,"a dog, running"\n')
+    assert read_metadata(tmp_path / "m.csv") == [{"image": "a.png", "prompt": "a dog, running"}]
+
+
+# -- left from the last round -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("slot", ["controlnet", "value_controller"])
+def test_a_fully_trained_controlnet_or_value_controller_saves_in_names_that_load_back(slot):
+    """`--full_format original` writes the released file's names (`models.0.` / `encoders.0.` dropped); the default
+    writes the slot's names, `pipe.<slot>.` less --remove_prefix_in_ckpt, as the reference's trained files. Either
+    loads back as the model it was; before, `--full_format original` was refused for both."""
+    import torch
+
+    from difftune.core.family import get_family
+    from difftune.models.detect import match_header
+    from difftune.training.config import RunConfig
+    from difftune.training.stages import full_converters
+
+    family = get_family("flux")
+    spec = next(c for c in family.components if c.name == slot)
+    label, config = next(iter(spec.known_configs.items()))
+    state = {k: torch.empty(s, device="meta") for k, s in spec.signature(config).items()}
+    native = family.full_native_keys[slot](state)
+    assert not any(k.startswith(("models.0.", "encoders.0.")) for k in native)
+    for saved in ({k: tuple(v.shape) for k, v in native.items()},  # --full_format original
+                  {f"{slot}.{k}": tuple(v.shape) for k, v in state.items()},  # --remove_prefix_in_ckpt pipe.
+                  {f"pipe.{slot}.{k}": tuple(v.shape) for k, v in state.items()}):
+        match = match_header(saved, [spec])
+        assert match is not None and match.label == label
+    run = RunConfig(trainable_models=slot, full_format="original")
+    assert full_converters(run, family) == {slot: family.full_native_keys[slot]}
+
+
+def test_difftune_sample_takes_insert_anything_size_with_the_training_default():
+    from difftune.cli.sample import family_inputs, sample_parser
+    from difftune.core.family import get_family
+    from difftune.families.flux.insert_anything import SIZE
+
+    flux = get_family("flux")
+    options, call = family_inputs(sample_parser().parse_args(["--prompt", "p", "--insert_anything_size", "512"]), flux)
+    assert options.insert_anything_size == 512 and call["insert_anything_size"] == 512
+    options, call = family_inputs(sample_parser().parse_args(["--prompt", "p"]), flux)
+    assert "insert_anything_size" not in call  # unset: the pipeline's default, which is the training flag's
+    assert options.insert_anything_size == SIZE == 768
+    with pytest.raises(UserError, match="--insert_anything_size 500: a multiple of 16"):
+        family_inputs(sample_parser().parse_args(["--prompt", "p", "--insert_anything_size", "500"]), flux)
+    # a training-and-sampling flag that is no call input (a tokenizer path) is still not handed to the call
+    _, call = family_inputs(sample_parser().parse_args(["--prompt", "p", "--tokenizer_1_path", "x"]), flux)
+    assert "tokenizer_1_path" not in call
+
+
+def test_step1x_samples_at_the_reference_images_size_in_the_cli_as_in_python():
+    """`difftune sample` passed the family's 1024 x 1024 where the Python call takes the reference image's size."""
+    import inspect
+
+    from difftune.families.flux.step1x import Step1XEditPipeline
+
+    params = inspect.signature(Step1XEditPipeline.__call__).parameters
+    accepted = {*params, *Step1XEditPipeline.call_inputs(), *Step1XEditPipeline.call_settings()}
+    cli = {k: v for k, v in Step1XEditPipeline.call_defaults.items() if k in accepted}  # as `difftune sample`
+    assert cli["height"] is None and cli["width"] is None
+    assert all(params[k].default == v for k, v in cli.items())

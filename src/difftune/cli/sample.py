@@ -85,10 +85,15 @@ def family_inputs(args, family) -> tuple[object, dict]:
         if mode and value is not None:
             images[f.name] = [load_image(v, mode) for v in value] if isinstance(value, list) else \
                 load_image(value, mode)
+    # a flag training takes too that is a sampling input (Insert-Anything's size) goes to the call when given; unset,
+    # the pipeline's default is the option's
+    inputs = {n for cls in family.pipelines for get in ("call_inputs", "call_settings")
+              for n in (getattr(cls, get)() if hasattr(cls, get) else ())}
     call = options.call_inputs(images) if hasattr(options, "call_inputs") else \
         {**{k: v for k, v in images.items() if v is not None},
          **{f.name: getattr(options, f.name) for f in flag_fields(family.options)
-            if f.metadata["flag"]["sample"] and not f.metadata["flag"]["train"] and not f.metadata["flag"]["load"]
+            if f.metadata["flag"]["sample"] and not f.metadata["flag"]["load"]
+            and (not f.metadata["flag"]["train"] or (f.name in given and f.name in inputs))
             and getattr(options, f.name) is not None}}
     return options, call
 

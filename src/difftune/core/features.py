@@ -49,11 +49,12 @@ class RunContext:
 # The kinds of data column a feature reads (`Feature.inputs`), as the data set hands them to `training_inputs`:
 FRAMES = "frames"  # a list of frames (a still image is a one-frame clip)
 ALIGNED_FRAMES = "aligned_frames"  # a clip that must have the training clip's frames (one per frame)
+ALIGNED_AUDIO = "aligned_audio"  # audio timed with the clip (at the feature's `fps`), which must last as long; raw
 IMAGE = "image"  # one image (the first frame of what the column loads)
 IMAGES = "images"  # one or several images (a list of what the column loads; one image is a list of one)
 VALUE = "value"  # text, numbers or lists, as they come (an empty CSV cell is left out)
 RAW = "raw"  # handed on as the data set loaded it (audio paths, lists of files, ...)
-KINDS = (FRAMES, ALIGNED_FRAMES, IMAGE, IMAGES, VALUE, RAW)
+KINDS = (FRAMES, ALIGNED_FRAMES, ALIGNED_AUDIO, IMAGE, IMAGES, VALUE, RAW)
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,8 +92,11 @@ class Feature:
     # their keys in the released names: the family registers them with the feature (`FamilySpec`).
     components: tuple[Any, ...] = ()
     native_keys: Mapping[str, Callable[[dict], dict]] = field(default_factory=dict)
-    # column -> its kind (FRAMES, ALIGNED_FRAMES, IMAGE, IMAGES, VALUE, RAW): how `training_inputs` hands it on.
+    # column -> its kind (FRAMES, ALIGNED_FRAMES, ALIGNED_AUDIO, IMAGE, IMAGES, VALUE, RAW): how `training_inputs`
+    # hands it on; the data set's row check holds the aligned ones to the clip's length.
     inputs: Mapping[str, str] = field(default_factory=dict)
+    # The clip's frame rate its ALIGNED_AUDIO inputs are timed at (frames after the first, per second of audio).
+    fps: float | None = None
     # Sampling inputs (`pipe(..., name=value)`) -> their defaults (None: not given); the reference's names.
     call_inputs: Mapping[str, Any] = field(default_factory=dict)
     # Run-time settings of the denoiser call -> their defaults (`pipe(..., vace_scale=0.8)`), never cached.
@@ -190,5 +194,5 @@ def describe(features: Iterable[str]) -> str:
     return ", ".join([BASE, *rest])
 
 
-__all__ = ["ALIGNED_FRAMES", "BASE", "FRAMES", "IMAGE", "IMAGES", "KINDS", "RAW", "VALUE", "Feature", "RunContext",
+__all__ = ["ALIGNED_AUDIO", "ALIGNED_FRAMES", "BASE", "FRAMES", "IMAGE", "IMAGES", "KINDS", "RAW", "VALUE", "Feature", "RunContext",
            "compose_units", "describe", "model_config", "resolve_features"]

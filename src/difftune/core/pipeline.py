@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from .features import ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units, \
+from .features import ALIGNED_AUDIO, ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units, \
     model_config, resolve_features
 from .units import PipelineUnit, run_unit
 
@@ -63,6 +63,8 @@ class BasePipeline:
     # --extra_inputs taken from a clip's frames when the metadata has no such column: name -> (clip column,
     # frame index).
     frame_inputs: Mapping[str, tuple[str, int]] = {}
+    # The columns a row's training clip comes from, the first the row has (its time-aligned inputs must cover it).
+    clip_columns: tuple[str, ...] = ()
     # Every sampling default of the family, in one place: height, width, num_inference_steps, cfg_scale and the
     # family's own (FLUX's embedded_guidance, a video family's num_frames, ...). `__call__`, `difftune sample` and
     # validation read them here.
@@ -149,6 +151,14 @@ class BasePipeline:
         """Every feature's data column -> its kind (core/features.py: clip, aligned clip, image, images, value, raw)."""
         return {k: v for feature in cls.features for k, v in feature.inputs.items()}
 
+    @classmethod
+    def aligned_columns(cls) -> dict[str, float | None]:
+        """The features' time-aligned columns -> None (a clip: as many frames as the training clip, at least) or
+        the frame rate its audio is timed at: the data set's row check holds each to the row's clip
+        (`clip_columns`), before any model loads."""
+        return {name: (feature.fps if kind == ALIGNED_AUDIO else None) for feature in cls.features
+                for name, kind in feature.inputs.items() if kind in (ALIGNED_FRAMES, ALIGNED_AUDIO)}
+
     def feature_data(self, data: Mapping[str, Any], num_frames: int | None = None) -> dict[str, Any]:
         """The features' columns a row has, as pipeline inputs by kind (one-line errors naming the row and column):
         clips as lists of frames (an aligned clip must have `num_frames`), images as one image, values as they come
@@ -165,9 +175,11 @@ class BasePipeline:
                 frames = _frames(value)
                 if not frames or not all(isinstance(f, Image.Image) for f in frames):
                     raise UserError(f"row {row}: '{name}' must be a clip or an image file (listed in --data_file_keys)")
-                if kind == ALIGNED_FRAMES and num_frames is not None and len(frames) != num_frames:
-                    raise UserError(f"row {row}: '{name}' has {len(frames)} frames, the clip {num_frames}: give a "
-                                    f"clip as long as the video (cut to --num_frames)")
+                if kind == ALIGNED_FRAMES and num_frames is not None:
+                    if len(frames) < num_frames:  # the data set's row check refuses it first, naming the file
+                        raise UserError(f"row {row}: '{name}' has {len(frames)} frames, the clip {num_frames}: give a "
+                                        f"clip as long as the video (cut to --num_frames)")
+                    frames = frames[:num_frames]  # a longer one is cut to the clip, as the clip was
                 out[name] = frames
             elif kind == IMAGE:
                 frames = _frames(value)

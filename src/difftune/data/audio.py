@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from ..media.audio import AUDIO_EXTENSIONS, AudioError, check_audio, read_audio
+from ..media.audio import AUDIO_EXTENSIONS, AudioError, check_audio, probe_audio, read_audio
 from ..media.video import VIDEO_EXTENSIONS
-from .operators import CHECKED, DataError, DataOperator, ToAbsolutePath, _where
+from .operators import CHECKED, DataError, DataOperator, Seconds, ToAbsolutePath, _where
 
 # files an audio column may name: audio files, and clips whose audio stream is read
 AUDIO_SOURCE_EXTENSIONS = AUDIO_EXTENSIONS + VIDEO_EXTENSIONS
@@ -62,6 +62,19 @@ class LoadAudio(DataOperator):
             self._fail(err, path, context)
         self._long_enough(info.duration, path, context)
         return CHECKED
+
+    def extent(self, path, context=None):
+        """How long the audio lasts: from the header, or by decoding where the header does not say."""
+        path = os.fspath(path)
+        self._known(path, context)
+        try:
+            seconds = probe_audio(path).duration
+            if not seconds:
+                rate = self.sample_rate or 16000
+                seconds = read_audio(path, rate, True).shape[-1] / rate
+        except AudioError as err:
+            self._fail(err, path, context)
+        return Seconds(float(seconds))
 
     def shape(self, path, context=None):
         """The waveform's length does not shape a sample (audio features are taken per video frame), so every

@@ -30,8 +30,8 @@ import torch
 from ..media.audio import AUDIO_EXTENSIONS
 from ..media.video import VIDEO_EXTENSIONS
 from ..util import names
-from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage, RouteByExtension, RouteByListing,
-                        ToAbsolutePath, compose, one_line)
+from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, Frames, ImageCropAndResize, LoadImage,
+                        RouteByExtension, RouteByListing, Seconds, ToAbsolutePath, compose, one_line)
 
 # what makes an --extra_inputs column a file column (loaded by its operator, and in the cache's fingerprint)
 FILE_EXTENSIONS = IMAGE_EXTENSIONS + VIDEO_EXTENSIONS + AUDIO_EXTENSIONS
@@ -58,21 +58,34 @@ def _convert_csv_column(values: list[str], keep_text: bool) -> list:
     return [None if v == "" else convert(v) for v in values]
 
 
-def _no_duplicate_columns(path: str) -> None:
-    """pandas renames a repeated header ('prompt', 'prompt.1'), so one of the two would be dropped unseen."""
+def _check_csv_layout(path: str) -> None:
+    """What pandas would take quietly: a repeated header is renamed ('prompt', 'prompt.1'), so one of the two would
+    be dropped unseen; a first row with one field more than the header makes pandas read the first column as an
+    index, shifting every row's values one column left (a later row's is a parse error naming a file line)."""
     import csv
     from collections import Counter
 
     with open(path, encoding="utf-8-sig", newline="") as f:
-        header = next(csv.reader(f, skipinitialspace=True), [])
-    for name, count in Counter(c.strip() for c in header).items():
-        if count > 1:
-            raise DataError(f"{path}: the column '{name}' appears {count} times; name each column once")
+        reader = csv.reader(f, skipinitialspace=True)
+        header = next(reader, [])
+        for name, count in Counter(c.strip() for c in header).items():
+            if count > 1:
+                raise DataError(f"{path}: the column '{name}' appears {count} times; name each column once")
+        try:
+            rows = (r for r in reader if r)  # pandas skips blank lines
+            for n, fields in enumerate(rows, 1):
+                if len(fields) > len(header):
+                    raise DataError(f"{path} row {n}: {len(fields)} fields, the header names {len(header)} columns "
+                                    f"({', '.join(c.strip() for c in header)}); quote a value with a comma in it "
+                                    f"(\"a, b\")")
+        except csv.Error:
+            pass  # pandas names the broken line
 
 
 def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
     import pandas as pd
 
+    _check_csv_layout(path)
     try:
         # everything as text first (no NaN, no "None" -> NaN), then convert per column
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True, encoding="utf-8-sig")
@@ -81,7 +94,6 @@ def _read_csv(path: str, text_columns) -> list[dict[str, Any]]:
     except pd.errors.ParserError as err:
         raise DataError(f"{path}: not valid CSV ({one_line(err)})") from None
     frame.columns = [str(c).strip() for c in frame.columns]
-    _no_duplicate_columns(path)
     columns = {c: _convert_csv_column([str(v) for v in frame[c].tolist()], c in text_columns) for c in frame.columns}
     return [{c: columns[c][i] for c in frame.columns} for i in range(len(frame))]
 
@@ -154,6 +166,16 @@ def _looks_like_files(rows: list[dict], key: str) -> bool:
                               for v in flat)
 
 
+def _entries(value) -> int:
+    """How many items a list-valued cell gives: a list, a JSON list written in a CSV cell, or one value."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            pass  # not a list: one value (the column's own check names what is wrong with it)
+    return len(value) if isinstance(value, list) else 0 if value in (None, "") else 1
+
+
 def _is_clip(value) -> bool:
     from PIL import Image
 
@@ -165,7 +187,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
                  main_data_operator=None, special_operator_map: dict | None = None, extra_inputs=(),
                  on_bad_sample: str = "error", present_keys_only: bool = False, allow_empty_prompts: bool = False,
                  precheck: bool = True, progress: bool = True, frame_inputs: dict | None = None,
-                 paired_columns=(), required_columns=(), allow_paths_outside: bool = False):
+                 paired_columns=(), required_columns=(), allow_paths_outside: bool = False,
+                 aligned_columns: dict | None = None, clip_columns=()):
         """`base_path` None means the metadata file's folder. `present_keys_only` drops listed file keys
         the metadata lacks (for the CLI default "image,video"), as long as one is left. Metadata without a
         `prompt` column is refused unless `allow_empty_prompts` (every sample would train on "").
@@ -177,7 +200,10 @@ class UnifiedDataset(torch.utils.data.Dataset):
         of columns whose lists must have as many entries (a pipeline's `paired_columns`), checked per row with the
         files. `required_columns`: columns every row must give a value in (the run trains a feature on them: an
         empty cell would switch it off for that row without a word). A file that resolves (`..`, an absolute path, a
-        link) outside the base path is refused unless `allow_paths_outside` (--allow_paths_outside_dataset)."""
+        link) outside the base path is refused unless `allow_paths_outside` (--allow_paths_outside_dataset).
+        `aligned_columns` ({column: None for a clip, or the frame rate its audio is timed at}): inputs timed frame by
+        frame with the row's clip (the first of `clip_columns` the row has), which must cover it: a clip file with
+        at least the clip's frames, audio at least as long as the clip's frames after the first at that rate."""
         if metadata_path is None:
             raise DataError("--dataset_metadata_path is required")
         if on_bad_sample not in ("error", "skip"):
@@ -197,6 +223,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
         self.frame_inputs = dict(frame_inputs or {})
         self.paired_columns = [tuple(p) for p in paired_columns if all(c in self.columns for c in p)]
         self.required_columns = [c for c in required_columns if c in self.columns]
+        self.aligned_columns = {c: r for c, r in (aligned_columns or {}).items() if c in self.columns}
+        self.clip_columns = tuple(clip_columns)
         # extra inputs taken from a clip's frames: name -> (column, frame index)
         self.derived = {k: tuple(self.frame_inputs[k]) for k in extra
                         if k in self.frame_inputs and k not in self.columns}
@@ -459,7 +487,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
             va, vb = self.rows[row].get(a), self.rows[row].get(b)
             if va is None and vb is None:
                 continue
-            na, nb = (len(v) if isinstance(v, list) else 0 if v in (None, "") else 1 for v in (va, vb))
+            na, nb = (_entries(v) for v in (va, vb))
             if na != nb:
                 self._record(row, b, None, f"{self.metadata_path} row {row + 1}: '{a}' has {na} entr"
                                            f"{'y' if na == 1 else 'ies'} and '{b}' {nb}; they go in pairs (one of "
@@ -473,7 +501,42 @@ class UnifiedDataset(torch.utils.data.Dataset):
             except DataError as err:
                 self._record(row, key, context.get("file"), str(err))
                 return False
+        if self.aligned_columns:
+            try:
+                self._check_aligned(row)
+            except DataError as err:
+                self._record(row, getattr(err, "key", None), getattr(err, "file", None), str(err))
+                return False
         return True
+
+    def _check_aligned(self, row: int) -> None:
+        """Each time-aligned input of the row covers its clip (see `aligned_columns`), from the headers or by
+        counting frames; a shorter one would be padded, cut or misaligned further on."""
+        clip = next((k for k in self.clip_columns if k in self.data_file_keys
+                     and self.rows[row].get(k) not in (None, "", [])), None)
+        if clip is None or isinstance(self.rows[row][clip], list):
+            return
+        context = self._context(row, clip)
+        length = self._operator(clip).extent(self.rows[row][clip], context)
+        if not isinstance(length, Frames):
+            return
+        frames, clip_file = length.kept, context.get("file")
+        for key, fps in self.aligned_columns.items():
+            value = self.rows[row].get(key)
+            if value in (None, "", []) or isinstance(value, list) or key not in self.data_file_keys:
+                continue
+            context = self._context(row, key)
+            have = self._operator(key).extent(value, context)
+            if fps is None and isinstance(have, Frames) and have.available < frames:
+                problem = f"has {have.available} frame{'s' if have.available != 1 else ''}, the clip {frames}"
+            elif fps is not None and isinstance(have, Seconds) and have.seconds < (need := (frames - 1) / fps):
+                problem = f"lasts {have.seconds:.3f} s, the clip's {frames} frames at {fps:g} fps need {need:.3f} s"
+            else:
+                continue
+            err = DataError(f"{self.metadata_path} row {row + 1}: '{key}' {problem} ('{clip}': {clip_file}); give one "
+                            f"at least as long as the clip: {context.get('file')}")
+            err.key, err.file = key, context.get("file")
+            raise err
 
     def __getitem__(self, index: int) -> dict[str, Any] | None:
         """The item for `index` (mod the row count); None for a row that fails to load when skipping."""

@@ -19,6 +19,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from PIL import Image
 
@@ -28,6 +29,21 @@ from ..media.image import check_image, image_size, load_image, to_rgb  # noqa: F
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 CHECKED = object()  # returned by `check` when the rest can only be checked by loading
 UNKNOWN = object()  # returned by `shape` when the size can only be known by loading
+
+class Frames(NamedTuple):
+    """How long a clip file is, for the row check (`DataOperator.extent`): the frames the file holds, counted no
+    further than the operator reads (`available`), and the frames it loads (`kept`: cut to the time division)."""
+
+    available: int
+    kept: int
+
+
+class Seconds(NamedTuple):
+    """How long an audio file is, for the row check (`DataOperator.extent`)."""
+
+    seconds: float
+
+
 URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)  # http(s)://, s3://, gs://, ...
 
 
@@ -49,6 +65,12 @@ class DataOperator:
     def shape(self, value, context: dict | None = None):
         """What `__call__` would give, as a size, without decoding: (width, height) for a picture; UNKNOWN
         where it cannot tell (the data set then loads the sample to see)."""
+        return UNKNOWN
+
+    def extent(self, value, context: dict | None = None):
+        """How long what `__call__` gives is in time (`Frames` of a clip, `Seconds` of audio), from the header or
+        by counting, without loading it; UNKNOWN where the operator does not say. A step that turns the value
+        into another (a path) returns that value for the next step."""
         return UNKNOWN
 
     def __rshift__(self, other) -> Sequence:
@@ -80,6 +102,13 @@ class Sequence(DataOperator):
         for op in self.operators:
             value = op.shape(value, context)
             if value is UNKNOWN:
+                break
+        return value
+
+    def extent(self, value, context=None):
+        for op in self.operators:
+            value = op.extent(value, context)
+            if value is UNKNOWN or isinstance(value, (Frames, Seconds)):
                 break
         return value
 
@@ -123,7 +152,7 @@ class ToAbsolutePath(DataOperator):
             context["file"] = path
         return path
 
-    check = shape = __call__
+    check = shape = extent = __call__
 
 
 class LoadImage(DataOperator):
@@ -145,6 +174,9 @@ class LoadImage(DataOperator):
         """Header, mode and the format's end marker: a few hundred bytes per file (media.image.check_image)."""
         check_image(os.fspath(path), self.mode, where=_where(context))
         return CHECKED
+
+    def extent(self, path, context=None):
+        return Frames(1, 1)  # a still: a one-frame clip
 
 
 class RouteByExtension(DataOperator):
@@ -185,6 +217,9 @@ class RouteByExtension(DataOperator):
     def shape(self, path, context=None):
         return self.route(path, context).shape(path, context)
 
+    def extent(self, path, context=None):
+        return self.route(path, context).extent(path, context)
+
 
 class RouteByListing(DataOperator):
     """One operator for a column's single values, another for the items of its list values (the dataset's
@@ -205,6 +240,9 @@ class RouteByListing(DataOperator):
 
     def shape(self, value, context=None):
         return self.route(context).shape(value, context)
+
+    def extent(self, value, context=None):
+        return self.route(context).extent(value, context)
 
 
 def target_size(width: int, height: int, fixed_height: int | None, fixed_width: int | None, max_pixels: int,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 
-from ..media.video import (ANIMATED_IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, VideoError, probe_video,
-                           read_video)
-from .operators import (CHECKED, IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, ImageCropAndResize, LoadImage,
-                        RouteByExtension, ToAbsolutePath, _where)
+from ..media.video import (ANIMATED_IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, VideoError, count_frames,
+                           frames_to_keep, probe_video, read_video)
+from .operators import (CHECKED, IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, Frames, ImageCropAndResize,
+                        LoadImage, RouteByExtension, ToAbsolutePath, _where)
 
 CLIP_EXTENSIONS = VIDEO_EXTENSIONS + ANIMATED_IMAGE_EXTENSIONS  # read as several frames
 STILL_EXTENSIONS = tuple(e for e in IMAGE_EXTENSIONS if e not in ANIMATED_IMAGE_EXTENSIONS)  # one-frame clips
@@ -61,12 +61,25 @@ class LoadVideo(DataOperator):
             return UNKNOWN
         return (info.width, info.height, self.num_frames)
 
+    def extent(self, path, context=None):
+        """The frames the file holds (counted up to `num_frames`) and the frames it loads."""
+        path = os.fspath(path)
+        try:
+            available = count_frames(path, self.num_frames)
+        except VideoError as err:
+            self._fail(err, path, context)
+        return Frames(available, frames_to_keep(available, self.num_frames, self.time_division_factor,
+                                                self.time_division_remainder))
+
 
 class ToClip(DataOperator):
     """One image -> a one-frame clip (a still in a video column, as the reference reads it)."""
 
     def __call__(self, value, context=None):
         return value if isinstance(value, list) else [value]
+
+    def extent(self, value, context=None):
+        return value
 
     def shape(self, value, context=None):
         return (*value, 1) if isinstance(value, tuple) and len(value) == 2 else value

@@ -194,6 +194,34 @@ def read_video(path: str | os.PathLike, num_frames: int | None = None, time_divi
     return frames[:frames_to_keep(len(frames), num_frames, time_division_factor, time_division_remainder)]
 
 
+def count_frames(path: str | os.PathLike, limit: int | None = None) -> int:
+    """How many frames the clip holds, counting no further than `limit`: from the header where it lists clearly
+    more (a container's count can be a frame or two off what decodes), else by decoding without converting the
+    frames; a GIF's or WebP's frames from Pillow, a still as one frame. VideoError for a clip that cannot be read."""
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in VIDEO_EXTENSIONS:
+        with _open_image(path) as img:
+            n = int(getattr(img, "n_frames", 1) or 1)
+        return n if limit is None else min(n, limit)
+    av = _av()
+    container, stream = _open(path)
+    with container:
+        listed = int(stream.frames or 0)
+        if limit is not None and listed >= limit + 2:
+            return limit
+        n = 0
+        try:
+            for _ in container.decode(stream):
+                n += 1
+                if limit is not None and n >= limit:
+                    break
+        except (av.error.FFmpegError, OSError, ValueError, EOFError) as err:
+            raise VideoError(f"corrupt video: decoding stopped after {n} frame(s) ({_ffmpeg_reason(err)})",
+                             path) from None
+    return n
+
+
 def check_video(path: str | os.PathLike) -> VideoInfo:
     """The cheap check the data set runs on every row before training: the header parses, a video stream
     with a known codec is there, and its first frame decodes."""
@@ -337,5 +365,5 @@ def frame_grid(frames: Sequence[Image.Image], columns: int | None = None, max_fr
 
 __all__ = ["ANIMATED_IMAGE_EXTENSIONS", "DEFAULT_FPS", "PREVIEW_EXTENSIONS", "VIDEO_EXTENSIONS",
            "WRITABLE_EXTENSIONS",
-           "VideoError", "VideoInfo", "check_video", "frame_grid", "frames_to_keep", "probe_video", "read_video",
+           "VideoError", "VideoInfo", "check_video", "count_frames", "frame_grid", "frames_to_keep", "probe_video", "read_video",
            "save_video", "tensor_to_clips", "video_codec", "write_animation", "write_video"]

@@ -50,7 +50,9 @@ def make_dataset(run):
                           frame_inputs=dict(run.pipeline.frame_inputs) if frames is not None else None,
                           paired_columns=run.pipeline.paired_columns(),
                           required_columns=run.pipeline.required_columns(run.features, names(config.extra_inputs)),
-                          allow_paths_outside=config.allow_paths_outside_dataset)
+                          allow_paths_outside=config.allow_paths_outside_dataset,
+                          aligned_columns=run.pipeline.aligned_columns() if frames is not None else None,
+                          clip_columns=run.pipeline.clip_columns)
 
 
 def rounded_size(config, factor: int, log=print) -> tuple[int | None, int | None]:

@@ -107,3 +107,21 @@ def test_tiny_flex_transformer_runs_on_the_49_channels(tmp_path):
                   pooled_projections=torch.randn(1, 32), encoder_hidden_states=torch.randn(1, 3, 32),
                   txt_ids=torch.zeros(3, 3), img_ids=image_ids(2, 2, "cpu", torch.float32), return_dict=False)[0]
     assert unpack_latents(out, 4, 4).shape == (1, 16, 4, 4)
+
+
+def test_one_default_per_control_setting_in_training_and_sampling(pipe):
+    """A training row with a control image and no flex_control_stop trained with the control at every step (1.0) while
+    sampling dropped it halfway (0.5, the reference's pipeline default): now 0.5 wherever it is not given (issue 36);
+    the strength's 0.5 likewise."""
+    from difftune.families.flux.flex2 import CALL_DEFAULTS, FLEX
+
+    assert CALL_DEFAULTS == {"flex_control_strength": 0.5, "flex_control_stop": 0.5}
+    with torch.no_grad():
+        out = FluxFlexConditioner().process(pipe, 32, 32, 1, None, None, _image(3), None, None)  # a training row
+        given = FluxFlexConditioner().process(pipe, 32, 32, 1, None, None, _image(3), 0.5, 0.5)
+    assert out["flex_control_stop"] == 0.5
+    torch.testing.assert_close(out["flex_condition"], given["flex_condition"])
+    values = {"flex_control_image": _image(3)}
+    FLEX.prepare_call(None, values, 1.0, {})  # the Python call and `difftune sample`
+    assert values["flex_control_stop"] == out["flex_control_stop"] and values["flex_control_strength"] == 0.5
+    assert {k: FLEX.call_inputs[k] for k in CALL_DEFAULTS} == CALL_DEFAULTS

@@ -119,3 +119,21 @@ def test_face_embedding_unit(flux_models):
     with pytest.raises(UserError) as e:
         run_unit_on(FluxInfiniteYouEmbedder(), {}, infinityou_id_image=face)
     assert "insightface" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("prefix", ["image_proj_model.", "pipe.image_proj_model.", ""])
+def test_a_fully_trained_projector_is_recognised_in_diffusers_names(projector, tmp_path, prefix):
+    """Full training saves the projector as `pipe.image_proj_model.<diffusers' name>` less --remove_prefix_in_ckpt
+    (the reference's script removes `pipe.`): that file loads back as the projector it was (issue 36)."""
+    from safetensors.torch import save_file
+
+    from difftune.models.detect import detect_component
+
+    state = {prefix + k: v.clone() for k, v in projector.state_dict().items()}
+    assert any(".attn.to_k." in k for k in state)  # diffusers' names, to_kv split
+    save_file(state, str(tmp_path / "epoch-0.safetensors"))
+    spec = with_config(IMAGE_PROJ_MODEL, tiny_image_proj_config())
+    assert detect_component(str(tmp_path / "epoch-0.safetensors"), [spec]).name == "image_proj_model"
+    loaded = load_component(str(tmp_path / "epoch-0.safetensors"), [spec], torch_dtype=torch.float32).module
+    for k, v in projector.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k

@@ -14,6 +14,7 @@ import pytest
 
 from difftune.cli.main import main
 from support import read_reference_script, write_qwen_image_script_workspace
+from support.lora_presets import check_merge, record_merges
 from support.scripts import at_small_size, flag_value, resolve_scripts, trains_end_to_end
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "qwen_image" / "model_training"
@@ -53,6 +54,7 @@ def test_reference_script_runs(script, workspace, configurations, monkeypatch, c
     monkeypatch.chdir(workspace)
     monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
     parsed = read_reference_script(SCRIPTS / script)
+    merges = record_merges(monkeypatch)
     for argv in parsed.commands:
         out = Path(flag_value(argv, "--output_path"))
         extra = EXTRA.get(script, ["--max_steps", "2"])
@@ -66,3 +68,6 @@ def test_reference_script_runs(script, workspace, configurations, monkeypatch, c
             assert (out / "complete.json").exists() or any(out.rglob("complete.json")), f"{script}: no cache"
         else:
             assert list(out.glob("*.safetensors")), f"{script}: no checkpoint in {out}"
+        if flag_value(argv, "--preset_lora_path"):  # the differential script: the first run's LoRA, merged
+            assert check_merge(merges, flag_value(argv, "--preset_lora_path")) > 0
+    assert merges or not any(flag_value(a, "--preset_lora_path") for a in parsed.commands)

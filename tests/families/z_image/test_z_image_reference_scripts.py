@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from difftune.cli.main import main as difftune
 from support.z_image import CONTROLNET_REPO, write_z_image_script_workspace
 from support import read_reference_script
+from support.lora_presets import check_merge, record_merges
 from support.scripts import at_small_size, flag_value, resolve_scripts, trains_end_to_end
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "reference_scripts" / "z_image" / "model_training"
@@ -100,8 +101,11 @@ def test_reference_script_runs(in_workspace, configurations, script, capsys, mon
         (type(module).__name__, option.method)) or real(module, option, **kw))
     (argv,) = read_reference_script(SCRIPTS / script).commands
     before = _checkpoints(argv)
+    merges = record_merges(monkeypatch)
     log = _run(argv, capsys)
     saved = _check_checkpoint(argv, in_workspace, before)
+    if flag_value(argv, "--preset_lora_path"):  # the differential script: ostris' adapter merged into the DiT
+        assert check_merge(merges, in_workspace / flag_value(argv, "--preset_lora_path")) > 0
     if "npu_training" in script:
         assert "note: --enable_npu_patch" in log
     if "trajectory_imitation" in script:

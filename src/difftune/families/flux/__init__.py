@@ -12,6 +12,7 @@ from .components import (DIT, DIT_BFL, LORA_TARGET_MODULES, REFERENCE_LORA_TARGE
 from .bfl import bfl_lora_from_diffusers, convert_bfl_named_flux_lora, flux_lora_export_notes
 from .controlnet import CONTROLNET, ControlNetInput
 from .infiniteyou import IMAGE_PROJ_MODEL, image_proj_native_keys
+from .insert_anything import SIZE as INSERT_ANYTHING_SIZE
 from .ipadapter import IPADAPTER, IPADAPTER_IMAGE_ENCODER, ipadapter_native_keys
 from .lora_encoder import LORA_ENCODER, lora_encoder_native_keys
 from .nexus_gen import NEXUS_AR, NEXUS_DIT, NEXUS_MERGER, load_nexus_processor
@@ -37,8 +38,9 @@ class FluxOptions:
                                                   "the Nexus-GenV2 repository).", group=GROUP, sample=True)
     step1x_processor_path: str | None = option(None, "Step1X-Edit: the Qwen2.5-VL processor (default: the "
                                                "Qwen2.5-VL weights' own folder).", group=GROUP, sample=True)
-    insert_anything_size: int = option(768, "Insert-Anything: the side of each half of the diptych it trains on "
-                                       "(the reference's fixed 768).", kind=int, group=GROUP)
+    insert_anything_size: int = option(INSERT_ANYTHING_SIZE, "Insert-Anything: the side of each half of the diptych "
+                                       "it trains on and samples (the reference's fixed 768).", kind=int,
+                                       group=GROUP, sample=True)
     # difftune sample's inputs
     embedded_guidance: float | None = option(None, "FLUX.1-dev's distilled guidance (default: the family's, 3.5).",
                                              kind=float, group=GROUP, sample=True, train=False)

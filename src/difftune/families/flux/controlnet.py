@@ -326,6 +326,9 @@ CONTROLNET_FEATURE = _ControlNet(
     "controlnet", columns=COLUMNS[:1], models=("controlnet",), data_inputs=COLUMNS,
     model_fn_inputs=("controlnet_conditioning", "controlnet_mode", "controlnet_scale"),
     units=(FluxControlNetEmbedder(),), slots=("controlnet",), loss_models=("controlnet",),
+    # --full_format original: a released ControlNet file's names; diffusers (the default): the slot's `models.0.`,
+    # as the reference's trained files. Both load back (`controlnet_key`).
+    native_keys={"controlnet": controlnet_native_keys},
     inputs={"controlnet_image": IMAGE, "controlnet_inpaint_mask": IMAGE, "controlnet_processor_id": VALUE},
     call_inputs=dict.fromkeys((*COLUMNS, "controlnet_scale", "controlnet_inputs")),
     description="a ControlNet (Union-alpha, Upscaler, Inpainting-Beta, InfiniteYou's InfuseNet)")

@@ -115,6 +115,7 @@ def _entities(call) -> None:
 
 
 ELIGEN = _EliGen("eligen", columns=(PROMPTS, MASKS), model_fn_inputs=ENTITY_OUTPUTS, units=(FluxEntityControl(),),
+                 same_length=((PROMPTS, MASKS),),
                  inputs={PROMPTS: VALUE, MASKS: IMAGES}, call_inputs={PROMPTS: None, MASKS: None, ON_NEGATIVE: None},
                  description="EliGen: entity prompts with regional attention masks")
 

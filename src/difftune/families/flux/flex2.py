@@ -38,6 +38,12 @@ def _mask_tensor(mask, height: int, width: int) -> torch.Tensor:
     return images_to_tensor(image)[:, :1].add(1).div(2)
 
 
+# With a control image, one default each wherever a value is not given (a training row, validation, `difftune
+# sample`, the Python call): the reference's pipeline call's (its training unit falls back to a stop of 1, so a row
+# without the column trained with a control its sampling default then drops halfway).
+CALL_DEFAULTS = {"flex_control_strength": 0.5, "flex_control_stop": 0.5}
+
+
 class FluxFlexConditioner(PipelineUnit):
     """FLEX.2's condition channels (B, 33, H/8, W/8): [inpaint latents * (1 - mask), mask, control latents *
     strength], zeros for an absent image and ones for an absent mask. Writes the condition, the condition without
@@ -68,12 +74,14 @@ class FluxFlexConditioner(PipelineUnit):
             mask = mask.expand(b, -1, -1, -1)
         inpaint = inpaint * (1 - mask)
         if flex_control_image is None:
-            control = zeros
+            control, default_stop = zeros, 1.0  # nothing to stop
         else:
-            strength = 0.5 if flex_control_strength is None else _number(flex_control_strength, "flex_control_strength")
+            strength = CALL_DEFAULTS["flex_control_strength"] if flex_control_strength is None else \
+                _number(flex_control_strength, "flex_control_strength")
             control = vae_encode(pipe, images_to_tensor(flex_control_image, height, width)).expand(b, -1, -1, -1)
             control = control * strength
-        stop = 1.0 if flex_control_stop is None else _number(flex_control_stop, "flex_control_stop")
+            default_stop = CALL_DEFAULTS["flex_control_stop"]
+        stop = default_stop if flex_control_stop is None else _number(flex_control_stop, "flex_control_stop")
         if not 0.0 <= stop <= 1.0:
             raise UserError(f"flex_control_stop: {stop} is not a fraction of the timesteps in [0, 1]")
         return {"flex_condition": torch.cat([inpaint, mask, control], dim=1).contiguous(),
@@ -122,7 +130,6 @@ def flex_stop_t(pipe, stop) -> float | None:
     return flex_stop_timestep(timesteps, float(stop))
 
 
-CALL_DEFAULTS = {"flex_control_strength": 0.5, "flex_control_stop": 0.5}  # the reference's, with a control image
 
 
 class _Flex(FluxFeature):
@@ -152,5 +159,5 @@ FLEX = _Flex("flex", columns=IMAGE_COLUMNS, data_inputs=IMAGE_COLUMNS + VALUE_CO
              model_fn_inputs=("flex_condition", "flex_uncondition", "flex_control_stop"),
              units=(FluxFlexConditioner(),), inputs={**dict.fromkeys(IMAGE_COLUMNS, IMAGE),
                                                      **dict.fromkeys(VALUE_COLUMNS, VALUE)},
-             call_inputs=dict.fromkeys(IMAGE_COLUMNS + VALUE_COLUMNS),
+             call_inputs={**dict.fromkeys(IMAGE_COLUMNS), **CALL_DEFAULTS},
              description="FLEX.2: inpaint and control images as condition channels")

@@ -59,8 +59,12 @@ _FF = {"0": "ff.0", "1": "ff.1.net.0.proj", "3": "ff.1.net.2"}
 
 def image_proj_key(key: str) -> str:
     """The release's names (under `image_proj.`) -> the resampler's; `to_kv` stays fused (split by
-    `convert_image_proj`)."""
-    key = key[len("image_proj."):] if key.startswith("image_proj.") else key
+    `convert_image_proj`). A file difftune's full training saved is in the resampler's own (diffusers') names under
+    the slot, `pipe.image_proj_model.` less --remove_prefix_in_ckpt."""
+    for prefix in ("pipe.image_proj_model.", "image_proj_model.", "image_proj."):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+            break
     m = _LAYER.match(key)
     if m is None:
         return key
@@ -129,7 +133,8 @@ def image_proj_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
 IMAGE_PROJ_MODEL = ComponentSpec(
     name="image_proj_model", library=__name__, class_name="InfiniteYouImageProjection",
     known_configs={"ByteDance/InfiniteYou image_proj_model (infu_flux_v1.0)": INFU_IMAGE_PROJ_CONFIG},
-    marker_keys=("latents", "proj_in.weight", "layers.0.0.to_kv.weight"), normalize_key=image_proj_key,
+    # in both layouts: the release's (fused to_kv) and the resampler's own, as full training saves it
+    marker_keys=("latents", "proj_in.weight", "norm_out.weight"), normalize_key=image_proj_key,
     convert_state_dict=convert_image_proj, infer_config=image_proj_config,
     description="InfiniteYou face-embedding projector (IP-Adapter-Plus resampler)")
 

@@ -316,7 +316,8 @@ def step1x_tokens(tokens: torch.Tensor, img_ids: torch.Tensor, reference_latents
 # -- the pipeline -------------------------------------------------------------------------------------------------
 
 # the reference's defaults (its examples sample at cfg_scale 6)
-STEP1X_CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 30, "cfg_scale": 1.0}
+# height / width None: the reference image's size, in the Python call and `difftune sample` alike
+STEP1X_CALL_DEFAULTS = {"height": None, "width": None, "num_inference_steps": 30, "cfg_scale": 1.0}
 
 
 class Step1XEditPipeline(FluxBasePipeline):
@@ -381,7 +382,7 @@ class Step1XEditPipeline(FluxBasePipeline):
         return (FluxBasePipeline.batch_signature(sample), getattr(ref, "size", None))
 
     def __call__(self, prompt, negative_prompt="", cfg_scale: float = STEP1X_CALL_DEFAULTS["cfg_scale"],
-                 height: int | None = None, width: int | None = None,
+                 height: int | None = STEP1X_CALL_DEFAULTS["height"], width: int | None = STEP1X_CALL_DEFAULTS["width"],
                  num_inference_steps: int = STEP1X_CALL_DEFAULTS["num_inference_steps"], seed: int | None = None,
                  step1x_reference_image=None, input_image=None, denoising_strength: float = 1.0,
                  progress: bool = True, output_type: str = "pil"):

@@ -61,8 +61,11 @@ ATTRICTRL_CONFIG = {"_class_name": "FluxMultiValueEncoder", "dim_in": 256, "dim_
 
 def value_controller_key(key: str) -> str:
     """A released encoder's names (`positional_embedding`, `prefer_value_embedder.0.weight`) at `encoders.0.`; the
-    reference's trained files (`pipe.value_controller.` removed) already say so."""
-    key = key[len("pipe.value_controller."):] if key.startswith("pipe.value_controller.") else key
+    reference's trained files (`pipe.value_controller.` removed) already say so; difftune's full training saves the
+    slot's names under `pipe.value_controller.`, less --remove_prefix_in_ckpt."""
+    for prefix in ("pipe.value_controller.", "value_controller."):  # --remove_prefix_in_ckpt pipe.dit. / pipe.
+        if key.startswith(prefix):
+            key = key[len(prefix):]
     return key if key.startswith("encoders.") else "encoders.0." + key
 
 
@@ -145,5 +148,8 @@ class _ValueControl(FluxFeature):
 VALUE_CONTROL = _ValueControl(
     "value_control", columns=("value_controller_inputs",), models=("value_controller",),
     model_fn_inputs=("value_embeds",), units=(FluxValueControlEmbedder(),), slots=("value_controller",),
+    # --full_format original: the released encoder's names; diffusers (the default): the slot's `encoders.0.`, as
+    # the reference's trained files. Both load back (`value_controller_key`).
+    native_keys={"value_controller": value_controller_native_keys},
     inputs={"value_controller_inputs": VALUE}, call_inputs={"value_controller_inputs": None},
     description="AttriCtrl: a value's tokens after the prompt")

@@ -27,7 +27,7 @@ from diffusers.models.transformers.transformer_wan_animate import (WanAnimateFac
 from PIL import Image
 from torch import nn
 
-from ...core.features import FRAMES, Feature
+from ...core.features import ALIGNED_FRAMES, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
@@ -414,11 +414,11 @@ ANIMATE = _Animate(
     units=(WanAnimateVideoSplit(), WanAnimatePoseLatents(), WanAnimateFaceMotion()),
     slots=("animate_adapter",), loss_models=("animate_adapter",),
     needs={"animate_adapter": "the Wan2.2-Animate-14B file (it holds the animate adapter)"},
-    inputs={name: FRAMES for name in ANIMATE_INPUTS}, call_inputs={name: None for name in ANIMATE_INPUTS},
+    inputs={name: ALIGNED_FRAMES for name in ANIMATE_INPUTS}, call_inputs={name: None for name in ANIMATE_INPUTS},
     description="Wan2.2-Animate: a pose video (patch residual) and a face video (face adapter)")
 ANIMATE_REPLACE = Feature(
     "animate_replace", columns=REPLACE_INPUTS, requires=("animate",), units=(WanAnimateInpaint(),),
-    inputs={name: FRAMES for name in REPLACE_INPUTS}, call_inputs={name: None for name in REPLACE_INPUTS},
+    inputs={name: ALIGNED_FRAMES for name in REPLACE_INPUTS}, call_inputs={name: None for name in REPLACE_INPUTS},
     description="Wan2.2-Animate replacement mode: a background video and character mask as the image condition")
 
 __all__ = ["ANIMATE_ADAPTER_ORIGINAL", "ANIMATE_DIT_ORIGINAL", "WanAnimateAdapter", "WanAnimateFaceMotion",

@@ -64,6 +64,7 @@ class WanBasePipeline(BasePipeline):
     time_division_factor = 4
     time_division_remainder = 1
     frame_inputs = {"input_image": ("video", 0), "end_image": ("video", -1)}
+    clip_columns = ("video", "image")  # as `training_inputs` takes the clip
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype)

@@ -41,7 +41,8 @@ class WanVariantPipeline(WanBasePipeline):
 
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
         values = super().training_inputs(data)
-        values.update({name: data.get(name) for name in self.own_inputs})
+        # as the data set loaded them, but for the features' aligned clips, which `feature_data` cut to the clip
+        values.update({name: data.get(name) for name in self.own_inputs if name not in values})
         return values
 
     @staticmethod

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ....core.family import TokenizerSpec
-from ....core.features import Feature
+from ....core.features import ALIGNED_AUDIO, ALIGNED_FRAMES, Feature
 from ....core.units import PipelineUnit
 from ....errors import UserError
 from ..units import frames_of, vae_encode, video_tensor
@@ -150,6 +150,7 @@ AUDIO_PROCESSOR = TokenizerSpec(attr="audio_processor", slot="audio_encoder", fo
 S2V = Feature(name=FEATURE, columns=("input_audio", "s2v_pose_video"), models=("audio_encoder",),
               model_fn_inputs=("audio_embeds", "s2v_pose_latents", "first_frame_latents"),
               data_inputs=("input_audio", "s2v_pose_video", "input_image"),
+              inputs={"s2v_pose_video": ALIGNED_FRAMES, "input_audio": ALIGNED_AUDIO}, fps=VIDEO_FPS,
               description="Wan2.2-S2V: speech (wav2vec2 features), pose clip and reference image")
 S2V_UNITS = (WanS2VReferenceEmbedder, WanS2VAudioEmbedder, WanS2VPoseEmbedder)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ....core.features import Feature
+from ....core.features import ALIGNED_FRAMES, Feature
 from ....core.units import PipelineUnit
 from ....errors import UserError
 from ..units import (MAX_PROMPT_TOKENS, WanImageEmbedderCLIP, WanImageEmbedderVAE, _per_sample, frames_of, vae_encode,
@@ -73,7 +73,7 @@ class WanVAPVideoEmbedder(PipelineUnit):
 
 VAP_FEATURE = Feature(name=FEATURE, columns=("vap_video",), models=("vap",),
                       model_fn_inputs=("vap_hidden_state", "vap_clip_feature", "context_vap"),
-                      data_inputs=("vap_video", "vap_prompt"),
+                      data_inputs=("vap_video", "vap_prompt"), inputs={"vap_video": ALIGNED_FRAMES},
                       description="Video-As-Prompt: a reference clip through the mixture-of-transformers branch")
 VAP_UNITS = (WanVAPPromptEmbedder, WanVAPVideoEmbedder)
 
