@@ -45,12 +45,16 @@ def cmd_train(argv: list[str]) -> int:
     args = training_parser().parse_args(argv)
     check_training_args(args)
     summary = run(args)
+    code = 0
     if summary.get("stopped"):  # SIGTERM / SIGINT during training: saved, then a clean exit
         from ..training.signals import EXIT_CODES
 
         print(summary["stop_message"], file=sys.stderr)
-        return EXIT_CODES.get(summary["stopped"], 128 + summary["stopped"])
-    return 0
+        code = EXIT_CODES.get(summary["stopped"], 128 + summary["stopped"])
+    from ..training.engines import exit_launched_process
+
+    exit_launched_process(code)  # one of several launched processes: ends here (see there why)
+    return code
 
 
 def cmd_sample(argv: list[str]) -> int:

@@ -25,14 +25,32 @@ ONE, DDP, FSDP, DEEPSPEED = "one process", "DDP", "FSDP2", "DeepSpeed"
 
 
 def finish_distributed() -> None:
-    """After a run's last save, on every process: wait for the others, then destroy the process group. A process
-    that just exits tears gloo down in its static destructors, its threads possibly still serving a peer that is
-    finishing (validation, the last save): under load that ended in std::terminate (SIGABRT) on a rank."""
+    """After a run's last save, on every process: wait for the others, then destroy the process group."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_launched_process(code: int) -> None:
+    """A training process started by `accelerate launch` (torchrun) ends here, without the interpreter's
+    finalisation. FSDP2's device meshes keep the gloo process group alive past `destroy_process_group` (its worker
+    threads still run), so it was torn down during finalisation, where a worker thread dropping a tensor needs the
+    GIL of a dying interpreter: std::terminate, SIGABRT on a rank, now and then under load. Everything the run
+    writes is written and closed by now (atomic files, trackers finished); the streams are flushed here."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import logging
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _env_true(name: str) -> bool:

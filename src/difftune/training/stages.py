@@ -130,7 +130,8 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     with (stop.deferred() if stop is not None else _nothing()), backend_context(module.attention_backend):
         summary = train(accelerator, dataset, module, loop_config(config, resume_state), hooks, stop=stop)
     report_bad_samples(config, accelerator, dataset, module, summary)
-    accelerator.end_training()
+    for tracker in accelerator.trackers:  # not accelerator.end_training(): it destroys the process group at once,
+        tracker.finish()                  # with no barrier; recipe.run ends a distributed run (finish_distributed)
     summary["saved"] = [str(p) for p in saver.saved]
     if summary.get("stopped"):
         summary["stop_message"] = _stop_message(summary, hooks)
