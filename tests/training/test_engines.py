@@ -174,3 +174,27 @@ def test_the_deepspeed_state_layout_is_what_its_reader_expects(tmp_path, monkeyp
     with pytest.raises(UserError, match=r"deepspeed-1\.safetensors is missing \(the state was written by 2 "):
         (tmp_path / part_name(1)).unlink()
         StateParts(tmp_path, meta)
+
+
+EXIT_SCRIPT = """
+import atexit, os, sys
+atexit.register(lambda: print("finalised"))
+from difftune.training.engines import exit_launched_process
+print("written", end="")  # still in the pipe's buffer
+exit_launched_process(3)
+print(" and returned", end="")
+"""
+
+
+@pytest.mark.parametrize("world_size, code, out", [("2", 3, "written"), ("1", 0, "written and returnedfinalised\n")])
+def test_a_launched_process_ends_without_finalisation_its_output_flushed(world_size, code, out):
+    """One of several launched processes leaves through os._exit (FSDP2 keeps the gloo group, and its threads,
+    alive past destroy_process_group; its teardown in the interpreter's finalisation aborted a rank under load):
+    what it printed still arrives, with its exit code; a lone process returns and finishes as usual."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WORLD_SIZE": world_size}
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (code, out), proc.stderr[-2000:]
