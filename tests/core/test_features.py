@@ -159,6 +159,20 @@ def test_row_columns_by_kind_with_one_line_errors():
         pipe.feature_data({**row, "picture": "not loaded"}, num_frames=5)
 
 
+def test_a_clip_column_takes_a_list_a_tuple_or_one_image_and_refuses_other_values():
+    """The one frames helper (media.image.as_image_list, Wan's too): a tuple is a clip, one image a one-frame clip; a
+    value that is no image (a number from a CSV cell) is refused naming the row, not a TypeError."""
+    from difftune.media.image import as_image_list
+
+    pipe = Toy()
+    frame = Image.new("RGB", (8, 8))
+    assert pipe.feature_data({"clip": (frame, frame)})["clip"] == [frame, frame]
+    assert pipe.feature_data({"clip": frame})["clip"] == [frame]
+    with pytest.raises(UserError, match=r"^row 4: 'clip' must be a clip or an image file"):
+        pipe.feature_data({"_row": 4, "clip": 3.0})
+    assert as_image_list(None) == [] and as_image_list(frame) == [frame] and as_image_list((frame,)) == [frame]
+
+
 def test_a_column_of_several_images_is_always_a_list():
     pipe = Toy()
     a, b = Image.new("RGB", (8, 8)), Image.new("RGB", (4, 4))

@@ -78,8 +78,9 @@ class FamilySpec:
     # BFL names with q, k, v re-fused; None: the diffusers module names are written.
     lora_native_names: Callable[[dict, dict], tuple[dict, dict]] | None = None
     # The layout a LoRA of the denoiser alone is written in when --lora_format is left at its default: the one that
-    # diffusers, ComfyUI and the reference's own loader all read at the trained strength (docs/lora_files.md);
-    # LoRAs of other models are written in the diffusers layout.
+    # diffusers, ComfyUI and the reference's own loader all read at the trained strength, or where no one layout
+    # is read by all three, the one diffusers reads whole (docs/lora_files.md); LoRAs of other models are written
+    # in the diffusers layout.
     lora_default_format: str = "diffusers"
     # (layout, the denoiser's LoRA module paths) -> notes printed when a file is written: what a reader skips.
     lora_export_notes: Callable[[str, list], list] | None = None

@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import UserError
+from ..media.image import as_image_list
 from .features import ALIGNED_AUDIO, ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units, \
     model_config, resolve_features
 from .units import PipelineUnit, run_unit
@@ -172,7 +173,7 @@ class BasePipeline:
             if value is None:
                 continue
             if kind in (FRAMES, ALIGNED_FRAMES):
-                frames = _frames(value)
+                frames = as_image_list(value)
                 if not frames or not all(isinstance(f, Image.Image) for f in frames):
                     raise UserError(f"row {row}: '{name}' must be a clip or an image file (listed in --data_file_keys)")
                 if kind == ALIGNED_FRAMES and num_frames is not None:
@@ -182,12 +183,12 @@ class BasePipeline:
                     frames = frames[:num_frames]  # a longer one is cut to the clip, as the clip was
                 out[name] = frames
             elif kind == IMAGE:
-                frames = _frames(value)
+                frames = as_image_list(value)
                 if not frames or not isinstance(frames[0], Image.Image):
                     raise UserError(f"row {row}: '{name}' must be an image file (listed in --data_file_keys)")
                 out[name] = frames[0]
             elif kind == IMAGES:
-                images = _frames(value)
+                images = as_image_list(value)
                 if not images or not all(isinstance(i, Image.Image) for i in images):
                     raise UserError(f"row {row}: '{name}' must be image file(s) listed in --data_file_keys (e.g. "
                                     f"--data_file_keys image,{name}), got {value!r:.60}")
@@ -616,10 +617,3 @@ class BasePipeline:
     def prompt_outputs(self) -> tuple[str, ...]:
         """The values the prompt units write (positive side): what a new prompt changes."""
         return tuple(pair[0] for u in self.units if "prompt" in u.cfg_inputs for pair in u.cfg_outputs.values())
-
-
-def _frames(value) -> list:
-    """A clip column's frames: a list as it is, one image as a one-frame clip."""
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]

@@ -157,10 +157,12 @@ def _looks_whole(path: str, fmt: str | None) -> bool:
     return True
 
 
-def as_image_list(images) -> list[Image.Image]:
-    if isinstance(images, Image.Image):
-        return [images]
-    return list(images)
+def as_image_list(images) -> list:
+    """Image(s) as a list, e.g. a clip's frames: a list or tuple as it is, None as none, anything else (one image)
+    as a one-item list (a value that is no image is left for the caller to refuse, naming its column)."""
+    if images is None:
+        return []
+    return list(images) if isinstance(images, (list, tuple)) else [images]
 
 
 def images_to_tensor(images, height: int | None = None, width: int | None = None, mode: str = "RGB") -> torch.Tensor:

@@ -1,10 +1,12 @@
 """The reference's Ideogram-4 scripts (tests/reference_scripts/ideogram4/model_training/, all 4) with only
 `accelerate launch examples/ideogram4/model_training/train.py` replaced by `difftune train` and `--max_steps 2`
 appended, on tiny models laid out under ./models at the hub ids they name and tiny data sets where they look
-(`support.write_ideogram4_script_workspace`). Each leaves its checkpoint in the layout its user loads: the LoRA in the
-original names (the reference's `validate_lora` loads it into its DiT), the fully trained DiT in diffusers' names
-(its transformer/ folder's, which difftune and diffusers load; `--full_format original` for Ideogram's). The fp8 and
-nf4 scripts load ideogram-ai's pre-quantised releases (models/prequant.py) and train the LoRA on top."""
+(`support.write_ideogram4_script_workspace`). Each leaves its checkpoint in the default layout: the LoRA in diffusers'
+(the only one diffusers reads with the final layer's modulation the scripts' `adaln_modulation` takes; difftune's
+`pipe.load_lora` in the `validate_lora` lines reads it too, the reference's own loader reads `--lora_format
+comfyui`: test_ideogram4_lora.py), the fully trained DiT in diffusers' names (its transformer/ folder's, which
+difftune and diffusers load; `--full_format original` for Ideogram's). The fp8 and nf4 scripts load ideogram-ai's
+pre-quantised releases (models/prequant.py) and train the LoRA on top."""
 
 from __future__ import annotations
 
@@ -56,12 +58,12 @@ def test_reference_script_runs(in_workspace, script, capsys):
     if flag_value(argv, "--lora_base_model"):
         rank = int(flag_value(argv, "--lora_rank"))
         modules = {k.rpartition(".lora_")[0] for k in saved if ".lora_" in k}
-        want = {f"diffusion_model.layers.{i}.{m}" for i in range(2) for m in
-                ("attention.qkv", "attention.o", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3",
-                 "adaln_modulation")} | {"diffusion_model.final_layer.adaln_modulation"}
+        want = {f"transformer.layers.{i}.{m}" for i in range(2) for m in
+                ("attention.to_q", "attention.to_k", "attention.to_v", "attention.to_out.0", "feed_forward.w1",
+                 "feed_forward.w2", "feed_forward.w3", "adaln_modulation")} | {"transformer.final_layer.adaln_modulation"}
         assert modules == want
-        assert saved["diffusion_model.layers.0.attention.qkv.lora_A.weight"].shape[0] == 3 * rank  # q, k, v fused
-        assert saved["diffusion_model.layers.0.attention.o.lora_A.weight"].shape[0] == rank
+        assert saved["transformer.layers.0.attention.to_q.lora_A.weight"].shape[0] == rank
+        assert saved["transformer.final_layer.adaln_modulation.lora_A.weight"].shape[0] == rank
         assert any(v.abs().max() > 0 for k, v in saved.items() if ".lora_B." in k)
     else:
         assert "layers.0.attention.to_q.weight" in saved and "input_proj.weight" in saved  # `pipe.dit.` removed

@@ -33,9 +33,10 @@ FAMILY = FamilySpec(
     lora_target_aliases={"dit": LORA_TARGET_ALIASES, "dit_uncond": LORA_TARGET_ALIASES},
     lora_converters=(convert_original_named_lora,),
     lora_native_names=original_lora_from_diffusers,
-    # the default file: diffusion_model.<original module> + .alpha, which the reference's loader and ComfyUI read,
-    # and diffusers too while the LoRA stays in the blocks (lora_names.py)
-    lora_default_format="comfyui",
+    # diffusers' layout: the only one diffusers reads once the reference's `adaln_modulation` has taken the final
+    # layer's (its converter of the original names reads the blocks only); the reference's loader and ComfyUI read
+    # --lora_format comfyui (lora_names.py)
+    lora_default_format="diffusers",
     lora_export_notes=ideogram4_lora_export_notes,
     full_native_keys={"dit": original_dit_keys, "dit_uncond": original_dit_keys},
     data="image",

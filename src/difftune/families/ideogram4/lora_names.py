@@ -1,6 +1,8 @@
-"""Ideogram-4 LoRA files in Ideogram's original module names (fused `attention.qkv`, `attention.o`), which the
-reference's loader (its DiT has those modules), ComfyUI (its Ideogram-4 model keeps them, read through its generic
-`diffusion_model.<module>` map) and diffusers' Ideogram4LoraLoaderMixin (its converter splits qkv) read.
+"""Ideogram-4 LoRA files in Ideogram's original module names (fused `attention.qkv`, `attention.o`):
+`--lora_format comfyui`, which the reference's loader (its DiT has those modules) and ComfyUI (its Ideogram-4 model
+keeps them, read through its generic `diffusion_model.<module>` map) read. diffusers' Ideogram4LoraLoaderMixin reads
+them only while every module is in the blocks (its converter knows `layers.N.*` alone and refuses anything else, such
+as the final layer's modulation the reference's `adaln_modulation` takes), hence the diffusers layout by default.
 
 Writing: q, k and v's adapters become one on qkv, the downs stacked and the up block-diagonal (rank 3r), which
 applies exactly the three updates. Reading: a fused qkv adapter becomes three with the same down and the up's
@@ -87,12 +89,13 @@ def ideogram4_lora_export_notes(layout: str, paths: list[str]) -> list[str]:
     outside = sorted(p for p in paths if not _BLOCKS.match(p))
     if layout == "comfyui" and outside:
         return [f"Ideogram-4 LoRA on modules outside the blocks ({', '.join(outside)}; the reference's "
-                f"'adaln_modulation' includes the final layer's): diffusers' Ideogram4LoraLoaderMixin refuses the "
-                f"file (its converter reads the blocks only); the reference's loader and ComfyUI read it. "
-                f"--lora_format diffusers writes the file diffusers reads"]
+                f"'adaln_modulation' includes the final layer's) in the original names: diffusers' "
+                f"Ideogram4LoraLoaderMixin refuses the file (its converter reads the blocks only); the reference's "
+                f"loader and ComfyUI read it. The diffusers layout (the default) is the file diffusers reads"]
     if layout == "diffusers":
-        return ["Ideogram-4 LoRA in diffusers' layout: diffusers reads it; the reference's loader and ComfyUI, whose "
-                "DiTs have a fused attention.qkv, do not (the default layout is the one they read)"]
+        return ["Ideogram-4 LoRA in diffusers' layout (the default): diffusers reads it; the reference's loader and "
+                "ComfyUI, whose DiTs have a fused attention.qkv, load nothing of it: --lora_format comfyui writes the "
+                "file they read"]
     return []
 
 

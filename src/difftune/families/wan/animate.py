@@ -30,10 +30,11 @@ from torch import nn
 from ...core.features import ALIGNED_FRAMES, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
+from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
 from .components import WAN_DIT_CONFIGS, _dit_from_original, _strip_comfy_prefix
 from .dit_forward import BlockInputs, run_checkpointed
-from .units import _per_sample, frames_of, vae_encode, vae_scales, video_tensor
+from .units import _per_sample, vae_encode, vae_scales, video_tensor
 
 ADAPTER_PREFIXES = ("pose_patch_embedding.", "motion_encoder.", "face_encoder.", "face_adapter.")
 INJECT_EVERY = 5  # the face adapter follows DiT blocks 0, 5, 10, ...
@@ -274,14 +275,14 @@ class WanAnimateVideoSplit(PipelineUnit):
         if input_video is None:
             return {}
         clips = _clips(input_video, 1)
-        keep = len(frames_of(clips[0])) - SPLIT_FRAMES
+        keep = len(as_image_list(clips[0])) - SPLIT_FRAMES
 
         def cut(video):
             if video is None:
                 return None
             if isinstance(video, (list, tuple)) and video and not isinstance(video[0], Image.Image):
-                return [frames_of(v)[:keep] for v in video]
-            return frames_of(video)[:keep]
+                return [as_image_list(v)[:keep] for v in video]
+            return as_image_list(video)[:keep]
 
         return {"animate_pose_video": cut(animate_pose_video), "animate_face_video": cut(animate_face_video),
                 "animate_inpaint_video": cut(animate_inpaint_video), "animate_mask_video": cut(animate_mask_video)}
@@ -299,14 +300,14 @@ class WanAnimatePoseLatents(PipelineUnit):
         if animate_pose_video is None:
             return {}
         clips = _clips(animate_pose_video, int(batch_size or 1))
-        latents = torch.cat([vae_encode(pipe, video_tensor(frames_of(c), height, width)) for c in clips])
+        latents = torch.cat([vae_encode(pipe, video_tensor(as_image_list(c), height, width)) for c in clips])
         return {"pose_latents": latents.to(pipe.torch_dtype)}
 
 
 def face_pixels(face_video, batch_size: int, device, dtype) -> torch.Tensor:
     """Face frames (a clip per sample) as (B, 3, T, H, W) in [-1, 1], at their loaded size (the adapter resizes to
     its motion encoder's)."""
-    clips = [frames_of(c) for c in _clips(face_video, batch_size)]
+    clips = [as_image_list(c) for c in _clips(face_video, batch_size)]
     w, h = clips[0][0].size
     return torch.cat([video_tensor(c, h, w) for c in clips]).to(device, dtype)
 
@@ -360,11 +361,11 @@ class WanAnimateInpaint(PipelineUnit):
         out = []
         for background, mask, image in zip(_clips(animate_inpaint_video, n), _clips(animate_mask_video, n),
                                            _per_sample(input_image, n)):
-            z = vae_encode(pipe, video_tensor(frames_of(background), height, width))[0]
+            z = vae_encode(pipe, video_tensor(as_image_list(background), height, width))[0]
             _, t, h, w = z.shape
             ref = vae_encode(pipe, video_tensor([image], height, width))[0]
             y_ref = torch.cat([i2v_mask(1, h, w, 1, temporal=temporal).to(ref), ref])
-            masks = (video_tensor(frames_of(mask), height, width)[0] + 1) / 2  # (3, T, H, W) in [0, 1]
+            masks = (video_tensor(as_image_list(mask), height, width)[0] + 1) / 2  # (3, T, H, W) in [0, 1]
             keep = F.interpolate((1 - masks).transpose(0, 1), size=(h, w), mode="nearest")[:, 0]  # (T, h, w)
             y_bg = torch.cat([i2v_mask(t, h, w, 0, keep[None], temporal).to(z), z])
             out.append(torch.cat([y_ref, y_bg], dim=1)[None])
@@ -392,7 +393,7 @@ class _Animate(Feature):
         face = values.get("animate_face_video")
         if face is None:
             return {}
-        return {"negative_animate_face_video": [Image.new("RGB", f.size) for f in frames_of(face)]}
+        return {"negative_animate_face_video": [Image.new("RGB", f.size) for f in as_image_list(face)]}
 
     def denoise(self, pipe, call):
         """The pose residual on the patch grid and the face adapter after its blocks."""

@@ -23,11 +23,12 @@ from torch import nn
 from ...core.features import ALIGNED_FRAMES, IMAGE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
+from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
 from .camera import WanCameraAdapter
 from .image_features import dit_extra_channels
 from .components import _dit_config, _dit_from_original, _strip_comfy_prefix
-from .units import WanImageEmbedderCLIP, _per_sample, frames_of, vae_encode, video_tensor
+from .units import WanImageEmbedderCLIP, _per_sample, vae_encode, video_tensor
 
 CLIP_TOKENS = 257  # a ViT-H/14 image's tokens: the reference's zero embedding when no image is given
 CONTROL_CHANNELS = 16
@@ -104,7 +105,7 @@ class WanFunControlEmbedder(PipelineUnit):
         if control_video is None:
             return {}
         clips = _per_clip(control_video, int(batch_size or 1))
-        latents = torch.cat([vae_encode(pipe, video_tensor(frames_of(c), height, width)) for c in clips])
+        latents = torch.cat([vae_encode(pipe, video_tensor(as_image_list(c), height, width)) for c in clips])
         return {"control_latents": latents.to(pipe.torch_dtype)}
 
 

@@ -17,6 +17,7 @@ from PIL import Image
 from ...core.batch import SAME
 from ...core.pipeline import BasePipeline
 from ...errors import UserError
+from ...media.image import as_image_list
 from ...media.video import tensor_to_clips
 from .animate import ANIMATE, ANIMATE_REPLACE
 from .camera import CAMERA, CAMERA_IMAGE
@@ -26,7 +27,7 @@ from .image_features import CLIP, I2V, TI2V, dit_extra_channels, latent_channels
 from .model_fn import model_fn_wan
 from .scheduler import WanScheduler
 from .speed_control import SPEED_CONTROL
-from .units import (WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker, frames_of,
+from .units import (WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker,
                     vae_decode, vae_scales)
 from .vace import VACE
 
@@ -178,7 +179,7 @@ class WanBasePipeline(BasePipeline):
         video = data.get("video")
         if video is None:
             video = data.get("image")
-        frames = frames_of(video)
+        frames = as_image_list(video)
         if not frames or not all(isinstance(f, Image.Image) for f in frames):
             raise UserError(f"row {row}: no clip: 'video' (frames) or 'image' must be a file listed in "
                             f"--data_file_keys")
@@ -202,7 +203,7 @@ class WanBasePipeline(BasePipeline):
                 "num_inference_steps": data.get("num_inference_steps"), **self.feature_data(data, len(frames))}
 
     def batch_signature(self, sample: dict[str, Any]) -> tuple:
-        frames = frames_of(sample.get("video") if sample.get("video") is not None else sample.get("image"))
+        frames = as_image_list(sample.get("video") if sample.get("video") is not None else sample.get("image"))
         if any(sample.get(n) is not None for n in self.input_kinds()):
             return ("one at a time", sample.get("_id"))  # a feature's inputs: each sample encoded alone
         return (frames[0].size if frames else None, len(frames), sample.get("input_image") is not None,

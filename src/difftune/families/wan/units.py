@@ -15,7 +15,7 @@ from PIL import Image
 from ...core.latents import seeded_noise
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...media.image import images_to_tensor
+from ...media.image import as_image_list, images_to_tensor
 
 PATCH = 2  # the DiT's spatial patch (1, 2, 2)
 MAX_PROMPT_TOKENS = 512  # diffusers' WanPipeline max_sequence_length and the reference's tokenizer length
@@ -29,12 +29,6 @@ def vae_scales(vae) -> tuple[int, int, int]:
 
 def latent_frames(num_frames: int, temporal: int = 4) -> int:
     return (int(num_frames) - 1) // temporal + 1
-
-
-def frames_of(video) -> list[Image.Image]:
-    if video is None:
-        return []
-    return [video] if isinstance(video, Image.Image) else list(video)
 
 
 def _normalise(vae, z: torch.Tensor) -> torch.Tensor:
@@ -64,7 +58,7 @@ def vae_decode(pipe, latents: torch.Tensor) -> torch.Tensor:
 
 def video_tensor(frames, height: int, width: int) -> torch.Tensor:
     """A list of PIL frames (or one image) -> (1, 3, F, H, W) in [-1, 1], resized to (height, width)."""
-    return images_to_tensor(frames_of(frames), height, width).permute(1, 0, 2, 3).unsqueeze(0)
+    return images_to_tensor(as_image_list(frames), height, width).permute(1, 0, 2, 3).unsqueeze(0)
 
 
 def _per_sample(value, batch_size: int) -> list:

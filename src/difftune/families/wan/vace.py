@@ -26,10 +26,11 @@ from torch import nn
 from ...core.features import ALIGNED_FRAMES, IMAGE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
+from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
 from .components import REFERENCE_LORA_TARGETS, WAN_DIT_CONFIGS, _dit_from_original, _strip_comfy_prefix
 from .dit_forward import BlockInputs, run_checkpointed
-from .units import (WanInputVideoEmbedder, WanNoiseInitializer, _per_sample, frames_of, latent_frames, vae_encode,
+from .units import (WanInputVideoEmbedder, WanNoiseInitializer, _per_sample, latent_frames, vae_encode,
                     vae_scales, video_tensor)
 
 CONTEXT_CHANNELS = 96  # 16 inactive + 16 reactive latents, 8 x 8 mask positions
@@ -172,7 +173,7 @@ VACE_ORIGINAL = ComponentSpec(
 def _mask_tensor(frames, height: int, width: int) -> torch.Tensor:
     """Mask frames -> (1, 3, F, H, W) in [0, 1] (white: the part to generate), resized as the clips are."""
     arrays = []
-    for frame in frames_of(frames):
+    for frame in as_image_list(frames):
         frame = frame.convert("RGB")
         if frame.size != (width, height):
             frame = frame.resize((width, height), Image.LANCZOS)
@@ -227,7 +228,7 @@ class WanVaceEmbedder(PipelineUnit):
         out = []
         for video, mask, refs in zip(_per_clip(vace_video, n), _per_clip(vace_video_mask, n),
                                      _per_sample(vace_reference_image, n)):
-            frames = num_frames if video is None else len(frames_of(video))
+            frames = num_frames if video is None else len(as_image_list(video))
             pixels = torch.zeros(1, 3, frames, height, width) if video is None else video_tensor(video, height, width)
             m = torch.ones_like(pixels) if mask is None else _mask_tensor(mask, height, width)
             if m.shape != pixels.shape:

@@ -6,8 +6,9 @@ import torch
 
 from ....core.checkpointing import set_gradient_checkpointing
 from ....errors import UserError
+from ....media.image import as_image_list
 from ..pipeline import WanBasePipeline
-from ..units import WanPromptEmbedder, WanShapeChecker, frames_of
+from ..units import WanPromptEmbedder, WanShapeChecker
 from .keys import ANIMATE2_LORA_TARGETS, animate2_module_name
 from .model import animate2_forward
 from .units import (ANIMATE2, ANIMATE2_COLUMNS, DEFAULT_PROMPT_REF, WanAnimate2CLIPEmbedder, WanAnimate2Guidance,
@@ -81,7 +82,7 @@ class WanAnimate2Pipeline(WanBasePipeline):
         """A clip of `animate2_reference_image`'s character moving as in `animate2_reference_video` (frames); its
         size and length default to the reference video's. `animate2_refert_images`: the previous clip's last
         frames, to continue a long video."""
-        frames = frames_of(animate2_reference_video)
+        frames = as_image_list(animate2_reference_video)
         width, height = (width or frames[0].size[0]), (height or frames[0].size[1])
         values = self.prompt_values(prompt, negative_prompt)
         values.update({"height": height, "width": width, "num_frames": num_frames or len(frames), "seed": seed,

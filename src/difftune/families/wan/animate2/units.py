@@ -10,8 +10,9 @@ import torch
 from ....core.features import FRAMES, IMAGE, VALUE, Feature
 from ....core.units import PipelineUnit
 from ....errors import UserError
+from ....media.image import as_image_list
 from ..units import (WanImageEmbedderCLIP, WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder, _per_sample,
-                     frames_of, vae_encode, vae_scales, video_tensor)
+                     vae_encode, vae_scales, video_tensor)
 
 DEFAULT_PROMPT_REF = " "  # the reference's animate2_prompt_ref default
 
@@ -19,7 +20,7 @@ DEFAULT_PROMPT_REF = " "  # the reference's animate2_prompt_ref default
 def _clips(value, batch_size: int) -> list:
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
         return [list(v) for v in value]
-    return [frames_of(value)] * batch_size
+    return [as_image_list(value)] * batch_size
 
 
 def i2v_mask(latent_frames: int, h: int, w: int, known: int, temporal: int = 4) -> torch.Tensor:
@@ -92,7 +93,7 @@ class WanAnimate2VAEEmbedder(PipelineUnit):
         for image, video, tail in zip(_per_sample(animate2_reference_image, n), _clips(animate2_reference_video, n),
                                       _per_sample(animate2_refert_images, n)):
             ref = vae_encode(pipe, video_tensor([image], height, width))[0]
-            tail = frames_of(tail)
+            tail = as_image_list(tail)
             if len(tail) >= num_frames:
                 raise UserError(f"animate2_refert_images: {len(tail)} frames, fewer than the clip's {num_frames} "
                                 f"expected")

@@ -8,8 +8,8 @@ import torch
 
 from ....core.batch import LIST, SAME
 from ....errors import UserError
-from ..units import (WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker, frames_of,
-                     vae_decode)
+from ....media.image import as_image_list
+from ..units import WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker, vae_decode
 from ..variant import WanVariantPipeline, as_list
 from .model import model_fn_wan_dancer
 from .units import (DANCER, DANCER_FRAMEWISE, DANCER_UNITS, LIBROSA_MISSING, framewise_num_frames, has_librosa,
@@ -67,7 +67,7 @@ class WanDancerPipeline(WanVariantPipeline):
         row = data.get("_row", "?")
         framewise = bool(data.get("framewise_decoding"))
         video = data.get("video") if data.get("video") is not None else data.get("image")
-        frames = frames_of(video)
+        frames = as_image_list(video)
         if framewise and frames and (len(frames) - 1) % 4:  # the base checks 4k+1: give it a count it takes
             values = super().training_inputs({**data, "video": frames[:1], "image": None})
             values.update(input_video=frames)

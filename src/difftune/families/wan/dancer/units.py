@@ -9,7 +9,8 @@ from ....core.batch import SAME
 from ....core.features import Feature
 from ....core.units import PipelineUnit
 from ....errors import UserError
-from ..units import WanImageEmbedderCLIP, WanInputVideoEmbedder, frames_of, vae_encode, vae_scales, video_tensor
+from ....media.image import as_image_list
+from ..units import WanImageEmbedderCLIP, WanInputVideoEmbedder, vae_encode, vae_scales, video_tensor
 from ..variant import dit_class
 from .model import NATIVE_FPS
 
@@ -95,7 +96,7 @@ class WanDancerReferenceImage(PipelineUnit):
         if wantodance_reference_image is None:
             return {}
         image = wantodance_reference_image
-        image = frames_of(image)[0] if not hasattr(image, "size") or isinstance(image, list) else image
+        image = as_image_list(image)[0] if not hasattr(image, "size") or isinstance(image, list) else image
         out = WanImageEmbedderCLIP().process(pipe, image, None, height, width, 1)
         return {"wantodance_refimage_feature": out["image_embeds"]} if "image_embeds" in out else {}
 
@@ -128,7 +129,7 @@ class WanDancerKeyframes(PipelineUnit):
             return {}
         if wantodance_keyframes_mask is None:
             raise UserError("wantodance_keyframes needs wantodance_keyframes_mask (which frames are keyframes)")
-        frames = frames_of(wantodance_keyframes)
+        frames = as_image_list(wantodance_keyframes)
         _, spatial, temporal = vae_scales(pipe.vae)
         z = vae_encode(pipe, video_tensor(frames, height, width))
         mask = keyframe_mask(wantodance_keyframes_mask, num_frames, height, width, spatial, temporal)
@@ -155,7 +156,7 @@ class WanDancerFramewiseVideo(PipelineUnit):
     def process(self, pipe, input_video, noise, height, width, framewise_decoding):
         if input_video is None:
             return {"latents": noise}
-        frames = frames_of(input_video)
+        frames = as_image_list(input_video)
         if not framewise_decoding:
             return WanInputVideoEmbedder().process(pipe, input_video, noise, height, width)
         latents = torch.cat([vae_encode(pipe, video_tensor([f], height, width)) for f in frames], dim=2)

@@ -11,7 +11,8 @@ from ....core.family import TokenizerSpec
 from ....core.features import ALIGNED_AUDIO, ALIGNED_FRAMES, Feature
 from ....core.units import PipelineUnit
 from ....errors import UserError
-from ..units import frames_of, vae_encode, video_tensor
+from ....media.image import as_image_list
+from ..units import vae_encode, video_tensor
 
 FEATURE = "s2v"
 AUDIO_RATE = 16000  # the reference's LoadAudio(sr=16000) and audio_sample_rate
@@ -115,7 +116,7 @@ class WanS2VPoseEmbedder(PipelineUnit):
             not hasattr(s2v_pose_video[0], "size") else [s2v_pose_video]
         out = []
         for clip in clips:
-            video = video_tensor(frames_of(clip)[:num_frames - 1], height, width)
+            video = video_tensor(as_image_list(clip)[:num_frames - 1], height, width)
             short = num_frames - 1 - video.shape[2]
             if short > 0:
                 video = torch.cat([video, -torch.ones(1, 3, short, height, width)], dim=2)

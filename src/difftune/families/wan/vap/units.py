@@ -8,7 +8,8 @@ import torch
 from ....core.features import ALIGNED_FRAMES, Feature
 from ....core.units import PipelineUnit
 from ....errors import UserError
-from ..units import (MAX_PROMPT_TOKENS, WanImageEmbedderCLIP, WanImageEmbedderVAE, _per_sample, frames_of, vae_encode,
+from ....media.image import as_image_list
+from ..units import (MAX_PROMPT_TOKENS, WanImageEmbedderCLIP, WanImageEmbedderVAE, _per_sample, vae_encode,
                      video_tensor)
 
 FEATURE = "vap"
@@ -57,7 +58,7 @@ class WanVAPVideoEmbedder(PipelineUnit):
             not hasattr(vap_video[0], "size") else [vap_video] * n
         hidden, clip = [], []
         for frames, end in zip(clips, _per_sample(end_image, n)):
-            frames = frames_of(frames)
+            frames = as_image_list(frames)
             latents = vae_encode(pipe, video_tensor(frames, height, width))
             last = frames[-1] if end is not None else None
             condition = WanImageEmbedderVAE().process(pipe, frames[0], last, num_frames, height, width, 1)
