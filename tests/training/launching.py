@@ -3,6 +3,7 @@ overrides a machine without GPUs needs (`--num_processes`, `--mixed_precision no
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -29,21 +30,36 @@ def command(config: Path, *argv, processes: int = 2) -> list[str]:
             "--main_process_port", str(free_port()), "-m", "difftune.train", *map(str, argv)]
 
 
-def environment(root: Path) -> dict:
+# the DeepSpeed launches' workers skip the CPU-only shared-memory op DeepSpeed compiles and training never uses
+DEEPSPEED_SITE = Path(__file__).resolve().parent / "deepspeed_site"
+
+
+def environment(root: Path, config: Path | None = None) -> dict:
     inherited = {k: v for k, v in os.environ.items()  # nothing of an earlier (in-process) distributed run
                  if not k.startswith(("ACCELERATE_", "FSDP_")) and k not in DIST_VARIABLES}
     src = str(ROOT / "src")
-    path = os.pathsep.join(p for p in (src, inherited.get("PYTHONPATH")) if p)
-    return {**inherited, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-            "HF_HOME": str(root / "hf_home"), "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    site = str(DEEPSPEED_SITE) if config is not None and "DEEPSPEED" in config.read_text() else None
+    path = os.pathsep.join(p for p in (src, site, inherited.get("PYTHONPATH")) if p)
+    return {**inherited, "PYTHONPATH": path, "TORCH_EXTENSIONS_DIR": extensions_dir(), "OMP_NUM_THREADS": "1",
+            "CUDA_VISIBLE_DEVICES": "", "HF_HOME": str(root / "hf_home"), "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "TOKENIZERS_PARALLELISM": "false"}
+
+
+def extensions_dir() -> str:
+    """Torch's JIT-built ops (DeepSpeed's CPU Adam) cached per Python environment: two environments sharing torch's
+    default folder rebuild the op (minutes) each time the other one ran, its build commands naming other paths."""
+    base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "torch_extensions")
+    tag = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
+    return base if base.rstrip(os.sep).endswith(tag) else os.path.join(base, f"env-{tag}")
 
 
 def launch(root: Path, config: Path, *argv, processes: int = 2, timeout: int = 400) -> subprocess.CompletedProcess:
     """Run it to the end; returns the finished process (stdout holds the main process's log)."""
     (root / "hf_home").mkdir(exist_ok=True)  # no user accelerate config can leak into the launch
     cmd = command(config, *argv, processes=processes)
-    proc = subprocess.run(cmd, env=environment(root), capture_output=True, text=True, timeout=timeout, cwd=root)
+    proc = subprocess.run(cmd, env=environment(root, config), capture_output=True, text=True, timeout=timeout,
+                          cwd=root)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
 
@@ -55,7 +71,7 @@ def kill_after_state(root: Path, config: Path, *argv, state_root: Path, min_step
     import psutil
 
     (root / "hf_home").mkdir(exist_ok=True)
-    proc = subprocess.Popen(command(config, *argv, processes=processes), env=environment(root), cwd=root,
+    proc = subprocess.Popen(command(config, *argv, processes=processes), env=environment(root, config), cwd=root,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + timeout
     try:

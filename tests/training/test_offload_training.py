@@ -82,13 +82,12 @@ def test_two_processes_sync_gradients_under_offload(tmp_path, tiny_repo):
 def test_optimizer_offload_resumes_exactly(tmp_path, tiny_repo):
     import subprocess
 
-    from test_resume import kill_after_state, train_cmd
+    from test_resume import kill_after_state, run_in_process, train_cmd
 
     meta = make_image_dataset(tmp_path / "data", n=2)
     models = model_paths_json(tiny_repo)
     extra = ["--enable_optimizer_cpu_offload", "--enable_model_cpu_offload"]
-    subprocess.run(train_cmd(meta.parent, meta, models, tmp_path / "full", *extra), check=True,
-                   capture_output=True, timeout=600)
+    run_in_process(train_cmd(meta.parent, meta, models, tmp_path / "full", *extra))
     killed_at = kill_after_state(train_cmd(meta.parent, meta, models, tmp_path / "killed", *extra),
                                  tmp_path / "killed" / "state", min_step=4)
     assert killed_at < 12

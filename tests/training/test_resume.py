@@ -22,6 +22,13 @@ def train_cmd(data, meta, models, out, *extra):
             "--gradient_accumulation_steps", "2", "--save_state_steps", "3", "--no_progress", *map(str, extra)]
 
 
+def run_in_process(cmd):
+    """The uninterrupted reference run of a train_cmd, in this process: the same flags without a Python start-up and
+    imports (the killed and resumed runs stay subprocesses, as SIGKILL needs)."""
+    assert cmd[1:4] == ["-m", "difftune", "train"], cmd[:4]
+    return run_train(*cmd[4:])
+
+
 def kill_after_state(cmd, state_root: Path, min_step: int, timeout=300):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + timeout
@@ -62,7 +69,7 @@ def test_sigkill_then_resume_gives_the_same_weights(tmp_path, tiny_repo, stage):
             del c[i:i + 2]
         return c
 
-    subprocess.run(cmd(tmp_path / "full"), check=True, capture_output=True, timeout=600)
+    run_in_process(cmd(tmp_path / "full"))
     killed_at = kill_after_state(cmd(tmp_path / "killed"), tmp_path / "killed" / "state", min_step=4)
     assert killed_at < 12  # really interrupted before the end (2 epochs x 12 samples / accumulation 2)
     done = subprocess.run(cmd(tmp_path / "killed", "--resume_from_checkpoint", "latest"), capture_output=True,

@@ -222,12 +222,11 @@ def test_sigterm_before_training_releases_the_lock(tmp_path, tiny_repo, capsys, 
 
 @pytest.mark.slow
 def test_sigterm_then_resume_gives_the_same_lora(tmp_path, tiny_repo):
-    from test_resume import train_cmd
+    from test_resume import run_in_process, train_cmd
 
     meta = make_image_dataset(tmp_path / "data", n=2)
     models = model_paths_json(tiny_repo)
-    subprocess.run(train_cmd(meta.parent, meta, models, tmp_path / "full"), check=True, capture_output=True,
-                   timeout=600)
+    run_in_process(train_cmd(meta.parent, meta, models, tmp_path / "full"))
     cmd = train_cmd(meta.parent, meta, models, tmp_path / "stopped")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     state_root = tmp_path / "stopped" / "state"

@@ -222,7 +222,8 @@ def test_reference_commands_verbatim_with_hub_ids(tmp_path, tiny_repo, monkeypat
     monkeypatch.chdir(tmp_path)
     populate_offline_hub(tmp_path / "models", "Qwen/Qwen-Image", tiny_repo)
     monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
-    make_image_dataset(tmp_path / "data" / "example_image_dataset", n=2)
+    # the commands verbatim (500 steps each); the images small (32x32), as those 1,000 steps are the test's time
+    make_image_dataset(tmp_path / "data" / "example_image_dataset", n=2, size=(32, 32))
     lora = ["--lora_base_model", "dit", "--lora_target_modules", LORA_TARGETS, "--lora_rank", "32",
             "--use_gradient_checkpointing", "--dataset_num_workers", "8", "--find_unused_parameters", "--no_progress"]
     common = ["--learning_rate", "1e-4", "--num_epochs", "5", "--remove_prefix_in_ckpt", "pipe.dit."]

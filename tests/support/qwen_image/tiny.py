@@ -143,7 +143,10 @@ def _tiny_qwen_image(folder: Path) -> TinyFamily:
                            write_dataset=lambda root: write_control_dataset(root, kind, n=2, size=size))
 
     variants = {
-        "edit": TinyVariant(flags=("--data_file_keys", "image,edit_image", "--extra_inputs", "edit_image"),
+        # the edit image at its own size: resized to about 1 MP, the tiny VAE's encode took most of the family's
+        # contract time (the resize runs in test_qwen_image.py and test_qwen_image_edit_plus.py)
+        "edit": TinyVariant(flags=("--data_file_keys", "image,edit_image", "--extra_inputs", "edit_image",
+                                   "--edit_image_auto_resize", "false"),
                             write_dataset=lambda root: write_edit_dataset(root, size=size),
                             model_paths=lambda: _entries(tiny_qwen_image_paths(
                                 write_tiny_qwen_image(folder / "edit_repo", edit=True)))),
