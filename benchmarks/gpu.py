@@ -36,45 +36,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (ROOT, BenchConfig, Workspace, base_parser, fresh, param_counts, prepare, quick,  # noqa: E402
-                    ratio, resolve_doc, reuse_or_write, run_child, run_difftune, step_time, table, train_flags,
-                    update_doc, use_word_tokenizer, workdir_of, write_images)
+from common import (ROOT, BenchConfig, base_parser, device_workspace, fresh, param_counts, prepare, quick,  # noqa: E402
+                    ratio, realwidth, resolve_doc, run_child, run_difftune, step_time, table, train_flags,
+                    update_doc, workdir_of)
 
 PARTS = ("split", "fsdp", "parity", "stage1", "profile", "demo", "mfu", "reference")
 # Dense bf16 tensor-core peak (NVIDIA's data sheets, SXM): the H200 has the H100's compute with more memory.
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}
-
-
-def realwidth(blocks: int, text_layers: int, resolution: int = 1024) -> BenchConfig:
-    """Qwen-Image's real widths with `blocks` of its 60 DiT blocks and `text_layers` of Qwen2.5-VL-7B's 28 layers."""
-    return BenchConfig("realwidth", dict(
-        num_layers=blocks, num_attention_heads=24, attention_head_dim=128, axes_dims_rope=(16, 56, 56),
-        text_hidden=3584, text_layers=text_layers, text_heads=28, text_intermediate=18944, mrope_section=(16, 24, 24),
-        vae_base_dim=96, vae_dim_mult=(1, 2, 4, 4), vae_num_res_blocks=2), resolution=resolution, word_tokenizer=True)
-
-
-def device_workspace(wd: Path, cfg: BenchConfig, n: int) -> Workspace:
-    """`prepare`, with the models built on the GPU when there is one (random init of billions of parameters)."""
-    import torch
-
-    from support import write_tiny_qwen_image
-
-    if cfg.name == "quick":
-        return prepare(wd, cfg, n)
-    repo = wd / f"model-{cfg.name}"
-
-    def write(repo):
-        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-            write_tiny_qwen_image(repo, cfg.tiny_spec(), shard=False)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the measured runs are other processes: give them the memory back
-        use_word_tokenizer(repo)
-
-    reuse_or_write(repo, {"spec": cfg.tiny_spec().__dict__, "word_tokenizer": True}, write)
-    data = wd / f"data-{cfg.resolution}-{n}"
-    if not (data / "metadata.csv").is_file():
-        write_images(data, n, cfg.resolution)
-    return Workspace(repo, data, data / "metadata.csv", cfg)
 
 
 # -- FLOPs -------------------------------------------------------------------------------------------

@@ -43,9 +43,8 @@ def family_config(family: str, blocks: int, resolution: int, quick: bool):
     """The family's benchmark configuration: real width with `blocks` blocks, or the tests' tiny model (`quick`)."""
     if family == "qwen_image":
         import common
-        from gpu import realwidth
 
-        return common.quick() if quick else realwidth(blocks, 2, resolution)
+        return common.quick() if quick else common.realwidth(blocks, 2, resolution)
     if family == "flux":
         import flux_split_vs_unsplit as f
 
@@ -82,8 +81,7 @@ def family_flags(family: str, wd: Path, cfg, n: int, dtype: str):
     """(fn() -> stage-1 flags, fn(output, repeat, checkpointing, extra) -> stage-2 flags) of `family` on `n` samples,
     its model and data written (or reused). Building a run's flags empties its output folder (the cache for stage 1)."""
     if family == "qwen_image":
-        from common import train_flags
-        from gpu import device_workspace
+        from common import device_workspace, train_flags
 
         ws = device_workspace(wd, cfg, n)
         def s1():
@@ -253,8 +251,7 @@ def part_reference(wd: Path, args) -> dict:
 
     import torch
 
-    from common import run_difftune
-    from gpu import device_workspace
+    from common import device_workspace, run_difftune
     from peers import template_drop
 
     python, env, why = diffsynth_python(args)
