@@ -1,7 +1,8 @@
 """The benchmarks' smoke modes: each script runs end to end on the tiny model and prints its ratios.
 
 Every script runs as a subprocess (`--quick --no-doc`, so docs/benchmarks.md is never touched), the way a
-user runs it; the last stdout line is the JSON result. The peers benchmark needs DiffSynth-Studio's own
+user runs it; the last stdout line is the JSON result. The eight split benchmarks (one per family) share one
+subprocess, run one after another as `__main__`. The peers benchmark needs DiffSynth-Studio's own
 venv (see benchmarks/peers.py); without it the test checks that the script says how to make it and skips.
 """
 
@@ -39,8 +40,63 @@ def assert_ratios(result: dict, keys: list[str]) -> None:
         assert set(target) == {"target", "value", "met"}, name
 
 
-def test_split_vs_unsplit_quick(tmp_path):
-    r = run_quick("split_vs_unsplit.py", tmp_path)
+# The split benchmarks' smoke runs, one per family, in ONE process (their --quick runs are in-process by design, and
+# the benchmarks' own helpers reset accelerate between runs): one interpreter start instead of eight.
+SPLIT_SMOKE = {"qwen_image": "split_vs_unsplit.py", "flux": "flux_split_vs_unsplit.py", "wan": "wan_split_vs_unsplit.py",
+               "z_image": "z_image_split_vs_unsplit.py", "flux2": "flux2_split_vs_unsplit.py",
+               "krea2": "krea2_split_vs_unsplit.py", "ernie_image": "ernie_image_split_vs_unsplit.py",
+               "ideogram4": "ideogram4_split_vs_unsplit.py"}
+SMOKE_RUNNER = r"""
+import contextlib, io, json, runpy, sys, traceback
+for family, script, workdir in json.loads(sys.argv[1]):
+    sys.argv = [script, "--quick", "--no-doc", "--workdir", workdir]
+    out, record = io.StringIO(), {"family": family}
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            record["error"] = f"exit {stop.code}: {out.getvalue()[-2000:]}"
+    except BaseException:
+        record["error"] = traceback.format_exc()[-4000:]
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("{")]
+    if "error" not in record:
+        if lines:
+            record["result"] = json.loads(lines[-1])
+        else:
+            record["error"] = "no JSON line: " + out.getvalue()[-2000:]
+    print("SMOKE " + json.dumps(record), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def split_smoke(tmp_path_factory):
+    root = tmp_path_factory.mktemp("split_smoke")
+    jobs = []
+    for family, script in SPLIT_SMOKE.items():
+        (root / family).mkdir()
+        jobs.append((family, str(ROOT / "benchmarks" / script), str(root / family)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", SMOKE_RUNNER, json.dumps(jobs)], capture_output=True, text=True,
+                          timeout=1200, cwd=str(ROOT), env=env)
+    records = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("SMOKE "):
+            record = json.loads(line[len("SMOKE "):])
+            records[record["family"]] = record
+    return records, proc
+
+
+def smoke(split_smoke, family: str) -> dict:
+    records, proc = split_smoke
+    record = records.get(family)
+    assert record is not None, f"rc {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert "error" not in record, record["error"]
+    return record["result"]
+
+
+def test_split_vs_unsplit_quick(split_smoke):
+    r = smoke(split_smoke, "qwen_image")
     assert r["benchmark"] == "split_vs_unsplit" and r["steps"] > 0
     assert_ratios(r, ["step_time_ratio", "peak_rss_ratio", "total_time_ratio", "projected_total_time_ratio_5x50",
                       "cache_bytes_ratio", "data_wait_share_stage2"])
@@ -77,16 +133,16 @@ def test_batching_quick(tmp_path):
                       "stage2_speedup_batch2", "stage2_speedup_batch4", "stage1_batched_speedup"])
 
 
-def test_flux_split_vs_unsplit_quick(tmp_path):
-    r = run_quick("flux_split_vs_unsplit.py", tmp_path)
+def test_flux_split_vs_unsplit_quick(split_smoke):
+    r = smoke(split_smoke, "flux")
     assert r["benchmark"] == "flux_split_vs_unsplit" and r["steps"] > 0
     assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio",
                       "peak_rss_above_baseline_ratio"])
     assert set(r["params"]) == {"transformer", "text_encoder", "text_encoder_2", "vae"}
 
 
-def test_wan_split_vs_unsplit_quick(tmp_path):
-    r = run_quick("wan_split_vs_unsplit.py", tmp_path)
+def test_wan_split_vs_unsplit_quick(split_smoke):
+    r = smoke(split_smoke, "wan")
     assert r["benchmark"] == "wan_split_vs_unsplit" and r["steps"] == 4 and r["num_frames"] == 5
     assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x100", "step_time_ratio", "peak_rss_ratio",
                       "vae_share_of_one_stage_step", "umt5_share_of_one_stage_step"])
@@ -101,16 +157,16 @@ def test_wan_split_vs_unsplit_quick(tmp_path):
     assert v["step_time_stage2_s"] < v["step_time_one_stage_s"]
 
 
-def test_flux2_split_vs_unsplit_quick(tmp_path):
-    r = run_quick("flux2_split_vs_unsplit.py", tmp_path)
+def test_flux2_split_vs_unsplit_quick(split_smoke):
+    r = smoke(split_smoke, "flux2")
     assert r["benchmark"] == "flux2_split_vs_unsplit" and r["steps"] == 4
     assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio",
                       "qwen3_share_of_one_stage_step", "vae_share_of_one_stage_step"])
     assert set(r["params"]) == {"transformer", "text_encoder", "vae"} and r["params"]["transformer"] > 0
 
 
-def test_z_image_split_vs_unsplit_quick(tmp_path):
-    r = run_quick("z_image_split_vs_unsplit.py", tmp_path)
+def test_z_image_split_vs_unsplit_quick(split_smoke):
+    r = smoke(split_smoke, "z_image")
     assert r["benchmark"] == "z_image_split_vs_unsplit" and r["steps"] == 4
     assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio",
                       "qwen3_share_of_one_stage_step", "vae_share_of_one_stage_step"])
@@ -146,10 +202,16 @@ def test_gpu_section_is_rendered_from_the_recorded_runs():
     assert gpu.training_flops(fwd, full=False, recompute=True)["model"] == split["dit_model_flops_per_step"]
 
 
-def test_host_overhead_quick(tmp_path):
+@pytest.fixture(scope="module")
+def host_overhead(tmp_path_factory):
+    return run_quick("host_overhead.py", tmp_path_factory.mktemp("host_overhead"), "--families", "qwen_image,z_image",
+                     timeout=600)
+
+
+def test_host_overhead_quick(host_overhead):
     """The tiny Qwen-Image's stage-2 LoRA step (bf16, rank 32, 12 targets, checkpointing) dispatches at most 0.6x
     the operators of the earlier behaviour, with far fewer casts (docs/performance.md)."""
-    r = run_quick("host_overhead.py", tmp_path, timeout=600)
+    r = host_overhead
     q = r["families"]["qwen_image"]
     assert r["benchmark"] == "host_overhead" and q["before"]["ops"] > 0
     assert q["ops_ratio"] <= 0.6, q
@@ -186,11 +248,35 @@ def test_gpu_mfu_and_reference_parts_smoke(tmp_path):
     assert "| z_image | " in gpu.render([out])
 
 
-def test_host_overhead_z_image(tmp_path):
+def test_host_overhead_z_image(host_overhead):
     """The tiny Z-Image's step (six RMSNorms a block) also dispatches at most 0.6x the earlier operators: its queries
     and keys are normed and rotated together (docs/performance.md)."""
-    r = run_quick("host_overhead.py", tmp_path, "--families", "z_image", timeout=600)
+    r = host_overhead
     z = r["families"]["z_image"]
-    assert set(r["families"]) == {"z_image"} and z["before"]["ops"] > 0
+    assert set(r["families"]) == {"qwen_image", "z_image"} and z["before"]["ops"] > 0
     assert z["ops_ratio"] <= 0.6, z
     assert z["after"]["to_copy"] <= 0.4 * z["before"]["to_copy"], z
+
+
+def test_krea2_split_vs_unsplit_quick(split_smoke):
+    r = smoke(split_smoke, "krea2")
+    assert r["benchmark"] == "krea2_split_vs_unsplit" and r["steps"] == 4
+    assert r["params"]["transformer"] > 0 and r["qwen3_vl_encode_s"] > 0 and r["step_time_ratio"] > 0
+
+
+def test_ernie_image_split_vs_unsplit_quick(split_smoke):
+    r = smoke(split_smoke, "ernie_image")
+    assert r["benchmark"] == "ernie_image_split_vs_unsplit" and r["steps"] == 4
+    assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio",
+                      "text_share_of_one_stage_step", "vae_share_of_one_stage_step"])
+    assert set(r["params"]) == {"transformer", "text_encoder", "vae"} and r["params"]["transformer"] > 0
+
+
+def test_ideogram4_split_vs_unsplit_quick(split_smoke):
+    r = smoke(split_smoke, "ideogram4")
+    assert r["benchmark"] == "ideogram4_split_vs_unsplit" and r["steps"] == 4
+    assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x100", "step_time_ratio", "peak_rss_ratio",
+                      "text_share_of_one_stage_step", "vae_share_of_one_stage_step"])
+    assert set(r["params"]) == {"transformer", "text_encoder", "vae"} and r["params"]["transformer"] > 0
+    # stage 2 runs the DiT alone: Qwen3-VL's 36 layers and the AE are left out of its steps
+    assert r["step_time_stage2_s"] < r["step_time_one_stage_s"]
