@@ -72,6 +72,9 @@ def child(payload: dict) -> None:
     (out / f"rank-{rank}.json").write_text(json.dumps({**peak, "vmhwm_kb": hwm, "steps": len(stamps),
                                                        "step_time": statistics.median(intervals) if intervals
                                                        else None}))
+    from difftune.training.engines import exit_launched_process
+
+    exit_launched_process(code)
     sys.exit(code)
 
 

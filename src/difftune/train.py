@@ -5,4 +5,8 @@ import sys
 from .cli.main import main
 
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    from .training.engines import exit_launched_process
+
+    code = main(["train", *sys.argv[1:]])
+    exit_launched_process(code)  # one of several launched processes ends here (training/engines.py says why)
+    sys.exit(code)

@@ -51,9 +51,6 @@ def cmd_train(argv: list[str]) -> int:
 
         print(summary["stop_message"], file=sys.stderr)
         code = EXIT_CODES.get(summary["stopped"], 128 + summary["stopped"])
-    from ..training.engines import exit_launched_process
-
-    exit_launched_process(code)  # one of several launched processes: ends here (see there why)
     return code
 
 
@@ -125,5 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
 
 
+def entry() -> None:
+    """The `difftune` command: main(), then the process's exit; one of several launched processes (accelerate
+    launch) leaves through `exit_launched_process` (training/engines.py says why)."""
+    from ..training.engines import exit_launched_process
+
+    code = main()
+    exit_launched_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
