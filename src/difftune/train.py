@@ -2,11 +2,7 @@
 
 import sys
 
-from .cli.main import main
+from .cli.main import entry
 
 if __name__ == "__main__":
-    from .training.engines import exit_launched_process
-
-    code = main(["train", *sys.argv[1:]])
-    exit_launched_process(code)  # one of several launched processes ends here (training/engines.py says why)
-    sys.exit(code)
+    entry(["train", *sys.argv[1:]])

@@ -122,12 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
 
 
-def entry() -> None:
-    """The `difftune` command: main(), then the process's exit; one of several launched processes (accelerate
-    launch) leaves through `exit_launched_process` (training/engines.py says why)."""
+def entry(argv: list[str] | None = None) -> None:
+    """The `difftune` command (and `python -m difftune.train`): main(), then the process's exit; one of several
+    launched processes (accelerate launch) leaves through `exit_launched_process` (training/engines.py says why)."""
     from ..training.engines import exit_launched_process
 
-    code = main()
+    code = main(argv)
     exit_launched_process(code)
     sys.exit(code)
 
