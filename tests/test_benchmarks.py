@@ -1,8 +1,9 @@
 """The benchmarks' smoke modes: each script runs end to end on the tiny model and prints its ratios.
 
 Every script runs as a subprocess (`--quick --no-doc`, so docs/benchmarks.md is never touched), the way a
-user runs it; the last stdout line is the JSON result. The eight split benchmarks (one per family) share one
-subprocess, run one after another as `__main__`. The peers benchmark needs DiffSynth-Studio's own
+user runs it; the last stdout line is the JSON result. The scripts whose --quick runs stay in their process (the eight
+split benchmarks, overhead, batching, batched stage 1, host overhead, gpu.py's CPU parts, peers) share one subprocess, run one
+after another as `__main__`. The peers benchmark needs DiffSynth-Studio's own
 venv (see benchmarks/peers.py); without it the test checks that the script says how to make it and skips.
 """
 
@@ -40,17 +41,23 @@ def assert_ratios(result: dict, keys: list[str]) -> None:
         assert set(target) == {"target", "value", "met"}, name
 
 
-# The split benchmarks' smoke runs, one per family, in ONE process (their --quick runs are in-process by design, and
-# the benchmarks' own helpers reset accelerate between runs): one interpreter start instead of eight.
-SPLIT_SMOKE = {"qwen_image": "split_vs_unsplit.py", "flux": "flux_split_vs_unsplit.py", "wan": "wan_split_vs_unsplit.py",
-               "z_image": "z_image_split_vs_unsplit.py", "flux2": "flux2_split_vs_unsplit.py",
-               "krea2": "krea2_split_vs_unsplit.py", "ernie_image": "ernie_image_split_vs_unsplit.py",
-               "ideogram4": "ideogram4_split_vs_unsplit.py"}
+# The in-process smoke runs (their --quick runs stay in this process by design, and the benchmarks' own helpers reset
+# accelerate between runs) share ONE interpreter, one after another: one start (imports ~10 s) instead of thirteen.
+# Each: (script, its extra arguments). The workdir (and gpu.py's --out) are the job's own folder.
+SMOKES = {"qwen_image": ("split_vs_unsplit.py", ()), "flux": ("flux_split_vs_unsplit.py", ()),
+          "wan": ("wan_split_vs_unsplit.py", ()), "z_image": ("z_image_split_vs_unsplit.py", ()),
+          "flux2": ("flux2_split_vs_unsplit.py", ()), "krea2": ("krea2_split_vs_unsplit.py", ()),
+          "ernie_image": ("ernie_image_split_vs_unsplit.py", ()),
+          "ideogram4": ("ideogram4_split_vs_unsplit.py", ()),
+          "overhead": ("overhead.py", ()), "batched_stage1": ("batched_stage1.py", ()), "batching": ("batching.py", ()),
+          "host_overhead": ("host_overhead.py", ("--families", "qwen_image,z_image")),
+          "gpu": ("gpu.py", ("--parts", "mfu,reference", "--families", "z_image", "--out", "{workdir}/out")),
+          "peers": ("peers.py", ("--ds-python", str(DS_PYTHON), *(("--images", "2") if DS_PYTHON.is_file() else ())))}
 SMOKE_RUNNER = r"""
 import contextlib, io, json, runpy, sys, traceback
-for family, script, workdir in json.loads(sys.argv[1]):
-    sys.argv = [script, "--quick", "--no-doc", "--workdir", workdir]
-    out, record = io.StringIO(), {"family": family}
+for name, script, argv in json.loads(sys.argv[1]):
+    sys.argv = [script, *argv]
+    out, record = io.StringIO(), {"name": name}
     try:
         with contextlib.redirect_stdout(out):
             runpy.run_path(script, run_name="__main__")
@@ -61,42 +68,43 @@ for family, script, workdir in json.loads(sys.argv[1]):
         record["error"] = traceback.format_exc()[-4000:]
     lines = [line for line in out.getvalue().splitlines() if line.startswith("{")]
     if "error" not in record:
-        if lines:
-            record["result"] = json.loads(lines[-1])
-        else:
-            record["error"] = "no JSON line: " + out.getvalue()[-2000:]
+        record["result"] = json.loads(lines[-1]) if lines else None  # gpu.py writes files, no JSON line
     print("SMOKE " + json.dumps(record), flush=True)
 """
 
 
 @pytest.fixture(scope="module")
-def split_smoke(tmp_path_factory):
-    root = tmp_path_factory.mktemp("split_smoke")
+def smokes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("smokes")
     jobs = []
-    for family, script in SPLIT_SMOKE.items():
-        (root / family).mkdir()
-        jobs.append((family, str(ROOT / "benchmarks" / script), str(root / family)))
+    for name, (script, extra) in SMOKES.items():
+        workdir = root / name
+        workdir.mkdir()
+        argv = ["--quick", "--no-doc", "--workdir", str(workdir / "wd" if name == "gpu" else workdir),
+                *(a.format(workdir=workdir) for a in extra)]
+        jobs.append((name, str(ROOT / "benchmarks" / script), argv))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", SMOKE_RUNNER, json.dumps(jobs)], capture_output=True, text=True,
-                          timeout=1200, cwd=str(ROOT), env=env)
+                          timeout=1500, cwd=str(ROOT), env=env)
     records = {}
     for line in proc.stdout.splitlines():
         if line.startswith("SMOKE "):
             record = json.loads(line[len("SMOKE "):])
-            records[record["family"]] = record
-    return records, proc
+            records[record["name"]] = record
+    return records, proc, root
 
 
-def smoke(split_smoke, family: str) -> dict:
-    records, proc = split_smoke
-    record = records.get(family)
+def smoke(smokes, name: str) -> dict:
+    records, proc, _ = smokes
+    record = records.get(name)
     assert record is not None, f"rc {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     assert "error" not in record, record["error"]
+    assert name == "gpu" or record["result"] is not None, f"{name}: no JSON line"
     return record["result"]
 
 
-def test_split_vs_unsplit_quick(split_smoke):
-    r = smoke(split_smoke, "qwen_image")
+def test_split_vs_unsplit_quick(smokes):
+    r = smoke(smokes, "qwen_image")
     assert r["benchmark"] == "split_vs_unsplit" and r["steps"] > 0
     assert_ratios(r, ["step_time_ratio", "peak_rss_ratio", "total_time_ratio", "projected_total_time_ratio_5x50",
                       "cache_bytes_ratio", "data_wait_share_stage2"])
@@ -104,45 +112,44 @@ def test_split_vs_unsplit_quick(split_smoke):
     assert r["cache_bytes_ratio"] >= 1
 
 
-def test_overhead_quick(tmp_path):
-    r = run_quick("overhead.py", tmp_path)
+def test_overhead_quick(smokes):
+    r = smoke(smokes, "overhead")
     assert r["benchmark"] == "overhead"
     assert_ratios(r, ["overhead_ratio", "step_time_difftune_s", "step_time_minimal_s"])
 
 
-def test_batched_stage1_quick(tmp_path):
-    r = run_quick("batched_stage1.py", tmp_path)
+def test_batched_stage1_quick(smokes):
+    r = smoke(smokes, "batched_stage1")
     assert r["benchmark"] == "batched_stage1" and r["batch_size"] > 1
     assert_ratios(r, ["batched_speedup", "samples_per_s_one_at_a_time", "samples_per_s_batched"])
 
 
-def test_peers_quick(tmp_path):
+def test_peers_quick(smokes):
+    r = smoke(smokes, "peers")
     if not DS_PYTHON.is_file():
-        r = run_quick("peers.py", tmp_path, "--ds-python", str(DS_PYTHON))
         assert "skipped" in r and "pip install diffsynth" in r["skipped"]
         pytest.skip(f"DiffSynth-Studio's venv ({DS_PYTHON}) is absent: the peers benchmark skipped itself")
-    r = run_quick("peers.py", tmp_path, "--images", "2", timeout=300)
     assert_ratios(r, ["step_time_one_stage_ratio", "step_time_stage2_ratio", "peak_rss_one_stage_ratio",
                       "peak_rss_stage2_ratio", "cache_bytes_ratio", "stage1_seconds_ratio"])
 
 
-def test_batching_quick(tmp_path):
-    r = run_quick("batching.py", tmp_path)
+def test_batching_quick(smokes):
+    r = smoke(smokes, "batching")
     assert r["benchmark"] == "batching" and r["images"] > 0
     assert_ratios(r, ["stage2_samples_per_s_batch1", "stage2_samples_per_s_batch2", "stage2_samples_per_s_batch4",
                       "stage2_speedup_batch2", "stage2_speedup_batch4", "stage1_batched_speedup"])
 
 
-def test_flux_split_vs_unsplit_quick(split_smoke):
-    r = smoke(split_smoke, "flux")
+def test_flux_split_vs_unsplit_quick(smokes):
+    r = smoke(smokes, "flux")
     assert r["benchmark"] == "flux_split_vs_unsplit" and r["steps"] > 0
     assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio",
                       "peak_rss_above_baseline_ratio"])
     assert set(r["params"]) == {"transformer", "text_encoder", "text_encoder_2", "vae"}
 
 
-def test_wan_split_vs_unsplit_quick(split_smoke):
-    r = smoke(split_smoke, "wan")
+def test_wan_split_vs_unsplit_quick(smokes):
+    r = smoke(smokes, "wan")
     assert r["benchmark"] == "wan_split_vs_unsplit" and r["steps"] == 4 and r["num_frames"] == 5
     assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x100", "step_time_ratio", "peak_rss_ratio",
                       "vae_share_of_one_stage_step", "umt5_share_of_one_stage_step"])
@@ -187,9 +194,8 @@ def test_gpu_section_is_rendered_from_the_recorded_runs():
 
 
 @pytest.fixture(scope="module")
-def host_overhead(tmp_path_factory):
-    return run_quick("host_overhead.py", tmp_path_factory.mktemp("host_overhead"), "--families", "qwen_image,z_image",
-                     timeout=600)
+def host_overhead(smokes):
+    return smoke(smokes, "host_overhead")
 
 
 def test_host_overhead_quick(host_overhead):
@@ -203,18 +209,14 @@ def test_host_overhead_quick(host_overhead):
     assert r["targets"]["ops_ratio_qwen_image"]["met"]
 
 
-def test_gpu_mfu_and_reference_parts_smoke(tmp_path):
+def test_gpu_mfu_and_reference_parts_smoke(smokes):
     """benchmarks/gpu.py's issue-33 parts on this CPU with the tiny Z-Image: stage 1, stage 2 with and without
     checkpointing, the FLOPs of a step counted (the checkpointed step recomputes the forward: more FLOPs); no MFU
     without a GPU's peak; the reference part says how to give it DiffSynth-Studio when it cannot import it."""
     import importlib.util
 
-    out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--parts", "mfu,reference",
-                           "--families", "z_image", "--out", str(out), "--workdir", str(tmp_path / "wd")],
-                          capture_output=True, text=True, timeout=600, cwd=str(ROOT), env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    smoke(smokes, "gpu")
+    out = smokes[2] / "gpu" / "out"
     mfu = json.loads((out / "mfu.json").read_text())
     z = mfu["families"]["z_image"]
     assert "error" not in z, z
@@ -242,8 +244,8 @@ def test_host_overhead_z_image(host_overhead):
     assert z["after"]["to_copy"] <= 0.4 * z["before"]["to_copy"], z
 
 
-def test_krea2_split_vs_unsplit_quick(split_smoke):
-    r = smoke(split_smoke, "krea2")
+def test_krea2_split_vs_unsplit_quick(smokes):
+    r = smoke(smokes, "krea2")
     assert r["benchmark"] == "krea2_split_vs_unsplit" and r["steps"] == 4
     assert r["params"]["transformer"] > 0 and r["qwen3_vl_encode_s"] > 0 and r["step_time_ratio"] > 0
 
@@ -254,9 +256,9 @@ SAME_RECORD = {"flux2": ("5x50", "qwen3"), "z_image": ("5x50", "qwen3"), "ernie_
 
 
 @pytest.mark.parametrize("family", sorted(SAME_RECORD))
-def test_family_split_vs_unsplit_quick(split_smoke, family):
+def test_family_split_vs_unsplit_quick(smokes, family):
     projection, text = SAME_RECORD[family]
-    r = smoke(split_smoke, family)
+    r = smoke(smokes, family)
     assert r["benchmark"] == f"{family}_split_vs_unsplit" and r["steps"] == 4
     assert_ratios(r, ["total_time_ratio", f"projected_total_time_ratio_{projection}", "step_time_ratio",
                       "peak_rss_ratio", f"{text}_share_of_one_stage_step", "vae_share_of_one_stage_step"])

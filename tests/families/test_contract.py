@@ -5,9 +5,10 @@ that registers later) passes the same checks, from its tiny models (`support.reg
 - its units keep to their declarations under the enforcing runner, in training and inference;
 - split training equals one-stage training (<= 1e-5, fp32; a family may state a measured bound, `TinyFamily.split_tolerance`) for a LoRA on the denoiser and each other
   trainable set the family names;
-- stage 2 builds only the models the split says it uses (no stage-1-only model);
-- a saved LoRA loads back exactly (as an adapter and fused);
-- `--batch_size 2` trains what `--batch_size 1 --gradient_accumulation_steps 2` trains.
+- stage 2 builds only the models the split says it uses (no stage-1-only model), from a plain run's cache that holds no
+  feature's values;
+- `--batch_size 2` trains what `--batch_size 1 --gradient_accumulation_steps 2` trains, and that LoRA loads back
+  exactly (as an adapter and fused).
 """
 
 from __future__ import annotations
@@ -157,37 +158,28 @@ def _effective(state: dict) -> dict:
     return out
 
 
-def test_stage2_builds_only_the_models_it_uses(tiny, tmp_path, monkeypatch):
-    case_flags = lora_flags(tiny)
-    data = tiny.metadata.parent
-    run_train("--task", "sft:data_process", "--dataset_base_path", data, "--dataset_metadata_path", tiny.metadata,
-              "--output_path", tmp_path / "cache", *flags(tiny, *case_flags))
-    built = []
-    real = models_pkg.load_component
-    monkeypatch.setattr(models_pkg, "load_component",
-                        lambda config, *a, **k: built.append(real(config, *a, **k)) or built[-1])
-    run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
-              *flags(tiny, *case_flags))
-    from conftest import setup_run
-
-    split = setup_run("--dataset_base_path", tiny.metadata.parent, "--dataset_metadata_path", tiny.metadata,
-                      *flags(tiny, *case_flags)).split
-    assert sorted(c.name for c in built) == sorted(set(split.stage2_models) - set(tiny.optional_slots))
-    assert set(split.stage1_models) - set(split.stage2_models)  # there was something to leave out
-
-
-def test_saved_lora_loads_back_exactly(tiny, tmp_path):
+def test_batch_2_equals_batch_1_with_accumulation_2_and_the_lora_loads_back_exactly(tiny, tmp_path):
     from difftune.lora import fuse_lora, load_lora_file, load_lora_into, lora_state_dict
 
     data = tiny.metadata.parent
     # diffusers' layout (the family's default may rename modules: tests/lora/test_lora_readers.py reads that one back)
-    run_train("--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", tiny.metadata,
-              "--output_path", tmp_path / "out", *flags(tiny, *lora_flags(tiny)), "--lora_format", "diffusers")
-    path = tmp_path / "out" / "epoch-0.safetensors"
+    common = ["--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", tiny.metadata,
+              "--lora_format", "diffusers"]
+    run_train(*common, "--output_path", tmp_path / "b2", *flags(tiny, *lora_flags(tiny), "--batch_size", 2))
+    run_train(*common, "--output_path", tmp_path / "a2",
+              *flags(tiny, *lora_flags(tiny), "--gradient_accumulation_steps", 2))
+    path = tmp_path / "a2" / "epoch-0.safetensors"
+    a, b = load_file(str(tmp_path / "b2" / "epoch-0.safetensors")), load_file(str(path))
+    assert a.keys() == b.keys() and a
+    # the same sums in another order: within the family's float tolerance (1e-5 unless its tiny models declare
+    # more; Z-Image's differs by 1.8e-5 on some CPUs' kernels)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= tiny.split_tolerance
+
+    # the saved LoRA loads back exactly, as an adapter and fused
     spec = get_family(tiny.name)
     prefix = spec.lora_prefix(tiny.lora_base_model)
-    saved = load_file(str(path))
-    assert saved and all(k.startswith(prefix + ".") for k in saved)
+    saved = b
+    assert all(k.startswith(prefix + ".") for k in saved)
     assert any(v.abs().max() > 0 for k, v in saved.items() if ".lora_B." in k)  # it trained
 
     slot_config = next(ModelConfig(p) for p in tiny.model_paths
@@ -214,19 +206,6 @@ def test_saved_lora_loads_back_exactly(tiny, tmp_path):
         a, b = canonical[k].float(), canonical[f"{module}.lora_B.weight"].float()
         want = base_sd[f"{module}.weight"] + (alphas[module] / a.shape[0]) * (b @ a)
         assert torch.allclose(fused_sd[f"{module}.weight"], want, atol=1e-6), module
-
-
-def test_batch_2_equals_batch_1_with_accumulation_2(tiny, tmp_path):
-    data = tiny.metadata.parent
-    common = ["--task", "sft", "--dataset_base_path", data, "--dataset_metadata_path", tiny.metadata]
-    run_train(*common, "--output_path", tmp_path / "b2", *flags(tiny, *lora_flags(tiny), "--batch_size", 2))
-    run_train(*common, "--output_path", tmp_path / "a2",
-              *flags(tiny, *lora_flags(tiny), "--gradient_accumulation_steps", 2))
-    a, b = load_file(str(tmp_path / "b2" / "epoch-0.safetensors")), load_file(str(tmp_path / "a2" / "epoch-0.safetensors"))
-    assert a.keys() == b.keys() and a
-    # the same sums in another order: within the family's float tolerance (1e-5 unless its tiny models declare
-    # more; Z-Image's differs by 1.8e-5 on some CPUs' kernels)
-    assert max((a[k] - b[k]).abs().max().item() for k in a) <= tiny.split_tolerance
 
 
 def test_every_variant_trains_and_renders_validation(tiny, tmp_path):
@@ -256,12 +235,14 @@ def test_every_variant_trains_and_renders_validation(tiny, tmp_path):
         assert (name in features) or own_class, (name, features, pipeline)
 
 
-def test_a_plain_run_runs_logs_and_caches_no_feature(tiny, tmp_path, capsys):
+def test_a_plain_run_caches_no_feature_and_stage2_builds_only_what_it_uses(tiny, tmp_path, capsys, monkeypatch):
     """A run of the family's base data (text-to-image / text-to-video) runs, logs and caches its base units only: no
-    unit of a feature, and none of a feature's values in the cache index."""
+    unit of a feature, and none of a feature's values in the cache index. Its stage 2, from that cache, builds only
+    the models the split says it uses (no stage-1-only model)."""
+    case_flags = lora_flags(tiny)
     data = tiny.metadata.parent
     run_train("--task", "sft:data_process", "--dataset_base_path", data, "--dataset_metadata_path", tiny.metadata,
-              "--output_path", tmp_path / "cache", *flags(tiny, *lora_flags(tiny)))
+              "--output_path", tmp_path / "cache", *flags(tiny, *case_flags))
     log = capsys.readouterr().out
     spec = get_family(tiny.name)
     pipe = spec.pipeline()
@@ -277,3 +258,16 @@ def test_a_plain_run_runs_logs_and_caches_no_feature(tiny, tmp_path, capsys):
     cached = set(manifest["frontier"]) | {n for s in index["samples"].values() for n in s}
     assert not cached & feature_values, cached & feature_values
     assert all(u.split("@")[0] not in feature_units for u in manifest["fingerprint"]["units"])
+
+    built = []
+    real = models_pkg.load_component
+    monkeypatch.setattr(models_pkg, "load_component",
+                        lambda config, *a, **k: built.append(real(config, *a, **k)) or built[-1])
+    run_train("--task", "sft:train", "--dataset_base_path", tmp_path / "cache", "--output_path", tmp_path / "two",
+              *flags(tiny, *case_flags))
+    from conftest import setup_run
+
+    split = setup_run("--dataset_base_path", tiny.metadata.parent, "--dataset_metadata_path", tiny.metadata,
+                      *flags(tiny, *case_flags)).split
+    assert sorted(c.name for c in built) == sorted(set(split.stage2_models) - set(tiny.optional_slots))
+    assert set(split.stage1_models) - set(split.stage2_models)  # there was something to leave out

@@ -222,8 +222,8 @@ def test_reference_commands_verbatim_with_hub_ids(tmp_path, tiny_repo, monkeypat
     monkeypatch.chdir(tmp_path)
     populate_offline_hub(tmp_path / "models", "Qwen/Qwen-Image", tiny_repo)
     monkeypatch.setenv("DIFFTUNE_SKIP_DOWNLOAD", "true")
-    # the commands verbatim (500 steps each); the images small (32x32), as those 1,000 steps are the test's time
-    make_image_dataset(tmp_path / "data" / "example_image_dataset", n=2, size=(32, 32))
+    # the commands verbatim (50 repeats x 5 epochs each); one small image (32x32), as those steps are the test's time
+    make_image_dataset(tmp_path / "data" / "example_image_dataset", n=1, size=(32, 32))
     lora = ["--lora_base_model", "dit", "--lora_target_modules", LORA_TARGETS, "--lora_rank", "32",
             "--use_gradient_checkpointing", "--dataset_num_workers", "8", "--find_unused_parameters", "--no_progress"]
     common = ["--learning_rate", "1e-4", "--num_epochs", "5", "--remove_prefix_in_ckpt", "pipe.dit."]
@@ -231,7 +231,7 @@ def test_reference_commands_verbatim_with_hub_ids(tmp_path, tiny_repo, monkeypat
             "data/example_image_dataset/metadata.csv", "--max_pixels", "1048576"]
     summary = run_train(*data, "--dataset_repeat", "50", "--model_id_with_origin_paths", REFERENCE_MODELS, *common,
                         "--output_path", "./models/train/Qwen-Image_lora", *lora)
-    assert summary["steps"] == 500  # 2 images x 50 repeats x 5 epochs, batch 1
+    assert summary["steps"] == 250  # 1 image x 50 repeats x 5 epochs, batch 1
     assert [Path(p).name for p in summary["saved"]] == [f"epoch-{i}.safetensors" for i in range(5)]
     assert Path("models/train/Qwen-Image_lora/training_args.json").exists()
     run_train(*data, "--dataset_repeat", "1", "--model_id_with_origin_paths", REFERENCE_MODELS.split(",", 1)[1],

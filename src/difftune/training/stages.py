@@ -4,7 +4,6 @@ the checks of the output layouts made before any model is loaded. `recipe.run` p
 
 from __future__ import annotations
 
-import gc
 import os
 
 import torch
@@ -21,9 +20,7 @@ def stage1(run: Run, cache: str | None = None) -> dict:
     if cache is None:
         cache = run.config.output_path if run.task.stage == "data_process" else \
             os.path.join(run.config.output_path, CACHE_SUBDIR)
-    summary = run_stage1(run, cache)
-    gc.collect()
-    return summary
+    return run_stage1(run, cache)  # which frees its models (gc) before it returns
 
 
 def from_cache(run: Run, cache: str) -> Run:
