@@ -2,7 +2,8 @@
 
 Two processes with --batch_size 1 train the same weights as one process with
 --gradient_accumulation_steps 2 (training/sampler.py hands every layout the same samples per optimizer
-step, and the noise is drawn per sample). Stage 1 on two processes writes the same cache as one process,
+step, and the noise is drawn per sample), from the stage-1 cache; two processes with --batch_size 2 what one process
+with --batch_size 4 trains, one stage, from mixed sizes. Stage 1 on two processes writes the same cache as one process,
 each sample once, and reports a bad row that only rank 1 met. Every run also proves it had two processes:
 only world size 2 writes a second rank's RNG file and `"world_size": 2` in the training state, or a second
 cache part.
@@ -113,16 +114,6 @@ def one_process_cache(workspace):
     return out
 
 
-def test_two_processes_train_what_one_process_with_accumulation_trains(workspace, tmp_path):
-    # Launched through examples/accelerate/multi_gpu_ddp.yaml, so the DDP config is exercised too.
-    launch(workspace, "--task", "sft", *raw_data(workspace), "--output_path", tmp_path / "two", "--batch_size", 1,
-           "--save_state", *flags(workspace), config_file=DDP_CONFIG)
-    run_train("--task", "sft", *raw_data(workspace), "--output_path", tmp_path / "one", "--batch_size", 1,
-              "--gradient_accumulation_steps", 2, *flags(workspace))
-    assert_two_processes_trained(tmp_path / "two", steps=8)  # 4 images x repeat 2 / 2 per step x 2 epochs
-    assert compare_lora(tmp_path / "one" / "epoch-1.safetensors", tmp_path / "two" / "epoch-1.safetensors") <= TOLERANCE
-
-
 def shard_ids(cache: Path) -> dict[str, tuple[list[str], list[str]]]:
     """(written ids, skipped ids) per cache part, read from the committed shard indexes (duplicates kept)."""
     parts = {}
@@ -176,9 +167,9 @@ def test_stage2_on_two_processes_trains_what_one_process_with_accumulation_train
     assert compare_lora(tmp_path / "one" / "epoch-1.safetensors", tmp_path / "two" / "epoch-1.safetensors") <= TOLERANCE
 
 
-@pytest.mark.slow
 def test_two_processes_with_batch_2_train_what_one_process_with_batch_4_trains(workspace, tmp_path):
-    """Mixed aspect ratios and prompt lengths: buckets, padded prompts and partial final batches under DDP."""
+    """Mixed aspect ratios and prompt lengths: buckets, padded prompts and partial final batches under DDP, launched
+    through examples/accelerate/multi_gpu_ddp.yaml (so the DDP config is exercised too)."""
     root = tmp_path / "mixed"
     root.mkdir()
     rows = ["image,prompt"]
@@ -188,8 +179,9 @@ def test_two_processes_with_batch_2_train_what_one_process_with_batch_4_trains(w
     (root / "metadata.csv").write_text("\n".join(rows) + "\n")
     data = ["--dataset_base_path", root, "--dataset_metadata_path", root / "metadata.csv"]
     proc = launch(workspace, "--task", "sft", *data, "--output_path", tmp_path / "two", "--batch_size", 2,
-                  *flags(workspace, repeat=1))
+                  "--save_state", *flags(workspace, repeat=1), config_file=DDP_CONFIG)
     # 9 samples in three buckets of 3: one step of 3 samples each (fewer than 4: partial)
     assert "batches: 9 samples in 3 bucket(s) -> 3 optimizer step(s) of up to 4 per epoch (3 partial)" in proc.stdout
+    assert_two_processes_trained(tmp_path / "two", steps=6)  # 3 steps x 2 epochs
     run_train("--task", "sft", *data, "--output_path", tmp_path / "one", "--batch_size", 4, *flags(workspace, repeat=1))
     assert compare_lora(tmp_path / "one" / "epoch-1.safetensors", tmp_path / "two" / "epoch-1.safetensors") <= 1e-5
