@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from difftune.families.qwen_image.components import LORA_TARGET_MODULES as LORA_TARGETS  # re-exported for the tests
+
+
+def __getattr__(name):
+    """`from conftest import LORA_TARGETS` (Qwen-Image's LoRA targets, for the tests), imported when first asked for:
+    pytest's main process (which only hands modules to the two workers) never pays difftune's imports (~7 s)."""
+    if name == "LORA_TARGETS":
+        from difftune.families.qwen_image.components import LORA_TARGET_MODULES
+
+        return LORA_TARGET_MODULES
+    raise AttributeError(name)
 
 # Tests in other folders take helpers from test_bad_input (data/) and test_resume (training/) by plain name.
 for _folder in ("data", "training"):
