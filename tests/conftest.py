@@ -51,12 +51,20 @@ QUICK_FOLDERS = ("core", "data", "cache", "lora", "models", "parts")
 QUICK_END_TO_END = "test_split_equals_one_stage"
 
 
-# The longest modules (20-90 s each on 2 cores), handed out first: `--dist loadfile` gives each worker the next module
-# in collection order, so ending on many short ones keeps the two workers' finishing times together (40 s apart when
-# these came last, in the alphabetical order).
+# The longest modules (15-150 s each on 2 cores), handed out first: `--dist loadfile` then gives each worker the next
+# module in this order, and the many short ones at the end keep the two workers' finishing times together (xdist's
+# default, most tests first, left the long modules of few tests, the launches, for the end: 40 s apart).
 LONGEST_FIRST = ("training/test_deepspeed.py", "families/test_contract.py", "test_benchmarks.py",
-                 "training/test_sharded.py", "families/wan/test_reference_scripts.py", "training/test_distributed.py",
-                 "training/test_training.py", "families/flux/test_flux_reference_scripts.py")
+                 "training/test_sharded.py", "families/wan/test_reference_scripts.py", "training/test_training.py",
+                 "training/test_distributed.py", "families/flux/test_flux_reference_scripts.py",
+                 "training/test_offload_training.py", "training/test_demo.py", "training/test_resume.py",
+                 "families/wan/test_reference_scripts_b.py", "training/test_run_safety.py", "training/test_speed.py")
+
+
+def pytest_configure(config):
+    # pytest-xdist would otherwise hand out modules by their number of tests (most first), not in LONGEST_FIRST order
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
