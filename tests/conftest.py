@@ -51,28 +51,10 @@ QUICK_FOLDERS = ("core", "data", "cache", "lora", "models", "parts")
 QUICK_END_TO_END = "test_split_equals_one_stage"
 
 
-# The longest modules (15-150 s each on 2 cores), handed out first: `--dist loadfile` then gives each worker the next
-# module in this order, and the many short ones at the end keep the two workers' finishing times together (xdist's
-# default, most tests first, left the long modules of few tests, the launches, for the end: 40 s apart).
-LONGEST_FIRST = ("training/test_deepspeed.py", "families/test_contract.py", "test_benchmarks.py",
-                 "training/test_sharded.py", "families/wan/test_reference_scripts.py", "training/test_training.py",
-                 "training/test_distributed.py", "families/flux/test_flux_reference_scripts.py",
-                 "training/test_offload_training.py", "training/test_demo.py", "training/test_resume.py",
-                 "families/wan/test_reference_scripts_b.py", "training/test_run_safety.py", "training/test_speed.py")
-
-
-def pytest_configure(config):
-    # pytest-xdist would otherwise hand out modules by their number of tests (most first), not in LONGEST_FIRST order
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
 def pytest_collection_modifyitems(config, items):
     """`-m quick`: the edit-test loop's tier (docs/testing.md): the unit-test folders whole, plus the tests marked
-    quick elsewhere (one end-to-end run per family), minus those marked slow. And the longest modules first."""
+    quick elsewhere (one end-to-end run per family), minus those marked slow."""
     root = Path(__file__).parent
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).relative_to(root).as_posix(), len(rank)))
     for item in items:
         path = Path(str(item.fspath)).relative_to(root)
         unit_test = path.parts[0] in QUICK_FOLDERS and item.get_closest_marker("slow") is None
