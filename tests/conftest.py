@@ -9,7 +9,6 @@ import pytest
 from PIL import Image
 
 
-
 def __getattr__(name):
     """`from conftest import LORA_TARGETS` (Qwen-Image's LoRA targets, for the tests), imported when first asked for:
     pytest's main process (which only hands modules to the two workers) never pays difftune's imports (~7 s)."""

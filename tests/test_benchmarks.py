@@ -2,9 +2,9 @@
 
 Every script runs as a subprocess (`--quick --no-doc`, so docs/benchmarks.md is never touched), the way a
 user runs it; the last stdout line is the JSON result. The scripts whose --quick runs stay in their process (the eight
-split benchmarks, overhead, batching, batched stage 1, host overhead, gpu.py's CPU parts, peers) share one subprocess, run one
-after another as `__main__`. The peers benchmark needs DiffSynth-Studio's own
-venv (see benchmarks/peers.py); without it the test checks that the script says how to make it and skips.
+split benchmarks, overhead, batching, batched stage 1, host overhead, gpu.py's CPU parts, peers) share one subprocess,
+run one after another as `__main__`. The peers benchmark needs DiffSynth-Studio's own venv (see benchmarks/peers.py);
+without it the test checks that the script says how to make it and skips.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def assert_ratios(result: dict, keys: list[str]) -> None:
 
 # The in-process smoke runs (their --quick runs stay in this process by design, and the benchmarks' own helpers reset
 # accelerate between runs) share ONE interpreter, one after another: one start (imports ~10 s) instead of thirteen.
-# Each: (script, its extra arguments). The workdir (and gpu.py's --out) are the job's own folder.
+# Each: (script, its extra arguments); "{workdir}" in them is the job's own folder, also its --workdir.
 SMOKES = {"qwen_image": ("split_vs_unsplit.py", ()), "flux": ("flux_split_vs_unsplit.py", ()),
           "wan": ("wan_split_vs_unsplit.py", ()), "z_image": ("z_image_split_vs_unsplit.py", ()),
           "flux2": ("flux2_split_vs_unsplit.py", ()), "krea2": ("krea2_split_vs_unsplit.py", ()),
@@ -80,8 +80,7 @@ def smokes(tmp_path_factory):
     for name, (script, extra) in SMOKES.items():
         workdir = root / name
         workdir.mkdir()
-        argv = ["--quick", "--no-doc", "--workdir", str(workdir / "wd" if name == "gpu" else workdir),
-                *(a.format(workdir=workdir) for a in extra)]
+        argv = ["--quick", "--no-doc", "--workdir", str(workdir), *(a.format(workdir=workdir) for a in extra)]
         jobs.append((name, str(ROOT / "benchmarks" / script), argv))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", SMOKE_RUNNER, json.dumps(jobs)], capture_output=True, text=True,

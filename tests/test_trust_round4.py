@@ -433,8 +433,9 @@ def test_allow_paths_outside_dataset_is_a_train_flag():
     from difftune.cli.args import training_parser
 
     # the parser `difftune train` reads its flags with (in this process: no interpreter start, ~8 s of imports)
-    assert "--allow_paths_outside_dataset" in training_parser().format_help()
-    args = training_parser().parse_args(["--dataset_base_path", "d", "--allow_paths_outside_dataset"])
+    parser = training_parser()
+    assert "--allow_paths_outside_dataset" in parser.format_help()
+    args = parser.parse_args(["--dataset_base_path", "d", "--allow_paths_outside_dataset"])
     assert args.allow_paths_outside_dataset
 
 

@@ -10,6 +10,7 @@ import torch
 
 from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_train
 from difftune.cache import CacheReader
+from test_resume import run_in_process
 
 
 def stage1_cmd(meta, models, out, *extra):
@@ -48,7 +49,7 @@ def test_sigkill_in_stage1_then_rerun(tmp_path, tiny_repo, capsys):
     done_before = len(partial)
     assert 0 < done_before < 30
     capsys.readouterr()
-    run_train(*stage1_cmd(meta, models, tmp_path / "cache")[4:])  # the rerun: in this process (no start-up, imports)
+    run_in_process(stage1_cmd(meta, models, tmp_path / "cache"))  # the rerun: in this process
     assert f"resuming stage 1: {done_before} sample(s) already cached" in capsys.readouterr().out
     ref, got = read_all(tmp_path / "ref"), read_all(tmp_path / "cache")
     assert ref.keys() == got.keys() and len(ref) == 30

@@ -169,16 +169,15 @@ def test_batch_2_equals_batch_1_with_accumulation_2_and_the_lora_loads_back_exac
     run_train(*common, "--output_path", tmp_path / "a2",
               *flags(tiny, *lora_flags(tiny), "--gradient_accumulation_steps", 2))
     path = tmp_path / "a2" / "epoch-0.safetensors"
-    a, b = load_file(str(tmp_path / "b2" / "epoch-0.safetensors")), load_file(str(path))
-    assert a.keys() == b.keys() and a
+    batched, saved = load_file(str(tmp_path / "b2" / "epoch-0.safetensors")), load_file(str(path))
+    assert batched.keys() == saved.keys() and saved
     # the same sums in another order: within the family's float tolerance (1e-5 unless its tiny models declare
     # more; Z-Image's differs by 1.8e-5 on some CPUs' kernels)
-    assert max((a[k] - b[k]).abs().max().item() for k in a) <= tiny.split_tolerance
+    assert max((batched[k] - saved[k]).abs().max().item() for k in saved) <= tiny.split_tolerance
 
     # the saved LoRA loads back exactly, as an adapter and fused
     spec = get_family(tiny.name)
     prefix = spec.lora_prefix(tiny.lora_base_model)
-    saved = b
     assert all(k.startswith(prefix + ".") for k in saved)
     assert any(v.abs().max() > 0 for k, v in saved.items() if ".lora_B." in k)  # it trained
 
