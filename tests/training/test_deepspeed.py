@@ -72,20 +72,17 @@ def test_zero3_on_two_processes_trains_what_one_process_trains(workspace, zero3)
     assert np.abs(a - b).max() <= 1
 
 
-@pytest.mark.parametrize("config, processes", [("deepspeed_zero2_offload.yaml", 2),
-                                               ("deepspeed_zero3_offload_single_gpu.yaml", 1)])
-def test_a_zero3_state_resumes_under_another_stage_and_process_count(workspace, zero3, config, processes):
-    """ZeRO-3's state at step 3 continued under ZeRO-2 with the optimizer on the CPU (DeepSpeed's CPU Adam), and on
-    one process with everything offloaded: the uninterrupted run's weights."""
+def test_a_zero3_state_resumes_under_another_stage_and_process_count(workspace, zero3):
+    """ZeRO-3's state of two processes at step 3, continued by ONE process under ZeRO-2 with the optimizer on the CPU
+    (DeepSpeed's CPU Adam) and accumulation 2: the uninterrupted run's weights."""
     root = workspace["root"]
-    out = root / f"resumed-{processes}"
+    out = root / "resumed"
     shutil.copytree(root / "zero3" / "state" / "step-3", out / "state" / "step-3")
-    accumulation = ["--gradient_accumulation_steps", 2] if processes == 1 else []
-    proc = launch(root, CONFIGS / config, *zero3["flags"], *accumulation, "--output_path", out,
-                  "--resume_from_checkpoint", "latest", processes=processes)
+    proc = launch(root, CONFIGS / "deepspeed_zero2_offload.yaml", *zero3["flags"], "--gradient_accumulation_steps", 2,
+                  "--output_path", out, "--resume_from_checkpoint", "latest", processes=1)
+    assert engine_line(proc.stdout).startswith("engine: DeepSpeed ZeRO-2 over 1 process (cpu), optimizer on cpu")
     assert "resumed from" in proc.stdout
-    assert max_diff(root / "zero3" / "epoch-1.safetensors", out / "epoch-1.safetensors") <= 1e-6 * (10 if accumulation
-                                                                                                    else 1)
+    assert max_diff(root / "zero3" / "epoch-1.safetensors", out / "epoch-1.safetensors") <= 1e-5
 
 
 def test_single_gpu_zero3_offload_lora_recipe_trains_what_a_plain_run_trains(workspace):

@@ -2,7 +2,7 @@
 
 Two processes with --batch_size 1 train the same weights as one process with
 --gradient_accumulation_steps 2 (training/sampler.py hands every layout the same samples per optimizer
-step, and the noise is drawn per sample), from the stage-1 cache; two processes with --batch_size 2 what one process
+step, and the noise is drawn per sample), from the stage-1 cache, with model and optimizer offload; two processes with --batch_size 2 what one process
 with --batch_size 4 trains, one stage, from mixed sizes. Stage 1 on two processes writes the same cache as one process,
 each sample once, and reports a bad row that only rank 1 met. Every run also proves it had two processes:
 only world size 2 writes a second rank's RNG file and `"world_size": 2` in the training state, or a second
@@ -158,9 +158,15 @@ def test_stage1_on_two_processes_writes_the_one_process_cache(workspace, one_pro
 
 def test_stage2_on_two_processes_trains_what_one_process_with_accumulation_trains(workspace, one_process_cache,
                                                                                  tmp_path):
+    """With model and optimizer offload and gradient checkpointing on the two processes (none of them on the one):
+    each process sees other samples, so only gradients synced through the offloaded blocks give the one process's
+    LoRA."""
     cache = ["--dataset_base_path", one_process_cache]
-    launch(workspace, "--task", "sft:train", *cache, "--output_path", tmp_path / "two", "--batch_size", 1,
-           "--save_state", *flags(workspace))
+    proc = launch(workspace, "--task", "sft:train", *cache, "--output_path", tmp_path / "two", "--batch_size", 1,
+                  "--save_state", "--enable_model_cpu_offload", "--enable_optimizer_cpu_offload",
+                  "--use_gradient_checkpointing", *flags(workspace))
+    assert "engine: DDP over 2 processes" in proc.stdout and "model offload: dit: 2 of 2 blocks" in proc.stdout
+    assert "optimizer offload:" in proc.stdout
     run_train("--task", "sft:train", *cache, "--output_path", tmp_path / "one", "--batch_size", 1,
               "--gradient_accumulation_steps", 2, *flags(workspace))
     assert_two_processes_trained(tmp_path / "two", steps=8)

@@ -60,22 +60,7 @@ def test_offload_flags_are_checked(tmp_path, tiny_repo):
         check_training_args(train_args(*args, "--blocks_to_swap", -1))
 
 
-@pytest.mark.slow
-def test_two_processes_sync_gradients_under_offload(tmp_path, tiny_repo):
-    """Two DDP processes (gloo) with model and optimizer offload train what one process with accumulation 2 trains:
-    only synced gradients give that (each process sees other samples)."""
-    from launching import CONFIGS, launch
-
-    args = common(tmp_path, tiny_repo, "--batch_size", 1, "--find_unused_parameters")
-    proc = launch(tmp_path, CONFIGS / "multi_gpu_ddp.yaml", *args, "--output_path", tmp_path / "two",
-                  "--enable_model_cpu_offload", "--enable_optimizer_cpu_offload")
-    assert "engine: DDP over 2 processes" in proc.stdout and "model offload: dit: 2 of 2 blocks" in proc.stdout
-    run_train(*args, "--output_path", tmp_path / "one", "--gradient_accumulation_steps", 2)
-    x = load_file(str(tmp_path / "one" / "epoch-0.safetensors"))
-    y = load_file(str(tmp_path / "two" / "epoch-0.safetensors"))
-    assert x.keys() == y.keys()
-    assert max(v.abs().max().item() for k, v in x.items() if ".lora_B." in k) > 1e-4
-    assert max((x[k] - y[k]).abs().max().item() for k in x) <= 1e-6
+# Two DDP processes under model and optimizer offload: tests/training/test_distributed.py's stage-2 launch.
 
 
 @pytest.mark.slow
