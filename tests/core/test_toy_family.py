@@ -2,6 +2,7 @@
 through the `train` command one-stage and split with equal weights, and the split follows its declarations."""
 
 import json
+import sys
 import textwrap
 
 import pytest
@@ -155,18 +156,22 @@ def test_inference_runs_the_same_units(toy_models):
 
 
 def test_family_from_an_entry_point(tmp_path, monkeypatch):
-    dist = tmp_path / "toyplugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyplugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(textwrap.dedent("""
+    def install(folder, entry_points):
+        dist = folder / "toyplugin-0.1.dist-info"
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyplugin\nVersion: 0.1\n")
+        (dist / "entry_points.txt").write_text(textwrap.dedent(entry_points))
+        monkeypatch.syspath_prepend(str(folder))
+
+    install(tmp_path / "broken", """
         [difftune.families]
         toy_plugin = toy_family:FAMILY
         broken_plugin = no_such_module_here:Pipeline
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    """)
     with pytest.raises(UserError, match=r"family 'broken_plugin' \(entry point no_such_module_here:Pipeline\)"):
         families()
-    (dist / "entry_points.txt").write_text("[difftune.families]\ntoy_plugin = toy_family:FAMILY\n")
+    sys.path.remove(str(tmp_path / "broken"))  # uninstalled (monkeypatch restores sys.path afterwards)
+    install(tmp_path / "fixed", "[difftune.families]\ntoy_plugin = toy_family:FAMILY\n")
     assert families()["toy_plugin"] is toy_family.FAMILY
 
 

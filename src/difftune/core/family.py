@@ -9,8 +9,10 @@ points back to it); it never imports a family package by name. Built-in families
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -194,13 +196,20 @@ def _load(name: str, target: str, what: str) -> FamilySpec:
     return spec
 
 
-def families() -> dict[str, FamilySpec]:
-    """Built-in families, then packages' `difftune.families` entry points, then `register_family` calls."""
+@functools.lru_cache(maxsize=4)
+def _entry_points(path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The `difftune.families` entry points of the distributions on `path` (sys.path): reading every installed
+    distribution's metadata takes milliseconds, and a run asks for the families a dozen times."""
     from importlib.metadata import entry_points
 
+    return tuple((ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def families() -> dict[str, FamilySpec]:
+    """Built-in families, then packages' `difftune.families` entry points, then `register_family` calls."""
     found = {name: _load(name, target, "module") for name, target in builtin_families().items()}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found[ep.name] = _load(ep.name, ep.value, "entry point")
+    for name, target in _entry_points(tuple(sys.path)):
+        found[name] = _load(name, target, "entry point")
     found.update(_REGISTERED)
     return found
 
