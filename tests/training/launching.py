@@ -51,7 +51,16 @@ def extensions_dir() -> str:
     base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "torch_extensions")
     tag = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
-    return base if base.rstrip(os.sep).endswith(tag) else os.path.join(base, f"env-{tag}")
+    folder = base if base.rstrip(os.sep).endswith(tag) else os.path.join(base, f"env-{tag}")
+    # A build killed midway (a timed-out test, a stopped run) leaves torch's `lock` file behind, and every later build
+    # waits on it forever. A build takes a minute or two: a lock untouched for ten minutes has no builder.
+    for lock in Path(folder).glob("*/lock"):
+        try:
+            if time.time() - lock.stat().st_mtime > 600:
+                lock.unlink()
+        except OSError:
+            pass
+    return folder
 
 
 def launch(root: Path, config: Path, *argv, processes: int = 2, timeout: int = 400) -> subprocess.CompletedProcess:
