@@ -50,10 +50,29 @@ QUICK_FOLDERS = ("core", "data", "cache", "lora", "models", "parts")
 QUICK_END_TO_END = "test_split_equals_one_stage"
 
 
+# The longest modules (15-90 s each on 2 cores), handed out first: `--dist loadfile` then gives each worker the next
+# module in this order, and the many short ones at the end keep the two workers' finishing times together (xdist's
+# default, most tests first, leaves the long modules of few tests, the launches, for the end: 66 s apart).
+LONGEST_FIRST = ("training/test_deepspeed.py", "families/test_contract.py", "test_benchmarks.py",
+                 "training/test_sharded.py", "families/wan/test_reference_scripts.py", "training/test_distributed.py",
+                 "training/test_training.py", "families/flux/test_flux_reference_scripts.py",
+                 "families/wan/test_reference_scripts_b.py", "training/test_demo.py", "training/test_offload_training.py",
+                 "training/test_resume.py", "families/z_image/test_z_image_reference_scripts.py",
+                 "families/wan/test_wan.py", "training/test_run_safety.py")
+
+
+def pytest_configure(config):
+    # pytest-xdist would otherwise hand out modules by their number of tests (most first), not in LONGEST_FIRST order
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """`-m quick`: the edit-test loop's tier (docs/testing.md): the unit-test folders whole, plus the tests marked
-    quick elsewhere (one end-to-end run per family), minus those marked slow."""
+    quick elsewhere (one end-to-end run per family), minus those marked slow. And the longest modules first."""
     root = Path(__file__).parent
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).relative_to(root).as_posix(), len(rank)))
     for item in items:
         path = Path(str(item.fspath)).relative_to(root)
         unit_test = path.parts[0] in QUICK_FOLDERS and item.get_closest_marker("slow") is None
@@ -92,6 +111,16 @@ def make_image_dataset(root, n=2, size=(64, 48), fmt="csv"):
     else:
         path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
+
+
+def noise_image(size, sigma, seed=0):
+    """A grey picture with Gaussian noise (what PIL's `Image.effect_noise` draws), from a seeded generator:
+    effect_noise draws from the C library's one global `rand()` state, so its pictures depend on what ran before in
+    the process (and with them a test's float margins)."""
+    import numpy as np
+
+    pixels = np.random.default_rng(seed).normal(128.0, sigma, (size[1], size[0]))
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "L").convert("RGB")
 
 
 @pytest.fixture()

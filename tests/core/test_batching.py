@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from conftest import LORA_TARGETS, model_paths_json, run_train
+from conftest import LORA_TARGETS, model_paths_json, noise_image, run_train
 from difftune.core.batch import SAME, Pad, collate_values
 from difftune.errors import UserError
 from difftune.training.sampler import EpochPlan
@@ -18,13 +18,13 @@ PROMPTS = ["a dog", "a red cat sitting on a long wooden bench", "bird", "a fish 
            "tree", "two boats", "a car on a road at night under the rain", "sun", "a house", "moon over hills"]
 
 
-def mixed_dataset(root, n=10, edit=False):
+def mixed_dataset(root, n=10, edit=False, seed=0):
     """n images of three aspect ratios and prompts of different lengths (and edit images of two sizes)."""
     root.mkdir(parents=True, exist_ok=True)
     rows = ["image,prompt" + (",edit_image" if edit else "")]
     for i in range(n):
         w, h = SIZES[i % 3]
-        Image.effect_noise((w, h), 30 + 5 * i).convert("RGB").save(root / f"img_{i}.png")
+        noise_image((w, h), 30 + 5 * i, seed=seed * 100 + i).save(root / f"img_{i}.png")
         line = f'img_{i}.png,"{PROMPTS[i % len(PROMPTS)]}"'
         if edit:
             Image.new("RGB", (32, 32) if i % 2 else (48, 32), (20 * i, 90, 160)).save(root / f"edit_{i}.png")

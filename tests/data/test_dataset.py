@@ -7,6 +7,7 @@ import pytest
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from conftest import noise_image
 from difftune.data import (DataError, ImageCropAndResize, Lambda, LoadImage, RouteByExtension, ToAbsolutePath,
                            UnifiedDataset, read_metadata, target_size)
 from difftune.errors import UserError
@@ -206,7 +207,7 @@ def test_operators_compose_and_route_by_extension(tmp_path):
 
 # -- errors ---------------------------------------------------------------------------------------------
 def bad_file(tmp_path, kind):
-    good = Image.effect_noise((64, 64), 40).convert("RGB")
+    good = noise_image((64, 64), 40, seed=1)
     if kind == "missing":
         return "nothere.png", "file not found"
     if kind == "empty":
@@ -373,7 +374,7 @@ def test_skip_a_file_that_fails_only_when_decoded(data):
 
 def test_skip_keeps_what_error_mode_loads(data):
     """A PNG missing only its end chunk fails PIL's verify() but decodes: both modes keep it."""
-    Image.effect_noise((64, 64), 40).convert("RGB").save(data / "full.png")
+    noise_image((64, 64), 40, seed=1).save(data / "full.png")
     (data / "noend.png").write_bytes((data / "full.png").read_bytes()[:-12])
     meta = write_metadata(data / "m.csv", [ROWS[0], {**ROWS[1], "image": "noend.png"}])
     strict = UnifiedDataset(data, meta)[1]["image"]

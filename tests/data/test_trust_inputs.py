@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import noise_image
 from difftune.data import DataError, LoadImage, ToAbsolutePath, UnifiedDataset
 
 W, H = 64, 16
@@ -293,7 +294,7 @@ def many_rows(folder, n, last=None):
     if last == "missing":
         names[-1] = "gone.png"
     elif last == "truncated":
-        Image.effect_noise((64, 64), 40).convert("RGB").save(folder / "full.png")
+        noise_image((64, 64), 40, seed=1).save(folder / "full.png")
         (folder / "cut.png").write_bytes((folder / "full.png").read_bytes()[:3000])
         names[-1] = "cut.png"
     meta = folder / "metadata.csv"

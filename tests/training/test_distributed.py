@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_train
+from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, noise_image, run_train
 from difftune.cache import CacheReader
 
 pytestmark = pytest.mark.slow  # each test launches 2 processes: 25-60 s on 2 cores
@@ -43,7 +43,7 @@ def workspace(tmp_path_factory, tiny_repo):
     # For stage 1: the same 4 images plus, in row 2, a picture whose compressed data is scrambled in the middle
     # (a PNG, under a .jpg name: PIL reads by content; its length and end marker are whole). It passes the check
     # made when the dataset is built, so only the process that decodes it (rank 1: row index 1) finds it bad.
-    noise = Image.effect_noise((32, 32), 40).convert("RGB")
+    noise = noise_image((32, 32), 40, seed=1)
     noise.save(root / "data" / "whole.png")
     data = bytearray((root / "data" / "whole.png").read_bytes())
     data[len(data) // 2: len(data) // 2 + 16] = bytes(b ^ 0xFF for b in data[len(data) // 2: len(data) // 2 + 16])
@@ -180,7 +180,7 @@ def test_two_processes_with_batch_2_train_what_one_process_with_batch_4_trains(w
     root.mkdir()
     rows = ["image,prompt"]
     for i, (w, h) in enumerate([(32, 32), (32, 16), (16, 32)] * 3):
-        Image.effect_noise((w, h), 20 + 7 * i).convert("RGB").save(root / f"m{i}.png")
+        noise_image((w, h), 20 + 7 * i, seed=i).save(root / f"m{i}.png")
         rows.append(f'm{i}.png,"{"a long prompt about a thing " * (i % 3 + 1)}"')
     (root / "metadata.csv").write_text("\n".join(rows) + "\n")
     data = ["--dataset_base_path", root, "--dataset_metadata_path", root / "metadata.csv"]

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 from safetensors import safe_open
 
-from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_train
+from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, noise_image, run_train
 from launching import CONFIGS, engine_line, kill_after_state, launch, max_diff
 
 pytestmark = pytest.mark.slow  # each test launches 2 processes
@@ -33,7 +33,7 @@ def workspace(tmp_path_factory, tiny_repo):
     # Row 2 is a picture whose compressed data is scrambled in the middle: it passes the check made when the data
     # set is built, so the process that decodes it finds it bad and its micro-batch has no sample. Under FSDP2 that
     # process must still run the (collective) forward: on a stand-in sample, weighted 0.
-    noise = Image.effect_noise((32, 32), 40).convert("RGB")
+    noise = noise_image((32, 32), 40, seed=1)
     noise.save(root / "data" / "whole.png")
     data = bytearray((root / "data" / "whole.png").read_bytes())
     data[len(data) // 2: len(data) // 2 + 16] = bytes(b ^ 0xFF for b in data[len(data) // 2: len(data) // 2 + 16])
