@@ -149,8 +149,12 @@ class ComponentSpec:
 
         cls = self.model_class()
         if self.library == "transformers":
+            from transformers.initialization import no_init_weights
+
             cfg = getattr(importlib.import_module("transformers"), self.config_class_name).from_dict(dict(config))
-            with init_empty_weights(include_buffers=False):
+            # transformers initialises the (meta) parameters it builds unless the device is meta, and torch's meta
+            # normal_ runs in Python: a tenth of a tiny training run went there. The weights are loaded next.
+            with init_empty_weights(include_buffers=False), no_init_weights():
                 model = cls(cfg)
             # tied embeddings (T5's shared / embed_tokens) are tied on load, not on construction: tie them
             # here so a checkpoint that stores one copy fits
