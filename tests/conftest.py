@@ -56,9 +56,10 @@ QUICK_END_TO_END = "test_split_equals_one_stage"
 LONGEST_FIRST = ("training/test_deepspeed.py", "families/test_contract.py", "test_benchmarks.py",
                  "training/test_sharded.py", "families/wan/test_reference_scripts.py", "training/test_distributed.py",
                  "training/test_training.py", "families/flux/test_flux_reference_scripts.py",
-                 "families/wan/test_reference_scripts_b.py", "training/test_demo.py", "training/test_offload_training.py",
-                 "training/test_resume.py", "families/z_image/test_z_image_reference_scripts.py",
-                 "families/wan/test_wan.py", "training/test_run_safety.py")
+                 "families/wan/test_reference_scripts_b.py", "training/test_demo.py",
+                 "training/test_offload_training.py", "training/test_resume.py",
+                 "families/z_image/test_z_image_reference_scripts.py", "families/wan/test_wan.py",
+                 "training/test_run_safety.py")
 
 
 def pytest_configure(config):

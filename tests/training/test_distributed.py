@@ -2,11 +2,11 @@
 
 Two processes with --batch_size 1 train the same weights as one process with
 --gradient_accumulation_steps 2 (training/sampler.py hands every layout the same samples per optimizer
-step, and the noise is drawn per sample), from the stage-1 cache, with model and optimizer offload; two processes with --batch_size 2 what one process
-with --batch_size 4 trains, one stage, from mixed sizes. Stage 1 on two processes writes the same cache as one process,
-each sample once, and reports a bad row that only rank 1 met. Every run also proves it had two processes:
-only world size 2 writes a second rank's RNG file and `"world_size": 2` in the training state, or a second
-cache part.
+step, and the noise is drawn per sample), from the stage-1 cache, with model and optimizer offload; two processes
+with --batch_size 2 what one process with --batch_size 4 trains, one stage, from mixed sizes. Stage 1 on two
+processes writes the same cache as one process, each sample once, and reports a bad row that only rank 1 met. Every
+run also proves it had two processes: only world size 2 writes a second rank's RNG file and `"world_size": 2` in the
+training state, or a second cache part.
 
 Launching: `accelerate launch --cpu --num_processes 2` silently runs ONE process; what works on a machine
 without GPUs is `--multi_gpu` (or the DDP config file) with `Accelerator(cpu=True)`, which difftune sets
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import load_file
 
 from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, noise_image, run_train
