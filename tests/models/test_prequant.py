@@ -290,6 +290,60 @@ def test_install_quantized_decodes_layers_that_pass_no_gradient(bnb):
     assert "its layers pass no gradient here" in notes[0]
 
 
+@pytest.mark.parametrize("how", ["online", "pre-quantised"])
+def test_bitsandbytes_cpu_kernel_gets_only_the_shapes_it_takes(bnb, monkeypatch, capsys, how):
+    """On a CPU with AVX512-BF16, bitsandbytes repacks a 4-bit weight for its fused kernel on the layer's first
+    no-gradient forward, and the repacking asserts unless out_features is a multiple of 32 and in_features of the
+    block size ("N must be divisible by block_n" on Ideogram-4's tiny NF4 text encoder). That route is forced here on
+    any CPU: the layers it cannot take give the dequantised weight's matmul, with one note; the one it takes goes
+    through the kernel."""
+    import bitsandbytes.functional as bnb_f
+
+    from difftune.models import bnb4bit
+    from difftune.models.quant import quantize_linears
+
+    native = bnb_f.has_avx512bf16()  # this machine's build has the kernel itself
+    monkeypatch.setattr(bnb.nn.modules, "has_avx512bf16", lambda: True)  # read by Linear4bit's constructor
+    monkeypatch.setattr(bnb4bit, "_noted", False)
+    torch.manual_seed(0)
+    shapes = {"tall": (48, 64), "narrow": (64, 32), "fits": (64, 128)}  # [out, in]; NF4 blocks of 64
+    if how == "online":
+        model = torch.nn.ModuleDict({k: torch.nn.Linear(i, o, bias=False) for k, (o, i) in shapes.items()})
+        quantize_linears(model, QuantOption("bitsandbytes_nf4"), torch.float32)
+    else:
+        state = {f"{k}.{n}": v for k, (o, i) in shapes.items()
+                 for n, v in _bnb_linear(torch.randn(o, i)).state_dict().items()}
+        model = torch.nn.ModuleDict({k: torch.nn.Linear(i, o, bias=False, device="meta") for k, (o, i) in shapes.items()})
+        assert set(install_quantized(model, split_prequantized(state)[1], torch.float32).values()) == {"nf4"}
+    assert all(isinstance(layer, bnb.nn.Linear4bit) for layer in model.values())
+    model.eval()  # as load_component leaves every model
+    want = {k: bnb.functional.dequantize_4bit(m.weight.data, m.weight.quant_state) for k, m in model.items()}
+    calls = []
+    if not native:  # no CPU kernel in this build: record the call and answer for it
+        def gemv(A, B, out=None, state=None, **_):
+            calls.append(list(state.shape))
+            return torch.nn.functional.linear(A.float(), want["fits"])
+
+        monkeypatch.setattr(bnb_f, "gemv_4bit", gemv)
+    capsys.readouterr()
+    for name, layer in model.items():
+        x = torch.randn(3, layer.in_features)
+        ref = torch.nn.functional.linear(x, want[name])
+        with torch.no_grad():
+            outs = [layer(x), layer(x)]
+        tol = 2e-2 if name == "fits" else 1e-5  # the kernel computes in bfloat16
+        assert all(torch.allclose(out, ref, rtol=tol, atol=tol) for out in outs), name
+        assert getattr(layer.weight.quant_state, "packing_format_for_cpu", False) == (name == "fits"), name
+    assert native or calls == [[64, 128], [64, 128]]
+    assert [ln for ln in capsys.readouterr().out.splitlines() if "4-bit kernel" in ln] == [
+        "note: bitsandbytes' CPU 4-bit kernel cannot take a [48, 64] layer (out_features 48 is not a multiple of 32); "
+        "such layers run with their weights dequantised"]
+    # with a gradient to take, bitsandbytes' own path (no kernel) as before: a LoRA on top trains
+    x = torch.randn(3, 32, requires_grad=True)
+    model["narrow"](x).sum().backward()
+    assert x.grad.abs().max() > 0
+
+
 def test_a_layout_converter_splits_packed_weights_by_rows_or_gets_them_decoded(bnb):
     """A family's converter written for plain tensors (a fused qkv split into q, k, v) runs on packed weights: rows
     cut from a weight stay packed; anything else gets the weights decoded, with a note."""

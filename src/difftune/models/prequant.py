@@ -447,12 +447,12 @@ def _install(module: nn.Module, name: str, linear: nn.Linear, weight: QuantizedW
             warnings.simplefilter("ignore")
             linear.weight = nn.Parameter(weight.float8_tensor(dtype, device), requires_grad=False)
         return
-    import bitsandbytes as bnb
+    from .bnb4bit import Linear4bit  # bitsandbytes' own, with its CPU kernel's shape limits checked
 
     with torch.device("meta"):
-        quant = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                  compute_dtype=dtype, quant_type=weight.kind,
-                                  compress_statistics="nested_absmax" in weight.stats)
+        quant = Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                           compute_dtype=dtype, quant_type=weight.kind,
+                           compress_statistics="nested_absmax" in weight.stats)
     quant.weight = weight.params4bit(device, dtype)
     quant.weight.module = quant
     quant.quant_state = quant.weight.quant_state

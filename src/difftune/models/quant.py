@@ -184,13 +184,15 @@ def quantize_linears(module: nn.Module, option: QuantOption, compute_dtype: torc
         _quantize_torchao(module, names, option, device)
         return names
     bnb = bitsandbytes()
+    from .bnb4bit import Linear4bit  # bitsandbytes' own, with its CPU kernel's shape limits checked
+
     for name in names:
         parent_name, _, leaf = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
         linear = getattr(parent, leaf)
         with torch.device("meta"):  # no full-precision copy of the weight is allocated
-            quant = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                      compute_dtype=compute_dtype, quant_type=option.quant_type)
+            quant = Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                               compute_dtype=compute_dtype, quant_type=option.quant_type)
         quant.weight = bnb.nn.Params4bit(linear.weight.data.to(compute_dtype).contiguous(), requires_grad=False,
                                          quant_type=option.quant_type)
         if linear.bias is not None:
