@@ -7,7 +7,8 @@ which is what its `train.py` does for Qwen-Image. Shims, none of which edits Dif
 
 * torchvision: the PyPI wheel matching torch 2.13 is a CUDA build whose `_C` cannot load on this CPU-only
   torch; `import torchvision` then dies registering fakes for `torchvision::nms`. Defining the two op
-  schemas first lets the pure-Python parts import (DiffSynth's data operators need them).
+  schemas first lets the pure-Python parts import (DiffSynth's data operators need them): `torchvision_shim.py`,
+  installed at the top of this file, before `common` imports difftune's families (diffusers, transformers).
 * Model classes: DiffSynth's `QwenImageDiT` and `QwenImageTextEncoder` hard-code the 20B/7B widths, so two
   subclasses change only `__init__` to the benchmark's widths; the weights are the same files difftune
   loads (DiffSynth reads the diffusers/transformers layouts; `load_state_dict(strict=True)` checks it).
@@ -31,16 +32,11 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from torchvision_shim import install as torchvision_shim  # noqa: E402
+
+torchvision_shim()  # before `common`: it imports difftune's families, which import diffusers and transformers
+
 from common import LORA_TARGETS, child_main, status_kb  # noqa: E402
-
-
-def torchvision_shim() -> None:
-    import torch
-
-    lib = torch.library.Library("torchvision", "DEF")
-    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    torchvision_shim.lib = lib  # keep the registration alive
 
 
 def build_pipeline(p: dict):
@@ -152,8 +148,6 @@ def measure(p: dict) -> dict:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if torch.version.cuda is None:  # a CPU-only torch: the CUDA torchvision wheel's _C cannot load
-        torchvision_shim()
     import accelerate
     import diffsynth  # noqa: F401  (the ~10 s import, before the baseline)
     from diffsynth.core.data import UnifiedDataset

@@ -6,7 +6,8 @@ checkout of it, and this launcher runs that file unchanged (`runpy`) inside Diff
 matching diffusers (>= the script's `check_min_version`) and the torchvision shim. Shims, none of which
 edits the script:
 
-* torchvision: the same op-schema shim as peer_diffsynth.py (the script imports `torchvision.transforms`).
+* torchvision: the same op-schema shim as peer_diffsynth.py (`torchvision_shim.py`, installed at the top of this
+  file; the script imports `torchvision.transforms`).
 * Prompt template: the pipeline drops a hard-coded 34 template tokens; with the benchmark's byte-level
   tokenizer that count is wrong, so the pipeline's `prompt_template_encode_start_idx` is set to the count
   difftune uses, and the DiT sees the same prompt tokens in both.
@@ -27,8 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from torchvision_shim import install as torchvision_shim  # noqa: E402
+
+torchvision_shim()  # before `common`: it imports difftune's families, which import diffusers and transformers
+
 from common import LORA_TARGETS, child_main, status_kb  # noqa: E402
-from peer_diffsynth import torchvision_shim  # noqa: E402
 
 
 def measure(p: dict) -> dict:
@@ -36,7 +40,6 @@ def measure(p: dict) -> dict:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    torchvision_shim()
     import accelerate  # noqa: F401
     import diffusers
     import peft  # noqa: F401

@@ -132,6 +132,51 @@ def test_peers_quick(smokes):
                       "peak_rss_stage2_ratio", "cache_bytes_ratio", "stage1_seconds_ratio"])
 
 
+# A peer child imported as DiffSynth's venv runs it: a CPU-only torch, and torchvision the CUDA wheel that cannot load
+# there (made unimportable here); the first import of diffusers or of difftune's families is recorded with whether
+# torchvision's op schemas (the shim) were defined by then.
+PEER_IMPORT = r"""
+import importlib, importlib.abc, json, sys
+import torch
+
+torch.version.cuda = None
+
+
+def schemas():
+    return hasattr(torch.ops.torchvision, "nms")
+
+
+class PeerVenv(importlib.abc.MetaPathFinder):
+    first = None
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchvision" or name.startswith("torchvision."):
+            raise ImportError("torchvision's CUDA build cannot load on a CPU-only torch")
+        if PeerVenv.first is None and (name == "diffusers" or name.startswith("difftune.families")):
+            PeerVenv.first = {"module": name, "shim": schemas()}
+        return None
+
+
+sys.meta_path.insert(0, PeerVenv())
+sys.path.insert(0, sys.argv[2])
+importlib.import_module(sys.argv[1])
+print("PEER " + json.dumps({"first": PeerVenv.first, "shim_after": schemas()}))
+"""
+
+
+@pytest.mark.parametrize("child", ["peer_diffsynth", "peer_diffusers"])
+def test_a_peer_child_defines_torchvisions_schemas_before_difftunes_families_import(child):
+    """benchmarks/common.py imports difftune's families (diffusers, transformers, which may import torchvision): in
+    DiffSynth's venv the torchvision shim must be in place before that, or the child dies at its imports."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", PEER_IMPORT, child, str(ROOT / "benchmarks")], capture_output=True,
+                          text=True, timeout=300, cwd=str(ROOT), env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("PEER "))[len("PEER "):])
+    assert report["first"] is not None and report["first"]["shim"], report
+    assert report["shim_after"]
+
+
 def test_batching_quick(smokes):
     r = smoke(smokes, "batching")
     assert r["benchmark"] == "batching" and r["images"] > 0

@@ -20,6 +20,7 @@ from support import register_tiny
 from difftune import (BasePipeline, ComponentSpec, FamilySpec, FlowMatchScheduler, PipelineUnit, UserError,
                       gradient_checkpoint_forward, images_to_tensor, register_family)
 from difftune.core.features import Feature
+from difftune.core.target import ImageStream, Target
 
 PATCH = 4  # the image encoder's stride: latents are 1/4 of the image
 PROMPT_LENGTH = 16  # prompts are byte-tokenised to a fixed length, so no padding mask is needed
@@ -79,7 +80,7 @@ class ToyShapeChecker(PipelineUnit):
     def process(self, pipe, height, width):
         if height is None or width is None:
             raise UserError("height and width are required (or an input image to take them from)")
-        f = pipe.division_factor
+        f = pipe.stream.division
         return {"height": -(-int(height) // f) * f, "width": -(-int(width) // f) * f}
 
 
@@ -163,6 +164,11 @@ def model_fn_toy(denoiser, latents, timestep, prompt_emb, reference_latents=None
 REFERENCE = Feature("reference", columns=("reference_image",), model_fn_inputs=("reference_latents",))
 
 
+def _preview(pipe, latents):
+    """A preview without a decoder model: the first three latent channels, upsampled (validation renders it)."""
+    return torch.nn.functional.interpolate(latents[:, :3].float(), scale_factor=PATCH).tanh()
+
+
 class ToyPipeline(BasePipeline):
     model_names = ("denoiser", "image_encoder", "prompt_encoder")
     loss_models = ("denoiser",)
@@ -170,7 +176,7 @@ class ToyPipeline(BasePipeline):
     model_fn_inputs = ("prompt_emb",)
     features = (REFERENCE,)
     data_inputs = ("image", "prompt", "seed")
-    division_factor = PATCH
+    target = Target((ImageStream(channels=4, scale=PATCH, division=PATCH, decoder=_preview, decode_models=()),))
     call_defaults = {"height": 32, "width": 32, "num_inference_steps": 4, "cfg_scale": 1.0}
 
     def __init__(self, device="cpu", torch_dtype=torch.float32):
@@ -190,10 +196,6 @@ class ToyPipeline(BasePipeline):
         return {"prompt": data.get("prompt") or "", "negative_prompt": "", "input_image": image,
                 "reference_image": reference if isinstance(reference, Image.Image) else None,
                 "height": image.size[1], "width": image.size[0], "seed": data.get("seed"), "batch_size": 1}
-
-    def decode(self, latents):
-        """A preview without a decoder model: the first three latent channels, upsampled (validation renders it)."""
-        return torch.nn.functional.interpolate(latents[:, :3].float(), scale_factor=PATCH).tanh()
 
     def __call__(self, prompt: str, height: int = 32, width: int = 32, num_inference_steps: int = 4,
                  seed: int | None = None, cfg_scale: float = 1.0, input_image=None, denoising_strength: float = 1.0,

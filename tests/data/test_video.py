@@ -303,13 +303,14 @@ def test_an_input_image_column_is_loaded_as_one_frame(tmp_path):
 
 # -- --num_frames and the fingerprint ----------------------------------------------------------------------
 def family(data="video", name="tiny_video", factor=4, remainder=1):
-    pipeline = types.SimpleNamespace(time_division_factor=factor, time_division_remainder=remainder,
-                                     default_num_frames=81, frame_inputs=FRAME_INPUTS, division_factor=16,
-                                     data_inputs=(), units=[])
     from difftune.core.family import FamilySpec
+    from difftune.core.target import FrameRule, ImageStream, Target, VideoStream
 
+    stream = VideoStream(frames=FrameRule(81, factor, remainder), frame_inputs=FRAME_INPUTS, division=16) \
+        if data == "video" else ImageStream(division=16)
+    pipeline = types.SimpleNamespace(target=Target((stream,)), data_inputs=(), units=[])
     return FamilySpec(name=name, pipeline=types.new_class("TinyVideoPipeline", (), {}, lambda ns: ns.update(
-        vars(pipeline))), components=(), data=data)
+        vars(pipeline))), components=())
 
 
 def parse(tmp_path, *flags):
@@ -419,26 +420,31 @@ def test_frame_grid_spreads_the_frames():
 def fake_video_pipeline():
     """What validation uses of a video family's pipeline: noise (C, F, h, w) and decoding to clips (B, 3, F, H, W);
     no timesteps, so the sampling template hands the noise straight to the decoder."""
+    import dataclasses
+
     import torch
 
     from difftune.core.pipeline import BasePipeline
+    from difftune.core.target import FrameRule, Target, VideoStream
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Clips(VideoStream):
+        def noise_shape(self, pipe, height, width, num_frames=1):
+            pipe.frames_asked.append(num_frames)
+            return (3, num_frames, height, width)
+
+        def decode(self, pipe, latents):
+            return latents.clamp(-1, 1)
 
     class FakeVideoPipe(BasePipeline):
         model_names = loss_models = ("dit",)
-        output_kind = "clip"
+        target = Target((Clips(frames=FrameRule(81, 4, 1), decode_models=()),))
 
         def __init__(self, device="cpu", torch_dtype=torch.float32):
             super().__init__(device, torch_dtype)
             self.models["dit"] = torch.nn.Linear(1, 1)
             self.scheduler = types.SimpleNamespace(sigmas=None, timesteps=[], set_timesteps=lambda *a, **k: None)
             self.frames_asked = []
-
-        def noise_shape(self, height, width, num_frames=1):
-            self.frames_asked.append(num_frames)
-            return (3, num_frames, height, width)
-
-        def decode(self, latents):
-            return latents.clamp(-1, 1)
 
     return FakeVideoPipe
 
@@ -459,7 +465,6 @@ def test_validation_renders_a_video_family_as_clips(tmp_path):
 
     pipe_cls = fake_video_pipeline()
     video = dataclasses.replace(family(), pipeline=pipe_cls)
-    pipe_cls.default_num_frames, pipe_cls.time_division_factor, pipe_cls.time_division_remainder = 81, 4, 1
     assert video.options is NoOptions
     validator = Validator(validation_run(video, "--validation_prompts", "a|b", "--validation_size", "16",
                                          "--num_frames", "9", "--validation_num_frames", "5", "--output_path",
@@ -479,8 +484,15 @@ def test_validation_renders_a_video_family_as_clips(tmp_path):
     with pytest.raises(UserError) as err:
         validation_run(video, "--validation_num_frames", "6", tmp_path=tmp_path)
     one_line(err, "--validation_num_frames 6", "4k+1")
+    from difftune.core.target import FrameRule, Target, VideoStream
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class StillClips(VideoStream):
+        def noise_shape(self, pipe, height, width):  # a family that renders stills
+            return (3, 1, height, width)
+
     stills = dataclasses.replace(video, pipeline=type("Stills", (pipe_cls,), {
-        "noise_shape": lambda self, height, width: (3, 1, height, width)}))  # a family that renders stills
+        "target": Target((StillClips(frames=FrameRule(81, 4, 1), decode_models=()),))}))
     with pytest.raises(UserError) as err:
         Validator(validation_run(stills, "--validation_num_frames", "5", tmp_path=tmp_path))
     one_line(err, "--validation_num_frames: not used", "renders stills")
@@ -492,7 +504,7 @@ def test_sample_output_names_follow_the_family():
 
     def out(video, *flags):
         args = sample_parser().parse_args(["--prompt", "p", *flags])
-        return _output(args, family(data="video" if video else "image", name="fam"), video)
+        return _output(args, family(data="video" if video else "image", name="fam"))
 
     assert out(True) == "sample.mp4" and out(False) == "sample.png"
     assert out(True, "--output", "a.webm") == "a.webm" and out(True, "--output", "a.gif") == "a.gif"

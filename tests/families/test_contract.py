@@ -95,8 +95,8 @@ def test_units_keep_to_their_declarations(tiny):
     pipe = build_pipeline(spec, [ModelConfig(p) for p in tiny.model_paths], device="cpu", torch_dtype=torch.float32)
     dataset = UnifiedDataset(base_path=tiny.metadata.parent, metadata_path=tiny.metadata,
                              main_data_operator=UnifiedDataset.default_image_operator(
-                                 tiny.metadata.parent, max_pixels=4096, height_division_factor=pipe.division_factor,
-                                 width_division_factor=pipe.division_factor))
+                                 tiny.metadata.parent, max_pixels=4096, height_division_factor=pipe.stream.division,
+                                 width_division_factor=pipe.stream.division))
     pipe.scheduler.set_training()
     values = pipe.training_inputs(dataset[0])
     pipe.run_units(values)  # training

@@ -15,6 +15,7 @@ import torch
 import toy_family
 from conftest import run_train
 from difftune.core.family import FamilySpec, recognise, register_family
+from difftune.core.target import ImageStream, Target
 from difftune.errors import UserError
 from difftune.models import ComponentSpec, ModelConfig
 
@@ -257,11 +258,14 @@ def test_a_second_model_of_one_class_fills_the_next_slot(toy_models, monkeypatch
 def test_loss_mask_leaves_masked_elements_out_of_the_loss():
     from difftune.training.losses import flow_match_sft_loss, sample_generator
 
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Masked(ImageStream):
+        def loss_mask(self, pipe, values):
+            return pipe.mask
+
     class Pipe(toy_family.ToyPipeline):
         mask = None
-
-        def loss_mask(self, values):
-            return self.mask
+        target = Target((Masked(channels=4, scale=toy_family.PATCH, division=toy_family.PATCH),))
 
         def model_fn(self, latents, timestep, prompt_emb, **settings):
             return latents * 0  # predicts 0: the error is the target itself
@@ -276,7 +280,7 @@ def test_loss_mask_leaves_masked_elements_out_of_the_loss():
     half = flow_match_sft_loss(pipe, values, [sample_generator(0, 0, 0)], {})
     # same noise and timestep (same generator): recompute the two means by hand
     g = sample_generator(0, 0, 0)
-    sigma, _, weight = pipe.scheduler.sample_training(1, g, image_seq_len=pipe.seq_len(x0))
+    sigma, _, weight = pipe.scheduler.sample_training(1, g, image_seq_len=pipe.stream.seq_len(x0))
     noise = torch.randn(x0.shape[1:], generator=g)[None]
     err = (noise - x0).pow(2)
     assert torch.allclose(full, err.mean() * weight, atol=1e-6)

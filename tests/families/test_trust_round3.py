@@ -39,7 +39,7 @@ def ws(request, tmp_path_factory):
     t = tiny_family(request.param, folder)
     t.name = request.param
     t.metadata = t.write_dataset(folder / "data")
-    t.video = families()[t.name].data == "video"
+    t.video = families()[t.name].target.frames is not None
     t.cache = folder / "cache"
     assert cli("--task", "sft:data_process", "--dataset_base_path", t.metadata.parent, "--dataset_metadata_path",
                t.metadata, "--output_path", t.cache, "--cache_commit_every", 1, *common(t)) == 0
@@ -143,7 +143,7 @@ def test_a_height_off_the_size_factor_is_rounded_with_one_note_and_cropped_not_s
                     tmp_path / "out", "--height", 33, "--width", 48, *common(ws))
     from difftune.training.builders import make_dataset
 
-    factor = run.pipeline.division_factor
+    factor = run.pipeline.target.primary.division
     run = run.replace(log=logged.append)
     item = make_dataset(run)[0]
     frames = item["image"]  # a video family reads a still as a one-frame clip
@@ -191,8 +191,8 @@ def test_a_frame_beyond_the_positional_table_is_one_line(ws, tmp_path, capsys):
                   and "rope_max_seq_len" in json.loads(c.read_text())), None)
     if not limit:
         pytest.skip(f"{ws.name}'s denoiser computes its positions (no table to run past)")
-    pipe = spec.pipeline
-    width = (limit + 1) * pipe.patch_size * pipe.vae_scale
+    stream = spec.target.primary
+    width = (limit + 1) * stream.patch * stream.scale
     root = tmp_path / "data"
     root.mkdir()
     Image.new("RGB", (width, 16), (200, 40, 40)).save(root / "wide.png")
@@ -201,7 +201,7 @@ def test_a_frame_beyond_the_positional_table_is_one_line(ws, tmp_path, capsys):
     code = cli("--task", "sft", "--dataset_base_path", root, "--dataset_metadata_path", root / "metadata.csv",
                "--output_path", tmp_path / "out", "--max_steps", 1, *common(ws), "--max_pixels", width * 16)
     one_line(capsys, code, f"{width}x16 px", f"{limit + 1} positions along its width", f"the {limit} of",
-             f"at most {limit * pipe.patch_size * pipe.vae_scale} px")
+             f"at most {limit * stream.patch * stream.scale} px")
 
 
 # -- 4. animated WebP -------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import os
 
 from ..core.options import flag_fields, option_names
 from ..errors import UserError
-from ..io import atomic_save_image
 
 
 def sample_parser() -> argparse.ArgumentParser:
@@ -133,8 +132,8 @@ def main(argv: list[str]) -> int:
                                   quant_options=args.quant_options)
     family, found = recognise(configs, args.family)
     check_fp8_slots(configs, family.slots)
-    video = family.data == "video"
-    output = _output(args, family, video)  # refused before any model is loaded
+    target = family.target
+    output = _output(args, family)  # refused before any model is loaded
     options, call_inputs = family_inputs(args, family)
     call_inputs = {"input_image": load_image(args.input_image) if args.input_image else None, **call_inputs}
     from ..core.build import context_of
@@ -169,40 +168,22 @@ def main(argv: list[str]) -> int:
         call["denoising_strength"] = args.denoising_strength
     elif args.denoising_strength != 1.0:
         raise UserError("--denoising_strength: it needs --input_image (image-to-image)")
-    if video:
-        call["num_frames"] = frame_settings(RunConfig(dataset_base_path=".", num_frames=args.num_frames),
-                                            family).num_frames
-    images = pipe(args.prompt, **call)
+    frames = frame_settings(RunConfig(dataset_base_path=".", num_frames=args.num_frames), family)
+    if frames is not None:
+        call["num_frames"] = frames.num_frames
+    outputs = pipe(args.prompt, **call)
     root, ext = os.path.splitext(output)
-    outputs = [output] if len(images) == 1 else [f"{root}-{i}{ext}" for i in range(len(images))]
-    if pipeline.output_kind == "layers":  # a stack of layers per prompt (Qwen-Image-Layered)
-        pairs = [(layer, f"{os.path.splitext(out)[0]}-layer{k}{ext}")
-                 for stack, out in zip(images, outputs) for k, layer in enumerate(stack)]
-        images, outputs = [p[0] for p in pairs], [p[1] for p in pairs]
-    for image, out in zip(images, outputs):
-        if video:
-            from ..media.video import write_video
-
-            write_video(image, out, fps=args.fps)
-        else:
-            atomic_save_image(image, out)  # in the format the name's extension says
-        print(out)
+    names = [output] if len(outputs) == 1 else [f"{root}-{i}{ext}" for i in range(len(outputs))]
+    for one, name in zip(outputs, names):
+        for written in target.write(one, name, fps=args.fps):  # the target's files: a layer stack is several
+            print(written)
     return 0
 
 
-def _output(args, family, video: bool) -> str:
+def _output(args, family) -> str:
     """The output name, its extension checked against what the family makes."""
-    from ..media.video import VIDEO_EXTENSIONS, WRITABLE_EXTENSIONS
     from ..training.config import RunConfig, frame_settings
 
-    # --num_frames: refused for an image family, 4k+1 for a video family
+    # --num_frames: refused for a family without clips, 4k+1 for Wan
     frame_settings(dataclasses.replace(RunConfig(dataset_base_path="."), num_frames=args.num_frames), family)
-    output = args.output or ("sample.mp4" if video else "sample.png")
-    ext = os.path.splitext(output)[1].lower()
-    if video and ext not in WRITABLE_EXTENSIONS:
-        raise UserError(f"--output {output}: the {family.name} family makes clips: name a "
-                        f"{'/'.join(WRITABLE_EXTENSIONS)} file")
-    if not video and ext in VIDEO_EXTENSIONS:
-        raise UserError(f"--output {output}: the {family.name} family makes images: name an image file "
-                        f"(.png, .jpg, ...)")
-    return output if ext else output + ".png"
+    return family.target.check_output(args.output, family.name)

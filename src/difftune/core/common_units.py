@@ -9,7 +9,7 @@ from .units import PipelineUnit
 
 
 class ShapeChecker(PipelineUnit):
-    """Round height and width up to multiples of the pipeline's `division_factor`."""
+    """Round height and width up to multiples of the target's primary stream's `division`."""
 
     inputs = ("height", "width")
     outputs = ("height", "width")
@@ -17,7 +17,7 @@ class ShapeChecker(PipelineUnit):
     def process(self, pipe, height, width):
         if height is None or width is None:
             raise UserError("height and width are required (or an input image to take them from)")
-        f = pipe.division_factor
+        f = pipe.stream.division
         return {"height": -(-int(height) // f) * f, "width": -(-int(width) // f) * f}
 
 

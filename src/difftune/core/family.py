@@ -95,7 +95,6 @@ class FamilySpec:
     # (slot, ModelConfig) list -> the boundary between the experts that these weights were released with (read
     # from file headers, nothing loaded), or None: the default of --expert_boundary.
     expert_boundary: Callable[[list], float | None] | None = None
-    data: str = "image"  # what the data operator loads: image | video
     # Hub ids (or id prefixes) of the family's own releases: when weights named by hub id fit several families
     # (two families sharing a text encoder and a VAE, given without a DiT), the one they come from is chosen.
     repositories: tuple[str, ...] = ()
@@ -126,6 +125,11 @@ class FamilySpec:
         natives = {slot: fn for f in features for slot, fn in f.native_keys.items()}
         if natives:
             object.__setattr__(self, "full_native_keys", {**natives, **dict(self.full_native_keys)})
+
+    @property
+    def target(self):
+        """What the family generates (its pipeline's `Target`: streams, prediction type)."""
+        return self.pipeline.target
 
     @property
     def pipelines(self) -> tuple[type, ...]:

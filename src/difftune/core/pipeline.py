@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..media.image import as_image_list
+from .target import IMAGE_TARGET, Target
 from .features import ALIGNED_AUDIO, ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units, \
     model_config, resolve_features
 from .units import PipelineUnit, run_unit
@@ -51,38 +52,20 @@ class BasePipeline:
     # The layout `--lora_format default` writes for the denoiser's LoRA where a variant's model differs from the family's
     # (None: the family's `lora_default_format`).
     lora_default_format: str | None = None
-    # Models `decode` uses (the VAE): validation loads them for a render when the stage has not.
-    decode_models: tuple[str, ...] = ()
-    # Training images are cropped so both sides are multiples of this.
-    division_factor: int = 1
-    # Video families (`FamilySpec.data == "video"`): a clip trains on `--num_frames` frames (default
-    # `default_num_frames`), which must be time_division_factor * k + time_division_remainder; a shorter clip is cut
-    # to the largest such count it has.
-    default_num_frames: int | None = None
-    time_division_factor: int = 1
-    time_division_remainder: int = 0
-    # --extra_inputs taken from a clip's frames when the metadata has no such column: name -> (clip column,
-    # frame index).
-    frame_inputs: Mapping[str, tuple[str, int]] = {}
-    # The columns a row's training clip comes from, the first the row has (its time-aligned inputs must cover it).
-    clip_columns: tuple[str, ...] = ()
+    # What the family generates (core/target.py): its streams, their latent layout, decoding and outputs, and the
+    # prediction type. Shared code reads the layout there, never here.
+    target: Target = IMAGE_TARGET
     # Every sampling default of the family, in one place: height, width, num_inference_steps, cfg_scale and the
     # family's own (FLUX's embedded_guidance, a video family's num_frames, ...). `__call__`, `difftune sample` and
     # validation read them here.
     call_defaults: Mapping[str, Any] = {}
     # Values sampling computes from its own settings, never taken from a training sample (FLUX's embedded guidance).
     sampling_values: tuple[str, ...] = ()
-    # What a call returns per prompt: "image", "clip" (a list of frames) or "layers" (a list of RGBA images).
-    output_kind: str = "image"
     # The family's spec (set when its FamilySpec is made): how shared code finds the family of a pipeline.
     spec = None
     # model_fn inputs that are padding masks (True = a real token): training passes None for one that masks nothing,
     # so attention runs without a mask (the flash kernels take none).
     padding_masks: tuple[str, ...] = ()
-    # Latent layout, for the loss and sampling: latents (B, C, [frames,] H, W) are cut into patch_size^2 tokens.
-    patch_size: int = 1
-    latent_channels: int = 4
-    vae_scale: int = 1
 
     def __init_subclass__(cls, **kwargs):
         """A pipeline class gets the model slots and denoiser-call models of the features it lists."""
@@ -424,54 +407,20 @@ class BasePipeline:
     def model_fn(self, **kwargs) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    # -- latent layout (the loss and validation read these) -----------------------------------------
-    def seq_len(self, latents: torch.Tensor) -> int:
-        """Tokens the denoiser sees for these latents (what a dynamic time shift depends on)."""
-        tokens = 1
-        for side in latents.shape[-2:]:
-            tokens *= side // self.patch_size
-        return tokens * (latents.shape[2] if latents.dim() == 5 else 1)
+    # -- what it generates (core/target.py) ---------------------------------------------------------
+    @property
+    def stream(self):
+        """The target's primary stream: a sample's size, its data column and its decoding follow it."""
+        return self.target.primary
 
-    def check_positions(self, latents: torch.Tensor) -> None:
-        """A latent grid longer, along a side, than a denoiser's table of positions (a diffusers config's
-        `rope_max_seq_len`) fails deep in its forward with a reshape error: one line naming the size and the limit
-        instead. Called before the denoiser runs, in training and sampling."""
-        for name in self.loss_models:
-            config = getattr(self.models.get(name), "config", None)
-            limit = getattr(config, "rope_max_seq_len", None)
-            if not limit:
-                continue
-            sides = tuple(latents.shape[2:])  # ([frames,] height, width) of the latents
-            patch = getattr(config, "patch_size", None)
-            patch = tuple(patch)[-len(sides):] if isinstance(patch, (list, tuple)) and len(patch) >= len(sides) \
-                else (1,) * (len(sides) - 2) + (self.patch_size,) * 2
-            for side, p, what in zip(sides, patch, ("frames", "height", "width")[-len(sides):]):
-                if side // p > limit:
-                    size = {**self.size_of(latents)}
-                    shown = f"{size.get('width')}x{size.get('height')} px" + (
-                        f", {size['num_frames']} frames" if "num_frames" in size else "")
-                    most = limit * p * (self.vae_scale if what != "frames" else 1)
-                    raise UserError(f"a sample of {shown} is {side // p} positions along its {what}, more than the "
-                                    f"{limit} of {type(self.models[name]).__name__}'s positional table "
-                                    f"(rope_max_seq_len in its config): keep the {what} at most {most}"
-                                    f"{' latent frames' if what == 'frames' else ' px'} (--max_pixels, --height / "
-                                    f"--width{', --num_frames' if what == 'frames' else ''})")
+    @property
+    def decode_models(self) -> tuple[str, ...]:
+        """Models decoding uses (the VAE): validation loads them for a render when the stage has not."""
+        return tuple(dict.fromkeys(m for s in self.target.streams for m in s.decode_models))
 
-    def loss_mask(self, values: Mapping[str, Any]) -> torch.Tensor | None:
-        """Which latent elements count in the loss (broadcast against the latents); None: all of them."""
-        return None
-
-    def noise_shape(self, height: int, width: int) -> tuple[int, ...]:
-        """Shape of one sample's initial noise for an image of this size (validation draws it)."""
-        return (self.latent_channels, height // self.vae_scale, width // self.vae_scale)
-
-    def size_of(self, latents: torch.Tensor) -> dict[str, int]:
-        """The output size these latents decode to (height, width; a video family adds num_frames)."""
-        return {"height": int(latents.shape[-2]) * self.vae_scale, "width": int(latents.shape[-1]) * self.vae_scale}
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
-        """Latents -> images (B, 3, H, W) or clips (B, 3, F, H, W) in [-1, 1]."""
-        raise NotImplementedError(f"{type(self).__name__} cannot decode latents to images")
+    def decode(self, latents: torch.Tensor, stream=None) -> torch.Tensor:
+        """Latents of `stream` (default: the primary one) -> decoded outputs in [-1, 1]."""
+        return (stream or self.stream).decode(self, latents)
 
     # -- LoRA -----------------------------------------------------------------------------------------
     def load_lora(self, module, path: str, alpha: float = 1.0) -> None:
@@ -505,9 +454,8 @@ class BasePipeline:
         else from height and width."""
         latents = values.get("latents")
         if isinstance(latents, torch.Tensor):
-            return self.seq_len(latents)
-        f = self.division_factor
-        return (-(-int(values["height"]) // f)) * (-(-int(values["width"]) // f))
+            return self.stream.seq_len(latents)
+        return self.stream.size_seq_len(values["height"], values["width"])
 
     def set_timesteps(self, values: Mapping[str, Any], num_inference_steps: int,
                       denoising_strength: float = 1.0) -> None:
@@ -524,7 +472,7 @@ class BasePipeline:
         """The denoising loop: `model_fn` over the scheduler's timesteps, with classifier-free guidance. Gradients
         follow the caller's mode (`generate` runs it without; direct distillation through every step)."""
         latents = values["latents"]
-        self.check_positions(latents)
+        self.stream.check_positions(self, latents)
         settings = dict(settings or {})
         posi = self.model_fn_kwargs(values)
         nega = None
@@ -545,17 +493,9 @@ class BasePipeline:
         return latents
 
     def postprocess(self, latents: torch.Tensor, output_type: str = "pil"):
-        """"latent": the latents; "pt": decoded, in [0, 1]; "pil": one image (or one clip: a list of frames) per
-        prompt."""
-        if output_type == "latent":
-            return latents
-        decoded = self.decode(latents)
-        if output_type == "pt":
-            return (decoded.float() / 2 + 0.5).clamp(0, 1)
-        from ..media.image import tensor_to_images
-        from ..media.video import tensor_to_clips
-
-        return tensor_to_clips(decoded) if decoded.dim() == 5 else tensor_to_images(decoded)
+        """"latent": the latents; "pt": decoded, in [0, 1]; "pil": one output per prompt (the stream's: an image,
+        a clip's frames, a waveform)."""
+        return self.stream.postprocess(self, latents, output_type)
 
     @torch.no_grad()
     def generate(self, values: dict[str, Any], *, cfg_scale: float, num_inference_steps: int,

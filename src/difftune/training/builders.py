@@ -30,16 +30,14 @@ def make_dataset(run):
     config, family = run.config, run.family
     if not config.dataset_metadata_path:
         raise UserError("--dataset_metadata_path is required (only --task *:train reads a cache without metadata)")
-    if family.data not in ("image", "video"):
-        raise UserError(f"the {family.name} family reads {family.data} data, which this difftune cannot load")
     check_data_columns(config, run.pipeline, family.name)
-    factor = run.pipeline.division_factor
+    stream = run.pipeline.target.primary
+    factor = stream.division
     height, width = rounded_size(config, factor, getattr(run, "log", print))
     size = dict(base_path=config.dataset_base_path, height=height, width=width,
                 max_pixels=config.max_pixels, height_division_factor=factor, width_division_factor=factor)
     frames = config.frames
-    operator = (UnifiedDataset.default_video_operator(**size, **frames.as_dict()) if frames is not None
-                else UnifiedDataset.default_image_operator(**size))
+    operator = stream.operator(size, frames)
     special = dict(run.pipeline.data_operators(config)) or None
     return UnifiedDataset(base_path=config.dataset_base_path, metadata_path=config.dataset_metadata_path,
                           repeat=config.dataset_repeat, data_file_keys=names(config.data_file_keys),
@@ -47,12 +45,12 @@ def make_dataset(run):
                           extra_inputs=names(config.extra_inputs),
                           on_bad_sample=config.on_bad_sample, present_keys_only=True,
                           allow_empty_prompts=config.allow_empty_prompts, progress=not config.no_progress,
-                          frame_inputs=dict(run.pipeline.frame_inputs) if frames is not None else None,
+                          frame_inputs=dict(stream.frame_inputs) if frames is not None else None,
                           paired_columns=run.pipeline.paired_columns(),
                           required_columns=run.pipeline.required_columns(run.features, names(config.extra_inputs)),
                           allow_paths_outside=config.allow_paths_outside_dataset,
                           aligned_columns=run.pipeline.aligned_columns() if frames is not None else None,
-                          clip_columns=run.pipeline.clip_columns)
+                          clip_columns=stream.clip_columns)
 
 
 def rounded_size(config, factor: int, log=print) -> tuple[int | None, int | None]:

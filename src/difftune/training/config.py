@@ -329,23 +329,23 @@ def _all_losses() -> dict:
 
 
 def frame_settings(config: RunConfig, family) -> FrameSettings | None:
-    """A video family's frame settings from the flags (None for an image family): `num_frames` (the family's
-    default where --num_frames is not given) and the time division clips are cut to. Refuses --num_frames for an
-    image family, and a count the family's VAE cannot take, in one line."""
-    pipe = family.pipeline
-    if family.data != "video":
+    """The frame settings of a family whose target makes clips, from the flags (None for one that makes none):
+    `num_frames` (the family's default where --num_frames is not given) and the time division clips are cut to.
+    Refuses --num_frames for a family without clips, and a count the family's VAE cannot take, in one line."""
+    rule = family.target.frames
+    if rule is None:
         for flag in ("num_frames", "validation_num_frames"):
             if getattr(config, flag, None) is not None:
-                raise UserError(f"--{flag}: not used: the {family.name} family trains on images "
-                                f"(--{flag} is for video families)")
+                raise UserError(f"--{flag}: not used: the {family.name} family trains on "
+                                f"{family.target.describe()} (--{flag} is for video families)")
         return None
-    factor, remainder = pipe.time_division_factor, pipe.time_division_remainder
+    factor, remainder = rule.factor, rule.remainder
     # a family option may change the frame counts clips are cut to (the options' `time_division()`, e.g. a flag
     # for a model whose latents take one frame each)
     division = getattr(config.family_options, "time_division", None)
     if callable(division) and division() is not None:
         factor, remainder = division()
-    num_frames = config.num_frames if config.num_frames is not None else pipe.default_num_frames
+    num_frames = config.num_frames if config.num_frames is not None else rule.default
     checked = (("num_frames", num_frames), ("validation_num_frames", config.validation_num_frames))
     for flag, value in checked:
         if value is not None and (value < 1 or value % factor != remainder % factor):

@@ -37,9 +37,9 @@ def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch
     x0 = values["input_latents"]
     if x0 is None:
         raise ValueError("the sft loss needs input_latents: the data must have an image")
-    pipe.check_positions(x0)
+    pipe.stream.check_positions(pipe, x0)
     scheduler = pipe.scheduler
-    draws = [scheduler.sample_training(1, g, image_seq_len=pipe.seq_len(x0)) for g in generators]
+    draws = [scheduler.sample_training(1, g, image_seq_len=pipe.stream.seq_len(x0)) for g in generators]
     noise = _per_sample_noise(x0, generators).to(device=x0.device, dtype=x0.dtype)
     sigma = torch.cat([d[0] for d in draws]).to(x0.device)
     timestep = torch.cat([d[1] for d in draws]).to(x0.device)
@@ -48,7 +48,7 @@ def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch
     target = scheduler.training_target(x0, noise)
     pred = pipe.model_fn(latents=noisy, timestep=timestep, **pipe.model_fn_kwargs(values), **settings)
     error = (pred.float() - target.float()).pow(2)
-    mask = pipe.loss_mask(values)
+    mask = pipe.stream.loss_mask(pipe, values)
     if mask is None:
         per_sample = error.flatten(1).mean(1)
     else:  # only the elements the family says count (e.g. not a clean first frame), per sample

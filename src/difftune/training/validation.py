@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 
 from ..core.batch import collate_values, split_batch
 from ..core.units import run_unit
-from ..io import atomic_save_image, atomic_save_safetensors, atomic_write_text
-from ..media.video import DEFAULT_FPS, frame_grid, write_animation
+from ..core.target import takes_frames
+from ..io import atomic_save_safetensors, atomic_write_text
 
 VALIDATION_DIR = "validation"
 NEGATIVE = "negative"
@@ -111,7 +111,7 @@ class Validator:
         self.num_frames = None  # video families: frames per validation clip
         if config.frames is not None:
             self.num_frames = config.validation_num_frames or config.frames.num_frames
-            if not _takes_frames(run.pipeline.noise_shape):
+            if not takes_frames(run.pipeline.target.primary):
                 if config.validation_num_frames is not None:
                     from ..errors import UserError
 
@@ -229,11 +229,11 @@ class Validator:
                 if condition:  # at the sample's own size: its conditioning is laid out for it
                     clean = values.pop("input_latents")
                     latents = torch.randn(clean.shape, generator=g)
-                    values.update(pipe.size_of(clean))
+                    values.update(pipe.stream.size_of(pipe, clean))
                     self._note("size", "validation renders each prompt with the conditioning of the training "
                                "sample of its index, at that sample's size")
                 else:
-                    shape = pipe.noise_shape(self.height, self.width, **(
+                    shape = pipe.stream.noise_shape(pipe, self.height, self.width, **(
                         {"num_frames": self.num_frames} if self.num_frames is not None else {}))
                     latents = torch.randn(1, *shape, generator=g)
                     values.update(height=self.height, width=self.width)
@@ -253,44 +253,10 @@ class Validator:
         return self._write(pipe, outputs, step, accelerator) if write else None
 
     def _write(self, pipe, outputs, step: int, accelerator):
-        kind = getattr(pipe, "output_kind", "image")
-        animation = None
-        if kind == "clip":
-            frames = min(len(c) for c in outputs)
-            if frames > 1:
-                animation = write_animation([make_grid([c[t] for c in outputs]) for t in range(frames)],
-                                            self.out_dir / f"step-{step:06d}.gif", fps=DEFAULT_FPS)
-            grid = make_grid([frame_grid(c, columns=min(len(c), 8), max_frames=8) for c in outputs], columns=1)
-        elif kind == "layers":  # one row per prompt: its layers over white
-            grid = make_grid([make_grid(stack) for stack in outputs], columns=1)
-        else:
-            grid = make_grid(outputs)
-        path = atomic_save_image(grid, self.out_dir / f"step-{step:06d}.png")
+        """The target's preview of the outputs (a grid of images, a row of frames per clip and an animation, ...)."""
+        grid, animation = pipe.target.preview(outputs, self.out_dir / f"step-{step:06d}.png")
         if accelerator is not None:
             from .trackers import log_media
 
             log_media(accelerator, grid, step, animation)
-        return path
-
-
-def _takes_frames(noise_shape) -> bool:
-    import inspect
-
-    return "num_frames" in inspect.signature(noise_shape).parameters
-
-
-def make_grid(images, columns: int | None = None):
-    """Images side by side (`columns` per row) on white; images with alpha are composited over it."""
-    from PIL import Image
-
-    columns = columns or len(images)
-    rows = -(-len(images) // columns)
-    w, h = images[0].size
-    grid = Image.new("RGB", (columns * w, rows * h), "white")
-    for i, img in enumerate(images):
-        box = ((i % columns) * w, (i // columns) * h)
-        if img.mode == "RGBA":
-            grid.paste(img, box, img)
-        else:
-            grid.paste(img, box)
-    return grid
+        return self.out_dir / f"step-{step:06d}.png"

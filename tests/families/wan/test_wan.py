@@ -403,8 +403,10 @@ def test_latent_layout_follows_the_vae(repos):
     """Wan2.1 VAE: 16 channels, x8; Wan2.2 (TI2V-5B): 48 channels, x16; 4k+1 frames -> k+1 latent frames.
     `decode` gives clips (B, 3, F, H, W), a one-frame clip as images."""
     t2v = load_pipe(repos["t2v"], slots=("vae",))
-    assert t2v.noise_shape(32, 48, num_frames=9) == (16, 3, 4, 6) and t2v.noise_shape(32, 48) == (16, 1, 4, 6)
-    assert load_pipe(repos["ti2v"], slots=("vae",)).noise_shape(32, 64, num_frames=5) == (48, 2, 2, 4)
+    assert t2v.stream.noise_shape(t2v, 32, 48, num_frames=9) == (16, 3, 4, 6) and \
+        t2v.stream.noise_shape(t2v, 32, 48) == (16, 1, 4, 6)
+    ti2v = load_pipe(repos["ti2v"], slots=("vae",))
+    assert ti2v.stream.noise_shape(ti2v, 32, 64, num_frames=5) == (48, 2, 2, 4)
     assert t2v.decode(torch.zeros(1, 16, 3, 4, 6)).shape == (1, 3, 9, 32, 48)
     assert t2v.decode(torch.zeros(2, 16, 1, 4, 6)).shape == (2, 3, 32, 48)
 

@@ -34,7 +34,6 @@ FAMILY = FamilySpec(
     # layout (alpha folded into B); the reference's loader strips only `diffusion_model.`, so it takes
     # --lora_format comfyui (docs/ernie_image.md)
     lora_default_format="diffusers",
-    data="image",
     options=ErnieImageOptions,
     description="ERNIE-Image (diffusers ErnieImageTransformer2DModel, Ministral-3 3B, FLUX.2 AE)",
 )

@@ -11,6 +11,7 @@ from PIL import Image
 
 from ...core.batch import SAME
 from ...core.pipeline import BasePipeline
+from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...parts import flux2_vae
@@ -20,6 +21,10 @@ from .prompt import ErnieImagePromptEmbedder
 from .units import DIVISION_FACTOR, ErnieImageInputImageEmbedder, ErnieImageNoiseInitializer, ErnieImageShapeChecker
 
 # Every sampling default of the family (diffusers' ErnieImagePipeline and the reference's: 50 steps, guidance 4).
+def _decode(pipe, latents):
+    return flux2_vae.decode(pipe.vae, latents.to(pipe.device), eps=BN_EPS)
+
+
 CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 50, "cfg_scale": 4.0}
 
 
@@ -33,12 +38,9 @@ class ErnieImagePipeline(BasePipeline):
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "rand_device": SAME}
     batch_shared_inputs = ("height", "width", "rand_device")
     loss_models = ("dit",)
-    decode_models = ("vae",)
-    division_factor = DIVISION_FACTOR
     call_defaults = CALL_DEFAULTS
-    patch_size = 1  # the DiT's own; the 2x2 patches are the VAE side's
-    vae_scale = DIVISION_FACTOR  # image pixels per latent pixel (VAE x8, 2x2 patches)
-    latent_channels = flux2_vae.PATCHED_CHANNELS
+    target = Target((ImageStream(channels=flux2_vae.PATCHED_CHANNELS, scale=DIVISION_FACTOR, patch=1,
+                                 division=DIVISION_FACTOR, decoder=_decode),))
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype)
@@ -59,9 +61,6 @@ class ErnieImagePipeline(BasePipeline):
         if self.dit is None:
             raise UserError("no ERNIE-Image DiT loaded")
         return model_fn_ernie_image(self.dit, latents, timestep, prompt_embeds, prompt_embeds_mask, **inputs)
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        return flux2_vae.decode(self.vae, latents.to(self.device), eps=BN_EPS)
 
     def set_timesteps(self, values, num_inference_steps: int, denoising_strength: float = 1.0) -> None:
         """A static shift of 3 over linspace(1, 1/N, N) (diffusers' pipeline); image-to-image takes the reference's

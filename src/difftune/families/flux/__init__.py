@@ -137,7 +137,6 @@ FAMILY = FamilySpec(
     # --full_format original: the add-on models in their released files' names
     full_native_keys={"ipadapter": ipadapter_native_keys, "image_proj_model": image_proj_native_keys,
                       "lora_encoder": lora_encoder_native_keys},
-    data="image",
     options=FluxOptions,
     unit_settings=lambda options: {"insert_anything_size": int(options.insert_anything_size)},
     description="FLUX.1 (diffusers FluxTransformer2DModel, AutoencoderKL, CLIP-L, T5-XXL) and its variants",

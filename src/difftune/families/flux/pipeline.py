@@ -19,6 +19,7 @@ from PIL import Image
 from ...core.batch import SAME
 from ...core.features import IMAGE, IMAGES, RunContext
 from ...core.pipeline import BasePipeline
+from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...parts.flux_ae import vae_decode
@@ -58,13 +59,8 @@ class FluxBasePipeline(BasePipeline):
     data_inputs = ("image", "prompt", "seed", "num_inference_steps", "height", "width")
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
     loss_models = ("dit",)
-    decode_models = ("vae",)
-    division_factor = DIVISION_FACTOR
     call_defaults = CALL_DEFAULTS
-
-    patch_size = 2
-    vae_scale = 8
-    latent_channels = 16
+    target = Target((ImageStream(channels=16, scale=8, patch=2, division=DIVISION_FACTOR, decoder=vae_decode),))
 
     def __init_subclass__(cls, **kwargs):
         """A pipeline class also gets the run-time settings its features' units read."""
@@ -110,9 +106,6 @@ class FluxBasePipeline(BasePipeline):
         return model_fn_flux(self.dit, latents, timestep, prompt_embeds, pooled_prompt_embeds, guidance,
                              default_guidance=self.call_defaults["embedded_guidance"], pipe=self,
                              features=self.features, **inputs)
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        return vae_decode(self, latents)
 
     def negative_name(self, name: str) -> str:
         """Values with a negative version written beside them by one unit (IP-Adapter's zero features, LoRA-Encoder's

@@ -51,7 +51,6 @@ FAMILY = FamilySpec(
     # --full_format original: the DiT in BFL's single-file names (ComfyUI's and BFL's loaders, diffusers'
     # from_single_file)
     full_native_keys={"dit": bfl_dit_keys},
-    data="image",
     # FLUX.2-dev's Mistral-3 text encoder and VAE are ERNIE-Image's kind too: a stage 1 naming them alone by hub id
     repositories=("black-forest-labs/FLUX.2-",),
     options=Flux2Options,

@@ -13,6 +13,7 @@ from PIL import Image
 
 from ...core.batch import SAME
 from ...core.pipeline import BasePipeline
+from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...media.image import as_image_list
 from .components import SCHEDULER_CONFIG, TRAINING_MU
@@ -47,12 +48,9 @@ class Flux2Pipeline(BasePipeline):
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "rand_device": SAME}
     batch_shared_inputs = ("height", "width", "rand_device", "embedded_guidance")
     loss_models = ("dit",)
-    decode_models = ("vae",)
-    division_factor = DIVISION_FACTOR
     call_defaults = CALL_DEFAULTS
-    patch_size = 1
-    vae_scale = VAE_SCALE
-    latent_channels = LATENT_CHANNELS
+    target = Target((ImageStream(channels=LATENT_CHANNELS, scale=VAE_SCALE, patch=1,
+                                 division=DIVISION_FACTOR, decoder=vae_decode),))
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype)
@@ -74,9 +72,6 @@ class Flux2Pipeline(BasePipeline):
             raise UserError("no FLUX.2 DiT loaded")
         return model_fn_flux2(self.dit, latents, timestep, prompt_embeds, guidance, pipe=self,
                               features=self.features, **inputs)
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        return vae_decode(self, latents)
 
     def set_timesteps(self, values, num_inference_steps: int, denoising_strength: float = 1.0) -> None:
         """mu from the image's token count and the number of steps (diffusers' Flux2 pipelines, the reference)."""

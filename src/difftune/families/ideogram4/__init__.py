@@ -39,7 +39,6 @@ FAMILY = FamilySpec(
     lora_default_format="diffusers",
     lora_export_notes=ideogram4_lora_export_notes,
     full_native_keys={"dit": original_dit_keys, "dit_uncond": original_dit_keys},
-    data="image",
     options=Ideogram4Options,
     description="Ideogram-4 (diffusers Ideogram4Transformer2DModel, conditional and unconditional; Qwen3-VL-8B; "
                 "FLUX.2 autoencoder)",

@@ -16,6 +16,7 @@ from PIL import Image
 
 from ...core.batch import SAME
 from ...core.pipeline import BasePipeline
+from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...media.image import as_image_list
 from .model_fn import model_fn_ideogram4
@@ -37,12 +38,9 @@ class Ideogram4Pipeline(BasePipeline):
     input_batching = {"height": SAME, "width": SAME, "rand_device": SAME}
     batch_shared_inputs = ("height", "width", "rand_device")
     loss_models = ("dit",)
-    decode_models = ("vae",)
-    division_factor = DIVISION_FACTOR
     call_defaults = CALL_DEFAULTS
-    patch_size = 1  # latents are kept patched: one token per latent pixel
-    vae_scale = DIVISION_FACTOR
-    latent_channels = TOKEN_CHANNELS
+    target = Target((ImageStream(channels=TOKEN_CHANNELS, scale=DIVISION_FACTOR, patch=1,
+                                 division=DIVISION_FACTOR, decoder=vae_decode),))
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype)
@@ -60,9 +58,6 @@ class Ideogram4Pipeline(BasePipeline):
         return model_fn_ideogram4(self.dit, latents, timestep, prompt_embeds, prompt_embeds_mask,
                                   dit_uncond=self.models.get("dit_uncond"), pipe=self, features=self.features,
                                   **inputs)
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        return vae_decode(self, latents)
 
     def load_lora(self, module, path: str, alpha: float = 1.0) -> None:
         """As the base; a DiT LoRA also fuses into the unconditional DiT (the reference's validate_lora loads the

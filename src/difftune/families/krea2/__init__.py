@@ -58,7 +58,6 @@ FAMILY = FamilySpec(
     # Krea2 key map and the reference's Krea2LoRALoader (its "open-source format") all read
     lora_default_format="diffusers",
     full_native_keys={"dit": original_dit_keys},
-    data="image",
     options=Krea2Options,
     description="Krea-2 Raw and Turbo (diffusers Krea2Transformer2DModel, Qwen3-VL-4B, Qwen-Image VAE)",
 )

@@ -74,7 +74,6 @@ FAMILY = FamilySpec(
     lora_target_modules=LORA_TARGET_MODULES,
     # diffusion_model.<module> + .alpha: diffusers, ComfyUI and DiffSynth-Studio all read it (docs/lora_files.md)
     lora_default_format="comfyui",
-    data="image",
     options=QwenImageOptions,
     unit_settings=lambda options: {"edit_image_auto_resize": bool(options.edit_image_auto_resize),
                                    "zero_cond_t": bool(options.zero_cond_t)},

@@ -21,7 +21,8 @@ Qwen-Image's linear mu instead; training does not depend on it.)
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+import os
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from PIL import Image
 
 from ...core.checkpointing import set_gradient_checkpointing
 from ...core.latents import pack_latents, seeded_noise, unpack_latents
+from ...core.target import ImageStream, Target, make_grid
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, tensor_to_images
@@ -242,13 +244,42 @@ LAYERED_EDIT = replace(EDIT, units=(_before(QwenImageEditImageEmbedder(), "QwenI
 LAYERED_CONTEXT = replace(CONTEXT, units=(QwenImageLayeredContextImageEmbedder(),))
 
 
+@dataclass(frozen=True, eq=False)
+class LayerStack(ImageStream):
+    """Per prompt a stack of RGBA layers: one file per layer (NAME-layer<k>.EXT), a row of layers over white in
+    validation."""
+
+    def postprocess(self, pipe, latents, output_type="pil"):
+        """"pt": a tensor (B, L + 1, 4, H, W) in [0, 1]."""
+        if output_type == "latent":
+            return latents
+        images = decode_layers(pipe, latents)
+        if output_type == "pt":
+            return (images.float() / 2 + 0.5).clamp(0, 1)
+        return [tensor_to_images(stack) for stack in images]
+
+    def write(self, output, path, **options):
+        root, ext = os.path.splitext(path)
+        written = []
+        for k, layer in enumerate(output):
+            written += super().write(layer, f"{root}-layer{k}{ext}")
+        return written
+
+    def preview(self, outputs, path):
+        from ...io import atomic_save_image
+
+        grid = make_grid([make_grid(stack) for stack in outputs], columns=1)
+        atomic_save_image(grid, path)
+        return grid, None
+
+
 class QwenImageLayeredPipeline(QwenImageBasePipeline):
     """Take an image apart into RGBA layers (DiffSynth-Studio's Qwen-Image-Layered, -Layered-Control, -V2)."""
 
     model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "layer_input_latents")
     features = (LAYERED_EDIT, LAYERED_CONTEXT)
     data_inputs = (*QwenImageBasePipeline.data_inputs, *LAYER_COLUMNS)
-    output_kind = "layers"
+    target = Target((LayerStack(channels=16, scale=VAE_SCALE, patch=2, division=DIVISION_FACTOR),))
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype, scheduler)
@@ -278,15 +309,6 @@ class QwenImageLayeredPipeline(QwenImageBasePipeline):
         else:
             height, width = int(values["height"]), int(values["width"])
         self.scheduler.set_timesteps(num_inference_steps, mu=layered_mu(height, width))
-
-    def postprocess(self, latents, output_type="pil"):
-        """Per prompt, a stack of RGBA layers ("pt": a tensor (B, L + 1, 4, H, W) in [0, 1])."""
-        if output_type == "latent":
-            return latents
-        images = decode_layers(self, latents)
-        if output_type == "pt":
-            return (images.float() / 2 + 0.5).clamp(0, 1)
-        return [tensor_to_images(stack) for stack in images]
 
     def training_inputs(self, data):
         return layered_training_inputs(self, data, QwenImageBasePipeline.training_inputs)

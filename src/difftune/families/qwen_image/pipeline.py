@@ -17,6 +17,7 @@ from PIL import Image
 from ...core.batch import SAME
 from ...core.latents import pack_latents, unpack_latents
 from ...core.pipeline import BasePipeline
+from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...media.image import as_image_list
 from .components import SCHEDULER_CONFIG, TRAINING_MU
@@ -50,13 +51,9 @@ class QwenImageBasePipeline(BasePipeline):
     # direct_distill samples a whole batch in lockstep, so a batch shares its step count
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
     loss_models = ("dit",)
-    decode_models = ("vae",)
-    division_factor = DIVISION_FACTOR
     call_defaults = CALL_DEFAULTS
+    target = Target((ImageStream(channels=16, scale=8, patch=2, division=DIVISION_FACTOR, decoder=vae_decode),))
 
-    patch_size = 2
-    vae_scale = 8
-    latent_channels = 16
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype)
@@ -103,9 +100,6 @@ class QwenImageBasePipeline(BasePipeline):
             raise UserError("a stack of layers needs Qwen-Image-Layered's weights (its transformer and RGBA VAE)")
         return model_fn_qwen_image(self.dit, latents, timestep, prompt_embeds, prompt_embeds_mask, pipe=self,
                                    features=self.features, **inputs)
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        return vae_decode(self, latents)
 
     def combine_cfg(self, posi, nega, cfg_scale):
         # Qwen-Image's true CFG keeps the norm of the conditional prediction per 2x2 patch token.

@@ -128,7 +128,6 @@ FAMILY = FamilySpec(
                       "animate_adapter": animate_adapter_to_original},
     experts=("dit", "dit2"),
     expert_boundary=expert_boundary,
-    data="video",  # clips (a still image is a one-frame clip); input_image / end_image from their frames
     options=WanOptions,
     variants=(WanAnimate2Pipeline, WanS2VPipeline, WanDancerPipeline, WanLongCatPipeline, WanVAPPipeline),
     description="Wan2.1 / Wan2.2 video (diffusers WanTransformer3DModel, AutoencoderKLWan, UMT5, CLIP vision)",

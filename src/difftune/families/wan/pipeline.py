@@ -9,6 +9,8 @@ embeds a CLIP image, the VAE's channels, and whether a second DiT (the A14B low-
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,9 +18,9 @@ from PIL import Image
 
 from ...core.batch import SAME
 from ...core.pipeline import BasePipeline
+from ...core.target import FrameRule, Target, VideoStream
 from ...errors import UserError
 from ...media.image import as_image_list
-from ...media.video import tensor_to_clips
 from .animate import ANIMATE, ANIMATE_REPLACE
 from .camera import CAMERA, CAMERA_IMAGE
 from .components import DEFAULT_BOUNDARY_RATIO
@@ -37,6 +39,37 @@ from .vace import VACE
 CALL_DEFAULTS = {"height": 480, "width": 832, "num_frames": 81, "num_inference_steps": 50, "cfg_scale": 5.0}
 
 
+@dataclass(frozen=True, eq=False)
+class WanClips(VideoStream):
+    """Wan's clips: 4k+1 frames, 81 by default (the reference's); latent scales from the loaded VAE (TI2V-5B's
+    x16, 48 channels); --extra_inputs input_image / end_image are the clip's first / last frame where the metadata
+    has no such column."""
+
+    channels: int = 16
+    scale: int = 8
+    patch: int = 2
+    division: int = 16  # x8 VAE and 2x2 patches (TI2V-5B's x16 VAE: its shape check rounds to 32)
+    frames: FrameRule = FrameRule(81, 4, 1)
+    frame_inputs: Mapping = field(default_factory=lambda: {"input_image": ("video", 0), "end_image": ("video", -1)})
+    clip_columns: tuple[str, ...] = ("video", "image")  # a still image is a one-frame clip
+
+    def scales(self, pipe):
+        return super().scales(pipe) if pipe.vae is None else vae_scales(pipe.vae)
+
+    def decode(self, pipe, latents):
+        """Latents -> clips (B, 3, F, H, W) in [-1, 1]; a one-frame clip as images (B, 3, H, W)."""
+        video = vae_decode(pipe, latents)
+        return video[:, :, 0] if video.shape[2] == 1 else video
+
+    def loss_mask(self, pipe, values):
+        """TI2V-5B with an input image: its first latent frame is given clean, so it is left out of the loss."""
+        if values.get("first_frame_latents") is None:
+            return None
+        mask = torch.ones(1, 1, values["input_latents"].shape[2], 1, 1)
+        mask[:, :, 0] = 0
+        return mask
+
+
 class WanBasePipeline(BasePipeline):
     """What every Wan pipeline shares: the DiT (and the A14B low-noise expert), UMT5, the VAE, the CLIP image
     encoder, the clip's units (shape, noise, latents, prompt), the denoiser call with its features' parts, the
@@ -51,21 +84,8 @@ class WanBasePipeline(BasePipeline):
                       "rand_device": SAME}
     batch_shared_inputs = ("height", "width", "num_frames", "rand_device")
     loss_models = ("dit",)
-    decode_models = ("vae",)
-    division_factor = 16  # x8 VAE and 2x2 patches (TI2V-5B's x16 VAE: its shape check rounds to 32)
     call_defaults = CALL_DEFAULTS
-    output_kind = "clip"
-
-    patch_size = 2
-    vae_scale = 8
-    latent_channels = 16
-    # The video data path's settings: clips of 4k+1 frames, 81 by default (the reference's); --extra_inputs
-    # input_image / end_image are the clip's first / last frame where the metadata has no such column.
-    default_num_frames = 81
-    time_division_factor = 4
-    time_division_remainder = 1
-    frame_inputs = {"input_image": ("video", 0), "end_image": ("video", -1)}
-    clip_columns = ("video", "image")  # as `training_inputs` takes the clip
+    target = Target((WanClips(),))
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype)
@@ -126,32 +146,6 @@ class WanBasePipeline(BasePipeline):
         component = "transformer_2" if "transformer_2" in lora.components else "transformer"
         fuse_lora(module, lora, scale=alpha, component=component)
 
-    # -- latent layout --------------------------------------------------------------------------------
-    def loss_mask(self, values):
-        """TI2V-5B with an input image: its first latent frame is given clean, so it is left out of the loss."""
-        if values.get("first_frame_latents") is None:
-            return None
-        frames = values["input_latents"].shape[2]
-        mask = torch.ones(1, 1, frames, 1, 1)
-        mask[:, :, 0] = 0
-        return mask
-
-    def noise_shape(self, height: int, width: int, num_frames: int = 1) -> tuple[int, ...]:
-        """The latents of a clip of `num_frames` frames (validation: one frame unless told)."""
-        channels, spatial, temporal = (self.latent_channels, self.vae_scale, 4) if self.vae is None \
-            else vae_scales(self.vae)
-        return (channels, (int(num_frames) - 1) // temporal + 1, height // spatial, width // spatial)
-
-    def size_of(self, latents):
-        _, spatial, temporal = (self.latent_channels, self.vae_scale, 4) if self.vae is None else vae_scales(self.vae)
-        return {"height": int(latents.shape[-2]) * spatial, "width": int(latents.shape[-1]) * spatial,
-                "num_frames": (int(latents.shape[2]) - 1) * temporal + 1}
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Latents -> clips (B, 3, F, H, W) in [-1, 1]; a one-frame clip as images (B, 3, H, W)."""
-        video = vae_decode(self, latents)
-        return video[:, :, 0] if video.shape[2] == 1 else video
-
     # -- sampling hooks -------------------------------------------------------------------------------
     def set_timesteps(self, values, num_inference_steps, denoising_strength=1.0):
         self.scheduler.set_timesteps(num_inference_steps, denoising_strength=denoising_strength)
@@ -161,15 +155,6 @@ class WanBasePipeline(BasePipeline):
         if first is not None:
             latents = torch.cat([first.to(latents.dtype), latents[:, :, 1:]], dim=2)
         return latents
-
-    def postprocess(self, latents, output_type="pil"):
-        """Per prompt a clip (a list of frames); "pt": (B, 3, F, H, W) in [0, 1]."""
-        if output_type == "latent":
-            return latents
-        video = vae_decode(self, latents)
-        if output_type == "pt":
-            return (video.float() / 2 + 0.5).clamp(0, 1)
-        return tensor_to_clips(video)
 
     # -- training -------------------------------------------------------------------------------------
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:

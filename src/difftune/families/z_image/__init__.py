@@ -79,7 +79,6 @@ FAMILY = FamilySpec(
     # (diffusers' layout under transformer. is not read by the reference's loader)
     lora_default_format="comfyui",
     full_native_keys={"dit": original_dit_keys},
-    data="image",
     options=ZImageOptions,
     losses={"trajectory_imitation": TRAJECTORY_IMITATION},
     description="Z-Image, Z-Image-Turbo, Z-Image-Omni-Base, Turbo Fun ControlNets (diffusers ZImageTransformer2DModel, "

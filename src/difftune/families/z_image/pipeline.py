@@ -18,6 +18,7 @@ from PIL import Image
 
 from ...core.batch import SAME
 from ...core.pipeline import BasePipeline
+from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_decode
@@ -43,12 +44,9 @@ class ZImagePipeline(BasePipeline):
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "rand_device": SAME}
     batch_shared_inputs = ("height", "width", "rand_device")
     loss_models = ("dit",)
-    decode_models = ("vae",)
-    division_factor = DIVISION_FACTOR
     call_defaults = CALL_DEFAULTS
-    patch_size = 2
-    vae_scale = VAE_SCALE
-    latent_channels = LATENT_CHANNELS
+    target = Target((ImageStream(channels=LATENT_CHANNELS, scale=VAE_SCALE, patch=2,
+                                 division=DIVISION_FACTOR, decoder=vae_decode),))
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
         super().__init__(device, torch_dtype)
@@ -70,9 +68,6 @@ class ZImagePipeline(BasePipeline):
             raise UserError("no Z-Image DiT loaded")
         return model_fn_z_image(self.dit, latents, timestep, prompt_embeds, prompt_embeds_mask, pipe=self,
                                 features=self.features, **inputs)
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        return vae_decode(self, latents)
 
     def set_timesteps(self, values, num_inference_steps: int, denoising_strength: float = 1.0) -> None:
         """Z-Image's static shift; image-to-image takes the reference's schedule (all steps from sigma = strength)."""

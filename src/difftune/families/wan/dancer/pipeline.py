@@ -103,19 +103,11 @@ class WanDancerPipeline(WanVariantPipeline):
         self.framewise = bool(values.get("framewise_decoding"))
         return super().finish_latents(latents, values)
 
-    def decode(self, latents):
+    def decode(self, latents, stream=None):
         if not self.framewise:
-            return super().decode(latents)
+            return super().decode(latents, stream)
         video = torch.cat([vae_decode(self, latents[:, :, t:t + 1]) for t in range(latents.shape[2])], dim=2)
         return video[:, :, 0] if video.shape[2] == 1 else video
-
-    def postprocess(self, latents, output_type="pil"):
-        if output_type == "latent" or not self.framewise:
-            return super().postprocess(latents, output_type)
-        from ....media.video import tensor_to_clips
-
-        video = torch.cat([vae_decode(self, latents[:, :, t:t + 1]) for t in range(latents.shape[2])], dim=2)
-        return (video.float() / 2 + 0.5).clamp(0, 1) if output_type == "pt" else tensor_to_clips(video)
 
 
 __all__ = ["DANCER_LORA_ALIASES", "WanDancerPipeline"]
