@@ -10,11 +10,12 @@ warm-up), peak RSS (VmHWM), stage-1 cache bytes on disk and stage-1 time; ratios
     .venv/bin/python benchmarks/peers.py                   # the proportional model
     .venv/bin/python benchmarks/peers.py --quick --no-doc  # smoke run on the tests' tiny model
 
-DiffSynth's venv (default /tmp/dsvenv, or --ds-python / $DIFFTUNE_BENCH_DS_PYTHON) is made with:
+DiffSynth's venv (default /tmp/dsvenv, or --ds-python / $DIFFTUNE_BENCH_DS_PYTHON) is made, from the clone's root, with:
 
-    python3 -m venv /tmp/dsvenv && /tmp/dsvenv/bin/pip install torch==2.13.0 \
-        --index-url https://download.pytorch.org/whl/cpu && \
-        /tmp/dsvenv/bin/pip install diffsynth==2.1.12 -c constraints.txt
+    python3 -m venv /tmp/dsvenv && /tmp/dsvenv/bin/pip install diffsynth==2.1.12 "diffusers>=0.40" -c constraints.txt
+
+(PyPI only: constraints.txt pins torch as difftune's own install does; diffusers for difftune's families, which the
+children import from src/, and for diffusers' script.)
 
 Without it the script says so and skips (exit status 0, a JSON line with `skipped`).
 """
@@ -37,11 +38,11 @@ DIFFUSERS_SCRIPT = os.environ.get("DIFFTUNE_BENCH_DIFFUSERS_SCRIPT")
 DIFFUSERS_WHY = ("diffusers' train_dreambooth_lora_qwen_image.py ships in neither the diffusers wheel nor its "
                  "sdist (only in the GitHub repository, examples/dreambooth/); pass --diffusers-script PATH "
                  "(or set DIFFTUNE_BENCH_DIFFUSERS_SCRIPT) to a copy of it to measure it")
+CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
 HOW_TO = ("DiffSynth-Studio's venv is missing ({py}). Create it (a separate venv: diffsynth pins other "
           "versions than difftune), then run this again:\n"
-          "  python3 -m venv /tmp/dsvenv && /tmp/dsvenv/bin/pip install torch==2.13.0 "
-          "--index-url https://download.pytorch.org/whl/cpu && /tmp/dsvenv/bin/pip install diffsynth==2.1.12 "
-          "-c constraints.txt")
+          f"  python3 -m venv /tmp/dsvenv && /tmp/dsvenv/bin/pip install diffsynth==2.1.12 \"diffusers>=0.40\" "
+          f"-c {CONSTRAINTS}")
 MIB = 1024.0
 
 
