@@ -111,8 +111,6 @@ def sample_parser_shared():
 
 
 def main(argv: list[str]) -> int:
-    import inspect
-
     import torch
 
     from ..core.build import build_pipeline
@@ -154,7 +152,7 @@ def main(argv: list[str]) -> int:
 
     call = {"negative_prompt": args.negative_prompt, "seed": args.seed}
     # the call's own parameters and its features' inputs (a pipeline's `**inputs`)
-    accepted = {*inspect.signature(pipe.__call__).parameters, *pipeline.call_inputs(), *pipeline.call_settings()}
+    accepted = pipeline.call_arguments()
     defaults = {k: v for k, v in pipeline.call_defaults.items() if k in accepted}
     call.update(defaults)
     call.update({k: v for k, v in (("cfg_scale", args.cfg_scale), ("height", args.height), ("width", args.width),

@@ -129,9 +129,39 @@ class Feature:
     def denoise(self, pipe, call) -> None:
         """Its part of one denoiser call: add to `call` (the family's call object, with its named hook points)."""
 
+    def row_values(self, pipe, data: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+        """Its columns of one training row as pipeline inputs (one-line errors naming the row); `values`: the row's
+        values so far (its size). By default each column the row has, by its kind (`inputs`)."""
+        return pipe.feature_data({"_row": data.get("_row", "?"), **{n: data.get(n) for n in self.inputs}},
+                                 values.get("num_frames"))
+
+    def call_values(self, given: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[dict[str, Any], dict]:
+        """Its inputs of a sampling call (`given`, by the reference's names) -> (values for its units, settings of
+        the denoiser call); `values`: the call's so far (batch_size, negative_prompt). By default the inputs as
+        given."""
+        return {name: given.get(name) for name in self.call_inputs if name not in self.call_settings}, {}
+
+    def signature(self, sample: Mapping[str, Any]) -> tuple:
+        """What samples encoded in one stage-1 batch must share of its columns: by default their sizes."""
+        return tuple(_sizes(sample.get(name)) for name in self.inputs)
+
+    def batch_values(self, values: dict[str, Any], samples: int) -> None:
+        """Its values of a stage-1 batch of `samples` samples, put in their batched form (in place)."""
+
     def finish(self, pipe, latents, values: Mapping[str, Any]):
         """The sampled latents after this feature (e.g. leading reference frames dropped before decoding)."""
         return latents
+
+
+def _sizes(value):
+    """An image's size, a list's sizes; anything else as it is."""
+    if isinstance(value, list):
+        return tuple(_sizes(v) for v in value)
+    shape = getattr(value, "shape", None)  # a tensor or an array
+    if shape is not None:
+        return tuple(shape)
+    size = getattr(value, "size", None)  # an image
+    return size if isinstance(size, tuple) else value
 
 
 def compose_units(base: Sequence, features: Sequence[Feature]) -> list:

@@ -52,6 +52,17 @@ class BasePipeline:
     # The layout `--lora_format default` writes for the denoiser's LoRA where a variant's model differs from the family's
     # (None: the family's `lora_default_format`).
     lora_default_format: str | None = None
+    # The scheduler's config (a scheduler_config.json's values; diffusers' defaults for what it leaves out) and, for a
+    # config with dynamic shifting, the fixed time shift training uses (the reference's).
+    scheduler_config: Mapping[str, Any] = {}
+    training_mu: float | None = None
+    # The unit classes of every run, in order (a pipeline may instead set `self.units` in `__init__`).
+    base_units: tuple[type, ...] = ()
+    # Values every training row gets that sampling takes as parameters (e.g. the embedded guidance it trains at).
+    training_values: Mapping[str, Any] = {}
+    # A sampling call's own parameters besides the shared ones and the features' inputs -> their defaults (e.g. a
+    # fixed time shift `mu`): `__call__` hands them on as values.
+    call_parameters: Mapping[str, Any] = {}
     # What the family generates (core/target.py): its streams, their latent layout, decoding and outputs, and the
     # prediction type. Shared code reads the layout there, never here.
     target: Target = IMAGE_TARGET
@@ -73,13 +84,24 @@ class BasePipeline:
         cls.model_names = tuple(dict.fromkeys([*cls.model_names, *(s for f in cls.features for s in f.slots)]))
         cls.loss_models = tuple(dict.fromkeys([*cls.loss_models, *(s for f in cls.features for s in f.loss_models)]))
 
-    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32):
+    def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32, scheduler=None):
         self.device = torch.device(device)
         self.torch_dtype = torch_dtype
         self.models: dict[str, torch.nn.Module | None] = {name: None for name in self.model_names}
         self.all_units: list[PipelineUnit] = []
         self.active_features: frozenset[str] | None = None  # None: not resolved (each call resolves its own)
-        self.scheduler = None
+        self.scheduler = scheduler if scheduler is not None else self.default_scheduler()
+        for tokenizer in (self.spec.tokenizers if self.spec is not None else ()):
+            setattr(self, tokenizer.attr, None)  # found beside the weights or named by a flag (core/build.py)
+        if self.base_units:
+            self.units = [unit() for unit in self.base_units]
+
+    @classmethod
+    def default_scheduler(cls):
+        """The sampling and training scheduler of the family's prediction type, from `scheduler_config`."""
+        from ..schedulers import scheduler_for
+
+        return scheduler_for(cls.target.prediction, cls.scheduler_config, cls.training_mu)
 
     @property
     def family(self) -> str:
@@ -520,14 +542,66 @@ class BasePipeline:
                 latents = feature.finish(self, latents, values)
         return latents
 
-    # -- training data (families override `training_inputs`; the rest have working defaults) ---------
-    def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - abstract
-        """Pipeline inputs for one data sample, as inference would be called with (batch of one)."""
-        raise NotImplementedError
+    # -- a training row and a sampling call as values ------------------------------------------------
+    def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Pipeline inputs for one data sample, as inference would be called with (batch of one): the prompt, the
+        row's settings (`data_inputs`: seed, a distillation row's steps, ...), each stream's value and the size it
+        gives, and the run's features' columns (`Feature.row_values`)."""
+        prompt = data.get("prompt", "")
+        values = {"prompt": "" if prompt is None or (isinstance(prompt, float) and prompt != prompt) else prompt,
+                  "negative_prompt": "", "batch_size": 1, **dict.fromkeys(self.input_kinds())}
+        columns = {c for s in self.target.streams for c in (s.column, *s.clip_columns)}
+        values.update({n: data.get(n) for n in self.data_inputs if n not in columns and n != "prompt"})
+        if "rand_device" in values:
+            values["rand_device"] = values["rand_device"] or "cpu"
+        values.update(self.training_values)
+        for stream in self.target.streams:
+            value = stream.row_value(data)
+            values[stream.input] = value
+            values.update(stream.row_size(value))
+        for feature in self.features:
+            if self.active_features is None or feature.name in self.active_features:
+                values.update(feature.row_values(self, data, values))
+        return values
 
     def batch_signature(self, sample: dict[str, Any]):
-        """Stage 1 encodes samples with equal signatures as one batch; None (the default): one at a time."""
-        return None
+        """Stage 1 encodes samples with equal signatures as one batch (None: one at a time): the streams' sizes,
+        the features' parts (`Feature.signature`) and the noise device."""
+        return (*(s.signature(sample.get(s.column)) for s in self.target.streams),
+                *(part for f in self.features for part in f.signature(sample)), sample.get("rand_device") or "cpu")
+
+    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "", cfg_scale: float | None = None,
+                 height: int | None = None, width: int | None = None, num_inference_steps: int | None = None,
+                 seed: int | None = None, input_image=None, denoising_strength: float = 1.0, rand_device: str = "cpu",
+                 progress: bool = True, output_type: str = "pil", **inputs):
+        """One output per prompt (a list for a list of prompts). Left out, `cfg_scale`, the size and the steps are
+        the family's (`call_defaults`; the size of `input_image` when one is given). `inputs`: the pipeline's own
+        parameters (`call_parameters`) and the features' inputs by the reference's names (`call_inputs()`)."""
+        own = {k: inputs.pop(k, v) for k, v in self.call_parameters.items()}
+        given, settings = self.take_call_inputs(inputs)
+        values = self.prompt_values(prompt, negative_prompt)
+        values.update({k: v for k, v in given.items() if k not in self.call_inputs()})  # the features' negatives
+        for feature in self.features:
+            more, more_settings = feature.call_values(given, values)
+            values.update(more)
+            settings.update(more_settings)
+        if input_image is not None and (height is None or width is None):
+            width, height = as_image_list(input_image)[0].size
+        values.update({"height": self.call_setting("height", height), "width": self.call_setting("width", width),
+                       "seed": seed, "rand_device": rand_device, self.stream.input: input_image, **own})
+        out = self.generate(values, cfg_scale=self.call_setting("cfg_scale", cfg_scale),
+                            num_inference_steps=self.call_setting("num_inference_steps", num_inference_steps),
+                            denoising_strength=denoising_strength, settings=settings, progress=progress,
+                            output_type=output_type)
+        return out[0] if isinstance(prompt, str) and output_type == "pil" else out
+
+    @classmethod
+    def call_arguments(cls) -> set[str]:
+        """Every name a sampling call takes (`difftune sample` hands on only these)."""
+        import inspect
+
+        return {*inspect.signature(cls.__call__).parameters, *cls.call_parameters, *cls.call_inputs(),
+                *cls.call_settings()} - {"self", "inputs"}
 
     # Inputs a stage-1 batch shares (samples of one signature agree on them): kept once, not as a list.
     batch_shared_inputs: tuple[str, ...] = ("height", "width")

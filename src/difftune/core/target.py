@@ -57,6 +57,7 @@ class Stream:
     kind: str = IMAGE
     extension: str = ".png"  # what `difftune sample` writes by default
     what: str = "images"  # what it is called in messages
+    required: bool = False  # every training row must give it (else a row without it takes its size from the data)
     frames: FrameRule | None = None  # a clip's frame rule (None: no frames)
     # --extra_inputs taken from a clip's frames when the metadata has no such column: name -> (clip column, index)
     frame_inputs: Mapping[str, tuple[str, int]] = field(default_factory=dict)
@@ -169,7 +170,7 @@ class Stream:
         from PIL import Image
 
         value = data.get(self.column)
-        if value is not None and not isinstance(value, Image.Image):
+        if (value is not None or self.required) and not isinstance(value, Image.Image):
             raise UserError(f"row {data.get('_row', '?')}: '{self.column}' must be an image file listed in "
                             f"--data_file_keys")
         return value

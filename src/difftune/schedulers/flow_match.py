@@ -163,8 +163,8 @@ class FlowMatchScheduler:
         return ((1 - sigma) * x0.float() + sigma * noise.float()).to(x0.dtype)
 
     @staticmethod
-    def training_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """The velocity d x_sigma / d sigma of the straight path from x0 to noise."""
+    def training_target(x0: torch.Tensor, noise: torch.Tensor, sigma=None) -> torch.Tensor:
+        """The velocity d x_sigma / d sigma of the straight path from x0 to noise (at any sigma)."""
         return noise - x0
 
     # -- training -------------------------------------------------------------------------------------

@@ -15,13 +15,12 @@ from PIL import Image
 from torch.nn.utils.rnn import pad_sequence
 
 from ...core.checkpointing import gradient_checkpoint_forward
-from ...core.features import IMAGE
+from ...core.features import IMAGE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
 from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_encode
 from .attention import use_joint_qk
-from .feature import ZImageFeature
 from .units import omni_dit
 
 PATCH = "2-1"  # the only patch size (2) and frame patch size (1) Z-Image has
@@ -142,7 +141,7 @@ def controlled_forward(dit, controlnet, x_list: list, t: torch.Tensor, caps: lis
 
 # -- the feature ---------------------------------------------------------------------------------------------------
 
-class _ControlNet(ZImageFeature):
+class _ControlNet(Feature):
     def check(self, context, features):
         dit = context.config("dit")
         has_control = context.has(*CONTROL_COLUMNS)
@@ -157,7 +156,7 @@ class _ControlNet(ZImageFeature):
         if dit is not None and omni_dit(context):
             raise UserError("the Fun ControlNets work with Z-Image(-Turbo)'s DiT, not Omni-Base's")
 
-    def call_values(self, given):
+    def call_values(self, given, values):
         """The call's control images as values; `controlnet_scale` and `control_compat` ("diffusers": zero inpaint
         latents and no refiner hints in the DiT's stream, as diffusers' `ZImageControlNetPipeline`) as settings."""
         compat = given.get("control_compat", "reference")

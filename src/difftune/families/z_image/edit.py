@@ -7,12 +7,11 @@ from __future__ import annotations
 from PIL import Image
 
 from ...core.batch import LIST
-from ...core.features import IMAGES
+from ...core.features import IMAGES, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
 from ...parts.flux_ae import vae_encode
-from .feature import ZImageFeature
 from .prompt import ZImageEditPromptEmbedder, edit_fixed_texts, encode_texts
 from .units import DIVISION_FACTOR, omni_dit
 
@@ -138,7 +137,7 @@ class ZImageEditTextEmbedder(PipelineUnit):
 
 # -- the features ---------------------------------------------------------------------------------------------------
 
-class _Edit(ZImageFeature):
+class _Edit(Feature):
     def check(self, context, features):
         if context.config("dit") is not None and not omni_dit(context):
             raise UserError("edit_image: edit images need Z-Image-Omni-Base's DiT "
@@ -165,5 +164,5 @@ EDIT = _Edit("edit", columns=("edit_image",), model_fn_inputs=("edit_latents", "
              slots=("image_encoder",), inputs={"edit_image": IMAGES}, call_inputs={"edit_image": None},
              description="Omni-Base image(s)-to-image: edit images as VAE latents and SigLIP2 features, the prompt "
                          "around their slots")
-OMNI = ZImageFeature("omni", when=omni_dit,
-                     description="Omni-Base's DiT (its config's siglip_feat_dim): the omni forward")
+OMNI = Feature("omni", when=omni_dit,
+               description="Omni-Base's DiT (its config's siglip_feat_dim): the omni forward")
