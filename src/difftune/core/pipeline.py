@@ -489,35 +489,73 @@ class BasePipeline:
         """Run-time settings `model_fn` takes while sampling (e.g. where two experts meet)."""
         return {}
 
+    def scheduler_of(self, stream):
+        """The scheduler that noises and steps `stream` (the pipeline's, unless the target gives the stream one)."""
+        if stream.name not in self.target.schedulers:
+            return self.scheduler
+        own = self.__dict__.setdefault("_stream_schedulers", {})
+        if stream.name not in own:
+            own[stream.name] = self.target.schedulers[stream.name]()
+        return own[stream.name]
+
+    def timestep_name(self, stream) -> str:
+        """The model_fn input that takes `stream`'s timestep: `timestep`, or `<stream>_timestep` for a stream
+        with its own scheduler."""
+        return f"{stream.name}_timestep" if stream.name in self.target.schedulers else "timestep"
+
     def denoise(self, values: dict[str, Any], cfg_scale: float = 1.0, progress: bool = True,
-                settings: Mapping[str, Any] | None = None) -> torch.Tensor:
-        """The denoising loop: `model_fn` over the scheduler's timesteps, with classifier-free guidance. Gradients
-        follow the caller's mode (`generate` runs it without; direct distillation through every step)."""
-        latents = values["latents"]
-        self.stream.check_positions(self, latents)
+                settings: Mapping[str, Any] | None = None):
+        """The denoising loop: `model_fn` over the scheduler's timesteps, with classifier-free guidance, each
+        stream stepped by its scheduler (`model_fn` returns one prediction, or one per stream by name). Returns the
+        latents (a dict by stream name for several streams). Gradients follow the caller's mode (`generate` runs it
+        without; direct distillation through every step)."""
+        streams = self.target.streams
+        latents = {s.name: values[s.latents] for s in streams}
+        for s in streams:
+            s.check_positions(self, latents[s.name])
         settings = dict(settings or {})
         posi = self.model_fn_kwargs(values)
         nega = None
         if cfg_scale != 1.0:
             nega = {k: values.get(self.negative_name(k), v) for k, v in posi.items()}
+        schedulers = {s.name: self.scheduler_of(s) for s in streams}
         timesteps = self.scheduler.timesteps
+        batch = latents[streams[0].name].shape[0]
         for i in tqdm(range(len(timesteps)), disable=not progress, desc="sampling", leave=False):
-            t = timesteps[i].expand(latents.shape[0]).to(self.device)
-            pred = self.model_fn(**posi, **settings, latents=latents, timestep=t)
+            call = {s.latents: latents[s.name] for s in streams}
+            call.update({self.timestep_name(s): schedulers[s.name].timesteps[i].expand(batch).to(self.device)
+                         for s in streams})
+            pred = self._per_stream(self.model_fn(**posi, **settings, **call))
             if nega is not None:
-                pred_nega = self.model_fn(**nega, **settings, latents=latents, timestep=t)
-                pred = self.combine_cfg(pred, pred_nega, cfg_scale)
-            latents = self.scheduler.step(pred, i, latents)
-        return latents
+                pred_nega = self._per_stream(self.model_fn(**nega, **settings, **call))
+                pred = {k: self.combine_cfg(pred[k], pred_nega[k], cfg_scale) for k in pred}
+            latents = {s.name: schedulers[s.name].step(pred[s.name], i, latents[s.name]) for s in streams}
+        return latents[streams[0].name] if len(streams) == 1 else latents
+
+    def _per_stream(self, pred) -> dict[str, torch.Tensor]:
+        return dict(pred) if isinstance(pred, Mapping) else {self.stream.name: pred}
 
     def finish_latents(self, latents: torch.Tensor, values: Mapping[str, Any]) -> torch.Tensor:
         """The sampled latents as the decoder takes them (e.g. a clean first frame put back)."""
         return latents
 
-    def postprocess(self, latents: torch.Tensor, output_type: str = "pil"):
+    def postprocess(self, latents, output_type: str = "pil"):
         """"latent": the latents; "pt": decoded, in [0, 1]; "pil": one output per prompt (the stream's: an image,
-        a clip's frames, a waveform)."""
-        return self.stream.postprocess(self, latents, output_type)
+        a clip's frames, a waveform; for several streams a dict of them by stream name)."""
+        streams = self.target.streams
+        if len(streams) == 1:
+            return self.stream.postprocess(self, latents, output_type)
+        outs = {s.name: s.postprocess(self, latents[s.name], output_type) for s in streams}
+        if output_type != "pil":
+            return outs
+        return [dict(zip(outs, one)) for one in zip(*outs.values())]
+
+    def loss_reads(self, reads) -> tuple[str, ...]:
+        """A loss's reads with every stream's clean latents where it reads the primary's (`input_latents`)."""
+        reads = tuple(reads)
+        if "input_latents" in reads:
+            reads += tuple(s.input_latents for s in self.target.streams)
+        return tuple(dict.fromkeys(reads))
 
     @torch.no_grad()
     def generate(self, values: dict[str, Any], *, cfg_scale: float, num_inference_steps: int,

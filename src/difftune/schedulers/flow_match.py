@@ -50,6 +50,8 @@ class FlowMatchScheduler:
     `training_mu` is the fixed time shift of the training table for configs with dynamic shifting (the
     reference trains Qwen-Image at 0.8); configs with a static `shift` train at that shift."""
 
+    prediction = "flow"  # what a denoiser it trains predicts (core/target.py)
+
     def __init__(self, training_mu: float | None = None, **config):
         given = {k: v for k, v in config.items() if not k.startswith("_")}
         self.config = {**DIFFUSERS_DEFAULTS, **given}

@@ -7,7 +7,7 @@ or several, with or without gradient accumulation, draw the same noise and times
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,35 +26,62 @@ def _per_sample_noise(shape_like: torch.Tensor, generators: Sequence[torch.Gener
     return torch.stack([torch.randn(shape_like.shape[1:], generator=g, dtype=torch.float32) for g in generators])
 
 
-# Names each loss reads from the values besides what model_fn reads (the split analysis needs them).
+# Names each loss reads from the values besides what model_fn reads (the split analysis needs them); a target's
+# other streams add their own clean latents (`stream_reads`).
 SFT_READS = ("input_latents",)
 DIRECT_DISTILL_READS = ("input_latents", "latents", "num_inference_steps", "height", "width")
 
 
 def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch.Generator],
                         settings: dict[str, Any]) -> torch.Tensor:
-    """Flow-matching supervised loss: predict the velocity noise - x0 at a random timestep per sample."""
-    x0 = values["input_latents"]
-    if x0 is None:
-        raise ValueError("the sft loss needs input_latents: the data must have an image")
-    pipe.stream.check_positions(pipe, x0)
-    scheduler = pipe.scheduler
-    draws = [scheduler.sample_training(1, g, image_seq_len=pipe.stream.seq_len(x0)) for g in generators]
-    noise = _per_sample_noise(x0, generators).to(device=x0.device, dtype=x0.dtype)
-    sigma = torch.cat([d[0] for d in draws]).to(x0.device)
-    timestep = torch.cat([d[1] for d in draws]).to(x0.device)
-    weight = torch.cat([d[2] for d in draws]).to(x0.device)
-    noisy = scheduler.add_noise(x0, noise, sigma)
-    target = scheduler.training_target(x0, noise)
-    pred = pipe.model_fn(latents=noisy, timestep=timestep, **pipe.model_fn_kwargs(values), **settings)
-    error = (pred.float() - target.float()).pow(2)
-    mask = pipe.stream.loss_mask(pipe, values)
-    if mask is None:
-        per_sample = error.flatten(1).mean(1)
-    else:  # only the elements the family says count (e.g. not a clean first frame), per sample
-        mask = mask.to(error.device, error.dtype).expand_as(error)
-        per_sample = (error * mask).flatten(1).sum(1) / mask.flatten(1).sum(1).clamp(min=1)
-    return (per_sample * weight.float()).mean()
+    """The supervised loss of every stream of the family's target: each stream's clean latents noised at a timestep
+    drawn per sample (one draw per scheduler: streams that share one share the timestep), the denoiser's prediction
+    against the target of the prediction type (flow: noise - x0; epsilon: the noise; v: the velocity), a masked mean
+    squared error per sample weighted by the draw, summed over the streams. Each sample's draws come from its own
+    generator, in stream order: the timestep, then each stream's noise."""
+    streams = pipe.target.streams
+    clean = {}
+    for stream in streams:
+        x0 = values.get(stream.input_latents)
+        if x0 is None:
+            raise ValueError(f"the sft loss needs {stream.input_latents}: the data must have {stream.what}")
+        stream.check_positions(pipe, x0)
+        clean[stream.name] = x0
+    draws, inputs, targets = {}, {}, {}
+    for stream in streams:
+        x0, scheduler = clean[stream.name], pipe.scheduler_of(stream)
+        check_prediction(pipe, scheduler)
+        if id(scheduler) not in draws:
+            drawn = [scheduler.sample_training(1, g, image_seq_len=stream.seq_len(x0)) for g in generators]
+            draws[id(scheduler)] = [torch.cat([d[k] for d in drawn]).to(x0.device) for k in range(3)]
+            inputs[pipe.timestep_name(stream)] = draws[id(scheduler)][1]
+        point, _, weight = draws[id(scheduler)]
+        noise = _per_sample_noise(x0, generators).to(device=x0.device, dtype=x0.dtype)
+        inputs[stream.latents] = scheduler.add_noise(x0, noise, point)
+        targets[stream.name] = (scheduler.training_target(x0, noise, point), weight)
+    pred = pipe.model_fn(**inputs, **pipe.model_fn_kwargs(values), **settings)
+    preds = pred if isinstance(pred, Mapping) else {streams[0].name: pred}
+    total = 0
+    for stream in streams:
+        target, weight = targets[stream.name]
+        error = (preds[stream.name].float() - target.float()).pow(2)
+        mask = stream.loss_mask(pipe, values)
+        if mask is None:
+            per_sample = error.flatten(1).mean(1)
+        else:  # only the elements the family says count (e.g. not a clean first frame), per sample
+            mask = mask.to(error.device, error.dtype).expand_as(error)
+            per_sample = (error * mask).flatten(1).sum(1) / mask.flatten(1).sum(1).clamp(min=1)
+        total = total + (per_sample * weight.float()).mean()
+    return total
+
+
+def check_prediction(pipe, scheduler) -> None:
+    """The scheduler trains what the target's denoiser predicts (a flow scheduler on an epsilon model would train
+    it on the wrong target without a word)."""
+    predicts = getattr(scheduler, "prediction", "flow")
+    if predicts != pipe.target.prediction:
+        raise UserError(f"{type(pipe).__name__} predicts {pipe.target.prediction}, but its scheduler "
+                        f"({type(scheduler).__name__}) trains {predicts}")
 
 
 def direct_distill_loss(pipe, values: dict[str, Any], generators: Sequence[torch.Generator],
@@ -82,12 +109,16 @@ UNREAD_INPUTS = {"direct_distill": {"cfg_scale": "direct_distill trains the stud
                                                  "the metadata's cfg_scale (the teacher's guidance) is not used"}}
 
 
-def all_losses() -> dict[str, Loss]:
-    """The shared losses and every registered family's own (FamilySpec.losses), by task name."""
+def all_losses(family=None) -> dict[str, Loss]:
+    """The losses by task name: the shared ones and every registered family's own (FamilySpec.losses); a family's
+    loss of a shared task's name (e.g. an audio + video family's sft) stands in for it in that family's runs."""
     from ..core.family import families
 
     table = dict(LOSSES)
     for spec in families().values():
         for name, entry in dict(getattr(spec, "losses", {}) or {}).items():
-            table.setdefault(name, as_loss(entry))
+            if name not in LOSSES:
+                table.setdefault(name, as_loss(entry))
+    if family is not None:
+        table.update({name: as_loss(entry) for name, entry in dict(family.losses or {}).items()})
     return table

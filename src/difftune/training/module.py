@@ -150,11 +150,11 @@ class PipelineTrainingModule(DiffusionTrainingModule):
         super().__init__()
         self.pipe = pipe
         self.task = task.split(":")[0]
-        losses = all_losses()
+        losses = all_losses(pipe.spec)
         if self.task not in losses:
             raise UserError(f"--task {task}: unknown task (known: {sorted(losses)})")
         self.loss = losses[self.task]
-        self.loss_fn, self.loss_reads = self.loss.fn, tuple(self.loss.reads)
+        self.loss_fn, self.loss_reads = self.loss.fn, pipe.loss_reads(self.loss.reads)
         self.units = list(units)
         self.seed = seed
         self.settings = dict(settings or {})

@@ -133,8 +133,8 @@ def compute_split(pipeline: type, features, config: RunConfig, task: TaskSpec) -
             flag = "--lora_base_model" if slot == config.lora_base_model else "--trainable_models"
             raise UserError(f"{flag} {slot}: no part of this run's training step uses '{slot}' (the loss runs "
                             f"{', '.join(pipe.loss_models) or 'no model'}): training it would change nothing")
-    loss = all_losses()[task.loss]
-    return split_units(pipe.units, config.trainable, tuple(loss.reads) + pipe.active_model_fn_inputs,
+    loss = all_losses(pipe.spec)[task.loss]
+    return split_units(pipe.units, config.trainable, pipe.loss_reads(loss.reads) + pipe.active_model_fn_inputs,
                        settings=pipe.settings, loss_models=pipe.loss_models, cfg=loss.cfg)
 
 

@@ -87,7 +87,7 @@ def run_stage1(run, output_path: str) -> dict:
     settings = stage_settings(config, family)
     from .losses import all_losses
 
-    cfg = all_losses()[run.task.loss].cfg  # a loss that reads the negative side: stage 1 computes it too
+    cfg = all_losses(run.family)[run.task.loss].cfg  # a loss that reads the negative side: stage 1 computes it too
     mine = [i for i in range(rows) if i % accelerator.num_processes == accelerator.process_index]
     # Each sample records its source files' identities; a cached one whose files changed since (replaced
     # images, same metadata) is encoded again, not kept.

@@ -226,21 +226,21 @@ class Validator:
                     return None
                 values = {**self._prompt_values(pipe, embeds, f"p{i}"), **(condition or {})}
                 g = torch.Generator("cpu").manual_seed(self.seed + i)
-                if condition:  # at the sample's own size: its conditioning is laid out for it
-                    clean = values.pop("input_latents")
-                    latents = torch.randn(clean.shape, generator=g)
-                    values.update(pipe.stream.size_of(pipe, clean))
+                size = {} if condition else {"height": self.height, "width": self.width, **(
+                    {"num_frames": self.num_frames} if self.num_frames is not None else {})}
+                for stream in pipe.target.streams:  # each stream's noise, in stream order from one generator
+                    if condition:  # at the sample's own size: its conditioning is laid out for it
+                        clean = values.pop(stream.input_latents)
+                        noise = torch.randn(clean.shape, generator=g)
+                        if stream is pipe.stream:
+                            values.update(stream.size_of(pipe, clean))
+                    else:
+                        noise = torch.randn(1, *stream.noise_shape(pipe, **size), generator=g)
+                    values[stream.latents] = noise.to(pipe.device, pipe.torch_dtype)
+                if condition:
                     self._note("size", "validation renders each prompt with the conditioning of the training "
                                "sample of its index, at that sample's size")
-                else:
-                    shape = pipe.stream.noise_shape(pipe, self.height, self.width, **(
-                        {"num_frames": self.num_frames} if self.num_frames is not None else {}))
-                    latents = torch.randn(1, *shape, generator=g)
-                    values.update(height=self.height, width=self.width)
-                    if self.num_frames is not None:
-                        values["num_frames"] = self.num_frames
-                latents = latents.to(pipe.device, pipe.torch_dtype)
-                values.update(latents=latents, noise=latents, seed=self.seed + i, batch_size=1)
+                values.update(size, noise=values["latents"], seed=self.seed + i, batch_size=1)
                 given = [k for k in values if k not in ("height", "width", "num_frames", "seed", "batch_size")]
                 out = pipe.generate(values, cfg_scale=self.cfg_scale, num_inference_steps=self.steps,
                                     settings=self.settings, given=given, progress=False, output_type="pil")
