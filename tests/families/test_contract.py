@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 import difftune.models as models_pkg
+import support.toys  # noqa: F401  (registers the toy families of the other targets: audio, a clip with sound, ε, v)
 import toy_family  # noqa: F401  (registers the toy family and its tiny models)
 from conftest import run_train
 from difftune.core.family import families, get_family, recognise
@@ -93,16 +94,21 @@ def test_units_keep_to_their_declarations(tiny):
         for name in instance.model_fn_inputs_for(cls.feature_names()):
             assert name in written, f"{cls.__name__}'s model_fn reads {name}, which no unit declares"
     pipe = build_pipeline(spec, [ModelConfig(p) for p in tiny.model_paths], device="cpu", torch_dtype=torch.float32)
+    factor = pipe.stream.division
+    size = dict(base_path=tiny.metadata.parent, height=None, width=None, max_pixels=4096,
+                height_division_factor=factor, width_division_factor=factor)
+    streams = pipe.target.streams
     dataset = UnifiedDataset(base_path=tiny.metadata.parent, metadata_path=tiny.metadata,
-                             main_data_operator=UnifiedDataset.default_image_operator(
-                                 tiny.metadata.parent, max_pixels=4096, height_division_factor=pipe.stream.division,
-                                 width_division_factor=pipe.stream.division))
+                             data_file_keys=tuple(dict.fromkeys(["image", "video", *(s.column for s in streams)])),
+                             present_keys_only=True,
+                             main_data_operator=streams[0].operator(size),
+                             special_operator_map={s.column: s.operator(size) for s in streams[1:]})
     pipe.scheduler.set_training()
     values = pipe.training_inputs(dataset[0])
     pipe.run_units(values)  # training
-    assert values.get("input_latents") is not None
+    assert all(values.get(s.input_latents) is not None for s in streams)
     pipe.scheduler.training = False
-    out = pipe("a prompt", height=32, width=32, num_inference_steps=2, seed=0, cfg_scale=2.0)  # inference, with cfg
+    out = pipe("a prompt", **tiny.call_args, num_inference_steps=2, seed=0, cfg_scale=2.0)  # inference, with cfg
     assert out is not None
 
 

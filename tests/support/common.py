@@ -58,6 +58,8 @@ class TinyFamily:
     # How far one stage and split may differ on a saved tensor (fp32). Adam's first steps divide each gradient by
     # its own magnitude, so where a gradient is ~1e-8 a rounding difference in it moves that weight by a part of lr.
     split_tolerance: float = 1e-5
+    # A sampling call's size arguments (an image family's height and width; an audio family's seconds).
+    call_args: dict = field(default_factory=lambda: {"height": 32, "width": 32})
 
 
 @dataclass

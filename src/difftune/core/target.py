@@ -72,10 +72,10 @@ class Stream:
             tokens *= side // self.patch
         return tokens * (latents.shape[2] if latents.dim() == 5 else 1)
 
-    def size_seq_len(self, height: int, width: int) -> int:
-        """Tokens of an output of this size, before any latents exist."""
+    def size_seq_len(self, values: Mapping[str, Any]) -> int:
+        """Tokens of an output of the size the values ask for, before any latents exist."""
         f = self.division
-        return (-(-int(height) // f)) * (-(-int(width) // f))
+        return (-(-int(values["height"]) // f)) * (-(-int(values["width"]) // f))
 
     def noise_shape(self, pipe, height: int, width: int) -> tuple[int, ...]:
         """One sample's initial noise for an output of this size (validation draws it)."""
@@ -298,20 +298,28 @@ class AudioStream(Stream):
     sample_rate: int = 16000
     audio_channels: int = 1
     default_seconds: float = 10.0
+    fps: float | None = None  # the frame rate of the clip it is the sound of (a joint target): its length follows
 
     def seq_len(self, latents):
         return int(latents.shape[-1]) // self.patch
 
-    def size_seq_len(self, height, width):
-        return 1
+    def size_seq_len(self, values):
+        seconds = self.seconds_of(values.get("seconds"), values.get("num_frames"))
+        return self.samples_of(seconds) // (self.scale * self.patch)
 
     def samples_of(self, seconds: float) -> int:
         """Waveform samples of a clip of `seconds`, cut to a whole number of latent steps."""
         step = self.scale * self.patch
         return max(step, int(round(float(seconds) * self.sample_rate)) // step * step)
 
-    def noise_shape(self, pipe, seconds: float | None = None, **_) -> tuple[int, ...]:
-        return (self.channels, self.samples_of(seconds or self.default_seconds) // self.scale)
+    def seconds_of(self, seconds: float | None = None, num_frames: int | None = None) -> float:
+        """How long a sample is: as asked, else as long as `num_frames` frames of its clip, else the default."""
+        if seconds is None and num_frames is not None and self.fps:
+            seconds = int(num_frames) / self.fps
+        return float(seconds if seconds is not None else self.default_seconds)
+
+    def noise_shape(self, pipe, seconds: float | None = None, num_frames: int | None = None, **_) -> tuple[int, ...]:
+        return (self.channels, self.samples_of(self.seconds_of(seconds, num_frames)) // self.scale)
 
     def size_of(self, pipe, latents):
         return {"seconds": int(latents.shape[-1]) * self.scale / self.sample_rate}
@@ -324,6 +332,8 @@ class AudioStream(Stream):
 
     def check_output(self, path, family):
         ext = os.path.splitext(path)[1].lower()
+        if not ext:
+            return path + self.extension
         if ext not in AUDIO_EXTENSIONS:
             raise UserError(f"--output {path}: the {family} family makes audio: name a "
                             f"{'/'.join(AUDIO_EXTENSIONS)} file")
@@ -347,9 +357,16 @@ class AudioStream(Stream):
         return grid, None
 
     def operator(self, size, frames=None):
-        from ..data.operators import LoadAudioWave
+        """The file's audio (an audio file, or a clip's sound track) at the stream's rate, cut to whole latent
+        steps (and, as the sound of a clip, to the clip's frames)."""
+        from ..data.audio import LoadAudio, ToWaveform
+        from ..data.operators import ToAbsolutePath
 
-        return LoadAudioWave(size["base_path"], self.sample_rate, self.audio_channels)
+        most = None
+        if self.fps and frames is not None:
+            most = self.samples_of(self.seconds_of(num_frames=frames.num_frames))
+        return (ToAbsolutePath(size["base_path"]) >> LoadAudio(self.sample_rate, mono=self.audio_channels == 1)
+                >> ToWaveform(self.scale * self.patch, most))
 
     def row_value(self, data):
         value = data.get(self.column)
@@ -359,7 +376,7 @@ class AudioStream(Stream):
         return value
 
     def row_size(self, value):
-        return {"seconds": value.shape[-1] / self.sample_rate} if value is not None else {}
+        return {"seconds": value.shape[-1] / self.sample_rate} if value is not None and self.fps is None else {}
 
     def signature(self, value):
         return tuple(value.shape) if value is not None else None

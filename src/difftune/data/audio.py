@@ -98,6 +98,26 @@ class AudioPath(LoadAudio):
         return ("audio file",)
 
 
+class ToWaveform(DataOperator):
+    """A waveform -> a float32 tensor (channels, samples), cut to a whole number of `step` samples (a latent step of
+    the audio VAE) and to at most `max_samples`."""
+
+    def __init__(self, step: int = 1, max_samples: int | None = None):
+        self.step, self.max_samples = int(step), max_samples
+
+    def __call__(self, wave, context=None):
+        import numpy as np
+        import torch
+
+        wave = torch.from_numpy(np.ascontiguousarray(wave, dtype=np.float32))
+        wave = wave[None] if wave.dim() == 1 else wave
+        n = wave.shape[-1] if self.max_samples is None else min(wave.shape[-1], self.max_samples)
+        n -= n % self.step
+        if n <= 0:
+            raise DataError(f"{_where(context)}: shorter than one latent step ({self.step} samples)")
+        return wave[:, :n]
+
+
 def audio_operator(base_path, sample_rate: int | None = 16000, mono: bool = True,
                    min_seconds: float = 0.0) -> DataOperator:
     """A path relative to the data set -> waveform (`LoadAudio`)."""
@@ -109,4 +129,4 @@ def audio_path_operator(base_path) -> DataOperator:
     return ToAbsolutePath(base_path) >> AudioPath()
 
 
-__all__ = ["AUDIO_SOURCE_EXTENSIONS", "AudioPath", "LoadAudio", "audio_operator", "audio_path_operator"]
+__all__ = ["AUDIO_SOURCE_EXTENSIONS", "AudioPath", "LoadAudio", "ToWaveform", "audio_operator", "audio_path_operator"]

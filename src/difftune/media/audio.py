@@ -209,4 +209,41 @@ def check_audio(path: str | os.PathLike) -> AudioInfo:
     return info
 
 
-__all__ = ["AUDIO_EXTENSIONS", "AudioError", "AudioInfo", "check_audio", "probe_audio", "read_audio", "resample"]
+WRITABLE_AUDIO_EXTENSIONS = (".wav", ".flac")
+
+
+def write_audio(wave, path: str | os.PathLike, sample_rate: int) -> str:
+    """A waveform ((channels, samples) or 1-D, in [-1, 1]) as a 16-bit WAV or FLAC (by extension), atomically."""
+    import soundfile
+
+    from ..io import atomic_write
+
+    ext = os.path.splitext(os.fspath(path))[1].lower()
+    if ext not in WRITABLE_AUDIO_EXTENSIONS:
+        raise UserError(f"{path}: audio is written as {'/'.join(WRITABLE_AUDIO_EXTENSIONS)}, not "
+                        f"'{ext or '(no extension)'}'")
+    data = np.clip(np.asarray(wave, dtype=np.float32), -1, 1)
+    data = data.T if data.ndim == 2 else data  # soundfile takes (samples, channels)
+    fmt = "FLAC" if ext == ".flac" else "WAV"
+    atomic_write(path, lambda tmp: soundfile.write(str(tmp), data, int(sample_rate), subtype="PCM_16", format=fmt))
+    return os.fspath(path)
+
+
+def waveform_picture(wave, width: int = 512, height: int = 96):
+    """A waveform as a picture (its min and max per column, each channel a band): what validation shows of audio."""
+    from PIL import Image, ImageDraw
+
+    data = np.asarray(wave, dtype=np.float32)
+    data = data.reshape(1, -1) if data.ndim == 1 else data
+    picture = Image.new("RGB", (width, height * len(data)), "white")
+    draw = ImageDraw.Draw(picture)
+    for c, channel in enumerate(data):
+        cols = np.array_split(np.clip(channel, -1, 1), width) if channel.size >= width else [channel] * width
+        mid = c * height + height / 2
+        for x, col in enumerate(cols):
+            lo, hi = (float(col.min()), float(col.max())) if col.size else (0.0, 0.0)
+            draw.line([(x, mid - hi * height / 2), (x, mid - lo * height / 2)], fill=(40, 90, 200))
+    return picture
+
+
+__all__ = ["AUDIO_EXTENSIONS", "WRITABLE_AUDIO_EXTENSIONS", "waveform_picture", "write_audio", "AudioError", "AudioInfo", "check_audio", "probe_audio", "read_audio", "resample"]

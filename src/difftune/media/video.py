@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 from PIL import Image, ImageSequence
 
 from ..errors import UserError
@@ -290,11 +291,12 @@ def _even(img: Image.Image) -> Image.Image:
 
 
 def write_video(frames: Sequence[Image.Image], path: str | os.PathLike, fps: float = DEFAULT_FPS,
-                quality: float = 9) -> Path:
+                quality: float = 9, audio=None) -> Path:
     """Write a clip. .mp4/.mov/.mkv/.m4v: H.264 (yuv420p, plays everywhere; FFmpeg's mpeg4 if the bundled
     FFmpeg lacks libx264), .avi: mpeg4, .webm: VP9, .gif/.webp: an animated preview (`write_animation`).
     `quality` 0..10 as the reference's save_video (10 best; H.264 CRF = (1 - quality/10) * 51). Frames with
-    an odd side get one repeated row/column (4:2:0 needs even sides)."""
+    an odd side get one repeated row/column (4:2:0 needs even sides). `audio`: (waveform (channels, samples) in
+    [-1, 1], sample rate), muxed in as the clip's sound track (AAC; Opus in .webm)."""
     path = Path(path)
     ext = path.suffix.lower()
     if ext in PREVIEW_EXTENSIONS:
@@ -323,13 +325,44 @@ def write_video(frames: Sequence[Image.Image], path: str | os.PathLike, fps: flo
             options = {"flags": "+qscale", "global_quality": str(118 * max(2, min(31, round(31 - quality * 2.9))))}
         stream = out.add_stream(codec, rate=rate, options=options)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        sound = _add_audio(out, audio, ext) if audio is not None else None
         for img in frames:
             for packet in stream.encode(av.VideoFrame.from_image(img)):
                 out.mux(packet)
         for packet in stream.encode():
             out.mux(packet)
+        if sound is not None:
+            _mux_audio(out, sound, audio)
     os.replace(tmp, path)
     return path
+
+
+def _add_audio(out, audio, ext: str):
+    wave, rate = audio
+    channels = 1 if np.ndim(wave) == 1 else int(np.shape(wave)[0])
+    if channels not in (1, 2):
+        raise UserError(f"a clip's sound track is mono or stereo, got {channels} channels")
+    sound = out.add_stream("libopus" if ext == ".webm" else "aac", rate=int(rate))
+    sound.layout = "mono" if channels == 1 else "stereo"
+    return sound
+
+
+def _mux_audio(out, sound, audio) -> None:
+    """The waveform as planar float frames of the encoder's frame size, then the encoder flushed."""
+    av = _av()
+    wave = np.clip(np.asarray(audio[0], dtype=np.float32).reshape(-1 if np.ndim(audio[0]) == 1 else
+                                                                  np.shape(audio[0])[0], -1), -1, 1)
+    wave = wave.reshape(1, -1) if wave.ndim == 1 else wave
+    size = sound.codec_context.frame_size or 1024
+    layout = "mono" if wave.shape[0] == 1 else "stereo"
+    for start in range(0, wave.shape[1], size):
+        chunk = np.ascontiguousarray(wave[:, start:start + size])
+        frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout=layout)
+        frame.sample_rate, frame.pts = int(audio[1]), start
+        for packet in sound.encode(frame):
+            out.mux(packet)
+    for packet in sound.encode():
+        out.mux(packet)
 
 
 def save_video(frames: Sequence[Image.Image], save_path: str | os.PathLike, fps: float = DEFAULT_FPS,

@@ -38,7 +38,9 @@ def make_dataset(run):
                 max_pixels=config.max_pixels, height_division_factor=factor, width_division_factor=factor)
     frames = config.frames
     operator = stream.operator(size, frames)
-    special = dict(run.pipeline.data_operators(config)) or None
+    # the target's other streams (a clip's sound) load through their own operators
+    special = {**{s.column: s.operator(size, frames) for s in run.pipeline.target.streams[1:]},
+               **run.pipeline.data_operators(config)} or None
     return UnifiedDataset(base_path=config.dataset_base_path, metadata_path=config.dataset_metadata_path,
                           repeat=config.dataset_repeat, data_file_keys=names(config.data_file_keys),
                           main_data_operator=operator, special_operator_map=special,

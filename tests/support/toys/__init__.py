@@ -1,0 +1,5 @@
+"""Toy families of the other targets, each one package module with no edit outside it: audio (`toy_audio`), a clip
+with its sound track (`toy_av`: two streams, one loss each), and epsilon- / v-prediction images (`toy_eps`,
+`toy_v`). Importing this package registers them and their tiny models (the contract suite's registry)."""
+
+from . import audio, joint, prediction  # noqa: F401
