@@ -79,7 +79,9 @@ def fuse_lora(module: nn.Module, imported: ImportedLora, scale: float = 1.0,
         if type(weight.data) is not torch.Tensor or not weight.dtype.is_floating_point:
             raise UserError(f"{imported.source}: cannot fuse into '{path}': its weight is stored as "
                             f"{type(weight.data).__name__}/{weight.dtype} (quantized); load the model unquantized")
-        delta = b.to(weight.device, torch.float32) @ a.to(weight.device, torch.float32)
+        # a convolution's LoRA (LoCon): B (out, r, 1, ...) @ A (r, in, k, ...) as matrices, in the kernel's shape
+        delta = (b.to(weight.device, torch.float32).flatten(1) @ a.to(weight.device, torch.float32).flatten(1))
+        delta = delta.reshape(weight.shape)
         merged = weight.to(torch.float32) + delta * (float(scale) * alpha / a.shape[0])
         weight.copy_(merged.to(weight.dtype))
     return [real for real, *_ in fitted.values()]

@@ -37,7 +37,7 @@ from torch import nn
 from ..errors import UserError
 from ..util import PICKLE_SUFFIXES, first_line, non_finite
 from ..util import names as _names
-from .inject import _WEIGHT_KEY, _is_peft_internal, _linear_of, _module_paths, canonical_lora_keys
+from .inject import _WEIGHT_KEY, _is_peft_internal, _linear_of, _module_paths, canonical_lora_keys, layer_sides
 
 COMPONENT_PREFIX = {"dit": "transformer", "transformer": "transformer", "text_encoder": "text_encoder"}
 ADAPTER_METADATA_KEY = "lora_adapter_metadata"  # what diffusers' save_lora_weights writes
@@ -453,9 +453,11 @@ def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = 
                 have = "lora_A" if "A" in entry else "lora_B" if "B" in entry else "only an alpha"
                 raise UserError(f"{src}: module '{mpath}' has {have} but not both lora_A and lora_B")
             a, b = entry["A"], entry["B"]
-            if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
-                raise UserError(f"{src}: '{entry['key']}' is not a Linear LoRA (lora_A {tuple(a.shape)}, "
-                                f"lora_B {tuple(b.shape)})")
+            # a Linear's LoRA (2-D A and B), or a convolution's (LoCon: A of the kernel's shape, B 1x1)
+            conv = a.ndim == b.ndim and 3 <= a.ndim <= 5 and all(side == 1 for side in b.shape[2:])
+            if not (a.ndim == b.ndim == 2 or conv) or a.shape[0] != b.shape[1]:
+                raise UserError(f"{src}: '{entry['key']}' is not a Linear or convolution LoRA (lora_A "
+                                f"{tuple(a.shape)}, lora_B {tuple(b.shape)})")
             rank = a.shape[0]
             if "alpha" in entry:
                 alpha, how = float(entry["alpha"].float().item()), "alpha tensors"
@@ -527,10 +529,12 @@ def _fit(imported: ImportedLora, module: nn.Module, component: str | None):
         if linear is None:
             missing.append(path)
             continue
-        if a.shape[1] != linear.in_features or b.shape[0] != linear.out_features:
+        sides = layer_sides(linear)
+        if a.shape[1] != sides[0] or b.shape[0] != sides[1] or a.shape[2:] != linear.weight.shape[2:] \
+                or a.dim() != linear.weight.dim():
             raise UserError(f"{imported.source}: LoRA key '{orig.get(path, path)}' has shapes A {tuple(a.shape)}, "
-                            f"B {tuple(b.shape)} but '{real}' of {what} is Linear({linear.in_features} -> "
-                            f"{linear.out_features}); is this a LoRA for another model?")
+                            f"B {tuple(b.shape)} but '{real}' of {what} is {type(linear).__name__}({sides[0]} -> "
+                            f"{sides[1]}); is this a LoRA for another model?")
         fitted[path] = (real, a, b, alphas[path])
     if missing:
         raise UserError(f"{imported.source}: {len(missing)} of {len(sd) // 2} LoRA modules match no Linear layer "

@@ -33,13 +33,25 @@ def _is_peft_internal(name: str) -> bool:
     return any(part in _PEFT_PARTS for part in name.split("."))
 
 
-def _linear_of(m: nn.Module | None) -> nn.Linear | None:
-    """The nn.Linear itself, or the one a peft layer wraps."""
+# The layers a LoRA adapts (peft's LoRA layers for them; a convolution's LoRA is a LoCon: A a convolution of the
+# layer's kernel to rank r, B a 1x1 convolution back)
+ADAPTABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def _linear_of(m: nn.Module | None) -> nn.Module | None:
+    """The Linear (or convolution) layer itself, or the one a peft layer wraps; None for any other module."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     if isinstance(m, BaseTunerLayer):
         m = m.get_base_layer()
-    return m if isinstance(m, nn.Linear) else None
+    return m if isinstance(m, ADAPTABLE) else None
+
+
+def layer_sides(layer: nn.Module) -> tuple[int, int]:
+    """(in, out) features of a Linear, channels of a convolution."""
+    if isinstance(layer, nn.Linear):
+        return layer.in_features, layer.out_features
+    return layer.in_channels, layer.out_channels
 
 
 def _short_name(name: str) -> str:
@@ -76,8 +88,8 @@ def _check_targets(module: nn.Module, targets: list[str], exclude: list[str]) ->
     for n in selected:
         m = module.get_submodule(n)
         if _linear_of(m) is None:
-            raise UserError(f"--lora_target_modules: '{n}' is a {type(m).__name__}, not a Linear layer "
-                            f"(Linear layers include: {_linear_examples(module)})")
+            raise UserError(f"--lora_target_modules: '{n}' is a {type(m).__name__}, not a Linear or convolution "
+                            f"layer (such layers include: {_linear_examples(module)})")
     return selected
 
 
