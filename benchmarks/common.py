@@ -514,8 +514,9 @@ def split_figures(one: dict, s1: dict, s2: dict, warmup: int, ref_steps: int, ta
 def split_rows(r: dict, samples: str, ref_repeat: int, tag: str) -> list[list]:
     """The table rows of `split_figures` (`samples`: what one epoch is, e.g. "4 images")."""
     n = int(samples.split()[0])
+    epochs = f" x {r['epochs']} epochs" if r.get("epochs", 1) > 1 else ""
     return [
-        [f"total time (s), {samples} x repeat {r['repeat']} = {r['steps']} steps; split = stage 1 + stage 2",
+        [f"total time (s), {samples}{epochs} x repeat {r['repeat']} = {r['steps']} steps; split = stage 1 + stage 2",
          r["total_time_one_stage_s"], r["total_time_split_s"], r["total_time_ratio"]],
         [f"projected to --num_epochs 5 --dataset_repeat {ref_repeat} ({n * 5 * ref_repeat} steps)", "", "",
          r[f"projected_total_time_ratio_{tag}"]],

@@ -45,24 +45,22 @@ def family_config(family: str, blocks: int, resolution: int, quick: bool):
         import common
 
         return common.quick() if quick else common.realwidth(blocks, 2, resolution)
-    if family == "flux":
-        import flux_split_vs_unsplit as f
+    from split_vs_unsplit import FAMILIES, Config  # the split benchmark's family table
 
-        return f.quick() if quick else f.FluxBench("realwidth", dict(
+    if quick and family in FAMILIES:
+        return FAMILIES[family].config(quick=True)
+    if family == "flux":
+        return Config("realwidth", dict(
             num_layers=blocks, num_single_layers=2 * blocks, num_attention_heads=24, attention_head_dim=128,
             axes_dims_rope=(16, 56, 56), clip_hidden=768, clip_layers=1, clip_intermediate=3072, t5_hidden=4096,
             t5_layers=1, t5_heads=64, t5_d_kv=64, t5_d_ff=10240), resolution=resolution)
     if family == "wan":
-        import wan_split_vs_unsplit as w
-
         # 17 frames at 512x512: 5 latent frames of 32x32 patches, 5,120 tokens (Wan's 81 at 480x832 are 32,760)
-        return w.quick() if quick else w.WanBench("realwidth", dict(
+        return Config("realwidth", dict(
             num_layers=blocks, num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, text_dim=4096,
             t5_layers=1, t5_heads=64, t5_d_kv=64, t5_d_ff=10240), resolution=min(resolution, 512), num_frames=17)
     if family == "z_image":
-        import z_image_split_vs_unsplit as z
-
-        return z.quick() if quick else z.ZImageBench("realwidth", dict(
+        return Config("realwidth", dict(
             dim=3840, n_heads=30, axes_dims=(32, 48, 48), n_layers=blocks, n_refiner_layers=1, text_hidden=2560,
             text_layers=1, text_heads=32, text_head_dim=128, text_intermediate=9728), resolution=resolution)
     raise SystemExit(f"unknown family {family}")
@@ -90,37 +88,17 @@ def family_flags(family: str, wd: Path, cfg, n: int, dtype: str):
         def s2(output, repeat):
             return train_flags(ws, "sft:train", output, dataset=wd / "cache", repeat=repeat,
                                components=("transformer",))
-    elif family == "flux":
-        import flux_split_vs_unsplit as f
+    else:  # the split benchmark's family table
+        from split_vs_unsplit import DIT, FAMILIES
+        from split_vs_unsplit import flags as split_flags
 
-        repo, meta = f.prepare(wd, cfg, n)
+        prep = FAMILIES[family].prepare(wd, cfg, n)
         def s1():
-            return f.flags(repo, meta, cfg, "sft:data_process", wd / "cache",
-                           components=("text_encoder", "text_encoder_2", "vae"))
+            return split_flags(prep, cfg, "sft:data_process", wd / "cache", components=prep.stage1)
 
         def s2(output, repeat):
-            return f.flags(repo, meta, cfg, "sft:train", output, dataset=wd / "cache", repeat=repeat,
-                           components=("transformer",))
-    elif family == "wan":
-        import wan_split_vs_unsplit as w
-
-        prep = w.prepare(wd, cfg, n)
-        def s1():
-            return w.flags(prep, cfg, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
-
-        def s2(output, repeat):
-            return w.flags(prep, cfg, "sft:train", output, dataset=wd / "cache", repeat=repeat,
-                           components=("transformer",))
-    else:
-        import z_image_split_vs_unsplit as z
-
-        repo, meta = z.prepare(wd, cfg, n)
-        def s1():
-            return z.flags(repo, meta, cfg, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
-
-        def s2(output, repeat):
-            return z.flags(repo, meta, cfg, "sft:train", output, dataset=wd / "cache", repeat=repeat,
-                           components=("transformer",))
+            return split_flags(prep, cfg, "sft:train", output, dataset=wd / "cache", repeat=repeat,
+                               components=(DIT,))
 
     def stage2(output: Path, repeat: int, checkpointing: bool, extra=()) -> list[str]:
         flags = _set(_set(s2(output, repeat), "--torch_dtype", dtype), "--lora_rank", str(cfg.lora_rank))

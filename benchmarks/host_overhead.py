@@ -42,37 +42,16 @@ def _bf16_rank32(flags: list[str]) -> list[str]:
 
 def family_runs(family: str, wd: Path):
     """(stage-1 flags, stage-2 flags) of `family`'s tiny model, as its split benchmark builds them."""
-    if family == "qwen_image":
-        from common import prepare, quick, train_flags
+    from split_vs_unsplit import DIT
+    from split_vs_unsplit import FAMILIES as SPLIT
+    from split_vs_unsplit import flags
 
-        ws = prepare(wd, quick(), 2)
-        s1 = train_flags(ws, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
-        s2 = train_flags(ws, "sft:train", wd / "two", dataset=wd / "cache", repeat=2, components=("transformer",))
-    elif family == "flux":
-        import flux_split_vs_unsplit as f
-
-        repo, meta = f.prepare(wd, f.quick(), 2)
-        s1 = f.flags(repo, meta, f.quick(), "sft:data_process", wd / "cache",
-                     components=("text_encoder", "text_encoder_2", "vae"))
-        s2 = f.flags(repo, meta, f.quick(), "sft:train", wd / "two", dataset=wd / "cache", repeat=2,
-                     components=("transformer",))
-    elif family == "wan":
-        import wan_split_vs_unsplit as w
-
-        cfg = w.quick()
-        prep = w.prepare(wd, cfg, 2)
-        s1 = w.flags(prep, cfg, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
-        s2 = w.flags(prep, cfg, "sft:train", wd / "two", dataset=wd / "cache", repeat=2, components=("transformer",))
-    elif family == "z_image":
-        import z_image_split_vs_unsplit as z
-
-        cfg = z.quick()
-        repo, meta = z.prepare(wd, cfg, 2)
-        s1 = z.flags(repo, meta, cfg, "sft:data_process", wd / "cache", components=("text_encoder", "vae"))
-        s2 = z.flags(repo, meta, cfg, "sft:train", wd / "two", dataset=wd / "cache", repeat=2,
-                     components=("transformer",))
-    else:
+    if family not in FAMILIES:
         raise SystemExit(f"unknown family {family}")
+    cfg = SPLIT[family].config(quick=True)
+    prep = SPLIT[family].prepare(wd, cfg, 2)
+    s1 = flags(prep, cfg, "sft:data_process", wd / "cache", components=prep.stage1)
+    s2 = flags(prep, cfg, "sft:train", wd / "two", dataset=wd / "cache", repeat=2, components=(DIT,))
     return _bf16_rank32(s1), _bf16_rank32(s2) + ["--use_gradient_checkpointing"]
 
 

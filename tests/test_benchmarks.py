@@ -1,9 +1,9 @@
 """The benchmarks' smoke modes: each script runs end to end on the tiny model and prints its ratios.
 
 Every script runs as a subprocess (`--quick --no-doc`, so docs/benchmarks.md is never touched), the way a
-user runs it; the last stdout line is the JSON result. The scripts whose --quick runs stay in their process (the eight
-split benchmarks, overhead, batching, batched stage 1, host overhead, gpu.py's CPU parts, peers) share one subprocess,
-run one after another as `__main__`. The peers benchmark needs DiffSynth-Studio's own venv (see benchmarks/peers.py);
+user runs it; the last stdout line is the JSON result. The scripts whose --quick runs stay in their process (the split
+benchmark's eight families, overhead, batching, batched stage 1, host overhead, gpu.py's CPU parts, peers) share one
+subprocess, run one after another as `__main__`. The peers benchmark needs DiffSynth-Studio's own venv (see benchmarks/peers.py);
 without it the test checks that the script says how to make it and skips.
 """
 
@@ -44,11 +44,8 @@ def assert_ratios(result: dict, keys: list[str]) -> None:
 # The in-process smoke runs (their --quick runs stay in this process by design, and the benchmarks' own helpers reset
 # accelerate between runs) share ONE interpreter, one after another: one start (imports ~10 s) instead of thirteen.
 # Each: (script, its extra arguments); "{workdir}" in them is the job's own folder, also its --workdir.
-SMOKES = {"qwen_image": ("split_vs_unsplit.py", ()), "flux": ("flux_split_vs_unsplit.py", ()),
-          "wan": ("wan_split_vs_unsplit.py", ()), "z_image": ("z_image_split_vs_unsplit.py", ()),
-          "flux2": ("flux2_split_vs_unsplit.py", ()), "krea2": ("krea2_split_vs_unsplit.py", ()),
-          "ernie_image": ("ernie_image_split_vs_unsplit.py", ()),
-          "ideogram4": ("ideogram4_split_vs_unsplit.py", ()),
+SPLIT_FAMILIES = ("qwen_image", "flux", "wan", "z_image", "flux2", "krea2", "ernie_image", "ideogram4")
+SMOKES = {**{family: ("split_vs_unsplit.py", ("--family", family)) for family in SPLIT_FAMILIES},
           "overhead": ("overhead.py", ()), "batched_stage1": ("batched_stage1.py", ()), "batching": ("batching.py", ()),
           "host_overhead": ("host_overhead.py", ("--families", "qwen_image,z_image")),
           "gpu": ("gpu.py", ("--parts", "mfu,reference", "--families", "z_image", "--out", "{workdir}/out")),
