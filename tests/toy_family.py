@@ -13,13 +13,12 @@ from typing import Any
 import torch
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
-from PIL import Image
 from torch import nn
 
 from support import register_tiny
-from difftune import (BasePipeline, ComponentSpec, FamilySpec, FlowMatchScheduler, PipelineUnit, UserError,
+from difftune import (BasePipeline, ComponentSpec, FamilySpec, PipelineUnit, UserError,
                       gradient_checkpoint_forward, images_to_tensor, register_family)
-from difftune.core.features import Feature
+from difftune.core.features import IMAGE, Feature
 from difftune.core.target import ImageStream, Target
 
 PATCH = 4  # the image encoder's stride: latents are 1/4 of the image
@@ -161,7 +160,8 @@ def model_fn_toy(denoiser, latents, timestep, prompt_emb, reference_latents=None
 
 # -- the pipeline ---------------------------------------------------------------------------------------
 
-REFERENCE = Feature("reference", columns=("reference_image",), model_fn_inputs=("reference_latents",))
+REFERENCE = Feature("reference", columns=("reference_image",), model_fn_inputs=("reference_latents",),
+                    inputs={"reference_image": IMAGE})
 
 
 def _preview(pipe, latents):
@@ -176,26 +176,15 @@ class ToyPipeline(BasePipeline):
     model_fn_inputs = ("prompt_emb",)
     features = (REFERENCE,)
     data_inputs = ("image", "prompt", "seed")
-    target = Target((ImageStream(channels=4, scale=PATCH, division=PATCH, decoder=_preview, decode_models=()),))
+    # what it generates: images of 4-channel latents at 1/4 the size (every row has one); decoded only as a preview
+    target = Target((ImageStream(channels=4, scale=PATCH, division=PATCH, decoder=_preview, decode_models=(),
+                                 required=True),))
     call_defaults = {"height": 32, "width": 32, "num_inference_steps": 4, "cfg_scale": 1.0}
-
-    def __init__(self, device="cpu", torch_dtype=torch.float32):
-        super().__init__(device, torch_dtype)
-        self.scheduler = FlowMatchScheduler(shift=3.0)  # a static time shift (diffusers' defaults otherwise)
-        self.units = [ToyShapeChecker(), ToyNoiseInitializer(), ToyImageEncoderUnit(), ToyReferenceUnit(),
-                      ToyPromptEncoderUnit()]
+    scheduler_config = {"shift": 3.0}  # a static time shift (diffusers' defaults otherwise)
+    base_units = (ToyShapeChecker, ToyNoiseInitializer, ToyImageEncoderUnit, ToyReferenceUnit, ToyPromptEncoderUnit)
 
     def model_fn(self, latents, timestep, prompt_emb, reference_latents=None, **settings):
         return model_fn_toy(self.denoiser, latents, timestep, prompt_emb, reference_latents, **settings)
-
-    def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
-        image = data.get("image")
-        if not isinstance(image, Image.Image):
-            raise UserError(f"row {data.get('_row', '?')}: 'image' must be an image file listed in --data_file_keys")
-        reference = data.get("reference_image")
-        return {"prompt": data.get("prompt") or "", "negative_prompt": "", "input_image": image,
-                "reference_image": reference if isinstance(reference, Image.Image) else None,
-                "height": image.size[1], "width": image.size[0], "seed": data.get("seed"), "batch_size": 1}
 
     def __call__(self, prompt: str, height: int = 32, width: int = 32, num_inference_steps: int = 4,
                  seed: int | None = None, cfg_scale: float = 1.0, input_image=None, denoising_strength: float = 1.0,
