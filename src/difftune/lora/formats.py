@@ -40,6 +40,9 @@ from ..util import names as _names
 from .inject import _WEIGHT_KEY, _is_peft_internal, _linear_of, _module_paths, canonical_lora_keys, layer_sides
 
 COMPONENT_PREFIX = {"dit": "transformer", "transformer": "transformer", "text_encoder": "text_encoder"}
+# What the denoiser-only layouts (ComfyUI's diffusion_model., kohya's lora_unet_, the reference's pipe.dit.) are read
+# as: the denoiser of whichever family loads them, whatever its slot is named (a DiT's transformer, a UNet's unet).
+DENOISER_COMPONENT = "transformer"
 ADAPTER_METADATA_KEY = "lora_adapter_metadata"  # what diffusers' save_lora_weights writes
 DIFFTUNE_METADATA_KEY = "difftune_lora"
 LAYOUTS = ("diffusers", "comfyui", "kohya")  # what save_lora writes (--lora_format)

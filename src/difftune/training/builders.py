@@ -131,7 +131,7 @@ def find_resume(config, pipe):
         from .state import find_state
 
         return find_state(value, config.output_path)
-    load_full_weights(pipe, value, config.remove_prefix_in_ckpt)
+    load_full_weights(pipe, value, config.checkpoint_prefix((pipe.loss_models or (None,))[0]))
     return None
 
 
@@ -142,8 +142,9 @@ def load_full_weights(pipe, path: str, remove_prefix: str | None) -> None:
     if not str(path).endswith(".safetensors"):
         raise UserError(f"--resume_from_checkpoint {path}: only .safetensors files are read (no pickles)")
     state = load_file(path)
-    prefix = remove_prefix or "pipe.dit."
-    model_name = prefix.split(".")[1] if prefix.startswith("pipe.") else "dit"
+    denoiser = (pipe.loss_models or ("dit",))[0]
+    prefix = remove_prefix or f"pipe.{denoiser}."
+    model_name = prefix.split(".")[1] if prefix.startswith("pipe.") else denoiser
     inner = prefix[len(f"pipe.{model_name}."):] if prefix.startswith("pipe.") else ""
     state = {inner + k: v for k, v in state.items()}  # e.g. pipe.blockwise_controlnet.models.0.: the rest goes back
     model = pipe.models.get(model_name)

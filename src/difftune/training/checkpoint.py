@@ -4,9 +4,9 @@ A LoRA is saved in the layout the run resolved (`stages.lora_format`: by default
 `load_lora_weights`, ComfyUI and DiffSynth-Studio's loader all read at the trained strength; docs/lora_files.md):
 "diffusers" (`transformer.<module>.lora_A.weight`, alpha/rank folded into lora_B, the trained alpha in difftune's
 metadata), "comfyui" / "kohya" (with `.alpha` tensors). A fully trained model is saved with the
-reference's naming (`pipe.<model>.<key>`) minus `--remove_prefix_in_ckpt`; with the default
-`pipe.dit.` that leaves the official diffusers key names, so the file loads into
-`QwenImageTransformer2DModel`. Every file is written to a temporary name and renamed.
+reference's naming (`pipe.<model>.<key>`) minus `--remove_prefix_in_ckpt`; the default, `pipe.<the denoiser's
+slot>.` (`pipe.dit.` for a DiT, as the reference's scripts give it), leaves the official diffusers key names, so the
+file loads into the denoiser's diffusers class. Every file is written to a temporary name and renamed.
 """
 
 from __future__ import annotations

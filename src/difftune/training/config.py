@@ -170,7 +170,8 @@ class RunConfig:
                                      "lose).", kind=int, group=T)
     # -- output
     output_path: str = option("./models", "Where checkpoints (or the stage-1 cache) are written.", group=O)
-    remove_prefix_in_ckpt: str = option("pipe.dit.", "Prefix removed from saved full-model keys.", group=O)
+    remove_prefix_in_ckpt: str | None = option(None, "Prefix removed from saved full-model keys (default: "
+                                               "pipe.<the family's denoiser slot>., e.g. pipe.dit.).", group=O)
     save_steps: int | None = option(None, "Save every N optimizer steps; empty = once per epoch.", kind=int, group=O)
     resume_from_checkpoint: str | None = option(None, "'latest' or a state directory: continue exactly where a run "
                                                 "stopped; a .safetensors file: full-model weights to start from (the "
@@ -310,6 +311,10 @@ class RunConfig:
     def fully_trained(self) -> list[str]:
         """The slots --trainable_models names (a submodule, `dit.blocks.0.self_attn.q`, counts as its model)."""
         return list(dict.fromkeys(n.split(".", 1)[0] for n in names(self.trainable_models)))
+
+    def checkpoint_prefix(self, denoiser: str | None) -> str:
+        """--remove_prefix_in_ckpt, or the denoiser's `pipe.<slot>.` (the reference's `pipe.dit.` for a DiT)."""
+        return self.remove_prefix_in_ckpt if self.remove_prefix_in_ckpt is not None else f"pipe.{denoiser or 'dit'}."
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)

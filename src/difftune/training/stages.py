@@ -183,7 +183,9 @@ def make_hooks(run: Run, dataset, from_cache: bool, resume_state):
         from .validation import Validator
 
         validate = Validator(run, cache_dir=config.dataset_base_path if from_cache else None, dataset=dataset)
-    saver = CheckpointSaver(config.output_path, config.remove_prefix_in_ckpt, lora_prefixes=dict(family.lora_prefixes),
+    denoiser = (run.pipeline.loss_models or (None,))[0]
+    saver = CheckpointSaver(config.output_path, config.checkpoint_prefix(denoiser),
+                            lora_prefixes=dict(family.lora_prefixes),
                             base_info={"family": family.name, "task": config.task},
                             lora_format=lora_format(config, family, (run.pipeline.loss_models or (None,))[0], run.pipeline),
                             denoiser=(run.pipeline.loss_models or (None,))[0],
