@@ -61,7 +61,8 @@ class BasePipeline:
     # Values every training row gets that sampling takes as parameters (e.g. the embedded guidance it trains at).
     training_values: Mapping[str, Any] = {}
     # A sampling call's own parameters besides the shared ones and the features' inputs -> their defaults (e.g. a
-    # fixed time shift `mu`): `__call__` hands them on as values.
+    # fixed time shift `mu`): `__call__` hands them on as values, those named in `model_fn_settings` (e.g. Qwen's
+    # zero_cond_t) as settings of the denoiser call.
     call_parameters: Mapping[str, Any] = {}
     # What the family generates (core/target.py): its streams, their latent layout, decoding and outputs, and the
     # prediction type. Shared code reads the layout there, never here.
@@ -617,6 +618,7 @@ class BasePipeline:
         parameters (`call_parameters`) and the features' inputs by the reference's names (`call_inputs()`)."""
         own = {k: inputs.pop(k, v) for k, v in self.call_parameters.items()}
         given, settings = self.take_call_inputs(inputs)
+        settings.update({k: own.pop(k) for k in list(own) if k in self.model_fn_settings})
         values = self.prompt_values(prompt, negative_prompt)
         values.update({k: v for k, v in given.items() if k not in self.call_inputs()})  # the features' negatives
         for feature in self.features:
@@ -646,16 +648,19 @@ class BasePipeline:
 
     def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         """Pipeline inputs for samples of one `batch_signature`, encoded as one batch (stage 1): per-sample
-        values as lists (None where no sample has one), `batch_shared_inputs` once."""
+        values as lists (None where no sample has one), `batch_shared_inputs` once; then each feature's
+        `batch_values` (a batch of one included)."""
         per = [self.training_inputs(s) for s in samples]
-        if len(per) == 1:
-            return per[0]
-        values = {}
-        for key in per[0]:
-            vals = [p[key] for p in per]
-            values[key] = vals[0] if key in self.batch_shared_inputs else \
-                None if all(v is None for v in vals) else vals
-        values["batch_size"] = len(per)
+        values = per[0]
+        if len(per) > 1:
+            values = {}
+            for key in per[0]:
+                vals = [p[key] for p in per]
+                values[key] = vals[0] if key in self.batch_shared_inputs else \
+                    None if all(v is None for v in vals) else vals
+            values["batch_size"] = len(per)
+        for feature in self.features:
+            feature.batch_values(values, len(per))
         return values
 
     def negative_name(self, name: str) -> str:

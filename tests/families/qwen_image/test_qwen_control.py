@@ -209,7 +209,7 @@ def control_training_inputs(data):
 
     out = {}
     for feature in (CONTEXT, ELIGEN, BLOCKWISE):
-        out.update(feature.row_values(data))
+        out.update(feature.row_values(None, data, {}))
     return out
 
 

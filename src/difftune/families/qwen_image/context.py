@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from ...core.features import RAW
+from ...core.features import RAW, Feature
 from ...core.units import PipelineUnit
 from ...media.image import as_image_list, images_to_tensor
 from .encoding import vae_encode
-from .feature import QwenImageFeature, loaded
+from .feature import loaded, per_prompt
 
 
 class QwenImageContextImageEmbedder(PipelineUnit):
@@ -32,9 +32,15 @@ class QwenImageContextImageEmbedder(PipelineUnit):
         return vae_encode(pipe, images_to_tensor(images, height, width))
 
 
-class _Context(QwenImageFeature):
-    def row_values(self, data):
+class _Context(Feature):
+    def row_values(self, pipe, data, values):
         return {"context_image": loaded(data.get("context_image"))}
+
+    def call_values(self, given, values):
+        return {"context_image": per_prompt(given.get("context_image"), values["batch_size"])}, {}
+
+    def signature(self, sample):
+        return ()  # resized to the output's size: control images of any size share a stage-1 batch
 
     def denoise(self, pipe, call):
         """The control image's tokens right after the noisy image's (before any edit image's, as the reference)."""

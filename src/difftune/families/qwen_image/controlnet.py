@@ -22,14 +22,14 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.normalization import RMSNorm
 from torch import nn
 
-from ...core.features import RAW
+from ...core.features import RAW, Feature
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
 from ...parts.controlnet import ControlNetInput, encode_control_images
-from .feature import QwenImageFeature, loaded, per_prompt, row_label
+from .feature import loaded, per_prompt, row_label
 
 IN_DIM = 64  # 16 latent channels x a 2x2 patch
 INPAINT_EXTRA_DIM = 4  # the mask channel x a 2x2 patch
@@ -178,8 +178,8 @@ def check_controlnet_fed(controlnet, conditioning) -> None:
                         "the column in --extra_inputs and --data_file_keys), so it would be ignored")
 
 
-class _BlockwiseControlNet(QwenImageFeature):
-    def row_values(self, data):
+class _BlockwiseControlNet(Feature):
+    def row_values(self, pipe, data, values):
         image = loaded(data.get("blockwise_controlnet_image"))
         mask = loaded(data.get("blockwise_controlnet_inpaint_mask"))
         if mask is not None and image is None:
@@ -195,7 +195,10 @@ class _BlockwiseControlNet(QwenImageFeature):
             image, mask = controlnet_from_inputs(given["blockwise_controlnet_inputs"])
         n = values["batch_size"]
         return {"blockwise_controlnet_image": per_prompt(image, n),
-                "blockwise_controlnet_inpaint_mask": per_prompt(mask, n)}
+                "blockwise_controlnet_inpaint_mask": per_prompt(mask, n)}, {}
+
+    def signature(self, sample):
+        return ()  # encoded at the output's size: control images of any size share a stage-1 batch
 
     def denoise(self, pipe, call):
         """The ControlNet's residual on the noisy image's tokens after each DiT block. It runs whenever the

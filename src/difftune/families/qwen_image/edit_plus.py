@@ -19,12 +19,12 @@ import torch
 from PIL import Image
 
 from ...core.batch import LIST
-from ...core.features import RAW
+from ...core.features import RAW, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
 from .encoding import EDIT_IMAGE_AREA, EDIT_PROMPT_TEMPLATE, edit_image_size, vae_encode
-from .feature import QwenImageFeature, sizes
+from .feature import sizes
 from .prompt import QwenImagePromptEmbedder, encode
 
 CONDITION_IMAGE_AREA = 384 * 384  # what the VL encoder sees of each image
@@ -204,13 +204,13 @@ class QwenImageEditPromptEmbedder(QwenImagePromptEmbedder):
         return encode(pipe, template, tokens, extra, limit=None)
 
 
-class _Edit(QwenImageFeature):
-    def row_values(self, data):
+class _Edit(Feature):
+    def row_values(self, pipe, data, values):
         return {"edit_image": loaded_edit_image(data.get("edit_image"))}
 
     def call_values(self, given, values):
         return {"edit_image": per_prompt_edit_images(given.get("edit_image"), values["batch_size"]),
-                "edit_image_auto_resize": given.get("edit_image_auto_resize", True)}
+                "edit_image_auto_resize": given.get("edit_image_auto_resize", True)}, {}
 
     def signature(self, sample):
         """A list (Edit-Plus) never shares a batch with one image (Edit), even of the same size."""

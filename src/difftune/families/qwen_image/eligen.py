@@ -21,13 +21,13 @@ from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStrea
                                                                  apply_rotary_emb_qwen)
 
 from ...core.batch import Pad
-from ...core.features import RAW
+from ...core.features import RAW, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...parts.eligen import entity_samples, entity_token_masks, segment_attention_mask
 from ...util import text_list
 from .encoding import DIVISION_FACTOR, VAE_SCALE
-from .feature import QwenImageFeature, loaded, per_prompt, row_label
+from .feature import loaded, per_prompt, row_label
 
 ENTITY_OUTPUTS = ("entity_prompt_embeds", "entity_prompt_embeds_mask", "entity_token_ids", "entity_masks",
                   "entity_masks_mask")
@@ -183,7 +183,7 @@ def eligen_inputs(dit, prompt_embeds, prompt_embeds_mask, entity_prompt_embeds, 
 
 # -- the feature ---------------------------------------------------------------------------------------------------
 
-class _EliGen(QwenImageFeature):
+class _EliGen(Feature):
     def in_call(self, values):
         return values.get("entity_prompt_embeds") is not None  # the entities are used with their prompts only
 
@@ -199,7 +199,7 @@ class _EliGen(QwenImageFeature):
                 >> RouteByExtension({IMAGE_EXTENSIONS: LoadImage()})
                 >> ImageCropAndResize(height, width, config.max_pixels, f, f, keep_small=True)}
 
-    def row_values(self, data):
+    def row_values(self, pipe, data, values):
         row = row_label(data)
         masks = loaded(data.get("eligen_entity_masks"))
         prompts = None if masks is None else \
@@ -221,7 +221,10 @@ class _EliGen(QwenImageFeature):
         if given.get("eligen_enable_on_negative") and prompts is not None:
             per = [[negative] * len(prompts) for negative in values["negative_prompt"]]
             out["negative_eligen_entity_prompts"] = per[0] if n == 1 else per
-        return out
+        return out, {}
+
+    def signature(self, sample):
+        return ()  # masks are resized to the latent grid: entities of any size share a stage-1 batch
 
     def denoise(self, pipe, call):
         """The entity prompts before the prompt in the text sequence, with their RoPE positions and the regional

@@ -1,5 +1,5 @@
-"""What a Qwen-Image feature adds to the core `Feature`: how its columns of a training row and its inputs of a call
-become values. The reference's forms hold: an image column no flag loads (--data_file_keys / --extra_inputs) is no
+"""Helpers of Qwen-Image's features (core `Feature` subclasses) for their columns of a training row and their inputs
+of a call. The reference's forms hold: an image column no flag loads (--data_file_keys / --extra_inputs) is no
 input, and a call's input is every prompt's (one copy per prompt of the batch)."""
 
 from __future__ import annotations
@@ -8,8 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from PIL import Image
-
-from ...core.features import Feature
 
 
 def loaded(value):
@@ -35,22 +33,4 @@ def per_prompt(value, batch: int):
     return value if value is None or batch == 1 else [value] * batch
 
 
-class QwenImageFeature(Feature):
-    def row_values(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        """Its columns of one training row as pipeline inputs (one-line errors naming the row)."""
-        return {}
-
-    def call_values(self, given: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
-        """Its inputs of a call (`given`) as values, for the call's prompts (`values`: batch_size, negative_prompt):
-        by default one copy of each per prompt."""
-        return {name: per_prompt(given.get(name), values["batch_size"]) for name in self.call_inputs}
-
-    def signature(self, sample: Mapping[str, Any]) -> tuple:
-        """What samples encoded in one stage-1 batch must share of its columns (`batch_signature`)."""
-        return ()
-
-    def batch_values(self, values: dict[str, Any], samples: int) -> None:
-        """Its values of a stage-1 batch of `samples` samples, put in their batched form."""
-
-
-__all__ = ["QwenImageFeature", "loaded", "per_prompt", "row_label", "sizes"]
+__all__ = ["loaded", "per_prompt", "row_label", "sizes"]

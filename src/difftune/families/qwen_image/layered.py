@@ -281,10 +281,8 @@ class QwenImageLayeredPipeline(QwenImageBasePipeline):
     data_inputs = (*QwenImageBasePipeline.data_inputs, *LAYER_COLUMNS)
     target = Target((LayerStack(channels=16, scale=VAE_SCALE, patch=2, division=DIVISION_FACTOR),))
 
-    def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
-        super().__init__(device, torch_dtype, scheduler)
-        self.units = [QwenImageShapeChecker(), QwenImageLayeredNoiseInitializer(), QwenImageInputImageEmbedder(),
-                      QwenImageLayerStackEmbedder(), QwenImageLayerInputEmbedder(), QwenImagePromptEmbedder()]
+    base_units = (QwenImageShapeChecker, QwenImageLayeredNoiseInitializer, QwenImageInputImageEmbedder,
+                  QwenImageLayerStackEmbedder, QwenImageLayerInputEmbedder, QwenImagePromptEmbedder)
 
     @classmethod
     def claims(cls, context) -> bool:

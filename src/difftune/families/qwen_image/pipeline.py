@@ -1,6 +1,9 @@
 """`QwenImagePipeline`: the reference-named pipeline of Qwen-Image and its features (Edit and Edit-Plus, In-Context
 control, Blockwise ControlNet, EliGen): inference and the training hooks the shared trainer calls.
 
+The row, the call and the stage-1 batches are the base pipeline's, from its target (images: a row's list of layers is
+refused, it is Qwen-Image-Layered's) and features (the call's inputs by the reference's names: `call_inputs()`).
+
 Architectures come from diffusers (`QwenImageTransformer2DModel`, `AutoencoderKLQwenImage`) and transformers
 (`Qwen2_5_VLForConditionalGeneration`), so official checkpoints load with their own key names. Qwen-Image-Layered,
 which changes the latent layout and sampling, is its own class (layered.py).
@@ -8,7 +11,7 @@ which changes the latent layout and sampling, is its own class (layered.py).
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,13 +22,12 @@ from ...core.latents import pack_latents, unpack_latents
 from ...core.pipeline import BasePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
-from ...media.image import as_image_list
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .context import CONTEXT
 from .controlnet import BLOCKWISE
 from .edit_plus import EDIT
 from .eligen import ELIGEN
-from .feature import sizes
+from .feature import row_label, sizes
 from .model_fn import model_fn_qwen_image
 from .units import (DIVISION_FACTOR, QwenImageInputImageEmbedder, QwenImageNoiseInitializer, QwenImagePromptEmbedder,
                     QwenImageShapeChecker, template_drop_count, vae_decode)
@@ -35,10 +37,23 @@ from .units import (DIVISION_FACTOR, QwenImageInputImageEmbedder, QwenImageNoise
 CALL_DEFAULTS = {"height": 1328, "width": 1328, "num_inference_steps": 30, "cfg_scale": 4.0}
 
 
+@dataclass(frozen=True, eq=False)
+class QwenImageStream(ImageStream):
+    """Qwen-Image's images; a row whose `image` is a list (a stack of layers) is Qwen-Image-Layered's."""
+
+    def row_value(self, data):
+        if isinstance(data.get(self.column), list):
+            raise UserError(f"row {row_label(data)}: 'image' is a list of layers, which needs Qwen-Image-Layered's "
+                            f"weights (its transformer and RGBA VAE)")
+        return super().row_value(data)
+
+    def signature(self, value):
+        return sizes(value)
+
+
 class QwenImageBasePipeline(BasePipeline):
-    """Qwen-Image's models, units, denoiser call, training hooks and `__call__`, with no feature: a pipeline class
-    lists its features (`QwenImagePipeline`, `QwenImageLayeredPipeline`), which add their slots, units, columns and
-    call inputs."""
+    """Qwen-Image's models, units, denoiser call and guidance, with no feature: a pipeline class lists its features
+    (`QwenImagePipeline`, `QwenImageLayeredPipeline`), which add their slots, units, columns and call inputs."""
 
     model_names = ("dit", "text_encoder", "vae")
     batch_shared_inputs = ("height", "width", "rand_device")  # kept once in a stage-1 batch
@@ -52,24 +67,19 @@ class QwenImageBasePipeline(BasePipeline):
     input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME}
     loss_models = ("dit",)
     call_defaults = CALL_DEFAULTS
-    target = Target((ImageStream(channels=16, scale=8, patch=2, division=DIVISION_FACTOR, decoder=vae_decode),))
-
+    # a sampling call's zero_cond_t (Edit-2511) reaches the denoiser call as a setting (one of `model_fn_settings`)
+    call_parameters = {"zero_cond_t": False}
+    target = Target((QwenImageStream(channels=16, scale=8, patch=2, division=DIVISION_FACTOR, decoder=vae_decode),))
+    # the official scheduler config; training draws from the reference's table at mu = 0.8
+    scheduler_config = SCHEDULER_CONFIG
+    training_mu = TRAINING_MU
+    base_units = (QwenImageShapeChecker, QwenImageNoiseInitializer, QwenImageInputImageEmbedder,
+                  QwenImagePromptEmbedder)
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
-        super().__init__(device, torch_dtype)
-        self.scheduler = scheduler or self.default_scheduler()
-        self.tokenizer = None
-        self.processor = None
+        super().__init__(device, torch_dtype, scheduler)
+        self.tokenizer = self.processor = None
         self._drops: dict[str, int] = {}
-        self.units = [QwenImageShapeChecker(), QwenImageNoiseInitializer(), QwenImageInputImageEmbedder(),
-                      QwenImagePromptEmbedder()]
-
-    @staticmethod
-    def default_scheduler():
-        """The official scheduler config; training draws from the reference's table at mu = 0.8."""
-        from ...schedulers import FlowMatchScheduler
-
-        return FlowMatchScheduler(training_mu=TRAINING_MU, **SCHEDULER_CONFIG)
 
     def template_drop(self, template: str) -> int:
         if template not in self._drops:
@@ -109,68 +119,15 @@ class QwenImageBasePipeline(BasePipeline):
         scale = p.norm(dim=-1, keepdim=True) / c.norm(dim=-1, keepdim=True)
         return unpack_latents(c * scale, h, w)
 
-    # -- training -------------------------------------------------------------------------------------
-    def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
-        """Pipeline inputs for one data sample, as inference would be called (batch of one); the features' columns
-        as each feature reads them (`row_values`)."""
-        image = data.get("image")
-        if isinstance(image, list):
-            raise UserError(f"row {_row(data)}: 'image' is a list of layers, which needs Qwen-Image-Layered's weights "
-                            f"(its transformer and RGBA VAE)")
-        if image is not None and not isinstance(image, Image.Image):
-            raise UserError(f"row {data.get('_row', '?')}: 'image' must be an image file listed in --data_file_keys")
-        values = {
-            "prompt": data.get("prompt", ""), "negative_prompt": "", "input_image": image,
-            "height": image.size[1] if image is not None else data.get("height"),
-            "width": image.size[0] if image is not None else data.get("width"),
-            "seed": data.get("seed"), "rand_device": data.get("rand_device", "cpu"), "batch_size": 1,
-            "num_inference_steps": data.get("num_inference_steps"),
-        }
-        for feature in self.features:
-            values.update(feature.row_values(data))
-        if values["prompt"] is None or (isinstance(values["prompt"], float) and math.isnan(values["prompt"])):
-            values["prompt"] = ""
-        return values
-
-    def batch_signature(self, sample: dict[str, Any]) -> tuple:
-        """Samples with equal signatures can be encoded in one batch."""
-        parts = [part for feature in self.features for part in feature.signature(sample)]
-        return (sizes(sample.get("image")), *parts, sample.get("rand_device", "cpu"))
-
-    def training_inputs_batch(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        values = super().training_inputs_batch(samples)
-        for feature in self.features:
-            feature.batch_values(values, len(samples))
-        return values
-
     # -- inference ------------------------------------------------------------------------------------
     def feature_values(self, inputs: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
         """A call's feature inputs (the reference's names) as values for its prompts; an unknown name is a
-        TypeError naming the known ones."""
+        TypeError naming the known ones (Qwen-Image-Layered's `__call__`)."""
         given, _ = self.take_call_inputs(inputs)
         out = {}
         for feature in self.features:
-            out.update(feature.call_values(given, values))
+            out.update(feature.call_values(given, values)[0])
         return out
-
-    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "",
-                 cfg_scale: float = CALL_DEFAULTS["cfg_scale"], height: int | None = CALL_DEFAULTS["height"],
-                 width: int | None = CALL_DEFAULTS["width"],
-                 num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"], seed: int | None = None,
-                 input_image=None, denoising_strength: float = 1.0, rand_device: str = "cpu", progress: bool = True,
-                 output_type: str = "pil", zero_cond_t: bool = False, **inputs):
-        """`inputs`: the features' inputs by the reference's names (`call_inputs()` lists them; each feature's module
-        says what it takes): Edit / Edit-Plus, In-Context control, the Blockwise ControlNet, EliGen."""
-        values = self.prompt_values(prompt, negative_prompt)
-        values.update(self.feature_values(inputs, values))
-        if input_image is not None and (height is None or width is None):
-            width, height = as_image_list(input_image)[0].size
-        values.update({"height": height, "width": width, "seed": seed, "rand_device": rand_device,
-                       "input_image": input_image})
-        out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps,
-                            denoising_strength=denoising_strength, settings={"zero_cond_t": zero_cond_t},
-                            progress=progress, output_type=output_type)
-        return out[0] if isinstance(prompt, str) and output_type == "pil" else out
 
 
 class QwenImagePipeline(QwenImageBasePipeline):
@@ -178,11 +135,6 @@ class QwenImagePipeline(QwenImageBasePipeline):
     run from its data columns and models)."""
 
     features = (EDIT, CONTEXT, BLOCKWISE, ELIGEN)
-
-
-def _row(data) -> str:
-    row = data.get("_row")
-    return str(row + 1) if isinstance(row, int) else "?"
 
 
 __all__ = ["CALL_DEFAULTS", "QwenImageBasePipeline", "QwenImagePipeline"]
