@@ -130,14 +130,14 @@ def main(argv: list[str]) -> int:
                                   quant_options=args.quant_options)
     family, found = recognise(configs, args.family)
     check_fp8_slots(configs, family.slots)
-    target = family.target
-    output = _output(args, family)  # refused before any model is loaded
     options, call_inputs = family_inputs(args, family)
     call_inputs = {"input_image": load_image(args.input_image) if args.input_image else None, **call_inputs}
     from ..core.build import context_of
 
     context = context_of(found, {k for k, v in call_inputs.items() if v is not None}, options)
-    pipeline = family.pipeline_for(context)
+    pipeline = family.pipeline_for(context)  # a variant makes its own outputs (Qwen-Image-Layered: a stack of layers)
+    target = pipeline.target
+    output = _output(args, family, target)  # refused before any model is loaded
     pipe = build_pipeline(family, [(s, c) for s, c, _ in found], device=device, torch_dtype=args.torch_dtype,
                           pipeline=pipeline, features=pipeline.resolve_features(context), options=options)
     by_prefix = {family.lora_prefix(slot): slot for slot in family.slots}
@@ -178,10 +178,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _output(args, family) -> str:
+def _output(args, family, target=None) -> str:
     """The output name, its extension checked against what the family makes."""
     from ..training.config import RunConfig, frame_settings
 
     # --num_frames: refused for a family without clips, 4k+1 for Wan
     frame_settings(dataclasses.replace(RunConfig(dataset_base_path="."), num_frames=args.num_frames), family)
-    return family.target.check_output(args.output, family.name)
+    return (target or family.target).check_output(args.output, family.name)

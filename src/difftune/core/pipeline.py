@@ -449,10 +449,14 @@ class BasePipeline:
     def load_lora(self, module, path: str, alpha: float = 1.0) -> None:
         """Fuse a LoRA file (any supported layout) into `module` (e.g. `pipe.dit`) with strength `alpha`."""
         from ..lora import fuse_lora, load_lora_file
+        from ..lora.formats import DENOISER_COMPONENT
 
         slot = next((n for n, m in self.models.items() if m is module), None)
         prefix = self.spec.lora_prefix(slot) if slot else None
-        fuse_lora(module, load_lora_file(path, converters=self.spec.lora_converters), scale=alpha, component=prefix)
+        lora = load_lora_file(path, converters=self.spec.lora_converters)
+        if slot in self.loss_models[:1] and prefix not in lora.components and DENOISER_COMPONENT in lora.components:
+            prefix = DENOISER_COMPONENT  # a denoiser-only layout (ComfyUI's diffusion_model., kohya's lora_unet_)
+        fuse_lora(module, lora, scale=alpha, component=prefix)
 
     def combine_cfg(self, posi: torch.Tensor, nega: torch.Tensor, cfg_scale: float) -> torch.Tensor:
         return nega + cfg_scale * (posi - nega)
@@ -474,11 +478,11 @@ class BasePipeline:
 
     def image_seq_len(self, values: Mapping[str, Any]) -> int:
         """Tokens the denoiser will see (a dynamic time shift depends on it): from the initial latents when given,
-        else from height and width."""
+        else from the size the values ask for (height and width; an audio clip's seconds)."""
         latents = values.get("latents")
         if isinstance(latents, torch.Tensor):
             return self.stream.seq_len(latents)
-        return self.stream.size_seq_len(values["height"], values["width"])
+        return self.stream.size_seq_len(values)
 
     def set_timesteps(self, values: Mapping[str, Any], num_inference_steps: int,
                       denoising_strength: float = 1.0) -> None:
@@ -627,8 +631,9 @@ class BasePipeline:
             settings.update(more_settings)
         if input_image is not None and (height is None or width is None):
             width, height = as_image_list(input_image)[0].size
-        values.update({"height": self.call_setting("height", height), "width": self.call_setting("width", width),
-                       "seed": seed, "rand_device": rand_device, self.stream.input: input_image, **own})
+        size = {k: self.call_setting(k, v) for k, v in (("height", height), ("width", width))
+                if v is not None or k in self.call_defaults}  # a target without pictures has no height
+        values.update({**size, "seed": seed, "rand_device": rand_device, self.stream.input: input_image, **own})
         out = self.generate(values, cfg_scale=self.call_setting("cfg_scale", cfg_scale),
                             num_inference_steps=self.call_setting("num_inference_steps", num_inference_steps),
                             denoising_strength=denoising_strength, settings=settings, progress=progress,
