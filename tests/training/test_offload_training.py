@@ -18,11 +18,23 @@ def common(tmp_path, tiny_repo, *extra):
             "--use_gradient_checkpointing", *extra]
 
 
-def same_files(a, b):
+# Offload computes with the same weights, in fresh (64-byte aligned) tensors; the plain run's weights are the
+# safetensors file's memory map, at the file's offsets. Some CPUs' kernels round differently at other alignments
+# (AMD EPYC: up to 5.4e-7 on these LoRAs), so the runs agree within this, and a 1% change of the learning rate
+# moves them far more (test_the_tolerance_sees_a_one_percent_learning_rate_change).
+TOLERANCE = 2e-6
+
+
+def max_difference(a, b) -> float:
     x, y = load_file(str(a)), load_file(str(b))
     assert x.keys() == y.keys() and any(".lora_B." in k for k in x)
     assert max(v.abs().max().item() for k, v in x.items() if ".lora_B." in k) > 0  # it trained
-    assert all(torch.equal(x[k], y[k]) for k in x), max((x[k] - y[k]).abs().max().item() for k in x)
+    return max((x[k] - y[k]).abs().max().item() for k in x)
+
+
+def same_files(a, b):
+    difference = max_difference(a, b)
+    assert difference <= TOLERANCE, difference
 
 
 @pytest.mark.parametrize("task", ["sft", "sft:split"])
@@ -36,6 +48,14 @@ def test_offloaded_runs_train_the_same_lora(tmp_path, tiny_repo, capsys, task):
     assert "model offload: dit: 2 of 2 blocks (transformer_blocks)" in log and "resident on cpu" in log
     assert "optimizer offload:" in log
     same_files(tmp_path / "plain" / "epoch-0.safetensors", tmp_path / "off" / "epoch-0.safetensors")
+
+
+def test_the_tolerance_sees_a_one_percent_learning_rate_change(tmp_path, tiny_repo):
+    args = common(tmp_path, tiny_repo)
+    run_train(*args, "--output_path", tmp_path / "plain")
+    run_train(*args, "--output_path", tmp_path / "lr", "--learning_rate", 1.01e-3)
+    assert max_difference(tmp_path / "plain" / "epoch-0.safetensors", tmp_path / "lr" / "epoch-0.safetensors") > \
+        20 * TOLERANCE
 
 
 def test_partial_swap_and_split_threshold_train_the_same_lora(tmp_path, tiny_repo, capsys):
