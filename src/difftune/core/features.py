@@ -102,6 +102,12 @@ class Feature:
     # Run-time settings of the denoiser call -> their defaults (`pipe(..., vace_scale=0.8)`), never cached.
     call_settings: Mapping[str, Any] = field(default_factory=dict)
 
+    # Run-time settings its units read (from the family's flags in training: never cached), and attributes of the
+    # pipeline its units read besides models (a processor, a face embedder) with their defaults: class attributes
+    # of a feature's subclass, which the pipeline takes up.
+    unit_settings = ()
+    attributes = {}
+
     def reads(self) -> tuple[str, ...]:
         return self.columns if self.data_inputs is None else self.data_inputs
 
@@ -140,6 +146,17 @@ class Feature:
         the denoiser call); `values`: the call's so far (batch_size, negative_prompt). By default the inputs as
         given."""
         return {name: given.get(name) for name in self.call_inputs if name not in self.call_settings}, {}
+
+    def check_values(self, values: dict[str, Any], where: str) -> None:
+        """A training row's values, its columns checked together (in place; one line naming the row, `where`)."""
+
+    def prepare_call(self, pipe, values: dict[str, Any], cfg_scale: float, state: dict[str, Any]) -> None:
+        """A sampling call's values before the units run (in place): e.g. inputs turned into other features' inputs;
+        `state` is kept for `finish_output`."""
+
+    def finish_output(self, outputs, output_type: str, state: Mapping[str, Any]):
+        """The call's outputs after decoding (e.g. a pasted half taken back out)."""
+        return outputs
 
     def signature(self, sample: Mapping[str, Any]) -> tuple:
         """What samples encoded in one stage-1 batch must share of its columns: by default their sizes."""

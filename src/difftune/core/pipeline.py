@@ -84,6 +84,7 @@ class BasePipeline:
         super().__init_subclass__(**kwargs)
         cls.model_names = tuple(dict.fromkeys([*cls.model_names, *(s for f in cls.features for s in f.slots)]))
         cls.loss_models = tuple(dict.fromkeys([*cls.loss_models, *(s for f in cls.features for s in f.loss_models)]))
+        cls.settings = frozenset({*cls.settings, *(s for f in cls.features for s in f.unit_settings)})
 
     def __init__(self, device: str | torch.device = "cpu", torch_dtype: torch.dtype = torch.float32, scheduler=None):
         self.device = torch.device(device)
@@ -94,6 +95,9 @@ class BasePipeline:
         self.scheduler = scheduler if scheduler is not None else self.default_scheduler()
         for tokenizer in (self.spec.tokenizers if self.spec is not None else ()):
             setattr(self, tokenizer.attr, None)  # found beside the weights or named by a flag (core/build.py)
+        for feature in self.features:
+            for name, default in feature.attributes.items():
+                setattr(self, name, default)
         if self.base_units:
             self.units = [unit() for unit in self.base_units]
 
@@ -602,9 +606,13 @@ class BasePipeline:
             value = stream.row_value(data)
             values[stream.input] = value
             values.update(stream.row_size(value))
+        row = data.get("_row")
+        where = f"row {row + 1}" if isinstance(row, int) else "row ?"
         for feature in self.features:
             if self.active_features is None or feature.name in self.active_features:
                 values.update(feature.row_values(self, data, values))
+        for feature in self.features:
+            feature.check_values(values, where)
         return values
 
     def batch_signature(self, sample: dict[str, Any]):
@@ -633,11 +641,17 @@ class BasePipeline:
             width, height = as_image_list(input_image)[0].size
         size = {k: self.call_setting(k, v) for k, v in (("height", height), ("width", width))
                 if v is not None or k in self.call_defaults}  # a target without pictures has no height
-        values.update({**size, "seed": seed, "rand_device": rand_device, self.stream.input: input_image, **own})
-        out = self.generate(values, cfg_scale=self.call_setting("cfg_scale", cfg_scale),
+        # `input_image`: an image target's starting image, a clip's first frame
+        values.update({**size, "seed": seed, "rand_device": rand_device, "input_image": input_image, **own})
+        cfg_scale, state = self.call_setting("cfg_scale", cfg_scale), {}
+        for feature in self.features:
+            feature.prepare_call(self, values, cfg_scale, state)
+        out = self.generate(values, cfg_scale=cfg_scale,
                             num_inference_steps=self.call_setting("num_inference_steps", num_inference_steps),
                             denoising_strength=denoising_strength, settings=settings, progress=progress,
                             output_type=output_type)
+        for feature in self.features:
+            out = feature.finish_output(out, output_type, state)
         return out[0] if isinstance(prompt, str) and output_type == "pil" else out
 
     @classmethod

@@ -200,6 +200,7 @@ class VideoStream(Stream):
     what: str = "clips"
     temporal: int = 4
     fps: float = 16.0  # what validation's animation plays at
+    owner: str = "the family"  # who needs the frame rule, in messages ("Wan needs 4k+1")
 
     def scales(self, pipe) -> tuple[int, int, int]:
         """(channels, spatial, temporal) of the latents (a family whose VAE says them overrides it)."""
@@ -272,7 +273,7 @@ class VideoStream(Stream):
                             f"must be a file listed in --data_file_keys")
         rule = self.frames
         if rule is not None and len(frames) % rule.factor != rule.remainder % rule.factor:
-            raise UserError(f"row {row}: the clip has {len(frames)} frames; the family needs {rule.factor}k+"
+            raise UserError(f"row {row}: the clip has {len(frames)} frames; {self.owner} needs {rule.factor}k+"
                             f"{rule.remainder} (e.g. --num_frames {rule.default})")
         return frames
 

@@ -30,7 +30,7 @@ from diffusers import ConfigMixin, FluxControlNetModel, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.models.controlnets.controlnet import zero_module
 
-from ...core.features import IMAGE, VALUE
+from ...core.features import IMAGE, VALUE, Feature
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
@@ -38,7 +38,6 @@ from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
 from ...parts.controlnet import ControlNetInput, encode_control_images
 from ...parts.flux_ae import vae_encode
-from .feature import FluxFeature
 
 # Union-alpha's control modes (the reference's mode_dict; the embedding has 10 rows, 7 are named)
 UNION_MODES = {"canny": 0, "tile": 1, "depth": 2, "blur": 3, "pose": 4, "gray": 5, "lq": 6}
@@ -284,7 +283,7 @@ def controlnet_call_inputs(inputs) -> dict[str, Any]:
 
 
 
-class _ControlNet(FluxFeature):
+class _ControlNet(Feature):
     def prepare_call(self, pipe, values, cfg_scale, state):
         """The reference's `controlnet_inputs` as this feature's inputs."""
         inputs = values.pop("controlnet_inputs", None)

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from ...core.features import IMAGES, VALUE
+from ...core.features import IMAGES, VALUE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...parts.eligen import entity_samples, entity_token_masks, segment_attention_mask
 from ...util import text_list
-from .feature import FluxFeature
 from .units import VAE_SCALE, t5_hidden
 
 ENTITY_OUTPUTS = ("entity_prompt_embeds", "entity_masks")
@@ -76,7 +75,7 @@ PROMPTS, MASKS = "eligen_entity_prompts", "eligen_entity_masks"
 ON_NEGATIVE = "eligen_enable_on_negative"
 
 
-class _EliGen(FluxFeature):
+class _EliGen(Feature):
     def prepare_call(self, pipe, values, cfg_scale, state):
         """Entity prompts as a list, given with their masks; `eligen_enable_on_negative`: the negative prompt in every
         entity's place on the unguided side."""
@@ -90,7 +89,7 @@ class _EliGen(FluxFeature):
         if on_negative:
             values["negative_" + PROMPTS] = [values["negative_prompt"][0]] * len(prompts)
 
-    def training_values(self, values, where):
+    def check_values(self, values, where):
         values[PROMPTS] = text_list(values.get(PROMPTS), PROMPTS, where)
         if (values[PROMPTS] is None) != (values.get(MASKS) is None):
             raise UserError(f"{where}: EliGen needs eligen_entity_prompts and eligen_entity_masks (one prompt per mask "

@@ -19,12 +19,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...core.features import IMAGE
+from ...core.features import IMAGE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
 from .components import FLUX1_FILL_TRANSFORMER_CONFIG  # noqa: F401  (re-exported)
-from .feature import FluxFeature
 
 FILL_IN_CHANNELS = 384
 FILL_CONDITION_CHANNELS = 80  # 16 masked-image latent channels + the 8x8 mask folded into 64
@@ -81,7 +80,7 @@ class FluxFillCondition(PipelineUnit):
 
 
 
-class _Fill(FluxFeature):
+class _Fill(Feature):
     def denoise(self, pipe, call):
         """The masked image's latents and the folded mask as channels after the noisy latents'."""
         call.channels.append(call.values["fill_condition"])

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from ...core.features import IMAGE, VALUE
+from ...core.features import IMAGE, VALUE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
 from .components import FLEX2_TRANSFORMER_CONFIG, flux_axes_dims, infer_flux_config  # noqa: F401  (re-exported)
-from .feature import FluxFeature
 
 LATENT_CHANNELS = 16
 FLEX_CONDITION_CHANNELS = 2 * LATENT_CHANNELS + 1  # inpaint latents, mask, control latents
@@ -132,7 +131,7 @@ def flex_stop_t(pipe, stop) -> float | None:
 
 
 
-class _Flex(FluxFeature):
+class _Flex(Feature):
     def prepare_call(self, pipe, values, cfg_scale, state):
         """The control's strength and stop apply with a control image only (sampling's defaults: 0.5 and 0.5)."""
         for name, default in CALL_DEFAULTS.items():

@@ -29,13 +29,12 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.embeddings import IPAdapterPlusImageProjection
 from PIL import Image
 
-from ...core.features import IMAGE, VALUE
+from ...core.features import IMAGE, VALUE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
 from .controlnet import COLUMNS as CONTROLNET_COLUMNS
-from .feature import FluxFeature
 
 FACE_EMBED_DIM = 512
 
@@ -265,7 +264,7 @@ class FluxInfiniteYouEmbedder(PipelineUnit):
 CONTROL_IMAGE = CONTROLNET_COLUMNS[0]  # the InfuseNet ControlNet's control image
 
 
-class _InfiniteYou(FluxFeature):
+class _InfiniteYou(Feature):
     attributes = {"face_embedder": None}  # an image -> its face's ArcFace embedding (InsightFace by default)
 
     def check(self, context, features):

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageFilter
 
-from ...core.features import IMAGE
+from ...core.features import IMAGE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from .feature import FluxFeature
 from .fill import IMAGE_COLUMN as FILL_IMAGE, MASK_COLUMN as FILL_MASK
 from .redux import COLUMN as REDUX_IMAGE
 
@@ -207,7 +206,7 @@ INPUTS = ("insert_anything_source_image", "insert_anything_source_mask", "insert
           "insert_anything_ref_mask")
 
 
-class _InsertAnything(FluxFeature):
+class _InsertAnything(Feature):
     unit_settings = ("insert_anything_size",)
 
     def prepare_call(self, pipe, values, cfg_scale, state):
@@ -222,7 +221,7 @@ class _InsertAnything(FluxFeature):
         inputs, state["insert_anything_crop"] = prepare(*parts, size=SIZE if size is None else size)
         values.update(inputs)
 
-    def finish_images(self, images, output_type, state):
+    def finish_output(self, images, output_type, state):
         crop = state.get("insert_anything_crop")
         if crop is None or output_type != "pil":
             return images

@@ -26,10 +26,9 @@ from diffusers.models.normalization import RMSNorm
 from PIL import Image
 from torch import nn
 
-from ...core.features import IMAGES
+from ...core.features import IMAGES, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from .feature import FluxFeature
 from ...media.image import as_image_list, images_to_tensor
 from ...models.detect import ComponentSpec
 
@@ -224,7 +223,7 @@ class FluxIPAdapterImageEncoder(PipelineUnit):
 
 
 
-class _IPAdapter(FluxFeature):
+class _IPAdapter(Feature):
     def denoise(self, pipe, call):
         """The IP-Adapter's keys and values for every block's attention."""
         embeds = call.values.get("ipadapter_image_embeds")

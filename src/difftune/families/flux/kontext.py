@@ -8,12 +8,11 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
-from ...core.features import IMAGES
+from ...core.features import IMAGES, Feature
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
-from .feature import FluxFeature
 from .model_fn import one_set
 from ...parts.flux_ae import vae_encode
 from .units import DIVISION_FACTOR
@@ -86,7 +85,7 @@ class FluxKontextEmbedder(PipelineUnit):
 
 
 
-class _Kontext(FluxFeature):
+class _Kontext(Feature):
     def denoise(self, pipe, call):
         """The reference tokens after the noisy image's."""
         v = call.values

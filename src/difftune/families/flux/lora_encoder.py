@@ -22,11 +22,10 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
-from ...core.features import VALUE
+from ...core.features import VALUE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
-from .feature import FluxFeature
 
 # (name suffix, input width, output width) as multiples of the DiT width w; the MLP is 4w
 _DOUBLE = (("attn.a_to_qkv", 1, 3), ("attn.a_to_out", 1, 1), ("ff_a.0", 1, 4), ("ff_a.2", 4, 1),
@@ -340,7 +339,7 @@ def _scale(value) -> float:
         raise UserError(f"lora_encoder_scale: expected a number, got {value!r:.40}") from None
 
 
-class _LoRAEncoder(FluxFeature):
+class _LoRAEncoder(Feature):
     def denoise(self, pipe, call):
         """The LoRAs' tokens after the prompt's (and the value's)."""
         call.text_after.append(call.values["lora_encoder_embeds"])

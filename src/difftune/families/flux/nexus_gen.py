@@ -15,13 +15,12 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
-from ...core.features import IMAGE
+from ...core.features import IMAGE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
 from ...parts.qwen_vl import QWEN25_VL_7B_CONFIG, load_qwen_vl_processor
 from .bfl import convert_bfl_transformer
-from .feature import FluxFeature
 from .model_fn import one_set
 from .components import FLUX1_DEV_TRANSFORMER_CONFIG
 from .components import infer_flux_config
@@ -374,7 +373,7 @@ class NexusGenEmbedder(PipelineUnit):
 COLUMN = "nexus_gen_reference_image"
 
 
-class _NexusGen(FluxFeature):
+class _NexusGen(Feature):
     attributes = {"nexus_gen_processor": None}
 
     def prepare_call(self, pipe, values, cfg_scale, state):

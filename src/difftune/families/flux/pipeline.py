@@ -10,18 +10,11 @@ load with their own key names. docs/flux.md lists the variants with their weight
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
-import torch
-from PIL import Image
-
 from ...core.batch import SAME
-from ...core.features import IMAGE, IMAGES, RunContext
+from ...core.features import RunContext
 from ...core.pipeline import BasePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
-from ...media.image import as_image_list
 from ...parts.flux_ae import vae_decode
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .controlnet import CONTROLNET_FEATURE
@@ -49,7 +42,9 @@ CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 30, "cfg_
 
 class FluxBasePipeline(BasePipeline):
     """FLUX.1 (dev, schnell, Krea, ...): the prompt through CLIP (pooled) and T5 (tokens), the embedded guidance,
-    text-to-image and image-to-image. It lists no feature: FluxImagePipeline adds them."""
+    text-to-image and image-to-image. It lists no feature: FluxImagePipeline adds them. The row, the call (the
+    features' inputs by the reference's names: `call_inputs()`, docs/flux.md) and stage 1's batches are the base
+    pipeline's."""
 
     model_names = ("dit", "text_encoder", "text_encoder_2", "vae")
     batch_shared_inputs = ("height", "width", "embedded_guidance")  # kept once in a stage-1 batch
@@ -62,29 +57,11 @@ class FluxBasePipeline(BasePipeline):
     call_defaults = CALL_DEFAULTS
     target = Target((ImageStream(channels=16, scale=8, patch=2, division=DIVISION_FACTOR, decoder=vae_decode),))
 
-    def __init_subclass__(cls, **kwargs):
-        """A pipeline class also gets the run-time settings its features' units read."""
-        super().__init_subclass__(**kwargs)
-        cls.settings = frozenset({*cls.settings, *(s for f in cls.features for s in getattr(f, "unit_settings", ()))})
-
-    def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
-        super().__init__(device, torch_dtype)
-        self.scheduler = scheduler or self.default_scheduler()
-        self.tokenizer_1 = None
-        self.tokenizer_2 = None
-        for feature in self.features:
-            for name, default in getattr(feature, "attributes", {}).items():
-                setattr(self, name, default)
-        self.units = [FluxShapeChecker(), FluxNoiseInitializer(), FluxInputImageEmbedder(), FluxClipEmbedder(),
-                      FluxT5Embedder(), FluxEmbeddedGuidance()]
-
-    @staticmethod
-    def default_scheduler():
-        """FLUX.1-dev's scheduler config (mu from the image size, as FluxPipeline); training at the reference's
-        static shift 3 (mu = ln 3)."""
-        from ...schedulers import FlowMatchScheduler
-
-        return FlowMatchScheduler(training_mu=TRAINING_MU, **SCHEDULER_CONFIG)
+    call_parameters = {"embedded_guidance": CALL_DEFAULTS["embedded_guidance"]}  # FluxPipeline's guidance_scale
+    training_values = {"embedded_guidance": TRAINING_GUIDANCE}
+    scheduler_config, training_mu = SCHEDULER_CONFIG, TRAINING_MU  # mu from the size; trained at the reference's ln 3
+    base_units = (FluxShapeChecker, FluxNoiseInitializer, FluxInputImageEmbedder, FluxClipEmbedder, FluxT5Embedder,
+                  FluxEmbeddedGuidance)
 
     @classmethod
     def check_run(cls, context: RunContext, features: frozenset[str]) -> None:
@@ -107,73 +84,19 @@ class FluxBasePipeline(BasePipeline):
                              default_guidance=self.call_defaults["embedded_guidance"], pipe=self,
                              features=self.features, **inputs)
 
+    def training_inputs(self, data):
+        """The base row, with every feature's columns the row has by kind: a feature's image column that no flag
+        loads reaches here as text and is refused in one line, not ignored."""
+        values = super().training_inputs(data)
+        values.update(self.feature_data(data))
+        return values
+
     def negative_name(self, name: str) -> str:
         """Values with a negative version written beside them by one unit (IP-Adapter's zero features, LoRA-Encoder's
         none) besides the prompt units' pairs."""
         if any(f"negative_{name}" in u.outputs for u in self.all_units):
             return f"negative_{name}"
         return super().negative_name(name)
-
-    # -- training -------------------------------------------------------------------------------------
-    def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
-        """An image and its prompt, and the features' columns by kind (`feature_data`; every column of a feature
-        present, None where the row has none), checked by each feature (`training_values`)."""
-        row = data.get("_row")
-        where = f"row {row + 1}" if isinstance(row, int) else "row ?"
-        image = data.get("image")
-        if image is not None and not isinstance(image, Image.Image):
-            raise UserError(f"{where}: 'image' must be an image file listed in --data_file_keys")
-        prompt = data.get("prompt", "")
-        if prompt is None or (isinstance(prompt, float) and math.isnan(prompt)):
-            prompt = ""
-        values = {
-            "prompt": prompt, "negative_prompt": "", "input_image": image,
-            "height": image.size[1] if image is not None else data.get("height"),
-            "width": image.size[0] if image is not None else data.get("width"),
-            "seed": data.get("seed"), "batch_size": 1, "embedded_guidance": TRAINING_GUIDANCE,
-            "num_inference_steps": data.get("num_inference_steps"),
-            **dict.fromkeys(self.input_kinds()), **self.feature_data(data),
-        }
-        for feature in self.features:
-            feature.training_values(values, where)
-        return values
-
-    @classmethod
-    def batch_signature(cls, sample: dict[str, Any]) -> tuple:
-        def size(v):
-            return v.size if isinstance(v, Image.Image) else tuple(map(size, v)) if isinstance(v, list) else None
-
-        images = [name for name, kind in cls.input_kinds().items() if kind in (IMAGE, IMAGES)]
-        return (size(sample.get("image")), *(size(sample.get(c)) for c in images))
-
-    # -- inference ------------------------------------------------------------------------------------
-    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "",
-                 cfg_scale: float = CALL_DEFAULTS["cfg_scale"],
-                 embedded_guidance: float = CALL_DEFAULTS["embedded_guidance"],
-                 height: int | None = CALL_DEFAULTS["height"], width: int | None = CALL_DEFAULTS["width"],
-                 num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"], seed: int | None = None,
-                 input_image=None, denoising_strength: float = 1.0, progress: bool = True, output_type: str = "pil",
-                 **inputs):
-        """Images as PIL images (one per prompt; one image for one prompt). `inputs`: the features' inputs by the
-        reference's names (`call_inputs()` lists them; docs/flux.md has each feature's, and each feature's module
-        says what it takes)."""
-        given, settings = self.take_call_inputs(inputs)
-        values = self.prompt_values(prompt, negative_prompt)
-        n = values["batch_size"]
-        values.update({"height": height, "width": width, **given})
-        state: dict[str, Any] = {}
-        for feature in self.features:
-            feature.prepare_call(self, values, cfg_scale, state)
-        if input_image is not None and (values["height"] is None or values["width"] is None):
-            values["width"], values["height"] = as_image_list(input_image)[0].size
-        values.update({"seed": seed, "input_image": input_image, "embedded_guidance": embedded_guidance})
-        out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps,
-                            denoising_strength=denoising_strength, settings=settings, progress=progress,
-                            output_type=output_type)
-        for feature in self.features:
-            out = feature.finish_images(out, output_type, state)
-        return out[0] if isinstance(prompt, str) and output_type == "pil" and n == 1 else out
-
 
 class FluxImagePipeline(FluxBasePipeline):
     """FLUX.1 with the features that add to the same algorithm (each its own module, chosen per run from its data

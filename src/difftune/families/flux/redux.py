@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from ...core.features import IMAGE
+from ...core.features import IMAGE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
-from .feature import FluxFeature
 from .ipadapter import SIGLIP_SO400M_VISION_CONFIG, siglip_pixels, siglip_vision_config, siglip_vision_key
 from .units import T5_MAX_LENGTH
 
@@ -83,7 +82,7 @@ class FluxReduxPromptEmbedder(PipelineUnit):
 
 
 COLUMN = "flux_redux_image"
-REDUX = FluxFeature("redux", columns=(COLUMN,), models=("flux_redux_image_encoder", "flux_redux_image_embedder"),
+REDUX = Feature("redux", columns=(COLUMN,), models=("flux_redux_image_encoder", "flux_redux_image_embedder"),
                     units=(FluxReduxPromptEmbedder(),),
                     slots=("flux_redux_image_encoder", "flux_redux_image_embedder"), inputs={COLUMN: IMAGE},
                     call_inputs={COLUMN: None},

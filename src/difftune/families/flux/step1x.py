@@ -376,10 +376,9 @@ class Step1XEditPipeline(FluxBasePipeline):
         values["negative_prompt"] = None  # training reads the positive side only: no negative Qwen2.5-VL pass
         return values
 
-    @staticmethod
-    def batch_signature(sample: dict) -> tuple:
+    def batch_signature(self, sample: dict) -> tuple:
         ref = sample.get("step1x_reference_image")
-        return (FluxBasePipeline.batch_signature(sample), getattr(ref, "size", None))
+        return (super().batch_signature(sample), getattr(ref, "size", None))
 
     def __call__(self, prompt, negative_prompt="", cfg_scale: float = STEP1X_CALL_DEFAULTS["cfg_scale"],
                  height: int | None = STEP1X_CALL_DEFAULTS["height"], width: int | None = STEP1X_CALL_DEFAULTS["width"],

@@ -17,11 +17,10 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.embeddings import get_timestep_embedding
 from diffusers.models.modeling_utils import ModelMixin
 
-from ...core.features import VALUE
+from ...core.features import VALUE, Feature
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
-from .feature import FluxFeature
 
 
 class FluxValueEncoder(ModelMixin, ConfigMixin):
@@ -139,7 +138,7 @@ def extend_prompt(prompt_embeds: torch.Tensor, *extra: torch.Tensor | None) -> t
     return torch.cat(parts, dim=1) if len(parts) > 1 else prompt_embeds
 
 
-class _ValueControl(FluxFeature):
+class _ValueControl(Feature):
     def denoise(self, pipe, call):
         """The value's tokens after the prompt's."""
         call.text_after.append(call.values["value_embeds"])

@@ -8,7 +8,6 @@ embeds a CLIP image, the VAE's channels, and whether a second DiT (the A14B low-
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +51,7 @@ class WanClips(VideoStream):
     frames: FrameRule = FrameRule(81, 4, 1)
     frame_inputs: Mapping = field(default_factory=lambda: {"input_image": ("video", 0), "end_image": ("video", -1)})
     clip_columns: tuple[str, ...] = ("video", "image")  # a still image is a one-frame clip
+    owner: str = "Wan"
 
     def scales(self, pipe):
         return super().scales(pipe) if pipe.vae is None else vae_scales(pipe.vae)
@@ -85,6 +85,9 @@ class WanBasePipeline(BasePipeline):
     batch_shared_inputs = ("height", "width", "num_frames", "rand_device")
     loss_models = ("dit",)
     call_defaults = CALL_DEFAULTS
+    # a call takes `input_image` (and `end_image`) as the clip's first (and last) frame, and the features' inputs by
+    # the reference's names (`call_inputs()`, `call_settings()`; docs/wan.md has each feature's)
+    call_parameters = {"end_image": None, "num_frames": CALL_DEFAULTS["num_frames"], "boundary_ratio": None}
     target = Target((WanClips(),))
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
@@ -158,34 +161,19 @@ class WanBasePipeline(BasePipeline):
 
     # -- training -------------------------------------------------------------------------------------
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
-        """A clip (`video`: its frames; or `image`: a one-frame clip) and its prompt; `input_image` and
-        `end_image` when the data gives them (--extra_inputs), and the features' columns (`feature_data`)."""
-        row = data.get("_row", "?")
-        video = data.get("video")
-        if video is None:
-            video = data.get("image")
-        frames = as_image_list(video)
-        if not frames or not all(isinstance(f, Image.Image) for f in frames):
-            raise UserError(f"row {row}: no clip: 'video' (frames) or 'image' must be a file listed in "
-                            f"--data_file_keys")
-        if (len(frames) - 1) % 4:
-            raise UserError(f"row {row}: the clip has {len(frames)} frames; Wan needs 4k+1 (e.g. --num_frames 81)")
-        images = {}
+        """The base row (the clip: `video`, or `image` as a one-frame clip; its prompt, size and the features'
+        columns), with `input_image` and `end_image` where the data gives them (--extra_inputs; a file column read
+        as a clip gives its first / last frame)."""
+        values = super().training_inputs(data)
         for name, pick in (("input_image", 0), ("end_image", -1)):
             value = data.get(name)
             if isinstance(value, (list, tuple)) and value and all(isinstance(f, Image.Image) for f in value):
-                value = value[pick]  # a file column read as a clip (an image file is a one-frame clip)
+                value = value[pick]
             if value is not None and not isinstance(value, Image.Image):
-                raise UserError(f"row {row}: '{name}' must be an image (an image file, or a frame of the clip)")
-            images[name] = value
-        prompt = data.get("prompt", "")
-        if prompt is None or (isinstance(prompt, float) and math.isnan(prompt)):
-            prompt = ""
-        width, height = frames[0].size
-        return {"prompt": prompt, "negative_prompt": "", "input_video": frames, "height": height, "width": width,
-                "num_frames": len(frames), "input_image": images["input_image"], "end_image": images["end_image"],
-                "seed": data.get("seed"), "rand_device": data.get("rand_device", "cpu"), "batch_size": 1,
-                "num_inference_steps": data.get("num_inference_steps"), **self.feature_data(data, len(frames))}
+                raise UserError(f"row {data.get('_row', '?')}: '{name}' must be an image (an image file, or a frame "
+                                f"of the clip)")
+            values[name] = value
+        return values
 
     def batch_signature(self, sample: dict[str, Any]) -> tuple:
         frames = as_image_list(sample.get("video") if sample.get("video") is not None else sample.get("image"))
@@ -194,32 +182,15 @@ class WanBasePipeline(BasePipeline):
         return (frames[0].size if frames else None, len(frames), sample.get("input_image") is not None,
                 sample.get("end_image") is not None, sample.get("rand_device", "cpu"))
 
-    # -- inference ------------------------------------------------------------------------------------
-    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "", input_image=None,
-                 end_image=None, height: int | None = CALL_DEFAULTS["height"],
-                 width: int | None = CALL_DEFAULTS["width"], num_frames: int = CALL_DEFAULTS["num_frames"],
-                 num_inference_steps: int = CALL_DEFAULTS["num_inference_steps"],
-                 cfg_scale: float = CALL_DEFAULTS["cfg_scale"], seed: int | None = None,
-                 boundary_ratio: float | None = None, progress: bool = True, output_type: str = "pil", **inputs):
-        """Frames as PIL images (a list per prompt when `prompt` is a list); `output_type` "latent" or "pt"
-        (B, 3, F, H, W) in [0, 1]. With both A14B experts, `dit` runs above `boundary_ratio` x 1000 and `dit2`
-        below (the repository's boundary_ratio, else 0.875).
-
-        `inputs`: the features' inputs and settings by the reference's names (`call_inputs()` and `call_settings()`
-        list them; docs/wan.md has each feature's)."""
-        given, settings = self.take_call_inputs(inputs)
-        values = self.prompt_values(prompt, negative_prompt)
-        if input_image is not None and (height is None or width is None):
-            width, height = input_image.size
-        values.update({"height": height, "width": width, "num_frames": num_frames, "seed": seed,
-                       "input_image": input_image, "end_image": end_image, **given})
-        if self.dit2 is not None:
-            ratio = boundary_ratio if boundary_ratio is not None else self.boundary_ratio
-            ratio = DEFAULT_BOUNDARY_RATIO if ratio is None else float(ratio)
-            settings["expert_boundary"] = ratio * self.scheduler.num_train_timesteps
-        out = self.generate(values, cfg_scale=cfg_scale, num_inference_steps=num_inference_steps, settings=settings,
-                            progress=progress, output_type=output_type)
-        return out[0] if isinstance(prompt, str) and output_type == "pil" else out
+    def sampling_settings(self, values):
+        """With both A14B experts, `dit` runs above the boundary and `dit2` below: the call's `boundary_ratio` x
+        1000, else the repository's boundary_ratio, else 0.875 (diffusers' `boundary_ratio`)."""
+        if self.dit2 is None:
+            return {}
+        ratio = values.get("boundary_ratio")
+        ratio = self.boundary_ratio if ratio is None else ratio
+        ratio = DEFAULT_BOUNDARY_RATIO if ratio is None else float(ratio)
+        return {"expert_boundary": ratio * self.scheduler.num_train_timesteps}
 
 
 class WanVideoPipeline(WanBasePipeline):
