@@ -200,7 +200,7 @@ class VideoStream(Stream):
     what: str = "clips"
     temporal: int = 4
     fps: float = 16.0  # what validation's animation plays at
-    owner: str = "the family"  # who needs the frame rule, in messages ("Wan needs 4k+1")
+    owner: str = "the family"  # who needs the frame rule, as messages name it ("<owner> needs 4k+1")
 
     def scales(self, pipe) -> tuple[int, int, int]:
         """(channels, spatial, temporal) of the latents (a family whose VAE says them overrides it)."""
