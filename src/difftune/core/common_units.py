@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from ..media.image import images_to_tensor
+from .latents import seeded_noise
 from .units import PipelineUnit
 
 
@@ -19,6 +20,19 @@ class ShapeChecker(PipelineUnit):
             raise UserError("height and width are required (or an input image to take them from)")
         f = pipe.stream.division
         return {"height": -(-int(height) // f) * f, "width": -(-int(width) // f) * f}
+
+
+class NoiseInitializer(PipelineUnit):
+    """Initial noise of the target's primary stream (its `noise_shape` for the size) from `seed`, drawn on
+    `rand_device` (the CPU by default, so a seed gives the same noise anywhere)."""
+
+    inputs = ("height", "width", "seed", "batch_size", "rand_device")
+    outputs = ("noise",)
+
+    def process(self, pipe, height, width, seed, batch_size, rand_device):
+        noise = seeded_noise(pipe.stream.noise_shape(pipe, height, width), seed, batch_size,
+                             device=rand_device or "cpu")
+        return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
 
 class InputImageEmbedder(PipelineUnit):

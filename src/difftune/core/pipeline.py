@@ -16,9 +16,10 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..media.image import as_image_list
-from .target import IMAGE_TARGET, Target
+from .batch import SAME
 from .features import ALIGNED_AUDIO, ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units, \
     model_config, resolve_features
+from .target import IMAGE_TARGET, Target
 from .units import PipelineUnit, run_unit
 
 
@@ -693,3 +694,20 @@ class BasePipeline:
     def prompt_outputs(self) -> tuple[str, ...]:
         """The values the prompt units write (positive side): what a new prompt changes."""
         return tuple(pair[0] for u in self.units if "prompt" in u.cfg_inputs for pair in u.cfg_outputs.values())
+
+
+class PromptImagePipeline(BasePipeline):
+    """The common shape of a prompt-to-image DiT family, which its pipeline subclasses and changes where it differs:
+    the denoiser `dit`, a text encoder and a VAE; the prompt's embeddings and their padding mask in every denoiser
+    call; a training row of an image (or a size), its prompt, a seed, the noise device and a distillation row's
+    steps, encoded in stage 1 in batches of one size."""
+
+    model_names = ("dit", "text_encoder", "vae")
+    loss_models = ("dit",)
+    settings = frozenset({"batch_size", "rand_device", "use_gradient_checkpointing",
+                          "use_gradient_checkpointing_offload"})
+    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask")
+    padding_masks = ("prompt_embeds_mask",)
+    data_inputs = ("image", "prompt", "seed", "rand_device", "num_inference_steps", "height", "width")
+    input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "rand_device": SAME}
+    batch_shared_inputs = ("height", "width", "rand_device")

@@ -4,8 +4,7 @@ call and the stage-1 batches are the base pipeline's, from its target (images)."
 
 from __future__ import annotations
 
-from ...core.batch import SAME
-from ...core.pipeline import BasePipeline
+from ...core.pipeline import PromptImagePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...parts import flux2_vae
@@ -23,16 +22,7 @@ def _decode(pipe, latents):
     return flux2_vae.decode(pipe.vae, latents.to(pipe.device), eps=BN_EPS)
 
 
-class ErnieImagePipeline(BasePipeline):
-    model_names = ("dit", "text_encoder", "vae")
-    settings = frozenset({"batch_size", "rand_device", "use_gradient_checkpointing",
-                          "use_gradient_checkpointing_offload"})
-    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask")
-    padding_masks = ("prompt_embeds_mask",)
-    data_inputs = ("image", "prompt", "seed", "rand_device", "num_inference_steps", "height", "width")
-    input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "rand_device": SAME}
-    batch_shared_inputs = ("height", "width", "rand_device")
-    loss_models = ("dit",)
+class ErnieImagePipeline(PromptImagePipeline):
     call_defaults = CALL_DEFAULTS
     # the VAE's x8 and the 2x2 patches are the VAE side's: the DiT sees one token per latent pixel
     target = Target((ImageStream(channels=flux2_vae.PATCHED_CHANNELS, scale=DIVISION_FACTOR, patch=1,

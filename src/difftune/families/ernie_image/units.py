@@ -7,9 +7,7 @@ BatchNorm's statistics (`parts/flux2_vae.py`): 128 channels at 1/16 of the image
 
 from __future__ import annotations
 
-from ...core.common_units import InputImageEmbedder, ShapeChecker
-from ...core.latents import seeded_noise
-from ...core.units import PipelineUnit
+from ...core.common_units import InputImageEmbedder, NoiseInitializer, ShapeChecker
 from ...parts import flux2_vae
 from .components import BN_EPS
 
@@ -24,17 +22,9 @@ class ErnieImageShapeChecker(ShapeChecker):
     """Round height and width up to multiples of 16 (VAE x8 and 2x2 patches)."""
 
 
-class ErnieImageNoiseInitializer(PipelineUnit):
+class ErnieImageNoiseInitializer(NoiseInitializer):
     """Initial noise (B, 128, H/16, W/16) from `seed`, drawn on `rand_device` (the CPU by default, so a seed gives
     the same noise anywhere)."""
-
-    inputs = ("height", "width", "seed", "batch_size", "rand_device")
-    outputs = ("noise",)
-
-    def process(self, pipe, height, width, seed, batch_size, rand_device):
-        shape = (flux2_vae.PATCHED_CHANNELS, height // DIVISION_FACTOR, width // DIVISION_FACTOR)
-        noise = seeded_noise(shape, seed, batch_size, device=rand_device or "cpu")
-        return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
 
 class ErnieImageInputImageEmbedder(InputImageEmbedder):

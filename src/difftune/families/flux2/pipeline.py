@@ -7,8 +7,7 @@ images beside the target).
 
 from __future__ import annotations
 
-from ...core.batch import SAME
-from ...core.pipeline import BasePipeline
+from ...core.pipeline import PromptImagePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
 from .components import SCHEDULER_CONFIG, TRAINING_MU
@@ -32,17 +31,14 @@ def compute_empirical_mu(image_seq_len: int, num_steps: int) -> float:
     return mu(image_seq_len=image_seq_len, num_steps=num_steps)
 
 
-class Flux2Pipeline(BasePipeline):
-    model_names = ("dit", "text_encoder", "vae")
+class Flux2Pipeline(PromptImagePipeline):
     settings = frozenset({"batch_size", "rand_device", "use_gradient_checkpointing",
                           "use_gradient_checkpointing_offload", "edit_image_auto_resize"})
     model_fn_inputs = ("prompt_embeds", "guidance")
+    padding_masks = ()
     features = (EDIT,)  # edit.py: reference images beside the target
     sampling_values = ("guidance",)  # embedded guidance: the sampling default, not the training value
-    data_inputs = ("image", "prompt", "seed", "rand_device", "num_inference_steps", "height", "width")
-    input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "rand_device": SAME}
     batch_shared_inputs = ("height", "width", "rand_device", "embedded_guidance")
-    loss_models = ("dit",)
     call_defaults = CALL_DEFAULTS
     # `cfg_scale` is the reference's (nega + s * (posi - nega)), which is diffusers' `guidance_scale` of the klein
     # base models; `embedded_guidance` is Flux2Pipeline's `guidance_scale` (dev's distilled guidance), 1 in training.

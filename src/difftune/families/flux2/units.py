@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ...core.common_units import InputImageEmbedder, ShapeChecker
-from ...core.latents import seeded_noise
+from ...core.common_units import InputImageEmbedder, NoiseInitializer, ShapeChecker
 from ...core.units import PipelineUnit
-from .latents import LATENT_CHANNELS, VAE_SCALE, vae_encode
+from .latents import VAE_SCALE, vae_encode
 
 DIVISION_FACTOR = VAE_SCALE
 
@@ -16,17 +15,9 @@ class Flux2ShapeChecker(ShapeChecker):
     """Round height and width up to multiples of 16 (VAE x8 and 2x2 patches)."""
 
 
-class Flux2NoiseInitializer(PipelineUnit):
+class Flux2NoiseInitializer(NoiseInitializer):
     """Initial noise (B, 128, H/16, W/16) from `seed`, drawn on `rand_device` (the CPU by default), in the patch
     layout diffusers and the reference draw it in."""
-
-    inputs = ("height", "width", "seed", "batch_size", "rand_device")
-    outputs = ("noise",)
-
-    def process(self, pipe, height, width, seed, batch_size, rand_device):
-        noise = seeded_noise((LATENT_CHANNELS, height // VAE_SCALE, width // VAE_SCALE), seed, batch_size,
-                             device=rand_device or "cpu")
-        return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
 
 class Flux2InputImageEmbedder(InputImageEmbedder):

@@ -10,7 +10,7 @@ the call and the stage-1 batches are the base pipeline's, from its target (image
 from __future__ import annotations
 
 from ...core.batch import SAME
-from ...core.pipeline import BasePipeline
+from ...core.pipeline import PromptImagePipeline
 from ...core.target import ImageStream, Target
 from .model_fn import model_fn_ideogram4
 from .scheduler import Ideogram4Scheduler
@@ -21,16 +21,10 @@ from .units import DIVISION_FACTOR, TOKEN_CHANNELS, Ideogram4InputImageEmbedder,
 CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 50, "cfg_scale": 7.0}
 
 
-class Ideogram4Pipeline(BasePipeline):
+class Ideogram4Pipeline(PromptImagePipeline):
     model_names = ("dit", "dit_uncond", "text_encoder", "vae")
-    settings = frozenset({"batch_size", "rand_device", "use_gradient_checkpointing",
-                          "use_gradient_checkpointing_offload"})
-    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask")
-    padding_masks = ("prompt_embeds_mask",)
     data_inputs = ("image", "prompt", "seed", "rand_device", "height", "width")
     input_batching = {"height": SAME, "width": SAME, "rand_device": SAME}
-    batch_shared_inputs = ("height", "width", "rand_device")
-    loss_models = ("dit",)
     call_defaults = CALL_DEFAULTS
     target = Target((ImageStream(channels=TOKEN_CHANNELS, scale=DIVISION_FACTOR, patch=1,
                                  division=DIVISION_FACTOR, decoder=vae_decode, required=True),))

@@ -9,7 +9,7 @@ the call and the stage-1 batches are the base pipeline's, from its target (image
 from __future__ import annotations
 
 from ...core.batch import SAME
-from ...core.pipeline import BasePipeline
+from ...core.pipeline import PromptImagePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...parts.qwen_image_vae import vae_decode
@@ -24,16 +24,9 @@ from .units import (DIVISION_FACTOR, LATENT_CHANNELS, VAE_SCALE, Krea2InputImage
 CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 52, "cfg_scale": 3.5}
 
 
-class Krea2Pipeline(BasePipeline):
-    model_names = ("dit", "text_encoder", "vae")
-    settings = frozenset({"batch_size", "rand_device", "use_gradient_checkpointing",
-                          "use_gradient_checkpointing_offload"})
-    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask")
-    padding_masks = ("prompt_embeds_mask",)
+class Krea2Pipeline(PromptImagePipeline):
     data_inputs = ("image", "prompt", "seed", "rand_device", "height", "width")
     input_batching = {"height": SAME, "width": SAME, "rand_device": SAME}
-    batch_shared_inputs = ("height", "width", "rand_device")
-    loss_models = ("dit",)
     call_defaults = CALL_DEFAULTS
     call_parameters = {"mu": None}  # a fixed time shift (Turbo: 1.15); None: from the image size (Raw)
     target = Target((ImageStream(channels=LATENT_CHANNELS, scale=VAE_SCALE, patch=2,

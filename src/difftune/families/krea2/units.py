@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-from ...core.common_units import InputImageEmbedder, ShapeChecker
-from ...core.latents import seeded_noise
-from ...core.units import PipelineUnit
+from ...core.common_units import InputImageEmbedder, NoiseInitializer, ShapeChecker
 from ...parts.qwen_image_vae import vae_encode
 
 DIVISION_FACTOR = 16  # VAE x8, then 2x2 patches
@@ -17,16 +15,8 @@ class Krea2ShapeChecker(ShapeChecker):
     """Round height and width up to multiples of 16."""
 
 
-class Krea2NoiseInitializer(PipelineUnit):
+class Krea2NoiseInitializer(NoiseInitializer):
     """Initial noise (B, 16, H/8, W/8) from `seed`, drawn on `rand_device` (the CPU by default)."""
-
-    inputs = ("height", "width", "seed", "batch_size", "rand_device")
-    outputs = ("noise",)
-
-    def process(self, pipe, height, width, seed, batch_size, rand_device):
-        noise = seeded_noise((LATENT_CHANNELS, height // VAE_SCALE, width // VAE_SCALE), seed, batch_size,
-                             device=rand_device or "cpu")
-        return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
 
 class Krea2InputImageEmbedder(InputImageEmbedder):

@@ -11,8 +11,7 @@ call's inputs by the reference's names: `call_inputs()`; edit.py and controlnet.
 
 from __future__ import annotations
 
-from ...core.batch import SAME
-from ...core.pipeline import BasePipeline
+from ...core.pipeline import PromptImagePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_decode
@@ -28,17 +27,10 @@ from .units import DIVISION_FACTOR, ZImageInputImageEmbedder, ZImageNoiseInitial
 CALL_DEFAULTS = {"height": 1024, "width": 1024, "num_inference_steps": 8, "cfg_scale": 1.0}
 
 
-class ZImagePipeline(BasePipeline):
-    model_names = ("dit", "text_encoder", "vae")
+class ZImagePipeline(PromptImagePipeline):
     settings = frozenset({"batch_size", "rand_device", "use_gradient_checkpointing",
                           "use_gradient_checkpointing_offload", "control_inpaint_latents"})
-    model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask")
-    padding_masks = ("prompt_embeds_mask",)
     features = (EDIT, CONTROLNET, OMNI)  # each its own module (edit.py, controlnet.py)
-    data_inputs = ("image", "prompt", "seed", "rand_device", "num_inference_steps", "height", "width")
-    input_batching = {"num_inference_steps": SAME, "height": SAME, "width": SAME, "rand_device": SAME}
-    batch_shared_inputs = ("height", "width", "rand_device")
-    loss_models = ("dit",)
     call_defaults = CALL_DEFAULTS
     target = Target((ImageStream(channels=LATENT_CHANNELS, scale=VAE_SCALE, patch=2,
                                  division=DIVISION_FACTOR, decoder=vae_decode),))

@@ -6,10 +6,8 @@ Values keep a leading batch dimension. The VAE is FLUX.1's autoencoder (`parts/f
 
 from __future__ import annotations
 
-from ...core.common_units import InputImageEmbedder, ShapeChecker
-from ...core.latents import seeded_noise
-from ...core.units import PipelineUnit
-from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_encode
+from ...core.common_units import InputImageEmbedder, NoiseInitializer, ShapeChecker
+from ...parts.flux_ae import vae_encode
 
 DIVISION_FACTOR = 16  # VAE x8, then 2x2 patches
 
@@ -23,17 +21,9 @@ class ZImageShapeChecker(ShapeChecker):
     """Round height and width up to multiples of 16 (VAE x8 and 2x2 patches)."""
 
 
-class ZImageNoiseInitializer(PipelineUnit):
+class ZImageNoiseInitializer(NoiseInitializer):
     """Initial noise (B, 16, H/8, W/8) from `seed`, drawn on `rand_device` (the CPU by default, so a seed gives the
     same noise anywhere)."""
-
-    inputs = ("height", "width", "seed", "batch_size", "rand_device")
-    outputs = ("noise",)
-
-    def process(self, pipe, height, width, seed, batch_size, rand_device):
-        noise = seeded_noise((LATENT_CHANNELS, height // VAE_SCALE, width // VAE_SCALE), seed, batch_size,
-                             device=rand_device or "cpu")
-        return {"noise": noise.to(device=pipe.device, dtype=pipe.torch_dtype)}
 
 
 class ZImageInputImageEmbedder(InputImageEmbedder):
