@@ -633,7 +633,8 @@ class BasePipeline:
         given, settings = self.take_call_inputs(inputs)
         settings.update({k: own.pop(k) for k in list(own) if k in self.model_fn_settings})
         values = self.prompt_values(prompt, negative_prompt)
-        values.update({k: v for k, v in given.items() if k not in self.call_inputs()})  # the features' negatives
+        inputs = self.call_inputs()
+        values.update({k: v for k, v in given.items() if k not in inputs})  # the features' negatives
         for feature in self.features:
             more, more_settings = feature.call_values(given, values)
             values.update(more)

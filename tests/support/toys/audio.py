@@ -4,32 +4,19 @@ back), a byte-level prompt encoder and a sequence denoiser; wav in (the `audio` 
 from __future__ import annotations
 
 import torch
-from diffusers import ConfigMixin, ModelMixin
-from diffusers.configuration_utils import register_to_config
-from torch import nn
 
 from difftune import BasePipeline, FamilySpec, PipelineUnit, register_family
 from difftune.core.batch import SAME
 from difftune.core.target import AudioStream, Target
 from support import TinyFamily, register_tiny
 
-from .common import PromptUnit, SeqDenoiser, TextEncoder, components, save_models, seeded, tone
+from .common import AudioVAE, PromptUnit, SeqDenoiser, TextEncoder, components, save_models, seeded, tone
 
 RATE, STEP, SECONDS = 8000, 4, 0.25  # 2000 samples, 500 latent steps
 
 
-class ToyAudioVAE(ModelMixin, ConfigMixin):
-    @register_to_config
-    def __init__(self, channels: int = 4):
-        super().__init__()
-        self.encoder = nn.Conv1d(1, channels, STEP, stride=STEP)
-        self.decoder = nn.ConvTranspose1d(channels, 1, STEP, stride=STEP)
-
-    def encode(self, wave):
-        return self.encoder(wave)
-
-    def decode(self, latents):
-        return torch.tanh(self.decoder(latents))
+class ToyAudioVAE(AudioVAE):
+    pass
 
 
 class ToyAudioDenoiser(SeqDenoiser):

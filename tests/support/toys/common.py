@@ -32,6 +32,23 @@ class TextEncoder(ModelMixin, ConfigMixin):
         return self.proj(self.embed(ids))
 
 
+class AudioVAE(ModelMixin, ConfigMixin):
+    """Waveform (1, T) <-> latents (channels, T / 4): the audio toys' VAE (each family subclasses it under its own
+    name, which recognition tells families apart by)."""
+
+    @register_to_config
+    def __init__(self, channels: int = 4, step: int = 4):
+        super().__init__()
+        self.encoder = nn.Conv1d(1, channels, step, stride=step)
+        self.decoder = nn.ConvTranspose1d(channels, 1, step, stride=step)
+
+    def encode(self, wave):
+        return self.encoder(wave)
+
+    def decode(self, latents):
+        return torch.tanh(self.decoder(latents))
+
+
 class Block(nn.Module):
     def __init__(self, dim: int):
         super().__init__()

@@ -14,7 +14,7 @@ from difftune.core.target import AudioStream, FrameRule, Target, VideoStream
 from difftune.media.image import images_to_tensor
 from support import TinyFamily, register_tiny
 
-from .common import PromptUnit, SeqDenoiser, TextEncoder, components, save_models, seeded, tone
+from .common import AudioVAE, PromptUnit, SeqDenoiser, TextEncoder, components, save_models, seeded, tone
 
 RATE, STEP, FPS, PATCH, FRAMES = 8000, 4, 16.0, 4, 3
 
@@ -32,18 +32,8 @@ class ToyAVVideoVAE(ModelMixin, ConfigMixin):
         return torch.nn.functional.interpolate(latents[:, :3].float(), scale_factor=(1, PATCH, PATCH)).tanh()
 
 
-class ToyAVAudioVAE(ModelMixin, ConfigMixin):
-    @register_to_config
-    def __init__(self, channels: int = 4):
-        super().__init__()
-        self.encoder = nn.Conv1d(1, channels, STEP, stride=STEP)
-        self.decoder = nn.ConvTranspose1d(channels, 1, STEP, stride=STEP)
-
-    def encode(self, wave):
-        return self.encoder(wave)
-
-    def decode(self, latents):
-        return torch.tanh(self.decoder(latents))
+class ToyAVAudioVAE(AudioVAE):
+    pass
 
 
 class ToyAVDenoiser(SeqDenoiser):
