@@ -1,5 +1,6 @@
-"""Model offload (training/offload.py) on a toy denoiser whose target device is the CPU: the arena holds the real
-weights and each onload copies them into fresh tensors, so the model never computes with the arena itself."""
+"""Model offload (training/offload.py) on a toy denoiser and on a tiny diffusers UNet, the target device the CPU: the
+arena holds the real weights and each onload copies them into fresh tensors, so the model never computes with the
+arena itself."""
 
 import copy
 
@@ -9,7 +10,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from difftune.errors import UserError
-from difftune.training.offload import ModelOffloader, find_blocks
+from difftune.training.offload import ModelOffloader, find_blocks, find_nested_blocks
 
 
 class Block(nn.Module):
@@ -268,3 +269,191 @@ def test_quantised_weights_stream_too_and_training_matches():
     assert offloader.host_bytes > offloader.arena_bytes > 0
     state = off.state_dict()  # the host's quantised weights, never placeholders
     assert type(state["blocks.0.to_q.base_layer.weight"]).__name__ == "Int8Tensor"
+
+
+# -- a UNet: its blocks sit in lists of mixed classes, and its checkpointing wraps the modules inside them ----------
+# diffusers checkpoints each ResnetBlock2D and each BasicTransformerBlock (inside a Transformer2DModel), not a down /
+# up block; its mid block runs its first resnet outside any checkpoint; its down- / upsamplers and a
+# Transformer2DModel's norm and projections run outside the checkpoints too.
+
+UNET_TOLERANCE = 2e-6  # test_offload_training.py's: offload computes with fresh copies of the same weights
+UNET_ORDER = ["down_blocks.0.resnets.0", "down_blocks.0.attentions.0.transformer_blocks.0", "down_blocks.1.resnets.0",
+              "mid_block.resnets.0", "mid_block.attentions.0.transformer_blocks.0", "mid_block.resnets.1",
+              "up_blocks.0.resnets.0", "up_blocks.0.resnets.1", "up_blocks.1.resnets.0",
+              "up_blocks.1.attentions.0.transformer_blocks.0", "up_blocks.1.resnets.1",
+              "up_blocks.1.attentions.1.transformer_blocks.0"]
+
+
+def unet_model(seed=0):
+    from diffusers import UNet2DConditionModel
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from difftune.core.checkpointing import set_gradient_checkpointing
+
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(sample_size=8, block_out_channels=(8, 16), layers_per_block=1, cross_attention_dim=8,
+                                norm_num_groups=4, attention_head_dim=2,
+                                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
+    unet.requires_grad_(False)
+    inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"]), unet)
+    set_gradient_checkpointing(unet, True)  # as a family's model_fn does
+    return unet
+
+
+def unet_batches(steps, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(2, 4, 8, 8, generator=g), torch.randint(0, 1000, (2,), generator=g),
+             torch.randn(2, 3, 8, generator=g), torch.randn(2, 4, 8, 8, generator=g)) for _ in range(steps)]
+
+
+def train_unet(model, data, lr=1e-2):
+    opt = torch.optim.AdamW(lora(model).values(), lr=lr)
+    losses = []
+    for x, t, text, target in data:
+        loss = torch.nn.functional.mse_loss(model(x, t, text).sample, target)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return losses, {n: p.detach().clone() for n, p in lora(model).items()}
+
+
+def lora_difference(a, b) -> float:
+    assert a.keys() == b.keys() and any("lora_B" in n for n in a)
+    assert all(a[n].abs().max() > 0 for n in a if "lora_B" in n)  # every lora_B trained (it starts at zero)
+    return max((a[n] - b[n]).abs().max().item() for n in a)
+
+
+def run_order(model):
+    """The blocks in the order a forward pass runs them."""
+    order = []
+    handles = [m.register_forward_pre_hook(lambda m, a, n=n: order.append(n)) for n, m in find_nested_blocks(model)]
+    with torch.no_grad():
+        model(*unet_batches(1)[0][:3])
+    for h in handles:
+        h.remove()
+    return order
+
+
+def test_the_unet_blocks_are_what_its_checkpointing_wraps():
+    assert [n for n, _ in find_nested_blocks(lora_model())] == []  # one-class lists: a DiT keeps find_blocks'
+    model = unet_model()
+    assert run_order(model) == UNET_ORDER
+    assert sorted(n for n, _ in find_nested_blocks(model)) == sorted(UNET_ORDER)
+
+
+@pytest.mark.parametrize("threshold,early_stop", [(None, True), (None, False), (0.0005, True)])
+def test_an_offloaded_unet_trains_the_same_lora(threshold, early_stop):
+    data = unet_batches(3)
+    plain, off = unet_model(), unet_model()
+    lines = []
+    offloader = ModelOffloader(off, "cpu", split_threshold_mb=threshold, label="unet", log=lines.append)
+    assert offloader.num_blocks == 12 and offloader.swapped == 12
+    assert all(p.numel() == 0 for u in offloader.units for p in u.params)  # placeholders before any use
+    losses_a, a = train_unet(plain, data)
+    with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
+        losses_b, b = train_unet(off, data)
+    assert lora_difference(a, b) <= UNET_TOLERANCE
+    assert max(abs(x - y) for x, y in zip(losses_a, losses_b)) <= UNET_TOLERANCE
+    # streamed in the order they ran, the mid block's first resnet (run outside any checkpoint) kept on the device
+    blocks = [u.name for u in offloader.units] if threshold is None else \
+        list(dict.fromkeys(offloader._block_names[u.block] for u in offloader.units))
+    assert blocks == [n for n in UNET_ORDER if n != "mid_block.resnets.0"]
+    unchecked = {n if threshold is None else n.rsplit(".", 1)[0] for n in offloader.unchecked}  # split: its parts
+    assert unchecked == {"mid_block.resnets.0"}
+    assert all(p.numel() == 0 for u in offloader.units for p in u.params)  # all dropped at the end of backward
+    assert offloader.onloaded_bytes == 0
+    assert 0 < offloader.peak_onloaded < sum(u.nbytes for u in offloader.units) / 2  # never the whole UNet at once
+    assert lines == [offloader.describe()]  # told once, when the first backward pass settled the order
+    assert ("model offload: unet: 12 of 12 blocks (ResnetBlock2D, BasicTransformerBlock in down_blocks, mid_block, "
+            "up_blocks), ") in lines[0] and "kept on cpu (run outside the model's gradient checkpointing: " \
+        "mid_block.resnets.0" in lines[0]
+
+
+def test_the_unet_tolerance_sees_a_one_percent_learning_rate_change():
+    data = unet_batches(3)
+    _, a = train_unet(unet_model(), data)
+    _, b = train_unet(unet_model(), data, lr=1.01e-2)
+    assert lora_difference(a, b) > 20 * UNET_TOLERANCE
+
+
+def test_every_frozen_weight_a_unet_checkpoint_computes_with_is_streamed():
+    """What the UNet computes with inside its checkpoints is exactly what streams; what it computes with outside
+    them (down- / upsamplers, a Transformer2DModel's norm and projections, the mid block's first resnet, conv_in,
+    the time embedding, ...) stays on the device."""
+    from difftune.training import offload
+
+    plain = unet_model()
+    inside, outside = set(), set()
+    modules = {id(m): n for n, m in plain.named_modules()}
+
+    def record(m, args):
+        names = {f"{modules[id(m)]}.{k}" for k, p in m.named_parameters(recurse=False) if not p.requires_grad}
+        (inside if offload._checkpointed() else outside).update(names)
+
+    for m in plain.modules():
+        m.register_forward_pre_hook(record)
+    x, t, text, target = unet_batches(1)[0]
+    plain(x, t, text)  # with gradients: the checkpoints run
+    frozen = {n for n, p in plain.named_parameters() if not p.requires_grad}
+    assert inside | outside == frozen and not inside & outside
+    assert any(".downsamplers." in n for n in outside) and any(".proj_in." in n for n in outside)
+
+    off = unet_model()
+    offloader = ModelOffloader(off, "cpu")
+    train_unet(off, [(x, t, text, target)])
+    names = {id(p): n for n, p in off.named_parameters()}
+    assert {names[id(p)] for u in offloader.units for p in u.params} == inside
+    assert {names[id(p)] for u in offloader.kept for p in u.params} == \
+        {n for n in outside if n.startswith("mid_block.resnets.0.")}
+    assert all(p.numel() > 0 for n, p in off.named_parameters() if n in outside)
+
+
+def test_blocks_to_swap_on_a_unet_takes_the_last_blocks_to_run():
+    data = unet_batches(3)
+    plain, off = unet_model(), unet_model()
+    lines = []
+    offloader = ModelOffloader(off, "cpu", blocks_to_swap=9, label="unet", log=lines.append)
+    assert "9 of 12 blocks" in offloader.describe() and "the last to run" in offloader.describe()
+    _, a = train_unet(plain, data)
+    _, b = train_unet(off, data)
+    assert lora_difference(a, b) <= UNET_TOLERANCE
+    # the last 9 to run stream (the mid block's first resnet among them, kept: the model does not checkpoint it)
+    assert [u.name for u in offloader.units] == [n for n in UNET_ORDER[3:] if n != "mid_block.resnets.0"]
+    assert offloader.unchecked == ["mid_block.resnets.0"]
+    resident = {n for n in UNET_ORDER[:3]}
+    for name, m in off.named_modules():
+        if name in UNET_ORDER:
+            frozen = [p for p in m.parameters() if not p.requires_grad]
+            assert all((p.numel() > 0) == (name in resident or name == "mid_block.resnets.0") for p in frozen), name
+    assert lines == [offloader.describe()] and "9 of 12 blocks" in lines[0] and "in 8 unit(s)" in lines[0]
+    assert "the last to run" not in lines[0]
+    with pytest.raises(UserError, match=r"--blocks_to_swap 13: UNet2DConditionModel has 12 blocks"):
+        ModelOffloader(unet_model(), "cpu", blocks_to_swap=13)
+
+
+def test_a_missed_onload_in_a_unet_recompute_raises(monkeypatch):
+    """The recompute calls the resnets and transformer blocks themselves: their pre-hooks onload them."""
+    from difftune.training import offload
+
+    model = unet_model()
+    offloader = ModelOffloader(model, "cpu")
+    ready = offloader._ready
+    monkeypatch.setattr(offloader, "_ready", lambda unit: None if offload._in_backward() else ready(unit))
+    x, t, text, target = unet_batches(1)[0]
+    loss = torch.nn.functional.mse_loss(model(x, t, text).sample, target)
+    with pytest.raises(RuntimeError):
+        loss.backward()
+
+
+def test_a_unet_without_gradient_checkpointing_is_refused():
+    from difftune.core.checkpointing import set_gradient_checkpointing
+
+    model = unet_model()
+    set_gradient_checkpointing(model, False)
+    ModelOffloader(model, "cpu")
+    with pytest.raises(UserError, match="--use_gradient_checkpointing"):
+        model(*unet_batches(1)[0][:3])
+    with torch.no_grad():  # inference needs none
+        model(*unet_batches(1)[0][:3])

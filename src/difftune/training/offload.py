@@ -4,6 +4,17 @@ blocks live in one host arena and are copied to the target device unit by unit, 
 - The blocks are found generically: the model's largest `nn.ModuleList` (by frozen bytes). `--blocks_to_swap N`
   offloads its last N blocks; the others stay resident. `--cpu_offload_split_threshold MB` splits a block larger
   than that into its children (recursively), each a unit of its own.
+- A UNet's blocks sit in lists of mixed classes (diffusers' `down_blocks` = [CrossAttnDownBlock2D, ..., DownBlock2D],
+  `up_blocks`, and a `mid_block` beside them), and its gradient checkpointing wraps the modules inside them one by
+  one (each ResnetBlock2D and each BasicTransformerBlock), not the down / up blocks: a recompute calls only those, so
+  they are the blocks here (the innermost modules of the classes the model declares). The rest of a down / up block
+  (down- and upsamplers, a Transformer2DModel's norm and projections) runs outside the checkpoints and stays
+  resident. Registration order is not execution order there (diffusers registers `up_blocks` before `mid_block`,
+  a block's attentions before its resnets), so the first forward pass records the order, and the first backward
+  pass settles it: the units are sorted as they ran, and with `--blocks_to_swap N` the blocks before the last N to
+  run go to the device then (until then, every block streams). A block the model runs with gradients outside its
+  checkpoints (diffusers' mid block runs its first resnet so) saves its weights for backward, so streaming it
+  frees nothing: it is kept on the device from its first such run.
 - Only frozen parameters move; trainable ones (LoRA) stay resident. Plain weights go through the arena; quantised
   tensor-subclass weights (torchao) are kept on the host as they are and onloaded on the compute stream.
 - Between uses a weight is an EMPTY placeholder on the device, so a use that missed its onload raises (a shape
@@ -27,7 +38,7 @@ from ..errors import UserError
 BACKWARD_LAG = 1  # units kept after their recompute in backward (a block's last backward nodes may run late)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity
 class Unit:
     """Weights onloaded together: a block (or part of one), its frozen plain parameters and their arena views."""
 
@@ -39,6 +50,8 @@ class Unit:
     subs: list = field(default_factory=list)  # (module, name, host tensor) of tensor-subclass weights
     onloaded: bool = False
     event: object = None  # CUDA: the copy's event on the side stream
+    resident: bool = False  # taken out of streaming (a UNet's block before the last N, or one run unchecked)
+    unchecked: bool = False  # the model ran it with gradients outside its checkpoints
 
     @property
     def nbytes(self) -> int:
@@ -79,6 +92,40 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     return chosen
 
 
+def _composite(m: nn.Module) -> bool:
+    return next(iter(m.children()), None) is not None
+
+
+def _frozen_bytes(m: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in m.parameters() if not p.requires_grad)
+
+
+def find_nested_blocks(model: nn.Module, found=None) -> list[tuple[str, nn.Module]]:
+    """A UNet's blocks, where `found` (find_blocks') lies inside, or the model has, nn.ModuleLists of composite modules
+    of more than one class: the innermost modules of the classes the model declares (UNet2DConditionModel: each
+    ResnetBlock2D and BasicTransformerBlock; else the elements of its innermost one-class block lists) that hold
+    frozen weights, in registration order. [] for a model whose blocks are one-class lists (a DiT)."""
+    found = find_blocks(model) if found is None else found
+    mixed = [name for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len({type(c) for c in m}) > 1
+             and all(_composite(c) for c in m)]
+    if not mixed or (found and not any(n.startswith(f"{p}.") for n, _ in found for p in mixed)):
+        return []
+    declared = {*(getattr(model, "_repeated_blocks", None) or ()), *(getattr(model, "_no_split_modules", None) or ())}
+    if declared:
+        candidates = [(n, m) for n, m in model.named_modules() if n and type(m).__name__ in declared]
+    else:
+        candidates = [(f"{n}.{i}", c) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)
+                      and len({type(c) for c in m}) == 1 and _composite(m[0]) for i, c in enumerate(m)]
+    return [(n, m) for n, m in candidates if _frozen_bytes(m) and not any(o.startswith(f"{n}.") for o, _ in candidates)]
+
+
+def _describe_nested(names: list[str], modules: list[nn.Module]) -> str:
+    """'ResnetBlock2D, BasicTransformerBlock in down_blocks, mid_block, up_blocks' (in the order given)."""
+    classes = dict.fromkeys(type(m).__name__ for m in modules)
+    tops = dict.fromkeys(n.split(".")[0] for n in names)
+    return f"{', '.join(classes)} in {', '.join(tops)}"
+
+
 def _movable(p: nn.Parameter) -> bool:
     return not p.requires_grad and type(p.data) is torch.Tensor and p.numel() > 0
 
@@ -89,10 +136,12 @@ def _subclass(p) -> bool:
 
 def _split(name: str, module: nn.Module, threshold: int | None) -> list[tuple[str, nn.Module, bool]]:
     """(name, module, recurse) units covering `module`'s frozen weights: the module whole when under `threshold`
-    bytes (or no threshold), else its own direct weights plus its children's units."""
+    bytes (or no threshold), else its own direct weights plus its children's units. A list is never a unit: nobody
+    calls it, so its hooks would never run (diffusers' Attention calls `to_out[0]`)."""
     size = sum(_bytes(p.data) for p in module.parameters() if _movable(p) or _subclass(p))
     children = list(module.named_children())
-    if threshold is None or size <= threshold or not children:
+    container = isinstance(module, (nn.ModuleList, nn.ModuleDict))
+    if (threshold is None or size <= threshold or not children) and not container:
         return [(name, module, True)]
     out = [(name, module, False)] if any(_movable(p) or _subclass(p) for p in module.parameters(recurse=False)) \
         else []
@@ -114,13 +163,22 @@ class ModelOffloader:
     """Installs the hooks on `model` (loaded anywhere; its weights outside the offloaded units end on `device`)."""
 
     def __init__(self, model: nn.Module, device, blocks_to_swap: int | None = None,
-                 split_threshold_mb: float | None = None, pin: bool | None = None, prefetch: bool = True):
+                 split_threshold_mb: float | None = None, pin: bool | None = None, prefetch: bool = True,
+                 label: str = "model", log=None):
         found = find_blocks(model)
-        if not found:
+        nested = find_nested_blocks(model, found)
+        if not found and not nested:
             raise UserError(f"model offload: {type(model).__name__} has no list of repeated blocks to offload")
         self.model, self.device = model, torch.device(device)
-        self.blocks_name = ", ".join(name for name, _ in found)
-        blocks = [(f"{name}.{i}", block) for name, blocks in found for i, block in enumerate(blocks)]
+        self.label, self._log = label, log
+        if nested:
+            blocks = nested
+            self.blocks_name = _describe_nested([n for n, _ in blocks], [m for _, m in blocks])
+        else:
+            self.blocks_name = ", ".join(name for name, _ in found)
+            blocks = [(f"{name}.{i}", block) for name, blocks in found for i, block in enumerate(blocks)]
+        self.nested = bool(nested)
+        self._block_names = [name for name, _ in blocks]
         self.num_blocks = len(blocks)
         n = self.num_blocks if blocks_to_swap is None else int(blocks_to_swap)
         if not 0 <= n <= self.num_blocks:
@@ -132,7 +190,11 @@ class ModelOffloader:
         self.stream = torch.cuda.Stream(self.device) if cuda and prefetch else None
         threshold = None if split_threshold_mb is None else int(split_threshold_mb * 2 ** 20)
         self.units: list[Unit] = []
-        for i in range(self.num_blocks - n, self.num_blocks):
+        self.kept: list[Unit] = []  # units taken out of streaming, their weights on the device for good
+        # A UNet's execution order is known after its first forward pass: every block streams until then.
+        self._settled = not self.nested or n == 0
+        first = self.num_blocks - n if self._settled else 0
+        for i in range(first, self.num_blocks):
             for name, module, recurse in _split(*blocks[i], threshold):
                 params = [p for p in module.parameters(recurse=recurse) if _movable(p)]
                 owners = module.modules() if recurse else [module]
@@ -140,18 +202,25 @@ class ModelOffloader:
                         if _subclass(p)]
                 if params or subs:
                     self.units.append(Unit(name, module, i, params, subs=subs))
-        self._index = {id(u): k for k, u in enumerate(self.units)}
+        self._reindex()
+        self._order: list[Unit] = []  # units as the first forward pass ran them (a UNet's)
+        self._seen: set[int] = set()
+        self._recording = not self._settled
+        self._saw_checkpoint = False
         self._handles = []
         self._task = None  # the backward pass whose end drops every unit
         self.peak_onloaded = self.onloaded_bytes = 0
         self.onloads = 0
         self._build_arena()
         model.to(self.device)  # the rest of the model (placeholders are on the device already)
-        for k, unit in enumerate(self.units):
-            self._handles.append(unit.module.register_forward_pre_hook(self._pre_hook(k)))
-            self._handles.append(unit.module.register_forward_hook(self._post_hook(k)))
+        for unit in self.units:
+            self._handles.append(unit.module.register_forward_pre_hook(self._pre_hook(unit)))
+            self._handles.append(unit.module.register_forward_hook(self._post_hook(unit)))
         self._handles.append(model.register_state_dict_post_hook(
             lambda module, state, prefix, meta: self._real_weights(state, prefix)))
+
+    def _reindex(self) -> None:
+        self._index = {id(u): k for k, u in enumerate(self.units)}
 
     # -- the arena ------------------------------------------------------------------------------------------------
     def _build_arena(self) -> None:
@@ -190,17 +259,29 @@ class ModelOffloader:
     @property
     def host_bytes(self) -> int:
         """Frozen weight bytes kept on the host: the arena and the quantised weights."""
-        return self.arena_bytes + sum(_bytes(t) for u in self.units for _, _, t in u.subs)
+        return self.arena_bytes + sum(_bytes(t) for u in (*self.units, *self.kept) for _, _, t in u.subs)
 
     def resident_bytes(self) -> int:
         """Bytes the model keeps on the device between unit uses (parameters and buffers; placeholders are 0)."""
         tensors = {id(t): t for t in (*self.model.parameters(), *self.model.buffers()) if t.device == self.device}
         return sum(_bytes(t.data if isinstance(t, nn.Parameter) else t) for t in tensors.values())
 
-    def describe(self, label: str = "model") -> str:
+    @property
+    def unchecked(self) -> list[str]:
+        """The offloaded units kept on the device because the model runs them with gradients outside its checkpoints."""
+        first = self.num_blocks - self.swapped if self._settled else 0
+        return [u.name for u in self.kept if u.unchecked and u.block >= first]
+
+    def describe(self, label: str | None = None) -> str:
         gib = 2 ** 30
         biggest = max((u.nbytes for u in self.units), default=0)
-        return (f"model offload: {label}: {self.swapped} of {self.num_blocks} blocks ({self.blocks_name}) in "
+        what = f"{self.swapped} of {self.num_blocks} blocks ({self.blocks_name})"
+        if not self._settled and self.swapped < self.num_blocks:
+            what += ", the last to run (all stream until the first backward pass, which knows the order)"
+        if unchecked := self.unchecked:
+            what += (f", {len(unchecked)} of them kept on {self.device} (run outside the model's gradient "
+                     f"checkpointing: {', '.join(unchecked[:2])}{', ...' if len(unchecked) > 2 else ''})")
+        return (f"model offload: {label or self.label}: {what} in "
                 f"{len(self.units)} unit(s), {self.host_bytes / gib:.3f} GiB of frozen weights on the host "
                 f"({'pinned ' if self.pin else ''}arena {self.arena_bytes / gib:.3f} GiB); resident on {self.device}: "
                 f"{self.resident_bytes() / gib:.3f} GiB (+ up to {2 + BACKWARD_LAG} unit(s) of at most "
@@ -255,28 +336,81 @@ class ModelOffloader:
         for unit in self.units:
             self._drop(unit)
 
-    def _pre_hook(self, k: int):
+    def _keep(self, unit: Unit, unchecked: bool = False) -> None:
+        """Take `unit` out of streaming: its weights go to the device for good."""
+        self._ready(unit)
+        self.onloaded_bytes -= unit.nbytes
+        unit.resident, unit.unchecked = True, unchecked
+        self.units.remove(unit)
+        self.kept.append(unit)
+        self._reindex()
+
+    def _settle(self) -> None:
+        """At a UNet's first backward pass: the blocks and units in the order the first forward ran them (any it did
+        not run after them, as registered), and the blocks before the last `swapped` to run kept on the device."""
+        self._settled, self._recording = True, False
+        seen = {id(u): i for i, u in enumerate(self._order)}
+        everything = sorted((*self.units, *self.kept), key=lambda u: seen.get(id(u), len(seen)))
+        rank: dict[int, int] = {}
+        for b in (*(u.block for u in everything), *range(self.num_blocks)):
+            rank.setdefault(b, len(rank))
+        names = [""] * self.num_blocks
+        for b, name in enumerate(self._block_names):
+            names[rank[b]] = name
+        self._block_names = names
+        for u in everything:
+            u.block = rank[u.block]
+        self.units = [u for u in everything if not u.resident]
+        self._reindex()
+        for u in [u for u in self.units if u.block < self.num_blocks - self.swapped]:
+            self._keep(u)
+        modules = dict(self.model.named_modules())
+        self.blocks_name = _describe_nested(names, [modules[n] for n in names])
+        if self._log:
+            self._log(self.describe())
+
+    def _pre_hook(self, unit: Unit):
         def hook(module, args):
             backward = _in_backward()
+            if self._recording and not backward:  # a UNet's first forward pass: the order its units run in
+                if id(unit) in self._seen:
+                    self._recording = False
+                else:
+                    self._order.append(unit)
+                    self._seen.add(id(unit))
+            if unit.resident:
+                return
             if torch.is_grad_enabled() and not backward and not _checkpointed():
-                raise UserError("model offload: a block ran with gradients but without gradient checkpointing; "
-                                "offloaded weights need --use_gradient_checkpointing")
-            unit = self.units[k]
-            if backward:  # blocks run in reverse; a recompute onloads a whole block's units before its backward
+                if not (self.nested and self._saw_checkpoint):
+                    raise UserError("model offload: a block ran with gradients but without gradient checkpointing; "
+                                    "offloaded weights need --use_gradient_checkpointing")
+                self._keep(unit, unchecked=True)  # its weights are saved for backward: streaming frees nothing
+                if self._settled and self._log:
+                    self._log(self.describe())
+                return
+            if backward:
                 self._at_end_of_backward()
+                if not self._settled:
+                    self._settle()
+                    if unit.resident:
+                        return
+            elif torch.is_grad_enabled():
+                self._saw_checkpoint = True
+            k = self._index[id(unit)]
+            if backward:  # blocks run in reverse; a recompute onloads a whole block's units before its backward
                 for other in self.units:  # blocks more than the lag behind (in backward order) are done with
                     if other.block > unit.block + BACKWARD_LAG or other.block < unit.block - 1:
                         self._drop(other)
             self._ready(unit)
             nxt = k - 1 if backward else k + 1  # prefetch the next unit in this pass's order
-            if self.stream is not None and 0 <= nxt < len(self.units):
+            if self.stream is not None and self._settled and 0 <= nxt < len(self.units):
                 self._start(self.units[nxt])
         return hook
 
-    def _post_hook(self, k: int):
+    def _post_hook(self, unit: Unit):
         def hook(module, args, output):
-            if not _in_backward():  # in backward the recompute's saved tensors may be the parameters themselves
-                self._drop(self.units[k])
+            if not unit.resident and not _in_backward():  # in backward the recompute's saved tensors may be the
+                self._drop(unit)  # parameters themselves
         return hook
 
     def _at_end_of_backward(self) -> None:
@@ -323,7 +457,7 @@ class ModelOffloader:
 
             for arena in self.arenas.values():
                 unpin_memory(arena.data_ptr())
-        self.units, self.arenas = [], {}
+        self.units, self.kept, self.arenas = [], [], {}
 
 
 def refuse_sharded_engines(accelerator, flag: str) -> None:
@@ -365,12 +499,12 @@ def install_model_offload(module, config, accelerator, log=print) -> list[ModelO
     out = []
     for slot in slots:
         offloader = ModelOffloader(pipe.models[slot], accelerator.device, blocks_to_swap=config.blocks_to_swap,
-                                   split_threshold_mb=config.cpu_offload_split_threshold)
+                                   split_threshold_mb=config.cpu_offload_split_threshold, label=slot, log=log)
         log(offloader.describe(slot))
         out.append(offloader)
     module.offloaders = out
     return out
 
 
-__all__ = ["ModelOffloader", "Unit", "find_blocks", "install_model_offload", "model_offload_requested", "offload_settings",
-           "refuse_sharded_engines"]
+__all__ = ["ModelOffloader", "Unit", "find_blocks", "find_nested_blocks", "install_model_offload",
+           "model_offload_requested", "offload_settings", "refuse_sharded_engines"]
