@@ -53,6 +53,18 @@ def reference_commands(path: str | os.PathLike) -> list[list[str]]:
     return read_reference_script(path).commands
 
 
+def commented_command(path: str | os.PathLike, scratch: str | os.PathLike) -> list[str]:
+    """The argv of a script's commented-out command (from its first `# accelerate launch` line on, e.g. a second way
+    to train the same model), uncommented into `scratch`."""
+    path, scratch = Path(path), Path(scratch)
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# accelerate launch"))
+    uncommented = scratch / path.name
+    uncommented.write_text("\n".join(line[2:] for line in lines[start:] if line.startswith("# ")) + "\n")
+    (argv,) = read_reference_script(uncommented).commands
+    return argv
+
+
 def flag_value(argv: list[str], flag: str) -> str | None:
     """The value a command gives `flag` (its last occurrence), or None."""
     value = None
