@@ -1,8 +1,7 @@
-"""FLUX.2's models are recognised from their weights: the official folders the scripts name (klein's Qwen3 and dev's
-Mistral-3 text encoders told apart), bare weight files without their config.json, and at the real sizes (from headers
-alone: meta tensors) klein-4B / 9B and dev's DiTs (diffusers' names and BFL's single-file layout), Qwen3-8B and
-Mistral-Small-3.1 in FLUX.2-dev's Mistral-3 file. BFL's single file of the tiny dev DiT loads to exactly the
-folder's tensors."""
+"""FLUX.2's recognition beyond the shared checks (tests/families/test_recognition.py: the official folders, BFL's
+single file, the real-size DiTs and text encoders from their headers): bare weight files without their config.json,
+a Mistral-3 too shallow for dev, weights named by hub id going to the family they come from, and a fully trained DiT
+saved with `--full_format original` recognised as BFL's file."""
 
 from __future__ import annotations
 
@@ -13,13 +12,9 @@ import torch
 
 from difftune.core.family import recognise
 from difftune.families.flux2 import FAMILY
-from difftune.families.flux2.components import (DIT, DIT_BFL, FLUX2_DEV_CONFIG, FLUX2_KLEIN_4B_CONFIG,
-                                                FLUX2_KLEIN_9B_CONFIG, bfl_dit_keys,
-                                                QWEN3_8B_CONFIG, TEXT_ENCODER_MISTRAL, TEXT_ENCODER_QWEN3)
+from difftune.families.flux2.components import DIT_BFL
 from difftune.models import ModelConfig
-from difftune.models.detect import match_header
-from support.flux2 import (DEV, KLEIN_4B, KLEIN_9B, KLEIN_BASE_9B, hub_paths, load_tiny_dev,
-                           write_bfl_single_file, write_tiny_flux2_hub)
+from support.flux2 import DEV, KLEIN_4B, KLEIN_9B, hub_paths, write_tiny_flux2_hub
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +30,6 @@ def _slots(configs, family=None):
 def _entry(hub, repo, folder):
     paths = hub_paths(hub, repo, folder)
     return ModelConfig(paths if len(paths) > 1 else paths[0])
-
-
-@pytest.mark.parametrize("dit_repo,encoder_repo,encoder_class,guidance",
-                         [(KLEIN_4B, KLEIN_4B, "Qwen3Model", False), (KLEIN_BASE_9B, KLEIN_9B, "Qwen3Model", False),
-                          (DEV, DEV, "MistralModel", True)])
-def test_every_official_folder_the_scripts_name(hub, dit_repo, encoder_repo, encoder_class, guidance):
-    name, found = _slots([_entry(hub, dit_repo, "transformer"), _entry(hub, encoder_repo, "text_encoder"),
-                          _entry(hub, encoder_repo, "vae")])
-    assert name == "flux2" and sorted(found) == ["dit", "text_encoder", "vae"]
-    assert found["text_encoder"].spec.class_name == encoder_class
-    assert found["dit"].config["guidance_embeds"] is guidance
 
 
 def test_bare_weights_without_their_config(hub, tmp_path):
@@ -65,58 +49,6 @@ def test_bare_weights_without_their_config(hub, tmp_path):
         files = sorted(str(p) for p in (tmp_path / repo.replace("/", "_") / "text_encoder").glob("*.safetensors"))
         _, found = _slots([ModelConfig(files if len(files) > 1 else files[0])], "flux2")
         assert found["text_encoder"].spec.class_name == cls and found["text_encoder"].config["hidden_size"] == hidden
-
-
-def _meta_shapes(build, names=lambda sd: sd):
-    with torch.device("meta"):
-        model = build()
-    return {k: tuple(v.shape) for k, v in names(model.state_dict()).items()}
-
-
-@pytest.mark.parametrize("config", [FLUX2_KLEIN_4B_CONFIG, FLUX2_KLEIN_9B_CONFIG, FLUX2_DEV_CONFIG])
-def test_real_size_dits_from_headers(config):
-    from diffusers import Flux2Transformer2DModel
-
-    shapes = _meta_shapes(lambda: Flux2Transformer2DModel(**{k: v for k, v in config.items() if k[0] != "_"}))
-    match = match_header(shapes, FAMILY.components)
-    assert match.spec is DIT and match.config == config
-
-
-def test_real_size_text_encoders_from_headers():
-    from transformers import Mistral3Config, Mistral3ForConditionalGeneration, Qwen3Config, Qwen3ForCausalLM
-
-    from difftune.parts.mistral3 import MISTRAL3_24B_CONFIG, MISTRAL_SMALL_3_1_TEXT_CONFIG
-    from support.parts import v4_layout
-
-    qwen = _meta_shapes(lambda: Qwen3ForCausalLM(Qwen3Config(**QWEN3_8B_CONFIG)))  # the 8B stores its LM head
-    found = match_header(qwen, FAMILY.components)
-    assert found.spec is TEXT_ENCODER_QWEN3 and found.config == QWEN3_8B_CONFIG
-    config = Mistral3Config(**{k: v for k, v in MISTRAL3_24B_CONFIG.items() if k != "architectures"})
-    mistral = _meta_shapes(lambda: Mistral3ForConditionalGeneration(config), v4_layout)
-    assert "language_model.model.layers.39.mlp.down_proj.weight" in mistral and "vision_tower.ln_pre.weight" in mistral
-    found = match_header(mistral, FAMILY.components)
-    assert found.spec is TEXT_ENCODER_MISTRAL and found.config == MISTRAL_SMALL_3_1_TEXT_CONFIG
-
-
-def test_bfl_single_file_loads_as_the_official_folder(hub, tmp_path):
-    path = write_bfl_single_file(hub, DEV, tmp_path / "flux2-dev.safetensors")
-    name, found = _slots([ModelConfig(str(path))])
-    assert name == "flux2" and found["dit"].spec is DIT_BFL and found["dit"].config["guidance_embeds"] is True
-    ours = load_tiny_dev(hub)
-    single = type(ours).from_pretrained(torch_dtype=torch.float32, model_configs=[ModelConfig(str(path))])
-    a, b = ours.dit.state_dict(), single.dit.state_dict()
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.parametrize("config", [FLUX2_KLEIN_4B_CONFIG, FLUX2_DEV_CONFIG])
-def test_real_size_bfl_single_files_from_headers(config):
-    from diffusers import Flux2Transformer2DModel
-
-    shapes = _meta_shapes(lambda: Flux2Transformer2DModel(**{k: v for k, v in config.items() if k[0] != "_"}),
-                          lambda sd: {"model.diffusion_model." + k: v for k, v in bfl_dit_keys(sd).items()})
-    assert "model.diffusion_model.double_blocks.0.img_attn.qkv.weight" in shapes
-    match = match_header(shapes, FAMILY.components)
-    assert match.spec is DIT_BFL and match.config == config
 
 
 def test_a_mistral_too_shallow_for_dev_is_not_its_text_encoder(tmp_path):
