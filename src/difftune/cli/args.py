@@ -35,20 +35,20 @@ def add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 def add_family_flags(parser: argparse.ArgumentParser, command: str, seen: set[str]) -> None:
     """Every family's flags for `command`, grouped by family; a flag several families declare is listed once,
     under all their names (absent flags stay out of the namespace: a run can tell which were given)."""
-    specs = sorted(families().items())
+    specs = sorted((name, spec.options_for(command)) for name, spec in families().items())
     owners: dict[str, list[str]] = {}
-    for name, spec in specs:
-        for f in flag_fields(spec.options):
+    for name, options in specs:
+        for f in flag_fields(options):
             if f.metadata["flag"][command]:
                 owners.setdefault(f.name, []).append(name)
-    for name, spec in specs:
+    for name, options in specs:
         shared = {flag for flag, who in owners.items() if len(who) > 1 and who[0] == name and flag not in seen}
         if shared:
-            add_flags(parser, spec.options, command, title=f"{', '.join(owners[next(iter(shared))])} flags",
+            add_flags(parser, options, command, title=f"{', '.join(owners[next(iter(shared))])} flags",
                       suppress_defaults=True, seen=seen | (set(owners) - shared))
             seen |= shared
-    for name, spec in specs:
-        add_flags(parser, spec.options, command, title=f"{name} flags", suppress_defaults=True, seen=seen)
+    for name, options in specs:
+        add_flags(parser, options, command, title=f"{name} flags", suppress_defaults=True, seen=seen)
 
 
 # The reference's flags we do not implement: refused by name rather than ignored (name -> (kind, why)).

@@ -66,35 +66,45 @@ def model_args_from_dir(model_dir: str) -> str:
 
 
 def family_inputs(args, family) -> tuple[object, dict]:
-    """The family's options from the flags given (another family's refused) and its sample inputs as pipeline
-    arguments, image flags read as images."""
+    """The family's options and sampling inputs from the flags given (another family's refused; image flags read
+    as images): (the options, the flags' values by name)."""
     from ..media.image import load_image
 
     shared = {a for a in vars(sample_parser_shared())}
     given = {k: v for k, v in vars(args).items() if k not in shared and v is not None}
-    takes = set(option_names(family.options, "sample"))
+    cls = family.sample_options
+    takes = set(option_names(cls, "sample"))
     for name in given:
         if name not in takes:
             raise UserError(f"--{name}: the {family.name} family does not take it")
-    options = family.options(**given)
-    images = {}
-    for f in flag_fields(family.options):
-        mode = f.metadata["flag"]["load"]
-        value = getattr(options, f.name)
+    options = cls(**given)
+    flags = {}
+    for f in flag_fields(cls):
+        mode, value = f.metadata["flag"]["load"], getattr(options, f.name)
         if mode and value is not None:
-            images[f.name] = [load_image(v, mode) for v in value] if isinstance(value, list) else \
-                load_image(value, mode)
-    # a flag training takes too that is a sampling input (Insert-Anything's size) goes to the call when given; unset,
-    # the pipeline's default is the option's
-    inputs = {n for cls in family.pipelines for get in ("call_inputs", "call_settings")
-              for n in (getattr(cls, get)() if hasattr(cls, get) else ())}
-    call = options.call_inputs(images) if hasattr(options, "call_inputs") else \
-        {**{k: v for k, v in images.items() if v is not None},
-         **{f.name: getattr(options, f.name) for f in flag_fields(family.options)
-            if f.metadata["flag"]["sample"] and not f.metadata["flag"]["load"]
-            and (not f.metadata["flag"]["train"] or (f.name in given and f.name in inputs))
-            and getattr(options, f.name) is not None}}
-    return options, call
+            value = [load_image(v, mode) for v in value] if isinstance(value, list) else load_image(value, mode)
+        flags[f.name] = value
+    return options, {"_given": set(given), **flags}
+
+
+def call_inputs_of(pipeline, family, flags: dict) -> dict:
+    """The sampling inputs the chosen pipeline class takes from the flags (`sample_values`): a sampling flag it does
+    not take is refused; a flag training takes too that is a sampling input (Insert-Anything's size) goes to the
+    call when given (unset, the pipeline's default is the option's)."""
+    given = flags["_given"]
+    own = pipeline.all_sample_flags()
+    for name in sorted(given):
+        if name not in own and not flag_meta(family.sample_options, name)["train"]:
+            raise UserError(f"--{name}: {pipeline.__name__} does not take it")
+    inputs = {*pipeline.call_inputs(), *pipeline.call_settings()}
+    call = {name: flags[name] for name in given if name in inputs and name not in own
+            and flag_meta(family.sample_options, name)["train"]}
+    call.update(pipeline.sample_values(flags))
+    return call
+
+
+def flag_meta(cls, name: str) -> dict:
+    return next(f.metadata["flag"] for f in flag_fields(cls) if f.name == name)
 
 
 _SHARED = None
@@ -130,12 +140,14 @@ def main(argv: list[str]) -> int:
                                   quant_options=args.quant_options)
     family, found = recognise(configs, args.family)
     check_fp8_slots(configs, family.slots)
-    options, call_inputs = family_inputs(args, family)
-    call_inputs = {"input_image": load_image(args.input_image) if args.input_image else None, **call_inputs}
+    options, flags = family_inputs(args, family)
     from ..core.build import context_of
 
-    context = context_of(found, {k for k, v in call_inputs.items() if v is not None}, options)
+    columns = {"input_image"} if args.input_image else set()
+    context = context_of(found, columns | {k for k in flags["_given"] if flags[k] is not None}, options)
     pipeline = family.pipeline_for(context)  # a variant makes its own outputs (Qwen-Image-Layered: a stack of layers)
+    call_inputs = {"input_image": load_image(args.input_image) if args.input_image else None,
+                   **call_inputs_of(pipeline, family, flags)}
     target = pipeline.target
     output = _output(args, family, target)  # refused before any model is loaded
     pipe = build_pipeline(family, [(s, c) for s, c, _ in found], device=device, torch_dtype=args.torch_dtype,

@@ -14,12 +14,12 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from ..util import first_line
-from .options import NoOptions
+from .options import NoOptions, flag_fields, option, with_sample_inputs
 
 if TYPE_CHECKING:
     from ..models.detect import ComponentSpec, DetectedComponent
@@ -49,12 +49,27 @@ class TokenizerSpec:
     folder: str  # folder beside the model's own folder in the official layout ("": the model's own folder)
     load: Callable[[Any], Any]  # a folder or ModelConfig -> the object
     flag: str | None = None  # the family option (CLI flag) that names it, e.g. "tokenizer_path"
+    help: str = ""  # that flag's help, where the family's options do not declare the flag themselves
     default: str | None = None  # model_id:folder/ fallback
     required: bool = True
     # The feature that needs it (e.g. the edit processor: "edit"); None: every run that loads `slot`. Only a
     # needed one is fetched from the hub or its `default`; one found beside the weights is always loaded.
     feature: str | None = None
     download: bool = True  # False: only ever found beside the weights (e.g. a repository's scheduler/)
+
+
+def text_tokenizer(flag: str, default: str | None = None, folder: str = "tokenizer",
+                   help: str | None = None) -> TokenizerSpec:
+    """The text encoder's tokenizer as `pipe.tokenizer`: the flag `flag` (the reference's --tokenizer_path), else
+    `folder` beside the text encoder, else `default` (the reference's `model_id:folder/` when its command names
+    none)."""
+    from ..models.load import load_tokenizer
+
+    where = (f"{folder}/ beside the text encoder" if folder else "the text encoder's own folder") + \
+        (f", else {default}" if default else "")
+    return TokenizerSpec(attr="tokenizer", slot="text_encoder", folder=folder, load=load_tokenizer,
+                         flag=flag, default=default,
+                         help=help or f"Tokenizer directory or model_id:folder/ (default: {where}).")
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,25 @@ class FamilySpec:
         natives = {slot: fn for f in features for slot, fn in f.native_keys.items()}
         if natives:
             object.__setattr__(self, "full_native_keys", {**natives, **dict(self.full_native_keys)})
+        # a tokenizer's flag is an option of the family (both commands take it) unless its options declare it
+        declared = {f.name for f in fields(self.options)}
+        flags = {t.flag: t.help for t in self.tokenizers if t.flag and t.flag not in declared}
+        if flags:
+            extra = [(name, Any, option(None, help, sample=True)) for name, help in flags.items()]
+            object.__setattr__(self, "options", make_dataclass(self.options.__name__, extra, bases=(self.options,),
+                                                               frozen=True))
+        # `difftune sample` takes the family's options and the sampling inputs its pipelines and features declare
+        inputs: dict = {}
+        for cls in self.pipelines:
+            for name, spec in cls.all_sample_flags().items():
+                inputs.setdefault(name, spec)
+        group = next((f.metadata["flag"]["group"] for f in flag_fields(self.options) if f.metadata["flag"]["group"]),
+                     self.name)
+        object.__setattr__(self, "sample_options", with_sample_inputs(self.options, inputs, group))
+
+    def options_for(self, command: str) -> type:
+        """The options dataclass whose flags `command` (train, sample) takes."""
+        return self.sample_options if command == "sample" else self.options
 
     @property
     def target(self):
@@ -338,4 +372,4 @@ def _slots(spec: FamilySpec, detected) -> list:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "FamilySpec", "builtin_families", "TokenizerSpec", "detect_component", "families", "get_family",
-           "load_component", "recognise", "register_family"]
+           "load_component", "recognise", "register_family", "text_tokenizer"]

@@ -101,6 +101,8 @@ class Feature:
     call_inputs: Mapping[str, Any] = field(default_factory=dict)
     # Run-time settings of the denoiser call -> their defaults (`pipe(..., vace_scale=0.8)`), never cached.
     call_settings: Mapping[str, Any] = field(default_factory=dict)
+    # Its `difftune sample` flags: name -> `core.options.sample_input(...)`; `sample_values` maps them to inputs.
+    flags: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     # Run-time settings its units read (from the family's flags in training: never cached), and attributes of the
     # pipeline its units read besides models (a processor, a face embedder) with their defaults: class attributes
@@ -147,6 +149,11 @@ class Feature:
         given."""
         return {name: given.get(name) for name in self.call_inputs if name not in self.call_settings}, {}
 
+    def sample_values(self, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """`difftune sample`'s flags (image flags loaded; the family's options too) -> its sampling inputs: by
+        default each of its `flags` given, under its own name."""
+        return given_inputs(self.flags, flags)
+
     def check_values(self, values: dict[str, Any], where: str) -> None:
         """A training row's values, its columns checked together (in place; one line naming the row, `where`)."""
 
@@ -168,6 +175,11 @@ class Feature:
     def finish(self, pipe, latents, values: Mapping[str, Any]):
         """The sampled latents after this feature (e.g. leading reference frames dropped before decoding)."""
         return latents
+
+
+def given_inputs(declared: Mapping[str, Mapping[str, Any]], flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The `declared` sampling flags given among `flags`, by their inputs' names."""
+    return {spec.get("input") or name: flags[name] for name, spec in declared.items() if flags.get(name) is not None}
 
 
 def _sizes(value):

@@ -39,6 +39,23 @@ def option(default: Any = None, help: str = "", *, kind: Any = str, choices: Seq
     return dataclasses.field(default=default, metadata={"flag": meta})
 
 
+def sample_input(help: str, *, kind: Any = str, choices: Sequence | None = None, repeat: bool = False,
+                 load: str | None = None, input: str | None = None) -> dict[str, Any]:
+    """A `difftune sample` flag that is a sampling input, declared by the feature or pipeline that takes it
+    (`Feature.flags`, `BasePipeline.sample_flags`): `input` is the input's name (default: the flag's); see `option`
+    for the rest."""
+    return {"help": help, "kind": kind, "choices": choices, "repeat": repeat, "load": load, "input": input}
+
+
+def with_sample_inputs(cls, inputs: dict[str, dict[str, Any]], group: str) -> type:
+    """`cls` (a family's options) with the sampling inputs' flags added (`difftune sample` parses them all at
+    once); a name `cls` declares already stays its own."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    extra = [(name, Any, option(None, **{k: v for k, v in spec.items() if k != "input"}, group=group, sample=True,
+                                train=False)) for name, spec in inputs.items() if name not in names]
+    return dataclasses.make_dataclass(cls.__name__, extra, bases=(cls,), frozen=True) if extra else cls
+
+
 def flag_fields(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "flag" in f.metadata]
 
@@ -110,4 +127,4 @@ def described(cls, command: str, choose: Callable[[str], bool] = lambda n: True)
 
 
 __all__ = ["BOOL", "NoOptions", "SWITCH", "add_flags", "described", "flag_fields", "from_values", "option",
-           "option_names", "parse_bool"]
+           "option_names", "parse_bool", "sample_input", "with_sample_inputs"]

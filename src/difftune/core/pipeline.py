@@ -17,8 +17,8 @@ from tqdm.auto import tqdm
 from ..errors import UserError
 from ..media.image import as_image_list
 from .batch import SAME
-from .features import ALIGNED_AUDIO, ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, compose_units, \
-    model_config, resolve_features
+from .features import ALIGNED_AUDIO, ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, \
+    compose_units, given_inputs, model_config, resolve_features
 from .target import IMAGE_TARGET, Target
 from .units import PipelineUnit, run_unit
 
@@ -221,6 +221,27 @@ class BasePipeline:
     def call_settings(cls) -> dict[str, Any]:
         """Every feature's run-time setting of the denoiser call -> its default."""
         return {k: v for feature in cls.features for k, v in feature.call_settings.items()}
+
+    # `difftune sample` flags of the pipeline's own call parameters: name -> `core.options.sample_input(...)`
+    sample_flags: Mapping[str, Mapping[str, Any]] = {}
+
+    @classmethod
+    def all_sample_flags(cls) -> dict[str, Mapping[str, Any]]:
+        """Its own and its features' `difftune sample` flags."""
+        flags = dict(cls.sample_flags)
+        for feature in cls.features:
+            for name, spec in feature.flags.items():
+                flags.setdefault(name, spec)
+        return flags
+
+    @classmethod
+    def sample_values(cls, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """`difftune sample`'s flags (image flags loaded) -> the call's inputs: its own flags given, under their
+        names, and each feature's (`Feature.sample_values`)."""
+        values = given_inputs(cls.sample_flags, flags)
+        for feature in cls.features:
+            values.update(feature.sample_values(flags))
+        return values
 
     def take_call_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """A call's feature inputs -> (values given, settings): an unknown name is a TypeError naming the known
@@ -607,6 +628,7 @@ class BasePipeline:
             value = stream.row_value(data)
             values[stream.input] = value
             values.update(stream.row_size(value))
+            values.update(stream.frame_values(data))
         row = data.get("_row")
         where = f"row {row + 1}" if isinstance(row, int) else "row ?"
         for feature in self.features:
@@ -616,10 +638,16 @@ class BasePipeline:
             feature.check_values(values, where)
         return values
 
+    # Stage 1 encodes one sample at a time: always (True), or a sample that gives a feature's inputs ("features")
+    encode_alone: bool | str = False
+
     def batch_signature(self, sample: dict[str, Any]):
-        """Stage 1 encodes samples with equal signatures as one batch (None: one at a time): the streams' sizes,
-        the features' parts (`Feature.signature`) and the noise device."""
-        return (*(s.signature(sample.get(s.column)) for s in self.target.streams),
+        """Stage 1 encodes samples with equal signatures as one batch (None: one at a time): the streams' sizes
+        and frame inputs, the features' parts (`Feature.signature`) and the noise device."""
+        if self.encode_alone is True or (self.encode_alone == "features"
+                                         and any(sample.get(n) is not None for n in self.input_kinds())):
+            return None
+        return (*(part for s in self.target.streams for part in s.row_signature(sample)),
                 *(part for f in self.features for part in f.signature(sample)), sample.get("rand_device") or "cpu")
 
     def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] = "", cfg_scale: float | None = None,

@@ -182,6 +182,27 @@ class Stream:
         """What samples encoded as one stage-1 batch must share."""
         return getattr(value, "size", value)
 
+    def row_signature(self, sample: Mapping[str, Any]) -> tuple:
+        """A sample's part of its stage-1 batch signature: its value's, and which frame inputs it gives."""
+        value = next((sample.get(c) for c in (self.clip_columns or (self.column,)) if sample.get(c) is not None),
+                     None)
+        return (self.signature(value), *(sample.get(n) is not None for n in self.frame_inputs))
+
+    def frame_values(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The row's `frame_inputs` as images: a column read as a clip gives its frame (one-line errors)."""
+        from PIL import Image
+
+        out = {}
+        for name, (_, index) in self.frame_inputs.items():
+            value = data.get(name)
+            if isinstance(value, (list, tuple)) and value and all(isinstance(f, Image.Image) for f in value):
+                value = value[index]
+            if value is not None and not isinstance(value, Image.Image):
+                raise UserError(f"row {data.get('_row', '?')}: '{name}' must be an image (an image file, or a frame "
+                                f"of the clip)")
+            out[name] = value
+        return out
+
 
 @dataclass(frozen=True, eq=False)
 class ImageStream(Stream):

@@ -44,6 +44,8 @@ class PipelineUnit:
     # How the values this unit writes batch (core/batch.py: STACK, Pad(mask), SCALAR, LIST, SAME); a cfg output
     # is named by its argument name and the rule applies to both sides. Undeclared tensors stack.
     batching: Mapping[str, Any] = {}
+    # Inputs without which the unit has nothing to do: while one is None it is skipped and writes nothing.
+    skip_without: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -98,6 +100,8 @@ def run_unit(pipe, unit: PipelineUnit, values: dict[str, Any], cfg: bool = False
     for side in sides:
         kwargs = {n: values.get(n) for n in unit.inputs}
         kwargs.update({arg: values.get(names[side]) for arg, names in unit.cfg_inputs.items()})
+        if any(kwargs.get(n) is None for n in unit.skip_without):
+            continue
         out = unit.process(view, **kwargs)
         if out is None:
             out = {}

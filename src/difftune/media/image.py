@@ -165,6 +165,23 @@ def as_image_list(images) -> list:
     return list(images) if isinstance(images, (list, tuple)) else [images]
 
 
+def per_sample_images(value, batch_size: int, name: str = "edit_image") -> list[list[Image.Image]] | None:
+    """Images per sample: an image or a list of images is every sample's; a list of lists one per sample."""
+    from ..errors import UserError
+
+    if value is None:
+        return None
+    if isinstance(value, Image.Image):
+        return [[value]] * batch_size
+    items = list(value)
+    if items and all(isinstance(i, Image.Image) for i in items):
+        return [items] * batch_size
+    if len(items) == batch_size and all(isinstance(i, (list, tuple, Image.Image)) for i in items):
+        return [[i] if isinstance(i, Image.Image) else list(i) for i in items]
+    raise UserError(f"{name} must be an image, a list of images, or one list per prompt (got "
+                    f"{type(value).__name__} for {batch_size} prompt(s))")
+
+
 def images_to_tensor(images, height: int | None = None, width: int | None = None, mode: str = "RGB") -> torch.Tensor:
     """PIL image(s) -> float tensor (B, C, H, W) in [-1, 1] (C = 3 for RGB, 4 for RGBA), resized to (height, width)
     when given."""

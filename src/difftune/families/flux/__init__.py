@@ -26,75 +26,13 @@ GROUP = "FLUX.1"
 
 @dataclass(frozen=True)
 class FluxOptions:
-    tokenizer_1_path: str | None = option(None, "The CLIP tokenizer: a directory or model_id:folder/ (default: "
-                                          "tokenizer/ beside the CLIP text encoder).", group=GROUP, sample=True)
-    tokenizer_2_path: str | None = option(None, "The T5 tokenizer: a directory or model_id:folder/ (default: "
-                                          "tokenizer_2/ beside the T5 encoder).", group=GROUP, sample=True)
     align_to_opensource_format: bool = option(False, "The reference's FLUX flag: write the LoRA in the kohya layout "
                                               "(lora_unet_double_blocks_*, lora_down/lora_up, an alpha per layer), "
                                               "as it does; the same as --lora_format kohya.", kind=SWITCH,
                                               group=GROUP)
-    nexus_gen_processor_path: str | None = option(None, "Nexus-Gen: the Qwen2.5-VL processor (default: processor/ of "
-                                                  "the Nexus-GenV2 repository).", group=GROUP, sample=True)
-    step1x_processor_path: str | None = option(None, "Step1X-Edit: the Qwen2.5-VL processor (default: the "
-                                               "Qwen2.5-VL weights' own folder).", group=GROUP, sample=True)
     insert_anything_size: int = option(INSERT_ANYTHING_SIZE, "Insert-Anything: the side of each half of the diptych "
                                        "it trains on and samples (the reference's fixed 768).", kind=int,
                                        group=GROUP, sample=True)
-    # difftune sample's inputs
-    embedded_guidance: float | None = option(None, "FLUX.1-dev's distilled guidance (default: the family's, 3.5).",
-                                             kind=float, group=GROUP, sample=True, train=False)
-    kontext_images: list | None = option(None, "FLUX.1 Kontext: a reference image (repeat for several).",
-                                         repeat=True, load="RGB", group=GROUP, sample=True, train=False)
-    controlnet_image: str | None = option(None, "A ControlNet's control image.", load="RGB", group=GROUP,
-                                          sample=True, train=False)
-    controlnet_inpaint_mask: str | None = option(None, "Inpainting-Beta ControlNet: the region to fill (light).",
-                                                 load="RGB", group=GROUP, sample=True, train=False)
-    controlnet_processor_id: str | None = option(None, "Union-alpha ControlNet: the control mode (canny, tile, depth, "
-                                                 "blur, pose, gray, lq).", group=GROUP, sample=True, train=False)
-    controlnet_scale: float | None = option(None, "The ControlNet's strength (default 1).", kind=float, group=GROUP,
-                                            sample=True, train=False)
-    flux_fill_image: str | None = option(None, "FLUX.1 Fill: the image to fill in.", load="RGB", group=GROUP,
-                                         sample=True, train=False)
-    flux_fill_mask: str | None = option(None, "FLUX.1 Fill: the region to fill (light).", load="RGB", group=GROUP,
-                                        sample=True, train=False)
-    flux_redux_image: str | None = option(None, "FLUX.1 Redux: the image whose variations to make.", load="RGB",
-                                          group=GROUP, sample=True, train=False)
-    ipadapter_images: list | None = option(None, "IP-Adapter: an image prompt (repeat for several).", repeat=True,
-                                           load="RGB", group=GROUP, sample=True, train=False)
-    ipadapter_scale: float | None = option(None, "IP-Adapter: its strength (default 1).", kind=float, group=GROUP,
-                                           sample=True, train=False)
-    infinityou_id_image: str | None = option(None, "InfiniteYou: the identity's face image (needs insightface).",
-                                             load="RGB", group=GROUP, sample=True, train=False)
-    infinityou_face_embedding: str | None = option(None, "InfiniteYou: a precomputed ArcFace embedding (.safetensors "
-                                                   "or .npy) instead of infinityou_id_image.", group=GROUP,
-                                                   sample=True, train=False)
-    eligen_entity_prompts: list | None = option(None, "EliGen: an entity's prompt (repeat; one per mask).",
-                                                repeat=True, group=GROUP, sample=True, train=False)
-    eligen_entity_masks: list | None = option(None, "EliGen: an entity's mask (repeat; one per prompt).", repeat=True,
-                                              load="RGB", group=GROUP, sample=True, train=False)
-    flex_inpaint_image: str | None = option(None, "FLEX.2: the image to inpaint.", load="RGB", group=GROUP,
-                                            sample=True, train=False)
-    flex_inpaint_mask: str | None = option(None, "FLEX.2: the region to inpaint (light).", load="RGB", group=GROUP,
-                                           sample=True, train=False)
-    flex_control_image: str | None = option(None, "FLEX.2: a control image (pose, depth, ...).", load="RGB",
-                                            group=GROUP, sample=True, train=False)
-    value_controller_inputs: float | None = option(None, "AttriCtrl: the attribute's value (e.g. brightness 0..1).",
-                                                   kind=float, group=GROUP, sample=True, train=False)
-    lora_encoder_inputs: str | None = option(None, "LoRA-Encoder: a FLUX.1 LoRA file whose tokens join the prompt.",
-                                             group=GROUP, sample=True, train=False)
-    nexus_gen_reference_image: str | None = option(None, "Nexus-Gen: the image to edit.", load="RGB", group=GROUP,
-                                                   sample=True, train=False)
-    step1x_reference_image: str | None = option(None, "Step1X-Edit: the image to edit.", load="RGB", group=GROUP,
-                                                sample=True, train=False)
-    insert_anything_source_image: str | None = option(None, "Insert-Anything: the image to insert into.", load="RGB",
-                                                      group=GROUP, sample=True, train=False)
-    insert_anything_source_mask: str | None = option(None, "Insert-Anything: where to insert (light).", load="RGB",
-                                                     group=GROUP, sample=True, train=False)
-    insert_anything_ref_image: str | None = option(None, "Insert-Anything: the image of the object.", load="RGB",
-                                                   group=GROUP, sample=True, train=False)
-    insert_anything_ref_mask: str | None = option(None, "Insert-Anything: the object in its image (light).",
-                                                  load="RGB", group=GROUP, sample=True, train=False)
 
     def __post_init__(self):
         if self.insert_anything_size < 16 or self.insert_anything_size % 16:
@@ -118,15 +56,18 @@ FAMILY = FamilySpec(
                 IPADAPTER_IMAGE_ENCODER, IMAGE_PROJ_MODEL, VALUE_CONTROLLER, LORA_ENCODER),
     tokenizers=(
         TokenizerSpec(attr="tokenizer_1", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
-                      flag="tokenizer_1_path"),
+                      flag="tokenizer_1_path", help="The CLIP tokenizer: a directory or model_id:folder/ (default: "
+                                                    "tokenizer/ beside the CLIP text encoder)."),
         TokenizerSpec(attr="tokenizer_2", slot="text_encoder_2", folder="tokenizer_2", load=load_tokenizer,
-                      flag="tokenizer_2_path"),
+                      flag="tokenizer_2_path", help="The T5 tokenizer: a directory or model_id:folder/ (default: "
+                                                    "tokenizer_2/ beside the T5 encoder)."),
         TokenizerSpec(attr="nexus_gen_processor", slot="nexus_gen", folder="processor", load=load_nexus_processor,
-                      flag="nexus_gen_processor_path"),
+                      flag="nexus_gen_processor_path", help="Nexus-Gen: the Qwen2.5-VL processor (default: "
+                                                            "processor/ of the Nexus-GenV2 repository)."),
         TokenizerSpec(attr="step1x_processor", slot="qwenvl", folder="", load=load_step1x_processor,
-                      flag="step1x_processor_path"),
+                      flag="step1x_processor_path", help="Step1X-Edit: the Qwen2.5-VL processor (default: the "
+                                                         "Qwen2.5-VL weights' own folder)."),
     ),
-    lora_prefixes={"dit": "transformer", "text_encoder": "text_encoder", "text_encoder_2": "text_encoder_2"},
     lora_target_modules=LORA_TARGET_MODULES,
     # The reference's `proj_out` reaches its single blocks' output layers only (its final layer is `final_proj_out`);
     # diffusers calls both `proj_out`, so the name keeps the reference's meaning here.

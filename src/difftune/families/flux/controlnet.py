@@ -31,6 +31,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.controlnets.controlnet import zero_module
 
 from ...core.features import IMAGE, VALUE, Feature
+from ...core.options import sample_input
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
@@ -330,6 +331,12 @@ CONTROLNET_FEATURE = _ControlNet(
     native_keys={"controlnet": controlnet_native_keys},
     inputs={"controlnet_image": IMAGE, "controlnet_inpaint_mask": IMAGE, "controlnet_processor_id": VALUE},
     call_inputs=dict.fromkeys((*COLUMNS, "controlnet_scale", "controlnet_inputs")),
+    flags={"controlnet_image": sample_input("A ControlNet's control image.", load="RGB"),
+           "controlnet_inpaint_mask": sample_input("Inpainting-Beta ControlNet: the region to fill (light).",
+                                                   load="RGB"),
+           "controlnet_processor_id": sample_input("Union-alpha ControlNet: the control mode (canny, tile, depth, "
+                                                   "blur, pose, gray, lq)."),
+           "controlnet_scale": sample_input("The ControlNet's strength (default 1).", kind=float)},
     description="a ControlNet (Union-alpha, Upscaler, Inpainting-Beta, InfiniteYou's InfuseNet)")
 
 __all__ = ["CONTROLNET", "CONTROLNET_FEATURE", "ControlNetInput", "FluxControlNetEmbedder",

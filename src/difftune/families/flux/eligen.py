@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ...core.features import IMAGES, VALUE, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
@@ -116,6 +117,9 @@ def _entities(call) -> None:
 ELIGEN = _EliGen("eligen", columns=(PROMPTS, MASKS), model_fn_inputs=ENTITY_OUTPUTS, units=(FluxEntityControl(),),
                  same_length=((PROMPTS, MASKS),),
                  inputs={PROMPTS: VALUE, MASKS: IMAGES}, call_inputs={PROMPTS: None, MASKS: None, ON_NEGATIVE: None},
+                 flags={PROMPTS: sample_input("EliGen: an entity's prompt (repeat; one per mask).", repeat=True),
+                        MASKS: sample_input("EliGen: an entity's mask (repeat; one per prompt).", repeat=True,
+                                            load="RGB")},
                  description="EliGen: entity prompts with regional attention masks")
 
 __all__ = ["ELIGEN", "FluxEntityControl", "eligen_text_and_mask"]

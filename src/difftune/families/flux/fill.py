@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from ...core.features import IMAGE, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
@@ -91,6 +92,8 @@ IMAGE_COLUMN, MASK_COLUMN = "flux_fill_image", "flux_fill_mask"
 FILL = _Fill("fill", columns=(IMAGE_COLUMN, MASK_COLUMN), model_fn_inputs=("fill_condition",),
              units=(FluxFillCondition(),), inputs={IMAGE_COLUMN: IMAGE, MASK_COLUMN: IMAGE},
              call_inputs={IMAGE_COLUMN: None, MASK_COLUMN: None},
+             flags={IMAGE_COLUMN: sample_input("FLUX.1 Fill: the image to fill in.", load="RGB"),
+                    MASK_COLUMN: sample_input("FLUX.1 Fill: the region to fill (light).", load="RGB")},
              description="FLUX.1 Fill: a masked image and its mask as condition channels")
 
 __all__ = ["FILL", "FLUX1_FILL_TRANSFORMER_CONFIG", "FluxFillCondition", "binary_mask",

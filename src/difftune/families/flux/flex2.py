@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ...core.features import IMAGE, VALUE, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
@@ -159,4 +160,7 @@ FLEX = _Flex("flex", columns=IMAGE_COLUMNS, data_inputs=IMAGE_COLUMNS + VALUE_CO
              units=(FluxFlexConditioner(),), inputs={**dict.fromkeys(IMAGE_COLUMNS, IMAGE),
                                                      **dict.fromkeys(VALUE_COLUMNS, VALUE)},
              call_inputs={**dict.fromkeys(IMAGE_COLUMNS), **CALL_DEFAULTS},
+             flags={"flex_inpaint_image": sample_input("FLEX.2: the image to inpaint.", load="RGB"),
+                    "flex_inpaint_mask": sample_input("FLEX.2: the region to inpaint (light).", load="RGB"),
+                    "flex_control_image": sample_input("FLEX.2: a control image (pose, depth, ...).", load="RGB")},
              description="FLEX.2: inpaint and control images as condition channels")

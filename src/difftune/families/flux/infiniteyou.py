@@ -30,6 +30,7 @@ from diffusers.models.embeddings import IPAdapterPlusImageProjection
 from PIL import Image
 
 from ...core.features import IMAGE, VALUE, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
@@ -303,6 +304,9 @@ INFINITEYOU = _InfiniteYou(
     model_fn_inputs=("infinityou_face_embeds", "infinityou_guidance"), data_inputs=INPUTS,
     units=(FluxInfiniteYouEmbedder(),), slots=("image_proj_model",), loss_models=("image_proj_model",),
     inputs={INPUTS[0]: IMAGE, INPUTS[1]: VALUE, INPUTS[2]: VALUE}, call_inputs=dict.fromkeys(INPUTS),
+    flags={INPUTS[0]: sample_input("InfiniteYou: the identity's face image (needs insightface).", load="RGB"),
+           INPUTS[1]: sample_input("InfiniteYou: a precomputed ArcFace embedding (.safetensors or .npy) instead of "
+                                   "infinityou_id_image.")},
     description="InfiniteYou: a face embedding's tokens as the InfuseNet ControlNet's prompt")
 
 __all__ = ["INFINITEYOU", "FluxInfiniteYouEmbedder", "IMAGE_PROJ_MODEL", "InfiniteYouImageProjection",

@@ -21,6 +21,7 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 from ...core.features import IMAGE, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from .fill import IMAGE_COLUMN as FILL_IMAGE, MASK_COLUMN as FILL_MASK
@@ -232,6 +233,10 @@ INSERT_ANYTHING = _InsertAnything(
     "insert_anything", columns=INPUTS[:1], requires=("fill", "redux"), data_inputs=INPUTS,
     units=(FluxInsertAnything(),), inputs=dict.fromkeys(INPUTS, IMAGE),
     call_inputs={**dict.fromkeys(INPUTS), "insert_anything_size": None},
+    flags={INPUTS[0]: sample_input("Insert-Anything: the image to insert into.", load="RGB"),
+           INPUTS[1]: sample_input("Insert-Anything: where to insert (light).", load="RGB"),
+           INPUTS[2]: sample_input("Insert-Anything: the image of the object.", load="RGB"),
+           INPUTS[3]: sample_input("Insert-Anything: the object in its image (light).", load="RGB")},
     description="Insert-Anything: a reference object inserted by Fill + Redux on a diptych")
 
 __all__ = ["INSERT_ANYTHING", "Crop", "FluxInsertAnything", "SIZE", "paste_back", "prepare"]

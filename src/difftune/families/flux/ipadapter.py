@@ -27,6 +27,7 @@ from PIL import Image
 from torch import nn
 
 from ...core.features import IMAGES, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
@@ -205,10 +206,9 @@ class FluxIPAdapterImageEncoder(PipelineUnit):
     outputs = ("ipadapter_image_embeds", "negative_ipadapter_image_embeds", "ipadapter_scale")
     models = ("ipadapter_image_encoder",)
     batching = {"ipadapter_scale": "same"}
+    skip_without = ("ipadapter_images",)
 
     def process(self, pipe, ipadapter_images, ipadapter_scale, batch_size):
-        if ipadapter_images is None:
-            return {}
         per_sample = _per_sample_images(ipadapter_images, int(batch_size or 1))
         if len({len(s) for s in per_sample}) > 1:
             raise UserError("ipadapter_images: samples of one batch have different numbers of images "
@@ -243,6 +243,9 @@ IPADAPTER_FEATURE = _IPAdapter(
     model_fn_inputs=("ipadapter_image_embeds", "ipadapter_scale"), units=(FluxIPAdapterImageEncoder(),),
     slots=("ipadapter", "ipadapter_image_encoder"), loss_models=("ipadapter",), inputs={"ipadapter_images": IMAGES},
     call_inputs={"ipadapter_images": None, "ipadapter_scale": None},
+    flags={"ipadapter_images": sample_input("IP-Adapter: an image prompt (repeat for several).", repeat=True,
+                                             load="RGB"),
+           "ipadapter_scale": sample_input("IP-Adapter: its strength (default 1).", kind=float)},
     description="InstantX's IP-Adapter: SigLIP features attended in every block")
 
 __all__ = ["IPADAPTER_FEATURE", "FluxIPAdapter", "FluxIPAdapterImageEncoder", "IPADAPTER", "IPADAPTER_IMAGE_ENCODER",

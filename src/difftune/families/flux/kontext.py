@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from ...core.features import IMAGES, Feature
+from ...core.options import sample_input
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
 from ...errors import UserError
@@ -54,10 +55,9 @@ class FluxKontextEmbedder(PipelineUnit):
     outputs = ("kontext_latents", "kontext_ids")
     models = ("vae",)
     feature = "kontext"
+    skip_without = ("kontext_images",)
 
     def process(self, pipe, kontext_images, batch_size):
-        if kontext_images is None:
-            return {}
         b = int(batch_size or 1)
         per_sample, shared = _kontext_per_sample(kontext_images, b)
         counts = {len(s) for s in per_sample}
@@ -95,6 +95,8 @@ class _Kontext(Feature):
 
 KONTEXT = _Kontext("kontext", columns=(COLUMN,), model_fn_inputs=("kontext_latents", "kontext_ids"),
                    units=(FluxKontextEmbedder(),), inputs={COLUMN: IMAGES}, call_inputs={COLUMN: None},
+                   flags={COLUMN: sample_input("FLUX.1 Kontext: a reference image (repeat for several).", repeat=True,
+                                                load="RGB")},
                    description="FLUX.1 Kontext: reference images' tokens beside the image's")
 
 __all__ = ["FluxKontextEmbedder", "KONTEXT", "kontext_ids"]

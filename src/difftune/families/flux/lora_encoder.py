@@ -23,6 +23,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from ...core.features import VALUE, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
@@ -296,10 +297,9 @@ class FluxLoRAEncoderInputs(PipelineUnit):
     inputs = ("lora_encoder_inputs", "batch_size")
     outputs = ("lora_encoder_loras",)
     batching = {"lora_encoder_loras": "list"}
+    skip_without = ("lora_encoder_inputs",)
 
     def process(self, pipe, lora_encoder_inputs, batch_size):
-        if lora_encoder_inputs is None:
-            return {}
         per_sample = _per_sample(lora_encoder_inputs, int(batch_size or 1))
         return {"lora_encoder_loras": [[read_lora_for_encoder(_path(p)) for p in paths] for paths in per_sample]}
 
@@ -314,10 +314,9 @@ class FluxLoRAEncoderEmbedder(PipelineUnit):
     inputs = ("lora_encoder_loras", "lora_encoder_scale")
     outputs = ("lora_encoder_embeds", "negative_lora_encoder_embeds")
     models = ("lora_encoder",)
+    skip_without = ("lora_encoder_loras",)
 
     def process(self, pipe, lora_encoder_loras, lora_encoder_scale):
-        if lora_encoder_loras is None:
-            return {}
         encoder = pipe.lora_encoder
         tokens = [torch.cat([encoder(lora) for lora in loras], dim=1) for loras in lora_encoder_loras]
         if len({t.shape for t in tokens}) > 1:
@@ -350,4 +349,5 @@ LORA_ENCODER_FEATURE = _LoRAEncoder(
     "lora_encoder", columns=INPUTS[:1], models=("lora_encoder",), model_fn_inputs=("lora_encoder_embeds",),
     data_inputs=INPUTS, units=(FluxLoRAEncoderInputs(), FluxLoRAEncoderEmbedder()), slots=("lora_encoder",),
     inputs=dict.fromkeys(INPUTS, VALUE), call_inputs=dict.fromkeys(INPUTS),
+    flags={INPUTS[0]: sample_input("LoRA-Encoder: a FLUX.1 LoRA file whose tokens join the prompt.")},
     description="LoRA-Encoder: a LoRA file's tokens after the prompt")

@@ -16,6 +16,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from ...core.features import IMAGE, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
@@ -348,7 +349,7 @@ class NexusGenEmbedder(PipelineUnit):
 
     def process(self, pipe, prompt, nexus_gen_reference_image, height, width):
         from ...media.image import as_image_list
-        from .units import _prompts
+        from ...core.common_units import prompt_list
 
         if nexus_gen_reference_image is None:
             raise UserError("Nexus-Gen editing needs nexus_gen_reference_image (--data_file_keys "
@@ -356,7 +357,7 @@ class NexusGenEmbedder(PipelineUnit):
         processor = getattr(pipe, "nexus_gen_processor", None)
         if processor is None:
             raise UserError("Nexus-Gen: no processor (the processor/ folder of DiffSynth-Studio/Nexus-GenV2)")
-        prompts, images = _prompts(prompt), as_image_list(nexus_gen_reference_image)
+        prompts, images = prompt_list(prompt), as_image_list(nexus_gen_reference_image)
         images = images * len(prompts) if len(images) == 1 else images
         tokens, ids = [], []
         for p, image in zip(prompts, images):
@@ -389,4 +390,5 @@ class _NexusGen(Feature):
 NEXUS_GEN = _NexusGen("nexus_gen", columns=(COLUMN,), models=("nexus_gen",), model_fn_inputs=("txt_ids",),
                       units=(NexusGenEmbedder(),), slots=("nexus_gen", "nexus_gen_editing_adapter"),
                       inputs={COLUMN: IMAGE}, call_inputs={COLUMN: None},
+                      flags={COLUMN: sample_input("Nexus-Gen: the image to edit.", load="RGB")},
                       description="Nexus-Gen editing: Qwen2.5-VL's predicted image embeddings as the prompt")

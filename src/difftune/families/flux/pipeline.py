@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ...core.batch import SAME
 from ...core.features import RunContext
+from ...core.options import sample_input
 from ...core.pipeline import BasePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
@@ -58,6 +59,8 @@ class FluxBasePipeline(BasePipeline):
     target = Target((ImageStream(channels=16, scale=8, patch=2, division=DIVISION_FACTOR, decoder=vae_decode),))
 
     call_parameters = {"embedded_guidance": CALL_DEFAULTS["embedded_guidance"]}  # FluxPipeline's guidance_scale
+    sample_flags = {"embedded_guidance": sample_input("FLUX.1-dev's distilled guidance (default: the family's, "
+                                                      "3.5).", kind=float)}
     training_values = {"embedded_guidance": TRAINING_GUIDANCE}
     scheduler_config, training_mu = SCHEDULER_CONFIG, TRAINING_MU  # mu from the size; trained at the reference's ln 3
     base_units = (FluxShapeChecker, FluxNoiseInitializer, FluxInputImageEmbedder, FluxClipEmbedder, FluxT5Embedder,
@@ -83,13 +86,6 @@ class FluxBasePipeline(BasePipeline):
         return model_fn_flux(self.dit, latents, timestep, prompt_embeds, pooled_prompt_embeds, guidance,
                              default_guidance=self.call_defaults["embedded_guidance"], pipe=self,
                              features=self.features, **inputs)
-
-    def training_inputs(self, data):
-        """The base row, with every feature's columns the row has by kind: a feature's image column that no flag
-        loads reaches here as text and is refused in one line, not ignored."""
-        values = super().training_inputs(data)
-        values.update(self.feature_data(data))
-        return values
 
     def negative_name(self, name: str) -> str:
         """Values with a negative version written beside them by one unit (IP-Adapter's zero features, LoRA-Encoder's

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ...core.features import IMAGE, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list
@@ -86,6 +87,7 @@ REDUX = Feature("redux", columns=(COLUMN,), models=("flux_redux_image_encoder", 
                     units=(FluxReduxPromptEmbedder(),),
                     slots=("flux_redux_image_encoder", "flux_redux_image_embedder"), inputs={COLUMN: IMAGE},
                     call_inputs={COLUMN: None},
+                    flags={COLUMN: sample_input("FLUX.1 Redux: the image whose variations to make.", load="RGB")},
                     description="FLUX.1 Redux: an image's SigLIP tokens in place of the prompt")
 
 

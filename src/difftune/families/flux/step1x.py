@@ -19,6 +19,7 @@ from diffusers.models.modeling_utils import ModelMixin
 
 from PIL import Image
 
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec, strip_comfyui_prefix
@@ -263,7 +264,7 @@ class Step1XEmbedder(PipelineUnit):
     def process(self, pipe, prompt, negative_prompt, step1x_reference_image, height, width):
         from ...media.image import as_image_list, images_to_tensor
         from ...parts.flux_ae import vae_encode
-        from .units import _prompts
+        from ...core.common_units import prompt_list
 
         if step1x_reference_image is None:
             raise UserError("Step1X-Edit needs a reference image: the data column step1x_reference_image "
@@ -272,7 +273,7 @@ class Step1XEmbedder(PipelineUnit):
         if processor is None:
             raise UserError("Step1X-Edit: no Qwen2.5-VL processor (the Qwen/Qwen2.5-VL-7B-Instruct folder beside "
                             "the weights, or --step1x_processor_path)")
-        prompts = _prompts(prompt)
+        prompts = prompt_list(prompt)
         images = as_image_list(step1x_reference_image)
         images = images * len(prompts) if len(images) == 1 else images
         if len(images) != len(prompts):
@@ -286,7 +287,7 @@ class Step1XEmbedder(PipelineUnit):
         out = dict(zip(("step1x_llm_embedding", "step1x_mask"), embed(prompts)))
         if negative_prompt is not None:
             out.update(zip(("negative_step1x_llm_embedding", "negative_step1x_mask"),
-                           embed(_prompts(negative_prompt))))
+                           embed(prompt_list(negative_prompt))))
         # the reference image keeps its own size (the reference does not resize it), floored to 16
         w, h = (s // 16 * 16 for s in images[0].size)
         out["step1x_reference_latents"] = vae_encode(pipe, images_to_tensor(images, h, w))
@@ -330,6 +331,7 @@ class Step1XEditPipeline(FluxBasePipeline):
     model_fn_inputs = ("step1x_llm_embedding", "step1x_mask", "step1x_reference_latents")
     sampling_values = ()
     data_inputs = ("image", "prompt", "seed", "num_inference_steps", "height", "width", "step1x_reference_image")
+    sample_flags = {"step1x_reference_image": sample_input("Step1X-Edit: the image to edit.", load="RGB")}
     loss_models = ("dit", "step1x_connector")  # the connector runs at every step
     call_defaults = STEP1X_CALL_DEFAULTS
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from ...core.latents import seeded_noise
-from ...core.common_units import InputImageEmbedder, ShapeChecker
+from ...core.common_units import EmbeddedGuidance, InputImageEmbedder, PromptEmbedder, ShapeChecker
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_encode
@@ -16,10 +16,6 @@ from ...parts.flux_ae import LATENT_CHANNELS, VAE_SCALE, vae_encode
 DIVISION_FACTOR = 16  # VAE x8, then 2x2 patches
 CLIP_MAX_LENGTH = 77
 T5_MAX_LENGTH = 512
-
-
-def _prompts(prompt) -> list[str]:
-    return [prompt] if isinstance(prompt, str) else ["" if p is None else p for p in prompt]
 
 
 def clip_pooled(pipe, prompts: list[str]) -> torch.Tensor:
@@ -59,44 +55,26 @@ class FluxInputImageEmbedder(InputImageEmbedder):
     encode = staticmethod(vae_encode)
 
 
-class FluxClipEmbedder(PipelineUnit):
+class FluxClipEmbedder(PromptEmbedder):
     """The pooled CLIP embedding of the prompt (diffusers' encode_prompt, first half). A unit of its own so
     that training one text encoder moves only its unit to stage 2 (T5-XXL stays in stage 1)."""
 
-    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
     cfg_outputs = {"pooled_prompt_embeds": ("pooled_prompt_embeds", "negative_pooled_prompt_embeds")}
-    models = ("text_encoder",)
 
-    def process(self, pipe, prompt):
-        if prompt is None:
-            return {}
-        return {"pooled_prompt_embeds": clip_pooled(pipe, _prompts(prompt)).to(pipe.torch_dtype)}
+    def embed(self, pipe, prompts):
+        return {"pooled_prompt_embeds": clip_pooled(pipe, prompts).to(pipe.torch_dtype)}
 
 
-class FluxT5Embedder(PipelineUnit):
+class FluxT5Embedder(PromptEmbedder):
     """The T5 token embeddings of the prompt, padded to 512 tokens (diffusers' encode_prompt, second half)."""
 
-    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
-    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds")}
     models = ("text_encoder_2",)
 
-    def process(self, pipe, prompt):
-        if prompt is None:
-            return {}
-        return {"prompt_embeds": t5_hidden(pipe, _prompts(prompt)).to(pipe.torch_dtype)}
+    def embed(self, pipe, prompts):
+        return {"prompt_embeds": t5_hidden(pipe, prompts).to(pipe.torch_dtype)}
 
 
-class FluxEmbeddedGuidance(PipelineUnit):
+class FluxEmbeddedGuidance(EmbeddedGuidance):
     """FLUX.1-dev's distilled guidance, one value per sample (the transformer ignores it without a guidance
     embedder, e.g. schnell)."""
 
-    inputs = ("embedded_guidance", "batch_size")
-    outputs = ("guidance",)
-
-    def process(self, pipe, embedded_guidance, batch_size):
-        if isinstance(embedded_guidance, (list, tuple)):
-            values = [float(g) for g in embedded_guidance]
-        else:
-            g = pipe.call_defaults["embedded_guidance"] if embedded_guidance is None else float(embedded_guidance)
-            values = [g] * int(batch_size or 1)
-        return {"guidance": torch.tensor(values, dtype=torch.float32, device=pipe.device)}

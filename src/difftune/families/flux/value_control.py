@@ -18,6 +18,7 @@ from diffusers.models.embeddings import get_timestep_embedding
 from diffusers.models.modeling_utils import ModelMixin
 
 from ...core.features import VALUE, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...models.detect import ComponentSpec
@@ -115,10 +116,9 @@ class FluxValueControlEmbedder(PipelineUnit):
     inputs = ("value_controller_inputs", "batch_size")
     outputs = ("value_embeds",)
     models = ("value_controller",)
+    skip_without = ("value_controller_inputs",)
 
     def process(self, pipe, value_controller_inputs, batch_size):
-        if value_controller_inputs is None:
-            return {}
         b = int(batch_size or 1)
         per_sample = value_controller_inputs if isinstance(value_controller_inputs, list) and \
             len(value_controller_inputs) == b and b > 1 else [value_controller_inputs] * b
@@ -151,4 +151,6 @@ VALUE_CONTROL = _ValueControl(
     # the reference's trained files. Both load back (`value_controller_key`).
     native_keys={"value_controller": value_controller_native_keys},
     inputs={"value_controller_inputs": VALUE}, call_inputs={"value_controller_inputs": None},
+    flags={"value_controller_inputs": sample_input("AttriCtrl: the attribute's value (e.g. brightness 0..1).",
+                                                   kind=float)},
     description="AttriCtrl: a value's tokens after the prompt")

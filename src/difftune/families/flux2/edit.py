@@ -18,9 +18,10 @@ from PIL import Image
 
 from ...core.batch import LIST
 from ...core.features import IMAGES, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...media.image import images_to_tensor
+from ...media.image import images_to_tensor, per_sample_images
 from .latents import image_ids, vae_encode
 
 EDIT_AREA = 1024 * 1024
@@ -46,21 +47,6 @@ def resize_edit_image(image: Image.Image, auto_resize) -> Image.Image:
     return image.crop((left, top, left + w, top + h)) if (w, h) != image.size else image
 
 
-def edit_image_lists(edit_image, batch_size: int) -> list[list[Image.Image]] | None:
-    """Edit images per sample: an image or a list of images is every sample's; a list of lists one per sample."""
-    if edit_image is None:
-        return None
-    if isinstance(edit_image, Image.Image):
-        return [[edit_image]] * batch_size
-    items = list(edit_image)
-    if items and all(isinstance(i, Image.Image) for i in items):
-        return [items] * batch_size
-    if len(items) == batch_size and all(isinstance(i, (list, tuple, Image.Image)) for i in items):
-        return [[i] if isinstance(i, Image.Image) else list(i) for i in items]
-    raise UserError(f"edit_image must be an image, a list of images, or one list per prompt (got "
-                    f"{type(edit_image).__name__} for {batch_size} prompt(s))")
-
-
 class Flux2EditImageEmbedder(PipelineUnit):
     """Each edit image, resized as the reference does, VAE-encoded at its own size: per sample, a list of
     (128, h, w) normalised patch latents."""
@@ -72,7 +58,7 @@ class Flux2EditImageEmbedder(PipelineUnit):
     batching = {"edit_latents": LIST}
 
     def process(self, pipe, edit_image, edit_image_auto_resize, batch_size):
-        per_sample = edit_image_lists(edit_image, int(batch_size or 1))
+        per_sample = per_sample_images(edit_image, int(batch_size or 1))
         if per_sample is None:
             return {}
         encoded = {}
@@ -89,6 +75,11 @@ class Flux2EditImageEmbedder(PipelineUnit):
 
 
 class _Edit(Feature):
+    def sample_values(self, flags):
+        """Edit images, with the family's --edit_image_auto_resize."""
+        edit = flags.get("edit_image")
+        return {"edit_image": edit, "edit_image_auto_resize": bool(flags["edit_image_auto_resize"])} if edit else {}
+
     def denoise(self, pipe, call):
         per_sample = call.values.get("edit_latents")
         shapes = {tuple(tuple(lat.shape) for lat in row) for row in per_sample}
@@ -103,6 +94,8 @@ class _Edit(Feature):
 
 EDIT = _Edit("edit", columns=("edit_image",), model_fn_inputs=("edit_latents",), units=(Flux2EditImageEmbedder(),),
              inputs={"edit_image": IMAGES}, call_inputs={"edit_image": None, "edit_image_auto_resize": None},
+             flags={"edit_image": sample_input("An edit (reference) image; repeat it for several.", repeat=True,
+                                               load="RGB")},
              description="edit images: VAE latents the DiT attends to beside the target's")
 
 __all__ = ["EDIT", "Flux2EditImageEmbedder", "auto_size", "resize_edit_image"]

@@ -7,6 +7,7 @@ images beside the target).
 
 from __future__ import annotations
 
+from ...core.options import sample_input
 from ...core.pipeline import PromptImagePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
@@ -43,6 +44,8 @@ class Flux2Pipeline(PromptImagePipeline):
     # `cfg_scale` is the reference's (nega + s * (posi - nega)), which is diffusers' `guidance_scale` of the klein
     # base models; `embedded_guidance` is Flux2Pipeline's `guidance_scale` (dev's distilled guidance), 1 in training.
     call_parameters = {"embedded_guidance": CALL_DEFAULTS["embedded_guidance"]}
+    sample_flags = {"embedded_guidance": sample_input("FLUX.2-dev's distilled guidance (default: the family's, 4; "
+                                                      "klein has none).", kind=float)}
     training_values = {"embedded_guidance": TRAINING_GUIDANCE}
     target = Target((ImageStream(channels=LATENT_CHANNELS, scale=VAE_SCALE, patch=1,
                                  division=DIVISION_FACTOR, decoder=vae_decode),))

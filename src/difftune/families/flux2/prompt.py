@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ...core.units import PipelineUnit
+from ...core.common_units import PromptEmbedder
 from ...errors import UserError
 
 MAX_SEQUENCE_LENGTH = 512
@@ -54,17 +54,10 @@ def encode_prompts(pipe, prompts: list[str]) -> torch.Tensor:
     return hidden.permute(0, 2, 1, 3).reshape(b, length, n * d).to(pipe.torch_dtype)
 
 
-class Flux2PromptEmbedder(PipelineUnit):
+class Flux2PromptEmbedder(PromptEmbedder):
     """The prompt through the text encoder (Qwen3 for klein, Mistral-3 for dev)."""
 
-    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
-    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds")}
-    models = ("text_encoder",)
-
-    def process(self, pipe, prompt):
-        if prompt is None:
-            return {}
-        prompts = [prompt] if isinstance(prompt, str) else ["" if p is None else str(p) for p in prompt]
+    def embed(self, pipe, prompts):
         return {"prompt_embeds": encode_prompts(pipe, prompts)}
 
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from ...core.common_units import InputImageEmbedder, NoiseInitializer, ShapeChecker
-from ...core.units import PipelineUnit
+from ...core.common_units import EmbeddedGuidance, InputImageEmbedder, NoiseInitializer, ShapeChecker
 from .latents import VAE_SCALE, vae_encode
 
 DIVISION_FACTOR = VAE_SCALE
@@ -24,20 +21,10 @@ class Flux2InputImageEmbedder(InputImageEmbedder):
     encode = staticmethod(vae_encode)
 
 
-class Flux2EmbeddedGuidance(PipelineUnit):
+class Flux2EmbeddedGuidance(EmbeddedGuidance):
     """FLUX.2-dev's distilled guidance, one value per sample (klein's DiT has no guidance embedder and ignores it).
     Training feeds the reference's 1.0; sampling the family's default (4.0) or the caller's."""
 
-    inputs = ("embedded_guidance", "batch_size")
-    outputs = ("guidance",)
-
-    def process(self, pipe, embedded_guidance, batch_size):
-        if isinstance(embedded_guidance, (list, tuple)):
-            values = [float(g) for g in embedded_guidance]
-        else:
-            g = pipe.call_defaults["embedded_guidance"] if embedded_guidance is None else float(embedded_guidance)
-            values = [g] * int(batch_size or 1)
-        return {"guidance": torch.tensor(values, dtype=torch.float32, device=pipe.device)}
 
 
 __all__ = ["DIVISION_FACTOR", "Flux2EmbeddedGuidance", "Flux2InputImageEmbedder", "Flux2NoiseInitializer",

@@ -1,34 +1,18 @@
 """The Ideogram-4 family (the bf16 repackage and ideogram-ai's releases): its spec, found by the family scan."""
 
-from dataclasses import dataclass
-
-from ...core.family import FamilySpec, TokenizerSpec
-from ...core.options import option
-from ...models.load import load_tokenizer
+from ...core.family import FamilySpec, text_tokenizer
 from .components import COMPONENTS, LORA_TARGET_ALIASES, LORA_TARGET_MODULES, original_dit_keys
 from .lora_names import convert_original_named_lora, ideogram4_lora_export_notes, original_lora_from_diffusers
 from .pipeline import Ideogram4Pipeline
-
-GROUP = "Ideogram-4"
-
-
-@dataclass(frozen=True)
-class Ideogram4Options:
-    tokenizer_path: str | None = option(None, "Tokenizer directory or model_id:folder/ (default: tokenizer/ beside "
-                                        "the text encoder, else ideogram-ai/ideogram-4-fp8:tokenizer/).", group=GROUP,
-                                        sample=True)
 
 
 FAMILY = FamilySpec(
     name="ideogram4",
     pipeline=Ideogram4Pipeline,
     components=COMPONENTS,
-    tokenizers=(
-        # the reference's default when a command names none
-        TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
-                      flag="tokenizer_path", default="ideogram-ai/ideogram-4-fp8:tokenizer/"),
-    ),
-    lora_prefixes={"dit": "transformer", "dit_uncond": "unconditional_transformer", "text_encoder": "text_encoder"},
+    # the reference's default when a command names none
+    tokenizers=(text_tokenizer("tokenizer_path", "ideogram-ai/ideogram-4-fp8:tokenizer/"),),
+    lora_prefixes={"dit": "transformer", "dit_uncond": "unconditional_transformer"},
     lora_target_modules=LORA_TARGET_MODULES,
     lora_target_aliases={"dit": LORA_TARGET_ALIASES, "dit_uncond": LORA_TARGET_ALIASES},
     lora_converters=(convert_original_named_lora,),
@@ -39,7 +23,6 @@ FAMILY = FamilySpec(
     lora_default_format="diffusers",
     lora_export_notes=ideogram4_lora_export_notes,
     full_native_keys={"dit": original_dit_keys, "dit_uncond": original_dit_keys},
-    options=Ideogram4Options,
     description="Ideogram-4 (diffusers Ideogram4Transformer2DModel, conditional and unconditional; Qwen3-VL-8B; "
                 "FLUX.2 autoencoder)",
 )

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ...core.batch import Pad
-from ...core.common_units import InputImageEmbedder, ShapeChecker
+from ...core.common_units import InputImageEmbedder, PaddedPromptEmbedder, ShapeChecker
 from ...core.latents import seeded_noise
 from ...core.units import PipelineUnit
 from ...errors import UserError
@@ -106,26 +105,16 @@ def text_features(pipe, prompt: str) -> torch.Tensor:
     return torch.stack([captured[i][0] for i in ACTIVATION_LAYERS], dim=-1).flatten(1).float()
 
 
-class Ideogram4PromptEmbedder(PipelineUnit):
+class Ideogram4PromptEmbedder(PaddedPromptEmbedder):
     """Each prompt's text features (B, L, D), right-padded with a mask. The unconditional side of guidance reads no
     prompt (Ideogram-4 has no negative prompt: an unconditional DiT, or the DiT with no text, makes it): its value is
     None, which `model_fn` runs as the image-only sequence."""
 
     cfg_inputs = {"prompt": ("prompt", "unconditional_prompt")}
-    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds"),
-                   "prompt_embeds_mask": ("prompt_embeds_mask", "negative_prompt_embeds_mask")}
-    models = ("text_encoder",)
-    batching = {"prompt_embeds": Pad("prompt_embeds_mask")}
+    empty = {"prompt_embeds": None, "prompt_embeds_mask": None}
 
-    def process(self, pipe, prompt):
-        if prompt is None:
-            return {"prompt_embeds": None, "prompt_embeds_mask": None}
-        prompts = [prompt] if isinstance(prompt, str) else ["" if p is None else str(p) for p in prompt]
-        rows = [text_features(pipe, p) for p in prompts]
-        length = max(r.shape[0] for r in rows)
-        embeds = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, length - r.shape[0])) for r in rows])
-        mask = torch.stack([torch.arange(length) < r.shape[0] for r in rows]).long().to(embeds.device)
-        return {"prompt_embeds": embeds.to(pipe.torch_dtype), "prompt_embeds_mask": mask}
+    def rows(self, pipe, prompts):
+        return [text_features(pipe, p) for p in prompts]
 
 
 __all__ = ["ACTIVATION_LAYERS", "DIVISION_FACTOR", "Ideogram4InputImageEmbedder", "Ideogram4NoiseInitializer",

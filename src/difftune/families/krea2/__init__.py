@@ -3,9 +3,8 @@
 import os
 from dataclasses import dataclass
 
-from ...core.family import FamilySpec, TokenizerSpec
+from ...core.family import FamilySpec, text_tokenizer
 from ...core.options import SWITCH, option
-from ...models.load import load_tokenizer
 from .components import COMPONENTS, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, original_dit_keys
 from .lora import convert_original_krea2_lora, krea2_lora_native_names
 from .pipeline import Krea2Pipeline
@@ -21,9 +20,6 @@ class Krea2Options:
                                               "names behind transformer. (its 'open-source' format), which is "
                                               "difftune's default file; the same as --lora_format diffusers.",
                                               kind=SWITCH, group=GROUP)
-    shift_mu: float | None = option(None, "difftune sample: a fixed time shift mu (Krea-2-Turbo: 1.15, with 8 "
-                                    "steps and --cfg_scale 1); default: from the image size (Raw).", kind=float,
-                                    group=GROUP, sample=True, train=False)
 
     def __post_init__(self):
         # The reference names Qwen3-VL's repository root ("Qwen/Qwen3-VL-4B-Instruct:"), where the tokenizer sits
@@ -36,9 +32,6 @@ class Krea2Options:
         """(the LoRA layout these flags ask for, the flag), or None: --lora_format decides."""
         return ("diffusers", "--align_to_opensource_format") if self.align_to_opensource_format else None
 
-    def call_inputs(self, images: dict) -> dict:
-        return {"mu": self.shift_mu} if self.shift_mu is not None else {}
-
 
 FAMILY = FamilySpec(
     name="krea2",
@@ -46,10 +39,8 @@ FAMILY = FamilySpec(
     components=COMPONENTS,
     tokenizers=(
         # Qwen3-VL keeps its tokenizer beside its weights; the reference's default is that repository's root
-        TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="", load=load_tokenizer,
-                      flag="tokenizer_path", default="Qwen/Qwen3-VL-4B-Instruct:tokenizer.json"),
+        text_tokenizer("tokenizer_path", "Qwen/Qwen3-VL-4B-Instruct:tokenizer.json", folder=""),
     ),
-    lora_prefixes={"dit": "transformer", "text_encoder": "text_encoder"},
     lora_target_modules=LORA_TARGET_MODULES,
     lora_target_aliases={"dit": REFERENCE_LORA_TARGETS},
     lora_converters=(convert_original_krea2_lora,),

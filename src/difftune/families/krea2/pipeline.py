@@ -9,6 +9,7 @@ the call and the stage-1 batches are the base pipeline's, from its target (image
 from __future__ import annotations
 
 from ...core.batch import SAME
+from ...core.options import sample_input
 from ...core.pipeline import PromptImagePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
@@ -29,6 +30,8 @@ class Krea2Pipeline(PromptImagePipeline):
     input_batching = {"height": SAME, "width": SAME, "rand_device": SAME}
     call_defaults = CALL_DEFAULTS
     call_parameters = {"mu": None}  # a fixed time shift (Turbo: 1.15); None: from the image size (Raw)
+    sample_flags = {"shift_mu": sample_input("A fixed time shift mu (Krea-2-Turbo: 1.15, with 8 steps and --cfg_scale "
+                                             "1); default: from the image size (Raw).", kind=float, input="mu")}
     target = Target((ImageStream(channels=LATENT_CHANNELS, scale=VAE_SCALE, patch=2,
                                  division=DIVISION_FACTOR, decoder=vae_decode),))
     scheduler_config, training_mu = SCHEDULER_CONFIG, TRAINING_MU  # dynamic shift, trained at the reference's 0.8

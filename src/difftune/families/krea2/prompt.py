@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ...core.batch import Pad
-from ...core.units import PipelineUnit
+from ...core.common_units import PaddedPromptEmbedder
 from ...errors import UserError
 from .components import TEXT_LAYERS
 
@@ -61,18 +60,9 @@ def real_tokens(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
     return embeds, keep
 
 
-class Krea2PromptEmbedder(PipelineUnit):
+class Krea2PromptEmbedder(PaddedPromptEmbedder):
     """The prompt through Qwen3-VL: 12 tapped hidden states per real token and the mask of real tokens."""
 
-    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
-    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds"),
-                   "prompt_embeds_mask": ("prompt_embeds_mask", "negative_prompt_embeds_mask")}
-    models = ("text_encoder",)
-    batching = {"prompt_embeds": Pad("prompt_embeds_mask")}  # prompts of a batch differ in length
-
-    def process(self, pipe, prompt):
-        if prompt is None:
-            return {}
-        prompts = [prompt] if isinstance(prompt, str) else ["" if p is None else str(p) for p in prompt]
+    def embed(self, pipe, prompts):
         hidden, mask = real_tokens(*text_hidden_states(pipe, prompts))
         return {"prompt_embeds": hidden.to(pipe.torch_dtype), "prompt_embeds_mask": mask.long()}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ...core.features import RAW, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...media.image import as_image_list, images_to_tensor
 from .encoding import vae_encode
@@ -21,10 +22,9 @@ class QwenImageContextImageEmbedder(PipelineUnit):
     models = ("vae",)
     feature = "context"
     before = ("QwenImagePromptEmbedder",)  # the family encodes prompts after every image
+    skip_without = ("context_image",)
 
     def process(self, pipe, context_image, height, width):
-        if context_image is None:
-            return {}
         return {"context_latents": self.encode(pipe, as_image_list(context_image), height, width)}
 
     @staticmethod
@@ -50,4 +50,5 @@ class _Context(Feature):
 CONTEXT = _Context("context", columns=("context_image",), model_fn_inputs=("context_latents",),
                    units=(QwenImageContextImageEmbedder(),), inputs={"context_image": RAW},
                    call_inputs={"context_image": None},
+                   flags={"context_image": sample_input("In-Context control: the control image.", load="RGB")},
                    description="In-Context control: a control image's tokens beside the image's")

@@ -20,6 +20,7 @@ from PIL import Image
 
 from ...core.batch import LIST
 from ...core.features import RAW, Feature
+from ...core.options import SWITCH, sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import as_image_list, images_to_tensor
@@ -162,10 +163,9 @@ class QwenImageEditImageEmbedder(PipelineUnit):
     feature = "edit"
     before = ("QwenImagePromptEmbedder",)  # the family encodes prompts after every image
     batching = {"edit_latents": LIST}  # Edit-Plus: a list of latents per sample
+    skip_without = ("edit_image",)
 
     def process(self, pipe, edit_image, edit_image_auto_resize, batch_size):
-        if edit_image is None:
-            return {}
         groups = edit_groups(edit_image, batch_size)
         if groups is not None:  # Edit-Plus: each image at its own size; the originals stay for the prompt
             return {"edit_latents": encode_edit_groups(pipe, groups, edit_image_auto_resize)}
@@ -186,10 +186,9 @@ class QwenImageEditPromptEmbedder(QwenImagePromptEmbedder):
     inputs = ("edit_image",)
     feature = "edit"
     replaces = ("QwenImagePromptEmbedder",)
+    skip_without = ("prompt",)
 
     def process(self, pipe, prompt, edit_image):
-        if prompt is None:
-            return {}
         if edit_image is None:  # a call without an edit image: the plain template
             return super().process(pipe, prompt)
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
@@ -212,6 +211,13 @@ class _Edit(Feature):
         return {"edit_image": per_prompt_edit_images(given.get("edit_image"), values["batch_size"]),
                 "edit_image_auto_resize": given.get("edit_image_auto_resize", True)}, {}
 
+    def sample_values(self, flags):
+        """--edit_image given once is Qwen-Image-Edit's one image, unless --edit_plus; a list means Edit-Plus."""
+        edit = flags.get("edit_image")
+        if flags.get("edit_plus") and not edit:
+            raise UserError("--edit_plus: it needs --edit_image")
+        return {"edit_image": edit if len(edit) > 1 or flags.get("edit_plus") else edit[0]} if edit else {}
+
     def signature(self, sample):
         """A list (Edit-Plus) never shares a batch with one image (Edit), even of the same size."""
         return (sizes(loaded_edit_image(sample.get("edit_image"))),)
@@ -228,4 +234,8 @@ class _Edit(Feature):
 EDIT = _Edit("edit", columns=("edit_image",), model_fn_inputs=("edit_latents",),
              units=(QwenImageEditImageEmbedder(), QwenImageEditPromptEmbedder()), inputs={"edit_image": RAW},
              call_inputs={"edit_image": None, "edit_image_auto_resize": True},
+             flags={"edit_image": sample_input("Qwen-Image-Edit: the image to edit; repeat it for several "
+                                               "(Edit-2509/2511: the multi-image template).", repeat=True, load="RGB"),
+                    "edit_plus": sample_input("The multi-image template (Edit-2509/2511) even for one --edit_image.",
+                                              kind=SWITCH)},
              description="Qwen-Image-Edit / Edit-Plus: edit image(s) shown to the text encoder and the DiT")

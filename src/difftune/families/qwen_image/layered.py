@@ -29,6 +29,7 @@ import torch
 from PIL import Image
 
 from ...core.checkpointing import set_gradient_checkpointing
+from ...core.options import sample_input
 from ...core.latents import pack_latents, seeded_noise, unpack_latents
 from ...core.target import ImageStream, Target, make_grid
 from ...core.units import PipelineUnit
@@ -127,10 +128,9 @@ class QwenImageLayerStackEmbedder(PipelineUnit):
     inputs = ("layer_images", "height", "width")
     outputs = ("input_latents",)
     models = ("vae",)
+    skip_without = ("layer_images",)
 
     def process(self, pipe, layer_images, height, width):
-        if layer_images is None:
-            return {}
         latents = encode_rgba(pipe, as_image_list(layer_images), height, width)
         return {"input_latents": latents.permute(1, 0, 2, 3).unsqueeze(0)}
 
@@ -142,10 +142,9 @@ class QwenImageLayerInputEmbedder(PipelineUnit):
     inputs = ("layer_input_image", "height", "width", "batch_size")
     outputs = ("layer_input_latents",)
     models = ("vae",)
+    skip_without = ("layer_input_image",)
 
     def process(self, pipe, layer_input_image, height, width, batch_size):
-        if layer_input_image is None:
-            return {}
         latents = encode_rgba(pipe, as_image_list(layer_input_image), height, width)
         if latents.shape[0] == 1 and (batch_size or 1) > 1:  # one image for several prompts
             latents = latents.expand(batch_size, *latents.shape[1:])
@@ -279,6 +278,11 @@ class QwenImageLayeredPipeline(QwenImageBasePipeline):
     model_fn_inputs = ("prompt_embeds", "prompt_embeds_mask", "layer_input_latents")
     features = (LAYERED_EDIT, LAYERED_CONTEXT)
     data_inputs = (*QwenImageBasePipeline.data_inputs, *LAYER_COLUMNS)
+    encode_alone = True  # stacks are encoded one at a time
+    sample_flags = {"layer_input_image": sample_input("Qwen-Image-Layered: the image to take apart (RGBA).",
+                                                      load="RGBA"),
+                    "layer_num": sample_input("Qwen-Image-Layered: layers besides the first (writes NAME-layer<k>.png "
+                                              "per layer).", kind=int)}
     target = Target((LayerStack(channels=16, scale=VAE_SCALE, patch=2, division=DIVISION_FACTOR),))
 
     base_units = (QwenImageShapeChecker, QwenImageLayeredNoiseInitializer, QwenImageInputImageEmbedder,
@@ -310,9 +314,6 @@ class QwenImageLayeredPipeline(QwenImageBasePipeline):
 
     def training_inputs(self, data):
         return layered_training_inputs(self, data, QwenImageBasePipeline.training_inputs)
-
-    def batch_signature(self, sample):
-        return None  # stacks are encoded one at a time
 
     def __call__(self, prompt, negative_prompt="", cfg_scale: float = CALL_DEFAULTS["cfg_scale"],
                  height: int | None = CALL_DEFAULTS["height"], width: int | None = CALL_DEFAULTS["width"],

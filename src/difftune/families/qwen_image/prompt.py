@@ -5,24 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from ...core.batch import Pad
-from ...core.units import PipelineUnit
+from ...core.common_units import PaddedPromptEmbedder
 from .encoding import MAX_SEQUENCE_LENGTH, PROMPT_TEMPLATE, TOKENIZER_MAX_LENGTH
 
 
-class QwenImagePromptEmbedder(PipelineUnit):
+class QwenImagePromptEmbedder(PaddedPromptEmbedder):
     """Encode the prompt with the Qwen-Image chat template."""
 
-    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
-    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds"),
-                   "prompt_embeds_mask": ("prompt_embeds_mask", "negative_prompt_embeds_mask")}
-    models = ("text_encoder",)
-    batching = {"prompt_embeds": Pad("prompt_embeds_mask")}  # prompts of a batch differ in length
-
-    def process(self, pipe, prompt):
-        if prompt is None:
-            return {}
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    def embed(self, pipe, prompts):
         tokens = pipe.tokenizer([PROMPT_TEMPLATE.format(p) for p in prompts],
                                 max_length=TOKENIZER_MAX_LENGTH + pipe.template_drop(PROMPT_TEMPLATE),
                                 padding=True, truncation=True, return_tensors="pt")

@@ -4,9 +4,8 @@ found by the family scan."""
 import re
 from dataclasses import dataclass
 
-from ...core.family import FamilySpec, TokenizerSpec
+from ...core.family import FamilySpec, TokenizerSpec, text_tokenizer
 from ...core.options import SWITCH, option
-from ...models.load import load_tokenizer
 from .components import (DIT, DIT_ORIGINAL, IMAGE_ENCODER, IMAGE_ENCODER_ORIGINAL, IMAGE_ENCODER_PROJ,
                          LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_ORIGINAL, VAE,
                          VAE22_ORIGINAL, VAE_ORIGINAL, load_repo_scheduler)
@@ -73,18 +72,12 @@ DIT_LORA_TARGETS = {**ORIGINAL_MODULE_NAMES, **REFERENCE_LORA_TARGETS}
 
 @dataclass(frozen=True)
 class WanOptions:
-    tokenizer_path: str | None = option(None, "The UMT5 tokenizer: a directory or model_id:folder/ (default: "
-                                        "tokenizer/ beside the text encoder, else Wan-AI/Wan2.1-T2V-1.3B's).",
-                                        group=GROUP, sample=True)
     audio_processor_path: str | None = option(None, "Wan2.2-S2V's wav2vec2 audio processor: a directory or "
                                               "model_id:folder/ (default: wav2vec2-large-xlsr-53-english/ beside "
                                               "the audio encoder).", group=GROUP)
     framewise_decoding: bool = option(False, "Wan-Dancer's global model: clips of any frame count (each frame its "
                                       "own latent frame, for rows whose framewise_decoding is true).", kind=SWITCH,
                                       group=GROUP)
-    # difftune sample's inputs
-    end_image: str | None = option(None, "Wan I2V / FLF2V: the last frame.", load="RGB", group=GROUP, sample=True,
-                                   train=False)
 
     def time_division(self):
         """--framewise_decoding: clips keep every frame they have (the reference's loader then cuts to 1k+0)."""
@@ -102,8 +95,9 @@ FAMILY = FamilySpec(
                 FUN_DIT_ORIGINAL, VACE_DIT_ORIGINAL, VACE_ORIGINAL, ANIMATE_DIT_ORIGINAL, ANIMATE_ADAPTER_ORIGINAL,
                 ANIMATE2_ORIGINAL),
     tokenizers=(
-        TokenizerSpec(attr="tokenizer", slot="text_encoder", folder="tokenizer", load=load_tokenizer,
-                      flag="tokenizer_path", default="Wan-AI/Wan2.1-T2V-1.3B:google/umt5-xxl/"),
+        text_tokenizer("tokenizer_path", "Wan-AI/Wan2.1-T2V-1.3B:google/umt5-xxl/",
+                       help="The UMT5 tokenizer: a directory or model_id:folder/ (default: tokenizer/ beside the text "
+                            "encoder, else Wan-AI/Wan2.1-T2V-1.3B's)."),
         # an image_processor/ folder beside the CLIP (diffusers layout); none beside Wan-AI's original .pth:
         # the official settings (units.official_clip_processor)
         TokenizerSpec(attr="image_processor", slot="image_encoder", folder="image_processor",
@@ -115,7 +109,7 @@ FAMILY = FamilySpec(
     ),
     # VACE's branch and Animate's adapter are modules of diffusers' one transformer (WanVACETransformer3DModel,
     # WanAnimateTransformer3DModel), so their LoRAs are keyed under `transformer.` as the DiT's
-    lora_prefixes={"dit": "transformer", "dit2": "transformer_2", "text_encoder": "text_encoder",
+    lora_prefixes={"dit": "transformer", "dit2": "transformer_2",
                    "vace": "transformer", "vace2": "transformer_2", "animate_adapter": "transformer"},
     lora_target_modules=LORA_TARGET_MODULES,
     lora_target_aliases={"dit": DIT_LORA_TARGETS, "dit2": DIT_LORA_TARGETS, "vace": VACE_LORA_TARGETS,

@@ -269,11 +269,10 @@ class WanAnimateVideoSplit(PipelineUnit):
     inputs = ("input_video", "animate_pose_video", "animate_face_video", "animate_inpaint_video",
               "animate_mask_video")
     outputs = ("animate_pose_video", "animate_face_video", "animate_inpaint_video", "animate_mask_video")
+    skip_without = ("input_video",)
 
     def process(self, pipe, input_video, animate_pose_video, animate_face_video, animate_inpaint_video,
                 animate_mask_video):
-        if input_video is None:
-            return {}
         clips = _clips(input_video, 1)
         keep = len(as_image_list(clips[0])) - SPLIT_FRAMES
 
@@ -295,10 +294,9 @@ class WanAnimatePoseLatents(PipelineUnit):
     inputs = ("animate_pose_video", "height", "width", "batch_size")
     outputs = ("pose_latents",)
     models = ("vae",)
+    skip_without = ("animate_pose_video",)
 
     def process(self, pipe, animate_pose_video, height, width, batch_size):
-        if animate_pose_video is None:
-            return {}
         clips = _clips(animate_pose_video, int(batch_size or 1))
         latents = torch.cat([vae_encode(pipe, video_tensor(as_image_list(c), height, width)) for c in clips])
         return {"pose_latents": latents.to(pipe.torch_dtype)}
@@ -323,10 +321,9 @@ class WanAnimateFaceMotion(PipelineUnit):
     cfg_inputs = {"animate_face_video": ("animate_face_video", "negative_animate_face_video")}
     cfg_outputs = {"face_motion": ("face_motion", "negative_face_motion")}
     models = ("animate_adapter",)
+    skip_without = ("animate_face_video",)
 
     def process(self, pipe, batch_size, animate_face_video):
-        if animate_face_video is None:
-            return {}
         pixels = face_pixels(animate_face_video, int(batch_size or 1), pipe.device, pipe.torch_dtype)
         return {"face_motion": pipe.animate_adapter.motion_vectors(pixels)}
 

@@ -164,11 +164,10 @@ class WanCameraControl(PipelineUnit):
     inputs = ("camera_control_direction", "camera_control_speed", "camera_control_origin", "num_frames", "height",
               "width", "batch_size")
     outputs = ("control_camera_latents",)
+    skip_without = ("camera_control_direction",)
 
     def process(self, pipe, camera_control_direction, camera_control_speed, camera_control_origin, num_frames,
                 height, width, batch_size):
-        if camera_control_direction is None:
-            return {}
         n = int(batch_size or 1)
         out = []
         for direction, speed, origin in zip(_per_sample(camera_control_direction, n),

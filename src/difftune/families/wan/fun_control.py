@@ -100,10 +100,9 @@ class WanFunControlEmbedder(PipelineUnit):
     inputs = ("control_video", "height", "width", "batch_size")
     outputs = ("control_latents",)
     models = ("vae",)
+    skip_without = ("control_video",)
 
     def process(self, pipe, control_video, height, width, batch_size):
-        if control_video is None:
-            return {}
         clips = _per_clip(control_video, int(batch_size or 1))
         latents = torch.cat([vae_encode(pipe, video_tensor(as_image_list(c), height, width)) for c in clips])
         return {"control_latents": latents.to(pipe.torch_dtype)}
@@ -117,10 +116,9 @@ class WanFunReferenceEmbedder(PipelineUnit):
     inputs = ("reference_image", "height", "width", "batch_size")
     outputs = ("reference_latents", "reference_image_embeds")
     models = ("vae", "image_encoder")
+    skip_without = ("reference_image",)
 
     def process(self, pipe, reference_image, height, width, batch_size):
-        if reference_image is None:
-            return {}
         n = int(batch_size or 1)
         images = _per_sample(reference_image, n)
         out = {"reference_latents": torch.cat([vae_encode(pipe, video_tensor([im], height, width))

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-from PIL import Image
 
 from ...core.batch import SAME
+from ...core.options import sample_input
 from ...core.pipeline import BasePipeline
 from ...core.target import FrameRule, Target, VideoStream
 from ...errors import UserError
-from ...media.image import as_image_list
 from .animate import ANIMATE, ANIMATE_REPLACE
 from .camera import CAMERA, CAMERA_IMAGE
 from .components import DEFAULT_BOUNDARY_RATIO
@@ -84,10 +82,12 @@ class WanBasePipeline(BasePipeline):
                       "rand_device": SAME}
     batch_shared_inputs = ("height", "width", "num_frames", "rand_device")
     loss_models = ("dit",)
+    encode_alone = "features"  # the features' units encode one sample at a time
     call_defaults = CALL_DEFAULTS
     # a call takes `input_image` (and `end_image`) as the clip's first (and last) frame, and the features' inputs by
     # the reference's names (`call_inputs()`, `call_settings()`; docs/wan.md has each feature's)
     call_parameters = {"end_image": None, "num_frames": CALL_DEFAULTS["num_frames"], "boundary_ratio": None}
+    sample_flags = {"end_image": sample_input("Wan I2V / FLF2V: the last frame.", load="RGB")}
     target = Target((WanClips(),))
 
     def __init__(self, device="cpu", torch_dtype=torch.float32, scheduler=None):
@@ -158,29 +158,6 @@ class WanBasePipeline(BasePipeline):
         if first is not None:
             latents = torch.cat([first.to(latents.dtype), latents[:, :, 1:]], dim=2)
         return latents
-
-    # -- training -------------------------------------------------------------------------------------
-    def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
-        """The base row (the clip: `video`, or `image` as a one-frame clip; its prompt, size and the features'
-        columns), with `input_image` and `end_image` where the data gives them (--extra_inputs; a file column read
-        as a clip gives its first / last frame)."""
-        values = super().training_inputs(data)
-        for name, pick in (("input_image", 0), ("end_image", -1)):
-            value = data.get(name)
-            if isinstance(value, (list, tuple)) and value and all(isinstance(f, Image.Image) for f in value):
-                value = value[pick]
-            if value is not None and not isinstance(value, Image.Image):
-                raise UserError(f"row {data.get('_row', '?')}: '{name}' must be an image (an image file, or a frame "
-                                f"of the clip)")
-            values[name] = value
-        return values
-
-    def batch_signature(self, sample: dict[str, Any]) -> tuple:
-        frames = as_image_list(sample.get("video") if sample.get("video") is not None else sample.get("image"))
-        if any(sample.get(n) is not None for n in self.input_kinds()):
-            return ("one at a time", sample.get("_id"))  # a feature's inputs: each sample encoded alone
-        return (frames[0].size if frames else None, len(frames), sample.get("input_image") is not None,
-                sample.get("end_image") is not None, sample.get("rand_device", "cpu"))
 
     def sampling_settings(self, values):
         """With both A14B experts, `dit` runs above the boundary and `dit2` below: the call's `boundary_ratio` x

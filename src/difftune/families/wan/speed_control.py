@@ -83,10 +83,9 @@ class WanSpeedControl(PipelineUnit):
     feature = "speed_control"
     inputs = ("motion_bucket_id", "batch_size")
     outputs = ("motion_bucket_id",)
+    skip_without = ("motion_bucket_id",)
 
     def process(self, pipe, motion_bucket_id, batch_size):
-        if motion_bucket_id is None:
-            return {}
         if isinstance(motion_bucket_id, torch.Tensor):
             return {"motion_bucket_id": motion_bucket_id.reshape(-1).to(pipe.device, torch.float32)}
         ids = [_number(v) for v in _per_sample(motion_bucket_id, int(batch_size or 1))]

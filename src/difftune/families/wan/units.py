@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
+from ...core.common_units import PromptEmbedder
 from ...core.latents import seeded_noise
 from ...core.units import PipelineUnit
 from ...errors import UserError
@@ -121,22 +122,15 @@ class WanInputVideoEmbedder(PipelineUnit):
         raise UserError("video-to-video sampling (input_video) is not supported yet")
 
 
-class WanPromptEmbedder(PipelineUnit):
+class WanPromptEmbedder(PromptEmbedder):
     """UMT5's last hidden states over 512 tokens, zero past each prompt's end (diffusers' WanPipeline and the
     reference alike), after diffusers' prompt cleaning."""
 
-    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
-    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds")}
-    models = ("text_encoder",)
-
-    def process(self, pipe, prompt):
-        if prompt is None:
-            return {}
+    def embed(self, pipe, prompts):
         from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 
         if getattr(pipe, "tokenizer", None) is None:
             raise UserError("no UMT5 tokenizer: pass --tokenizer_path (or tokenizer_config) to encode prompts")
-        prompts = [prompt] if isinstance(prompt, str) else ["" if p is None else p for p in prompt]
         tokens = pipe.tokenizer([prompt_clean(p) for p in prompts], padding="max_length",
                                 max_length=MAX_PROMPT_TOKENS, truncation=True, add_special_tokens=True,
                                 return_attention_mask=True, return_tensors="pt")

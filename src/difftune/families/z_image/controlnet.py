@@ -16,6 +16,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ...core.checkpointing import gradient_checkpoint_forward
 from ...core.features import IMAGE, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
@@ -190,4 +191,12 @@ CONTROLNET = _ControlNet(
     units=(ZImageControlEmbedder(),), slots=("controlnet",), loss_models=("controlnet",),
     inputs=dict.fromkeys(CONTROL_COLUMNS, IMAGE),
     call_inputs={**dict.fromkeys(CONTROL_COLUMNS), "controlnet_scale": 1.0, "control_compat": "reference"},
+    flags={"controlnet_image": sample_input("Fun ControlNet: the control image.", load="RGB"),
+           "controlnet_inpaint_mask": sample_input("Fun ControlNet: where to paint (white), with "
+                                                   "--controlnet_inpaint_image.", load="RGB"),
+           "controlnet_inpaint_image": sample_input("Fun ControlNet: the image to paint into.", load="RGB"),
+           "controlnet_scale": sample_input("Fun ControlNet: the strength of its hints (default 1).", kind=float),
+           "control_compat": sample_input("Fun ControlNet: 'reference' (default: the reference's and the model "
+                                          "authors' forward) or 'diffusers' (as ZImageControlNetPipeline).",
+                                          choices=("reference", "diffusers"))},
     description="Z-Image-Turbo Fun ControlNet (Union / Tile 2.1 and 8-step): a control image")

@@ -8,29 +8,15 @@ from PIL import Image
 
 from ...core.batch import LIST
 from ...core.features import IMAGES, Feature
+from ...core.options import sample_input
 from ...core.units import PipelineUnit
 from ...errors import UserError
-from ...media.image import images_to_tensor
+from ...media.image import images_to_tensor, per_sample_images
 from ...parts.flux_ae import vae_encode
 from .prompt import ZImageEditPromptEmbedder, edit_fixed_texts, encode_texts
 from .units import DIVISION_FACTOR, omni_dit
 
 EDIT_IMAGE_MAX_PIXELS = 1024 * 1024
-
-
-def edit_image_lists(edit_image, batch_size: int) -> list[list[Image.Image]] | None:
-    """Edit images per sample: an image or a list of images is every sample's; a list of lists one per sample."""
-    if edit_image is None:
-        return None
-    if isinstance(edit_image, Image.Image):
-        return [[edit_image]] * batch_size
-    items = list(edit_image)
-    if items and all(isinstance(i, Image.Image) for i in items):
-        return [items] * batch_size
-    if len(items) == batch_size and all(isinstance(i, (list, tuple, Image.Image)) for i in items):
-        return [[i] if isinstance(i, Image.Image) else list(i) for i in items]
-    raise UserError(f"edit_image must be an image, a list of images, or one list per prompt (got "
-                    f"{type(edit_image).__name__} for {batch_size} prompt(s))")
 
 
 def edit_image_size(width: int, height: int, max_pixels: int = EDIT_IMAGE_MAX_PIXELS) -> tuple[int, int]:
@@ -64,7 +50,7 @@ class ZImageEditImageEmbedder(PipelineUnit):
     batching = {"edit_latents": LIST}
 
     def process(self, pipe, edit_image, batch_size):
-        per_sample = edit_image_lists(edit_image, int(batch_size or 1))
+        per_sample = per_sample_images(edit_image, int(batch_size or 1))
         if per_sample is None:
             return {}
         resized = [[resize_edit_image(i) for i in images] for images in per_sample]
@@ -82,7 +68,7 @@ class ZImageSiglipEmbedder(PipelineUnit):
     batching = {"siglip_embeds": LIST}
 
     def process(self, pipe, edit_image, batch_size):
-        per_sample = edit_image_lists(edit_image, int(batch_size or 1))
+        per_sample = per_sample_images(edit_image, int(batch_size or 1))
         if per_sample is None:
             return {}
         encoder = pipe.image_encoder
@@ -122,7 +108,7 @@ class ZImageEditTextEmbedder(PipelineUnit):
     batching = {"edit_text_embeds": LIST}
 
     def process(self, pipe, edit_image, batch_size):
-        per_sample = edit_image_lists(edit_image, int(batch_size or 1))
+        per_sample = per_sample_images(edit_image, int(batch_size or 1))
         if per_sample is None:
             return {}
         counts = sorted({len(images) for images in per_sample})
@@ -138,6 +124,10 @@ class ZImageEditTextEmbedder(PipelineUnit):
 # -- the features ---------------------------------------------------------------------------------------------------
 
 class _Edit(Feature):
+    def sample_values(self, flags):
+        edit = flags.get("edit_image")
+        return {"edit_image": edit[0] if len(edit) == 1 else edit} if edit else {}
+
     def check(self, context, features):
         if context.config("dit") is not None and not omni_dit(context):
             raise UserError("edit_image: edit images need Z-Image-Omni-Base's DiT "
@@ -162,6 +152,8 @@ EDIT = _Edit("edit", columns=("edit_image",), model_fn_inputs=("edit_latents", "
              units=(ZImageEditPromptEmbedder(), ZImageEditTextEmbedder(), ZImageEditImageEmbedder(),
                     ZImageSiglipEmbedder()),
              slots=("image_encoder",), inputs={"edit_image": IMAGES}, call_inputs={"edit_image": None},
+             flags={"edit_image": sample_input("Omni-Base: an image to edit; repeat it for several.", repeat=True,
+                                               load="RGB")},
              description="Omni-Base image(s)-to-image: edit images as VAE latents and SigLIP2 features, the prompt "
                          "around their slots")
 OMNI = Feature("omni", when=omni_dit,

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ...core.batch import Pad
-from ...core.units import PipelineUnit
+from ...core.common_units import PaddedPromptEmbedder
 from ...errors import UserError
 
 MAX_SEQUENCE_LENGTH = 512
@@ -51,32 +50,13 @@ def encode_texts(pipe, texts: list[str]) -> list[torch.Tensor]:
     return [h[m] for h, m in zip(hidden, mask)]
 
 
-def padded(rows: list[torch.Tensor], dtype) -> dict[str, torch.Tensor]:
-    length = max(r.shape[0] for r in rows)
-    embeds = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, length - r.shape[0])) for r in rows])
-    mask = torch.stack([torch.arange(length, device=embeds.device) < r.shape[0] for r in rows]).long()
-    return {"prompt_embeds": embeds.to(dtype), "prompt_embeds_mask": mask}
-
-
-def _prompts(prompt) -> list[str]:
-    return [prompt] if isinstance(prompt, str) else ["" if p is None else str(p) for p in prompt]
-
-
-class ZImagePromptEmbedder(PipelineUnit):
+class ZImagePromptEmbedder(PaddedPromptEmbedder):
     """The prompt through Qwen3 (one user turn of its chat template)."""
 
-    cfg_inputs = {"prompt": ("prompt", "negative_prompt")}
-    cfg_outputs = {"prompt_embeds": ("prompt_embeds", "negative_prompt_embeds"),
-                   "prompt_embeds_mask": ("prompt_embeds_mask", "negative_prompt_embeds_mask")}
-    models = ("text_encoder",)
-    batching = {"prompt_embeds": Pad("prompt_embeds_mask")}
     template = staticmethod(plain_text)
 
-    def process(self, pipe, prompt):
-        if prompt is None:
-            return {}
-        texts = [type(self).template(p) for p in _prompts(prompt)]
-        return padded(encode_texts(pipe, texts), pipe.torch_dtype)
+    def rows(self, pipe, prompts):
+        return encode_texts(pipe, [type(self).template(p) for p in prompts])
 
 
 class ZImageEditPromptEmbedder(ZImagePromptEmbedder):

@@ -38,10 +38,9 @@ class WanAnimate2PromptEmbedder(PipelineUnit):
     inputs = ("animate2_prompt_ref", "animate2_reference_video", "batch_size")
     outputs = ("animate2_prompt_embeds",)
     models = ("text_encoder",)
+    skip_without = ("animate2_reference_video",)
 
     def process(self, pipe, animate2_prompt_ref, animate2_reference_video, batch_size):
-        if animate2_reference_video is None:
-            return {}
         prompts = [DEFAULT_PROMPT_REF if p is None or (isinstance(p, float) and math.isnan(p)) else str(p)
                    for p in _per_sample(animate2_prompt_ref, int(batch_size or 1))]
         return {"animate2_prompt_embeds": WanPromptEmbedder().process(pipe, prompts)["prompt_embeds"]}

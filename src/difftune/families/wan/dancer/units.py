@@ -73,10 +73,9 @@ class WanDancerMusic(PipelineUnit):
     feature = FEATURE
     inputs = ("wantodance_music_path",)
     outputs = ("music_feature",)
+    skip_without = ("wantodance_music_path",)
 
     def process(self, pipe, wantodance_music_path):
-        if wantodance_music_path is None:
-            return {}
         paths = wantodance_music_path if isinstance(wantodance_music_path, (list, tuple)) else [wantodance_music_path]
         feats = [music_features(str(p)) for p in paths]
         if len({f.shape for f in feats}) > 1:
@@ -91,10 +90,9 @@ class WanDancerReferenceImage(PipelineUnit):
     inputs = ("wantodance_reference_image", "height", "width")
     outputs = ("wantodance_refimage_feature",)
     models = ("image_encoder",)
+    skip_without = ("wantodance_reference_image",)
 
     def process(self, pipe, wantodance_reference_image, height, width):
-        if wantodance_reference_image is None:
-            return {}
         image = wantodance_reference_image
         image = as_image_list(image)[0] if not hasattr(image, "size") or isinstance(image, list) else image
         out = WanImageEmbedderCLIP().process(pipe, image, None, height, width, 1)
@@ -123,10 +121,9 @@ class WanDancerKeyframes(PipelineUnit):
     inputs = ("wantodance_keyframes", "wantodance_keyframes_mask", "num_frames", "height", "width")
     outputs = ("image_embeds", "condition")
     models = ("image_encoder", "vae")
+    skip_without = ("wantodance_keyframes",)
 
     def process(self, pipe, wantodance_keyframes, wantodance_keyframes_mask, num_frames, height, width):
-        if wantodance_keyframes is None:
-            return {}
         if wantodance_keyframes_mask is None:
             raise UserError("wantodance_keyframes needs wantodance_keyframes_mask (which frames are keyframes)")
         frames = as_image_list(wantodance_keyframes)

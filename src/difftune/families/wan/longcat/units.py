@@ -17,10 +17,9 @@ class LongCatVideoEmbedder(PipelineUnit):
     inputs = ("longcat_video", "height", "width")
     outputs = ("longcat_latents",)
     models = ("vae",)
+    skip_without = ("longcat_video",)
 
     def process(self, pipe, longcat_video, height, width):
-        if longcat_video is None:
-            return {}
         return {"longcat_latents": vae_encode(pipe, video_tensor(longcat_video, height, width)).to(pipe.torch_dtype)}
 
 

@@ -108,10 +108,9 @@ class WanS2VPoseEmbedder(PipelineUnit):
     inputs = ("s2v_pose_video", "num_frames", "height", "width")
     outputs = ("s2v_pose_latents",)
     models = ("vae",)
+    skip_without = ("s2v_pose_video",)
 
     def process(self, pipe, s2v_pose_video, num_frames, height, width):
-        if s2v_pose_video is None:
-            return {}
         clips = s2v_pose_video if s2v_pose_video and isinstance(s2v_pose_video, (list, tuple)) and \
             not hasattr(s2v_pose_video[0], "size") else [s2v_pose_video]
         out = []
@@ -134,10 +133,9 @@ class WanS2VReferenceEmbedder(PipelineUnit):
     inputs = ("input_image", "height", "width", "batch_size")
     outputs = ("first_frame_latents",)
     models = ("vae",)
+    skip_without = ("input_image",)
 
     def process(self, pipe, input_image, height, width, batch_size):
-        if input_image is None:
-            return {}
         images = input_image if isinstance(input_image, (list, tuple)) else [input_image] * int(batch_size or 1)
         z = [vae_encode(pipe, video_tensor([im], height, width)) for im in images]
         return {"first_frame_latents": torch.cat(z).to(pipe.torch_dtype)}

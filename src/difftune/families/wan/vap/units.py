@@ -49,10 +49,9 @@ class WanVAPVideoEmbedder(PipelineUnit):
     inputs = ("vap_video", "end_image", "num_frames", "height", "width", "batch_size")
     outputs = ("vap_hidden_state", "vap_clip_feature")
     models = ("vae", "image_encoder")
+    skip_without = ("vap_video",)
 
     def process(self, pipe, vap_video, end_image, num_frames, height, width, batch_size):
-        if vap_video is None:
-            return {}
         n = int(batch_size or 1)
         clips = vap_video if n > 1 and isinstance(vap_video, (list, tuple)) and len(vap_video) == n and \
             not hasattr(vap_video[0], "size") else [vap_video] * n
