@@ -13,12 +13,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-import toy_family
 from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_train
 from difftune import (DiffusionTrainingModule, ModelConfig, ModelLogger, QwenImagePipeline, UnifiedDataset,
                       launch_training_task, load_component, sample_generator, sft_loss)
 from difftune.errors import UserError
 from difftune.training.setup import reset_accelerate_state
+from support.toys import toy_family
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen_image" / "simple_train.py"
 

@@ -1,4 +1,4 @@
-"""A family that is not Qwen-Image (tests/toy_family.py, written from docs/adding_a_family.md) trains
+"""A family that is not Qwen-Image (tests/support/toys/toy_family.py, written from docs/adding_a_family.md) trains
 through the `train` command one-stage and split with equal weights, and the split follows its declarations."""
 
 import json
@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 import difftune.models as models_pkg
-import toy_family
 from conftest import make_image_dataset, run_train, setup_run, train_args
 from difftune import gradient_checkpoint_forward, load_component
 from difftune.core.family import families
 from difftune.errors import UserError
 from difftune.training.config import TaskSpec
+from support.toys import toy_family
 
 
 @pytest.fixture(scope="module")
@@ -165,13 +165,13 @@ def test_family_from_an_entry_point(tmp_path, monkeypatch):
 
     install(tmp_path / "broken", """
         [difftune.families]
-        toy_plugin = toy_family:FAMILY
+        toy_plugin = support.toys.toy_family:FAMILY
         broken_plugin = no_such_module_here:Pipeline
     """)
     with pytest.raises(UserError, match=r"family 'broken_plugin' \(entry point no_such_module_here:Pipeline\)"):
         families()
     sys.path.remove(str(tmp_path / "broken"))  # uninstalled (monkeypatch restores sys.path afterwards)
-    install(tmp_path / "fixed", "[difftune.families]\ntoy_plugin = toy_family:FAMILY\n")
+    install(tmp_path / "fixed", "[difftune.families]\ntoy_plugin = support.toys.toy_family:FAMILY\n")
     assert families()["toy_plugin"] is toy_family.FAMILY
 
 

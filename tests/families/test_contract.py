@@ -20,8 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 import difftune.models as models_pkg
-import support.toys  # noqa: F401  (registers the toy families of the other targets: audio, a clip with sound, ε, v)
-import toy_family  # noqa: F401  (registers the toy family and its tiny models)
+import support.toys  # noqa: F401  (registers the toy families: image, audio, a clip with sound, ε, v)
 from conftest import run_train
 from difftune.core.family import families, get_family, recognise
 from difftune.errors import UserError

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import toy_family
 from conftest import run_train
 from difftune.core.family import FamilySpec, recognise, register_family
 from difftune.core.target import ImageStream, Target
 from difftune.errors import UserError
 from difftune.models import ComponentSpec, ModelConfig
+from support.toys import toy_family
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "difftune"
 
@@ -327,7 +327,7 @@ def test_a_package_on_the_families_path_is_found_and_trains(tmp_path, monkeypatc
     package = tmp_path / "families" / "toy_copy"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(
-        "import dataclasses\nimport toy_family\n\n"
+        "import dataclasses\nfrom support.toys import toy_family\n\n"
         "ToyCopyPipeline = type('ToyCopyPipeline', (toy_family.ToyPipeline,), {})\n"
         "FAMILY = dataclasses.replace(toy_family.FAMILY, name='toy_copy', pipeline=ToyCopyPipeline)\n")
     monkeypatch.setattr(difftune.families, "__path__", [*difftune.families.__path__, str(tmp_path / "families")])

@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import toy_family
 from conftest import make_image_dataset, run_train
 from difftune.core.build import build_pipeline
 from difftune.core.family import get_family
 from difftune.models import ModelConfig
+from support.toys import toy_family
 
 
 @pytest.fixture(scope="module")
