@@ -13,6 +13,7 @@ from PIL import Image
 from difftune.cache import (CacheManifest, CacheReader, CacheWriter, file_identity, fingerprint_diff,
                             fingerprint_hash, verify_cache)
 from difftune.cache import writer as store  # the writer writes the index files (atomic_write_json)
+from difftune.data.operators import DataError
 from difftune.errors import UserError
 
 FP = {"weights": {"vae": [{"file": "vae.safetensors", "size": 123, "header_sha256": "ab"}]},
@@ -519,3 +520,54 @@ def test_changed_sources_are_encoded_again_and_replace_the_old_entries(tmp_path)
     assert len(reader) == 3 and notes == [f"note: 1 of the 3 source files of the cache at {root} are not on this "
                                           f"machine (e.g. {files['s0']}), so they cannot be checked for changes "
                                           "since stage 1"]
+
+
+def _cache(root):
+    manifest = CacheManifest.new(family="toy", fingerprint={"units": ["U@1"]}, frontier=None,
+                                 expected_ids=["a", "b"])
+    with CacheWriter(root, manifest=manifest) as w:
+        for i, sid in enumerate(["a", "b"]):
+            w.write(sid, {"latents": torch.arange(24, dtype=torch.float32).reshape(2, 3, 4) + i, "prompt": sid})
+    (index,) = [p for p in root.rglob("*.json") if json.loads(p.read_text()).get("tensor_file")]
+    return index, index.parent / json.loads(index.read_text())["tensor_file"]
+
+
+def test_cached_latent_reshaped_with_the_same_bytes_is_refused_by_stage_2(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    index, tensors = _cache(tmp_path / "cache")
+    with safe_open(str(tensors), framework="pt") as f:
+        meta, values = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    key = next(iter(values))
+    values[key] = values[key].reshape(4, 3, 2)  # the same bytes, another shape
+    save_file(values, str(tensors), metadata=meta)
+    assert not verify_cache(tmp_path / "cache").ok
+    reader = CacheReader(tmp_path / "cache", log=None)
+    with pytest.raises(DataError) as err:
+        for i in range(len(reader)):
+            reader[i]
+    msg = str(err.value)
+    assert "\n" not in msg and str(tensors) in msg and "stored as float32[4, 3, 2], index says float32[2, 3, 4]" in msg
+
+
+def test_cache_index_pointing_outside_the_cache_is_refused(tmp_path):
+    import shutil
+
+    index, tensors = _cache(tmp_path / "cache")
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.copy(tensors, outside)
+    data = json.loads(index.read_text())
+    for target in (os.path.relpath(outside, index.parent), str(outside)):
+        data["tensor_file"] = target
+        index.write_text(json.dumps(data))
+        report = verify_cache(tmp_path / "cache")
+        assert any("outside the cache folder" in p and str(index) in p for p in report.problems), report.problems
+        with pytest.raises(UserError, match="outside the cache folder"):
+            CacheReader(tmp_path / "cache", log=None)
+    os.remove(tensors)
+    os.symlink(outside, tensors)  # a link out of the cache, under the expected name
+    data["tensor_file"] = tensors.name
+    index.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="outside the cache folder"):
+        CacheReader(tmp_path / "cache", log=None)

@@ -3,6 +3,9 @@ errors naming the file for every file that gives no audio."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -10,7 +13,7 @@ from PIL import Image
 from difftune.data.audio import LoadAudio, audio_operator
 from difftune.data.operators import CHECKED, DataError
 from difftune.media.audio import AudioError, check_audio, probe_audio, read_audio
-from support.audio import tone, write_audio, write_clip_with_audio
+from support.audio import tone, write_audio, write_clip_with_audio, write_float_wav, write_wav
 
 
 def expected(n, rate=16000, parts=((440.0, 0.5), (660.0, 0.3))):
@@ -188,3 +191,35 @@ def test_an_audio_file_where_no_part_reads_audio_is_named_as_such(files, tmp_pat
     with pytest.raises(DataError, match=r"'video': an audio file \('\.wav'\) where this run reads .*a\.wav"):
         UnifiedDataset(tmp_path, meta, data_file_keys=("video",),
                        main_data_operator=UnifiedDataset.default_video_operator(tmp_path, num_frames=5))
+
+
+@pytest.mark.parametrize("channels", [8, 12])
+def test_many_channel_wav_reads_and_downmixes(tmp_path, channels):
+    """8 channels crashed PyAV's planar float frames (a segfault); read in a child process so a crash fails the
+    test instead of killing pytest."""
+    t = np.arange(4000) / 16000
+    samples = np.stack([0.05 * (c + 1) * np.sin(2 * np.pi * 300 * t) for c in range(channels)], axis=1)
+    path = write_wav(tmp_path / f"ch{channels}.wav", samples, 16000)
+    code = ("import sys, numpy as np; from difftune.media.audio import read_audio\n"
+            "w = read_audio(sys.argv[1], 8000); k = read_audio(sys.argv[1], None, mono=False)\n"
+            "print(w.shape[0], k.shape[0], k.shape[1], float(np.abs(k[-1]).max()), float(np.abs(w).max()))")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    n, ch, m, last_peak, mono_peak = proc.stdout.split()
+    assert (int(n), int(ch), int(m)) == (2000, channels, 4000)
+    assert abs(float(last_peak) - 0.05 * channels) < 1e-3  # the channels keep their order and values
+    mean_amp = 0.05 * (channels + 1) / 2
+    assert abs(float(mono_peak) - mean_amp) < 0.01  # the mean of the channels
+
+
+def test_nan_samples_in_a_wav_name_the_file(tmp_path):
+    samples = np.full((1600, 1), 0.1, np.float32)
+    samples[1200] = np.nan
+    path = write_float_wav(tmp_path / "nan.wav", samples)
+    op = audio_operator(tmp_path, 16000)
+    with pytest.raises(DataError) as err:
+        op("nan.wav", {"where": "row 3", "key": "input_audio"})
+    msg = str(err.value)
+    assert msg == f"row 3 'input_audio': 1 non-finite sample(s) (NaN or infinite) at 0.075 s: {path}"
+    clean = write_float_wav(tmp_path / "ok.wav", np.full((1600, 1), 0.1, np.float32))
+    assert np.isfinite(op(clean.name, {})).all()

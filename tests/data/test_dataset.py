@@ -1,6 +1,7 @@
 """UnifiedDataset and its operators: metadata formats, resizing, error messages, workers, skipping."""
 
 import json
+import os
 import pickle
 
 import pytest
@@ -11,6 +12,7 @@ from conftest import noise_image
 from difftune.data import (DataError, ImageCropAndResize, Lambda, LoadImage, RouteByExtension, ToAbsolutePath,
                            UnifiedDataset, read_metadata, target_size)
 from difftune.errors import UserError
+from support import write_example_dataset
 
 ROWS = [{"image": "a.png", "prompt": "a dog", "seed": 1},
         {"image": "b.png", "prompt": "a cat, sitting", "seed": 22},
@@ -381,3 +383,73 @@ def test_skip_keeps_what_error_mode_loads(data):
     lenient = UnifiedDataset(data, meta, on_bad_sample="skip")
     assert lenient.num_rows == 2 and lenient.bad_samples == []
     assert lenient[1]["image"].tobytes() == strict.tobytes()
+
+
+def test_csv_with_a_duplicated_column_is_refused_naming_it(tmp_path):
+    path = tmp_path / "meta.csv"
+    path.write_text("image,prompt,prompt,video\na.png,a cat,a dog,v.mp4\n")
+    with pytest.raises(DataError) as err:
+        read_metadata(path)
+    assert str(err.value) == f"{path}: the column 'prompt' appears 2 times; name each column once"
+    path.write_text("image,prompt\na.png,a cat\n")
+    assert read_metadata(path) == [{"image": "a.png", "prompt": "a cat"}]
+
+
+@pytest.mark.parametrize("extra_row", [1, 2])
+def test_a_csv_row_with_an_extra_field_is_named(tmp_path, extra_row):
+    """A first row with an extra field shifted every value one column left (pandas read the first column as an index)
+    and was blamed on the next row's empty prompt; a later one was 'line 3' of the file."""
+    rows = ["a.png,a dog", "b.png,a cat", "c.png,a bird"]
+    rows[extra_row - 1] += ",extra"
+    (tmp_path / "m.csv").write_text("\n".join(["image,prompt", *rows]) + "\n")
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'm.csv'} row {extra_row}: 3 fields, the header names 2 "
+                                        rf"columns \(image, prompt\); quote a value with a comma in it"):
+        read_metadata(tmp_path / "m.csv")
+    (tmp_path / "m.csv").write_text('image,prompt\n\na.png,"a dog, running"\n')
+    assert read_metadata(tmp_path / "m.csv") == [{"image": "a.png", "prompt": "a dog, running"}]
+
+
+def test_empty_prompts_train_as_the_empty_string(tmp_path):
+    meta = write_example_dataset(tmp_path, n=2, size=(48, 32))
+    meta.write_text("image,prompt\nimage_1.png,a red circle\nimage_2.png,\n")
+    data = UnifiedDataset(tmp_path, meta, allow_empty_prompts=True)
+    assert [data[i]["prompt"] for i in range(2)] == ["a red circle", ""]  # not None, not "NaN"
+
+
+def test_max_pixels_too_small_names_the_flag(tmp_path):
+    op = ImageCropAndResize(max_pixels=100, height_division_factor=16, width_division_factor=16)
+    with pytest.raises(DataError) as err:
+        op(Image.new("RGB", (64, 48)), {"where": "m.csv row 1", "file": "a.png"})
+    assert "--max_pixels 100" in str(err.value) and "at least 342" in str(err.value)
+    assert "smaller than" not in str(err.value)
+    fixed = ImageCropAndResize(max_pixels=342, height_division_factor=16, width_division_factor=16)
+    assert fixed(Image.new("RGB", (64, 48))).size == (16, 16)  # the least it names is enough
+    with pytest.raises(DataError, match="image is 8x8, smaller than the division factor"):  # a tiny image is the image's fault
+        op(Image.new("RGB", (8, 8)), {"where": "m.csv row 1", "file": "a.png"})
+
+
+def test_metadata_paths_outside_the_data_set_are_refused_unless_allowed(tmp_path):
+    data, other = tmp_path / "data", tmp_path / "other"
+    data.mkdir(), other.mkdir()
+    Image.new("RGB", (16, 16), "red").save(data / "in.png")
+    Image.new("RGB", (16, 16), "blue").save(other / "out.png")
+    os.symlink(other / "out.png", data / "link.png")
+    for value in ("../other/out.png", str(other / "out.png"), "link.png"):
+        meta = data / "meta.csv"
+        meta.write_text(f"image,prompt\nin.png,a\n{value},b\n")
+        with pytest.raises(DataError) as err:
+            UnifiedDataset(data, meta, progress=False)
+        assert str(err.value) == (f"{meta} row 2 'image': {value} resolves to {other / 'out.png'}, outside the data "
+                                  f"set folder {data}; pass --allow_paths_outside_dataset to read files there")
+        ds = UnifiedDataset(data, meta, progress=False, allow_paths_outside=True)
+        assert len(ds) == 2 and ds[1]["image"].getpixel((0, 0)) == (0, 0, 255)
+
+
+def test_allow_paths_outside_dataset_is_a_train_flag():
+    from difftune.cli.args import training_parser
+
+    # the parser `difftune train` reads its flags with (in this process: no interpreter start, ~8 s of imports)
+    parser = training_parser()
+    assert "--allow_paths_outside_dataset" in parser.format_help()
+    args = parser.parse_args(["--dataset_base_path", "d", "--allow_paths_outside_dataset"])
+    assert args.allow_paths_outside_dataset

@@ -357,3 +357,25 @@ def test_a_variant_pipeline_class_gives_its_own_target_aliases():
     assert lora_targets(plain, "dit", ["q", "proj"]) == ["attn1.to_q", "proj"]
     assert lora_targets(variant, "dit", ["q", "proj"]) == ["self_attn.to_q", "proj"]
     assert lora_targets(variant, "vae", ["q"]) == ["q"]  # the variant's table replaces the family's
+
+
+def _lora_file(path, alpha=4.0, bad=None):
+    g = torch.Generator().manual_seed(0)
+    tensors = {"diffusion_model.blocks.0.attn.to_q.lora_down.weight": torch.randn(4, 16, generator=g),
+               "diffusion_model.blocks.0.attn.to_q.lora_up.weight": torch.randn(16, 4, generator=g),
+               "diffusion_model.blocks.0.attn.to_q.alpha": torch.tensor(alpha)}
+    if bad:
+        tensors[bad] = tensors[bad].clone()
+        tensors[bad].view(-1)[0] = float("nan")
+    save_file(tensors, str(path))
+    return path
+
+
+@pytest.mark.parametrize("bad", ["diffusion_model.blocks.0.attn.to_q.alpha",
+                                 "diffusion_model.blocks.0.attn.to_q.lora_up.weight"])
+def test_nan_in_a_lora_file_names_the_tensor(tmp_path, bad):
+    load_lora_file(_lora_file(tmp_path / "ok.safetensors"))
+    path = _lora_file(tmp_path / "bad.safetensors", bad=bad)
+    with pytest.raises(UserError) as err:
+        load_lora_file(path)
+    assert str(err.value) == f"{path}: tensor '{bad}' holds 1 NaN and 0 infinite value(s)"

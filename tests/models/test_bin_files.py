@@ -4,6 +4,7 @@ torch.load(weights_only=True, mmap=True); anything else is refused in one line n
 import collections
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,3 +92,16 @@ def test_ckpt_still_refused(tmp_path):
     torch.save({"w": torch.zeros(1)}, path)
     with pytest.raises(UserError, match="refusing to load a pickle"):
         list(iter_tensors(path))
+
+
+def test_random_bytes_named_as_the_ip_adapter_are_one_line(tmp_path):
+    """Recognition of a file it cannot read ends in one line naming the file, whichever family tries it first."""
+    from difftune.core.family import recognise
+    from difftune.models.detect import as_model_config
+
+    path = tmp_path / "FLUX.1-dev-IP-Adapter" / "ip-adapter.bin"
+    path.parent.mkdir()
+    path.write_bytes(np.random.RandomState(0).bytes(5000))
+    with pytest.raises(UserError) as err:
+        recognise([as_model_config(str(path))])
+    assert "\n" not in str(err.value) and str(err.value).startswith(f"{path}: not a plain tensor state dict")

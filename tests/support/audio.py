@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import wave as wavfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -87,4 +88,28 @@ def write_clip_with_audio(path: str | os.PathLike, frames: Sequence[Image.Image]
     return path
 
 
-__all__ = ["tone", "write_audio", "write_clip_with_audio"]
+def write_wav(path, samples: np.ndarray, rate: int = 16000):
+    """(samples, channels) float in [-1, 1] -> 16-bit PCM WAV (the stdlib writer: any channel count)."""
+    data = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+    with wavfile.open(str(path), "wb") as w:
+        w.setnchannels(samples.shape[1])
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(data.tobytes())
+    return path
+
+
+def write_float_wav(path, samples: np.ndarray, rate: int = 16000):
+    """(samples, channels) float32 -> an IEEE-float WAV (format 3), written by hand: NaN samples stay NaN."""
+    import struct
+
+    data = np.ascontiguousarray(samples, dtype="<f4").tobytes()
+    ch = samples.shape[1]
+    fmt = struct.pack("<HHIIHH", 3, ch, rate, rate * ch * 4, ch * 4, 32)
+    with open(path, "wb") as f:
+        f.write(b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE")
+        f.write(b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
+    return path
+
+
+__all__ = ["tone", "write_audio", "write_clip_with_audio", "write_float_wav", "write_wav"]

@@ -1,5 +1,8 @@
-"""Exact resume: a run killed with SIGKILL and resumed ends with the same weights as an uninterrupted run."""
+"""Exact resume: a run killed with SIGKILL and resumed ends with the same weights as an uninterrupted run. A resume
+that cannot be exact (a changed batch layout, no state, a state with NaN, a cut file or a step past the end) is one
+line, and replaces nothing."""
 
+import json
 import os
 import signal
 import subprocess
@@ -101,3 +104,70 @@ def test_resume_latest_without_state_is_a_clear_error(tmp_path, tiny_repo):
         run_train("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--model_paths",
                   model_paths_json(tiny_repo), "--output_path", tmp_path / "out", "--lora_base_model", "dit",
                   "--lora_target_modules", "to_q", "--torch_dtype", "float32", "--resume_from_checkpoint", "latest")
+
+
+@pytest.fixture
+def saved_state(tmp_path, tiny_repo):
+    meta = make_image_dataset(tmp_path / "data", n=2)
+    common = ["--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--max_pixels", 4096,
+              "--dataset_repeat", 2, "--model_paths", model_paths_json(tiny_repo), "--output_path", tmp_path / "out",
+              "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--lora_rank", 2, "--torch_dtype",
+              "float32", "--no_progress", "--save_state_steps", 2, "--num_epochs", 2]
+    run_train(*common, "--max_steps", 2)
+    (state,) = (tmp_path / "out" / "state").glob("step-*")
+    return {"common": common, "state": state, "out": tmp_path / "out"}
+
+
+def _resume(saved, *extra):
+    return run_train(*saved["common"], "--resume_from_checkpoint", "latest", *extra)
+
+
+def _damage(path, edit):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta, values = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    key = sorted(k for k in values if values[k].is_floating_point())[0]
+    values[key] = edit(values[key].clone())
+    save_file(values, str(path), metadata=meta)
+    return key
+
+
+@pytest.mark.parametrize("name", ["optimizer.safetensors", "weights.safetensors"])
+def test_nan_in_a_saved_state_is_refused_naming_the_file(saved_state, name):
+    path = saved_state["state"] / name
+    key = _damage(path, lambda t: t.view(-1).fill_(float("nan")).view(t.shape))
+    before = {p: p.read_bytes() for p in saved_state["out"].glob("*.safetensors")}
+    with pytest.raises(UserError) as err:
+        _resume(saved_state)
+    import re
+
+    assert re.fullmatch(rf"{re.escape(str(path))}: tensor '{re.escape(key)}' holds [1-9]\d* NaN and 0 infinite "
+                        rf"value\(s\)", str(err.value)), str(err.value)
+    assert {p: p.read_bytes() for p in saved_state["out"].glob("*.safetensors")} == before  # no NaN LoRA saved
+
+
+def test_global_step_past_the_end_is_refused_and_replaces_nothing(saved_state):
+    state_json = saved_state["state"] / "state.json"
+    meta = json.loads(state_json.read_text())
+    meta["position"]["global_step"] = 999
+    state_json.write_text(json.dumps(meta))
+    args = saved_state["out"] / "training_args.json"
+    before = args.read_bytes()
+    with pytest.raises(UserError) as err:
+        _resume(saved_state)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"--resume_from_checkpoint {saved_state['state']}: its global_step 999 "
+                                              f"is at or past this run's last step (8)")
+    assert args.read_bytes() == before
+
+
+def test_cut_weights_file_in_a_state_names_the_file(saved_state):
+    path = saved_state["state"] / "weights.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) - 100])
+    with pytest.raises(UserError) as err:
+        _resume(saved_state)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: ") and "truncated" in msg

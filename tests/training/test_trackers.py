@@ -1,18 +1,23 @@
 """Issue 25 item 14: --enable_wandb_log / --enable_swanlab_log (the reference's flags) through accelerate's trackers.
 A tiny run logs to W&B in its offline mode and to SwanLab in its local mode; what they wrote is read back from their
 files: every step's loss and learning rate (equal to loss.csv), the flags as the run's config, and the validation
-renders (an image grid; for a video family also the clip)."""
+renders (an image grid; for a video family also the clip). W&B writes nothing outside the run's output folder, and
+a tracker folder that is a file is one line."""
 
 from __future__ import annotations
 
 import csv
 import glob
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from difftune.errors import UserError
 from support import tiny_family
 
 pytestmark = pytest.mark.slow
@@ -177,3 +182,73 @@ def test_a_service_that_does_not_start_is_one_line(tmp_path, monkeypatch, capsys
     line = str(err.value)
     assert "\n" not in line and line.startswith("--enable_wandb_log: wandb did not start (") and "No API key" in line
     assert "WANDB_MODE=offline" in line
+
+
+_TRACKER_RUN = '''
+import sys
+from pathlib import Path
+from PIL import Image
+from accelerate import PartialState
+from difftune.training.trackers import log_media, start
+
+PartialState()
+
+class Accel:
+    is_main_process = True
+    trackers = []
+
+class Config:
+    enable_wandb_log, enable_swanlab_log, wandb_project, output_path = True, False, "p", sys.argv[1]
+
+    def record(self):
+        return {"lr": 1.0}
+
+accel = Accel()
+start(accel, Config(), "run")
+accel.trackers[0].log({"loss": 0.5}, step=1)
+log_media(accel, Image.new("RGB", (16, 16), (200, 10, 10)), 1)
+accel.trackers[0].finish()
+'''
+
+
+def _tracker_env(home):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "XDG_"))}
+    env.update(HOME=str(home), WANDB_MODE="offline", WANDB_SILENT="true")
+    return env
+
+
+def test_wandb_offline_writes_only_under_the_output_folder(tmp_path):
+    """W&B offline also wrote under ~/.cache/wandb (and its settings under ~/.config/wandb): with HOME a fresh
+    folder, nothing of W&B's lands there; the run's files are under <output_path>/wandb_log."""
+    pytest.importorskip("wandb")
+    home, out = tmp_path / "home", tmp_path / "out"
+    home.mkdir()
+    proc = subprocess.run([sys.executable, "-c", _TRACKER_RUN, str(out)], env=_tracker_env(home), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*") if "wandb" in str(p).lower())
+    assert written == []
+    assert list((out / "wandb_log").rglob("run-*.wandb"))
+    assert not (tmp_path / "wandb").exists() and not (tmp_path / "artifacts").exists()
+
+
+def test_tracker_folder_that_is_a_file_is_one_line(tmp_path):
+    from difftune.training.trackers import start
+
+    class Accel:
+        is_main_process = True
+        trackers = []
+
+    class Config:
+        enable_wandb_log, enable_swanlab_log, wandb_project, output_path = True, False, "p", str(tmp_path / "out")
+
+        def record(self):
+            return {}
+
+    pytest.importorskip("wandb")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "wandb_log").write_text("not a folder")
+    with pytest.raises(UserError) as err:
+        start(Accel(), Config(), "run")
+    assert str(err.value) == (f"--enable_wandb_log: {tmp_path / 'out' / 'wandb_log'} is a file, not a folder; "
+                              f"move it or choose another --output_path")

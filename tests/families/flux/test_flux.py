@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from difftune.core.units import run_unit
+from difftune.errors import UserError
 from difftune.families.flux import FluxImagePipeline
 from difftune.families.flux.units import FluxClipEmbedder, FluxT5Embedder
 from difftune.models import ModelConfig
@@ -1076,3 +1077,21 @@ def test_features_compose_the_pipeline_and_step1x_has_none_of_their_slots():
     with pytest.raises(TypeError, match=r"unexpected input\(s\) \['kontext_image'\]; its features take "
                                         r".*kontext_images"):
         FluxImagePipeline()("a cat", kontext_image=None)
+
+
+def test_difftune_sample_takes_insert_anything_size_with_the_training_default():
+    from difftune.cli.sample import family_inputs, sample_parser
+    from difftune.core.family import get_family
+    from difftune.families.flux.insert_anything import SIZE
+
+    flux = get_family("flux")
+    options, call = family_inputs(sample_parser().parse_args(["--prompt", "p", "--insert_anything_size", "512"]), flux)
+    assert options.insert_anything_size == 512 and call["insert_anything_size"] == 512
+    options, call = family_inputs(sample_parser().parse_args(["--prompt", "p"]), flux)
+    assert "insert_anything_size" not in call  # unset: the pipeline's default, which is the training flag's
+    assert options.insert_anything_size == SIZE == 768
+    with pytest.raises(UserError, match="--insert_anything_size 500: a multiple of 16"):
+        family_inputs(sample_parser().parse_args(["--prompt", "p", "--insert_anything_size", "500"]), flux)
+    # a training-and-sampling flag that is no call input (a tokenizer path) is still not handed to the call
+    _, call = family_inputs(sample_parser().parse_args(["--prompt", "p", "--tokenizer_1_path", "x"]), flux)
+    assert "tokenizer_1_path" not in call

@@ -1,5 +1,6 @@
 """FLUX.1 ControlNets: recognition of the released layouts, the control image's encoding and the denoiser call
-against diffusers' FluxControlNetPipeline computations (fp32, tiny), inpaint-mask channel vs the reference."""
+against diffusers' FluxControlNetPipeline computations (fp32, tiny), inpaint-mask channel vs the reference; a fully
+trained ControlNet or value controller is saved in names that load back."""
 
 import numpy as np
 import pytest
@@ -249,3 +250,27 @@ def test_a_controlnet_lora_and_a_trainable_controlnet_train_the_same_one_stage_a
     diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     print(f"flux ControlNet ({trained}) one-stage vs split: max difference {diff:.2e}")
     assert diff <= 1e-5
+
+
+@pytest.mark.parametrize("slot", ["controlnet", "value_controller"])
+def test_a_fully_trained_controlnet_or_value_controller_saves_in_names_that_load_back(slot):
+    """`--full_format original` writes the released file's names (`models.0.` / `encoders.0.` dropped); the default
+    writes the slot's names, `pipe.<slot>.` less --remove_prefix_in_ckpt, as the reference's trained files. Either
+    loads back as the model it was; before, `--full_format original` was refused for both."""
+    from difftune.core.family import get_family
+    from difftune.training.config import RunConfig
+    from difftune.training.stages import full_converters
+
+    family = get_family("flux")
+    spec = next(c for c in family.components if c.name == slot)
+    label, config = next(iter(spec.known_configs.items()))
+    state = {k: torch.empty(s, device="meta") for k, s in spec.signature(config).items()}
+    native = family.full_native_keys[slot](state)
+    assert not any(k.startswith(("models.0.", "encoders.0.")) for k in native)
+    for saved in ({k: tuple(v.shape) for k, v in native.items()},  # --full_format original
+                  {f"{slot}.{k}": tuple(v.shape) for k, v in state.items()},  # --remove_prefix_in_ckpt pipe.
+                  {f"pipe.{slot}.{k}": tuple(v.shape) for k, v in state.items()}):
+        match = match_header(saved, [spec])
+        assert match is not None and match.label == label
+    run = RunConfig(trainable_models=slot, full_format="original")
+    assert full_converters(run, family) == {slot: family.full_native_keys[slot]}

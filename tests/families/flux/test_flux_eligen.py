@@ -1,12 +1,15 @@
 """FLUX.1 EliGen: the shared mask helpers (parts/eligen.py, Qwen-Image's too) read the masks as Qwen-Image's own
 copies did, the FLUX attention mask equals a step-by-step rewrite of the reference's construct_mask, and entities
-reach the denoiser."""
+reach the denoiser; a row whose prompts and masks do not pair is named before training."""
+
+import json
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from difftune.data.operators import DataError
 from difftune.errors import UserError
 from difftune.families.flux.eligen import FluxEntityControl, eligen_text_and_mask
 from difftune.families.flux.model_fn import model_fn_flux
@@ -107,3 +110,30 @@ def test_entities_are_encoded_and_change_the_prediction(flux_models):
     with pytest.raises(UserError, match="one entity prompt"):
         run_unit_on(FluxEntityControl(), models, eligen_entity_prompts=["one"], eligen_entity_masks=masks,
                     height=32, width=32)
+
+
+def test_flux_eligen_prompts_and_masks_are_counted_up_front_naming_the_row(tmp_path):
+    """FLUX.1 EliGen with 3 prompts and 2 masks named no row (it failed in the denoiser); the prompts may be a JSON
+    list written in a CSV cell."""
+    from difftune.core.family import get_family
+    from difftune.data import UnifiedDataset
+
+    for name in ("a.png", "m1.png", "m2.png"):
+        Image.new("RGB", (32, 32)).save(tmp_path / name)
+    rows = [{"image": "a.png", "prompt": "two", "eligen_entity_prompts": ["a", "b"],
+             "eligen_entity_masks": ["m1.png", "m2.png"]},
+            {"image": "a.png", "prompt": "three", "eligen_entity_prompts": ["a", "b", "c"],
+             "eligen_entity_masks": ["m1.png", "m2.png"]}]
+    (tmp_path / "meta.json").write_text(json.dumps(rows))
+    pairs = get_family("flux").pipeline.paired_columns()
+    assert ("eligen_entity_prompts", "eligen_entity_masks") in pairs
+    keys = dict(data_file_keys=("image", "eligen_entity_masks"),
+                extra_inputs=("eligen_entity_prompts", "eligen_entity_masks"), paired_columns=pairs)
+    with pytest.raises(DataError, match=r"meta.json row 2: 'eligen_entity_prompts' has 3 entries and "
+                                        r"'eligen_entity_masks' 2; they go in pairs"):
+        UnifiedDataset(tmp_path, tmp_path / "meta.json", **keys)
+    (tmp_path / "meta.csv").write_text('image,prompt,eligen_entity_prompts,eligen_entity_masks\n'
+                                       'a.png,one,"[""a"", ""b""]",m1.png\n')
+    with pytest.raises(DataError, match=r"meta.csv row 1: 'eligen_entity_prompts' has 2 entries and "
+                                        r"'eligen_entity_masks' 1"):
+        UnifiedDataset(tmp_path, tmp_path / "meta.csv", **keys)

@@ -1,5 +1,6 @@
 """Step1X-Edit: one released file holds the DiT (FLUX.1 without guidance, BFL's names) and the connector; both are
-recognised from it, and the connector computes the reference's formula."""
+recognised from it, and the connector computes the reference's formula; `difftune sample` takes the reference
+image's size, as the Python call does."""
 
 import math
 
@@ -153,3 +154,16 @@ def test_qwenvl_embedding_follows_the_reference_steps(tmp_path):
     torch.testing.assert_close(emb[:n], hidden[drop:drop + n])
     assert not emb[n:].any()
     assert not torch.allclose(emb, other_image) and not torch.allclose(emb, other_prompt)
+
+
+def test_step1x_samples_at_the_reference_images_size_in_the_cli_as_in_python():
+    """`difftune sample` passed the family's 1024 x 1024 where the Python call takes the reference image's size."""
+    import inspect
+
+    from difftune.families.flux.step1x import Step1XEditPipeline
+
+    params = inspect.signature(Step1XEditPipeline.__call__).parameters
+    accepted = {*params, *Step1XEditPipeline.call_inputs(), *Step1XEditPipeline.call_settings()}
+    cli = {k: v for k, v in Step1XEditPipeline.call_defaults.items() if k in accepted}  # as `difftune sample`
+    assert cli["height"] is None and cli["width"] is None
+    assert all(params[k].default == v for k, v in cli.items())

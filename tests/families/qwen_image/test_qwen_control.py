@@ -431,3 +431,38 @@ def test_a_lora_on_the_controlnet_trains_and_splits(ws, tmp_path):
     assert diff <= 1e-5
     assert all(k.startswith("blockwise_controlnet.models.0.") for k in one)
     assert any(v.abs().max() > 0 for k, v in one.items() if ".lora_B." in k)
+
+
+def test_eligen_prompt_and_mask_counts_are_checked_up_front_naming_the_row(tmp_path):
+    from difftune.data import DataError, UnifiedDataset
+    from difftune.families.qwen_image.pipeline import QwenImagePipeline
+
+    meta = write_control_dataset(tmp_path, "eligen", n=2)
+    rows = json.loads(meta.read_text())
+    rows[1]["eligen_entity_prompts"] = rows[1]["eligen_entity_prompts"] + ["a third entity"]
+    meta.write_text(json.dumps(rows))
+    with pytest.raises(DataError) as err:
+        UnifiedDataset(tmp_path, meta, data_file_keys=("image", "eligen_entity_masks"),
+                       extra_inputs=("eligen_entity_prompts", "eligen_entity_masks"),
+                       paired_columns=QwenImagePipeline.paired_columns())
+    assert f"{meta} row 2" in str(err.value) and "'eligen_entity_prompts' has 3 entries" in str(err.value)
+    assert "'eligen_entity_masks' 2" in str(err.value)
+
+
+def test_an_eligen_mask_of_any_size_is_taken(tmp_path):
+    from difftune.data import UnifiedDataset
+    from difftune.families.qwen_image.pipeline import QwenImagePipeline
+
+    meta = write_control_dataset(tmp_path, "eligen", n=1)
+    rows = json.loads(meta.read_text())
+    Image.new("RGB", (10, 90), (255, 255, 255)).save(tmp_path / "thin.png")
+    rows[0]["eligen_entity_masks"][0] = "thin.png"
+    meta.write_text(json.dumps(rows))
+    run_config = type("C", (), {"dataset_base_path": str(tmp_path), "height": None, "width": None,
+                                "max_pixels": 4096})
+    ops = QwenImagePipeline.data_operators(run_config)
+    data = UnifiedDataset(tmp_path, meta, data_file_keys=("image", "eligen_entity_masks"),
+                          extra_inputs=("eligen_entity_prompts", "eligen_entity_masks"), special_operator_map=ops,
+                          main_data_operator=UnifiedDataset.default_image_operator(tmp_path, max_pixels=4096))
+    assert data[0]["eligen_entity_masks"][0].size == (10, 90)  # whole: the unit resizes it to the latent grid
+    assert entity_token_masks(data[0]["eligen_entity_masks"], 32, 48, vae_scale=8).shape == (1, 2 * 3)

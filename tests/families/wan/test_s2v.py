@@ -1,6 +1,7 @@
 """Wan2.2-S2V: the released layout is recognised and loads; the DiT and the audio features equal a step-by-step
 rewrite of the reference's formulas (`diffsynth/models/wan_video_dit_s2v.py`, `model_fn_wans2v`,
-`diffsynth/models/wav2vec.py`) on the same values, in float32."""
+`diffsynth/models/wav2vec.py`) on the same values, in float32; audio too short for wav2vec2 is one line naming the
+file."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from difftune.data.operators import DataError
+from difftune.errors import UserError
 from difftune.families.wan.components import DIT, DIT_ORIGINAL
 from difftune.families.wan.s2v.keys import (AUDIO_ENCODER, S2V_14B_CONFIG, S2V_DIT, WAV2VEC2_XLSR_CONFIG,
                                             infer_s2v_config)
 from difftune.families.wan.s2v.model import model_fn_wan_s2v
 from difftune.families.wan.s2v.units import load_audio_processor, s2v_audio_embeds
+from support.audio import write_wav
 from support.wan.s2v import WAV2VEC_FOLDER, tiny_wav2vec2, write_tiny_s2v
 from difftune.models.detect import detect_component, match_header
 from difftune.models.load import load_component
@@ -311,3 +315,32 @@ def test_audio_features_equal_the_reference(repo, seconds, num_frames):
         assert not ours[..., -1].any() and ours[..., 0].abs().sum() > 0
     other = s2v_audio_embeds(model, processor, audio[::-1].copy(), num_frames)
     assert not torch.equal(other, ours)
+
+
+def test_audio_too_short_for_the_encoder_is_one_line_naming_the_file(tmp_path):
+    """20 ms of audio reached wav2vec2's first convolution (400 samples wide) and ended in a conv1d traceback."""
+    from difftune.families.wan.s2v import WanS2VPipeline
+    from difftune.families.wan.s2v.units import S2V_MIN_AUDIO_SECONDS
+
+    class Config:
+        dataset_base_path = str(tmp_path)
+
+    path = write_wav(tmp_path / "short.wav", np.full((320, 1), 0.1), 16000)
+    op = WanS2VPipeline.data_operators(Config())["input_audio"]
+    context = {"where": "row 2", "key": "input_audio"}
+    for run in (op.check, op):
+        with pytest.raises(DataError) as err:
+            run("short.wav", context)
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith("row 2 'input_audio'") and str(path) in msg
+        assert "0.02 s" in msg and f"{S2V_MIN_AUDIO_SECONDS:g} s" in msg
+    ok = write_wav(tmp_path / "ok.wav", np.full((800, 1), 0.1), 16000)
+    assert op("ok.wav", context).shape == (800,)
+
+
+def test_s2v_audio_embeds_refuses_a_waveform_shorter_than_the_encoder_takes(tmp_path):
+    repo = write_tiny_s2v(tmp_path / "s2v")
+    processor = load_audio_processor(str(repo / WAV2VEC_FOLDER))
+    with pytest.raises(UserError, match=r"^input_audio: 320 samples \(0\.02 s\) at 16000 Hz; wav2vec2 needs at "
+                                        r"least 400"):
+        s2v_audio_embeds(tiny_wav2vec2(), processor, np.zeros(320, np.float32), 5)

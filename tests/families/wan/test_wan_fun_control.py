@@ -1,6 +1,7 @@
 """Fun-Control and Fun-Control-Camera: PAI's DiT files recognised from their headers (ref_conv, control_adapter,
 the channel counts), the reference image's tokens, the camera adapter and the Plücker embedding against
-step-by-step rewrites of the reference's formulas, and the units' values."""
+step-by-step rewrites of the reference's formulas, and the units' values (a non-finite or singular camera value is
+one line)."""
 
 import math
 
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from difftune.core.units import run_unit
+from difftune.errors import UserError
 from difftune.families.wan.camera import (WanCameraControl, WanCameraImageLatents, camera_dit_inputs, camera_poses,
                                           pack_camera_latents, plucker_embedding)
 from difftune.families.wan.components import DIT_ORIGINAL, WAN_DIT_CONFIGS
@@ -253,3 +255,33 @@ def test_camera_origin_from_a_metadata_cell():
     for bad in ("0 0.5 0.9", "left", [1, 2]):
         with pytest.raises(UserError, match=r"camera_control_origin .*expected 19 numbers"):
             camera_poses("Up", 5, 0.02, bad)
+
+
+class _Pipe:
+    device, torch_dtype = "cpu", None
+
+
+def _camera(speed="0.02", origin=None):
+    pipe = _Pipe()
+    pipe.torch_dtype = torch.float32
+    return WanCameraControl().process(pipe, "Left", speed, origin, 5, 16, 16, 1)
+
+
+@pytest.mark.parametrize("speed", ["inf", "nan", "-Infinity", float("-inf"), "1e400", 1e400])
+def test_non_finite_camera_speed_names_the_column(speed):
+    with pytest.raises(UserError, match=r"^camera_control_speed .*: expected a finite number"):
+        _camera(speed)
+    assert torch.isfinite(_camera("0.02")["control_camera_latents"]).all()
+    assert torch.isfinite(_camera(None)["control_camera_latents"]).all()  # no value: the default speed
+    assert torch.isfinite(_camera(float("nan"))["control_camera_latents"]).all()  # an empty cell, as read
+
+
+def test_singular_or_non_finite_camera_origin_is_one_line():
+    """A pose whose 3 x 4 world-to-camera matrix cannot be inverted raised numpy's LinAlgError."""
+    singular = "0 0.53 0.94 0.5 0.5 0 0 " + " ".join(["0"] * 12)
+    with pytest.raises(UserError) as err:
+        _camera(origin=singular)
+    msg = str(err.value)
+    assert msg.startswith("camera_control_origin") and "not invertible" in msg and "\n" not in msg
+    with pytest.raises(UserError, match=r"^camera_control_origin .*: expected 19 numbers, all finite"):
+        _camera(origin="0 0.53 0.94 0.5 0.5 0 0 1 0 0 nan 0 1 0 0 0 0 1 0")

@@ -1,6 +1,10 @@
-"""Issue 25 (trust, round 3), items 1-9: nothing trains on the wrong data without a word, in every family where the
-input applies. One tiny workspace per family (its models, a two-row data set and one stage-1 cache, one shard per
-sample); most cases stop at start-up, before a model is loaded."""
+"""Issue 25, items 1-7: nothing trains on the wrong data without a word, in every family where the input applies: a
+cache missing shards, stage-2 size flags against the cache, a row without a prompt, a size off the size factor, full
+and LoRA training of one model, a frame past the positional table, animated WebP. One tiny workspace per family (its
+models, a two-row data set and one stage-1 cache, one shard per sample); most cases stop at start-up, before a model
+is loaded. The cases that need no workspace are beside their code: EliGen rows (item 8) in the Qwen-Image control
+tests (tests/families/qwen_image/test_qwen_control.py), empty prompts read as "" (item 3) and the `--max_pixels`
+wording (item 9) in tests/data/test_dataset.py."""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ import json
 import shutil
 
 import pytest
-import torch
 from PIL import Image
 
 from conftest import setup_run
@@ -35,7 +38,7 @@ def one_line(capsys, code, *expected):
 @pytest.fixture(scope="module", params=FAMILIES)
 def ws(request, tmp_path_factory):
     """A family's tiny models, a two-row data set and its stage-1 cache (written one sample per shard)."""
-    folder = tmp_path_factory.mktemp(f"trust3_{request.param}")
+    folder = tmp_path_factory.mktemp(f"wrong_data_{request.param}")
     t = tiny_family(request.param, folder)
     t.name = request.param
     t.metadata = t.write_dataset(folder / "data")
@@ -123,15 +126,6 @@ def test_a_row_without_a_text_prompt_is_refused_naming_the_row(ws, tmp_path, cap
     one_line(capsys, cli(*args), f"{meta} row 2", "'prompt'", "--allow_empty_prompts")
     assert cli(*args, "--allow_empty_prompts") == 0  # trains that row on the empty prompt
     assert list((tmp_path / "out").glob("*.safetensors"))
-
-
-def test_empty_prompts_train_as_the_empty_string(tmp_path):
-    from difftune.data import UnifiedDataset
-
-    meta = write_example_dataset(tmp_path, n=2, size=(48, 32))
-    meta.write_text("image,prompt\nimage_1.png,a red circle\nimage_2.png,\n")
-    data = UnifiedDataset(tmp_path, meta, allow_empty_prompts=True)
-    assert [data[i]["prompt"] for i in range(2)] == ["a red circle", ""]  # not None, not "NaN"
 
 
 # -- 5. a fixed size that is not a multiple of the size factor --------------------------------------------------
@@ -227,58 +221,3 @@ def test_an_animated_webp_is_read_frame_by_frame(ws, tmp_path):
     # a still .webp stays a one-frame clip
     frames[0].save(tmp_path / "still.webp")
     assert len(op(str(tmp_path / "still.webp"), {})) == 1
-
-
-# -- 8, 9. EliGen rows, and the words of two refusals -----------------------------------------------------------
-
-def test_eligen_prompt_and_mask_counts_are_checked_up_front_naming_the_row(tmp_path):
-    from difftune.data import DataError, UnifiedDataset
-    from difftune.families.qwen_image.pipeline import QwenImagePipeline
-    from support import write_control_dataset
-
-    meta = write_control_dataset(tmp_path, "eligen", n=2)
-    rows = json.loads(meta.read_text())
-    rows[1]["eligen_entity_prompts"] = rows[1]["eligen_entity_prompts"] + ["a third entity"]
-    meta.write_text(json.dumps(rows))
-    with pytest.raises(DataError) as err:
-        UnifiedDataset(tmp_path, meta, data_file_keys=("image", "eligen_entity_masks"),
-                       extra_inputs=("eligen_entity_prompts", "eligen_entity_masks"),
-                       paired_columns=QwenImagePipeline.paired_columns())
-    assert f"{meta} row 2" in str(err.value) and "'eligen_entity_prompts' has 3 entries" in str(err.value)
-    assert "'eligen_entity_masks' 2" in str(err.value)
-
-
-def test_an_eligen_mask_of_any_size_is_taken(tmp_path):
-    from difftune.data import UnifiedDataset
-    from difftune.families.qwen_image.pipeline import QwenImagePipeline
-    from support import write_control_dataset
-
-    meta = write_control_dataset(tmp_path, "eligen", n=1)
-    rows = json.loads(meta.read_text())
-    Image.new("RGB", (10, 90), (255, 255, 255)).save(tmp_path / "thin.png")
-    rows[0]["eligen_entity_masks"][0] = "thin.png"
-    meta.write_text(json.dumps(rows))
-    run_config = type("C", (), {"dataset_base_path": str(tmp_path), "height": None, "width": None,
-                                "max_pixels": 4096})
-    ops = QwenImagePipeline.data_operators(run_config)
-    data = UnifiedDataset(tmp_path, meta, data_file_keys=("image", "eligen_entity_masks"),
-                          extra_inputs=("eligen_entity_prompts", "eligen_entity_masks"), special_operator_map=ops,
-                          main_data_operator=UnifiedDataset.default_image_operator(tmp_path, max_pixels=4096))
-    assert data[0]["eligen_entity_masks"][0].size == (10, 90)  # whole: the unit resizes it to the latent grid
-    from difftune.parts.eligen import entity_token_masks
-
-    assert entity_token_masks(data[0]["eligen_entity_masks"], 32, 48, vae_scale=8).shape == (1, 2 * 3)
-
-
-def test_max_pixels_too_small_names_the_flag(tmp_path):
-    from difftune.data import DataError, ImageCropAndResize
-
-    op = ImageCropAndResize(max_pixels=100, height_division_factor=16, width_division_factor=16)
-    with pytest.raises(DataError) as err:
-        op(Image.new("RGB", (64, 48)), {"where": "m.csv row 1", "file": "a.png"})
-    assert "--max_pixels 100" in str(err.value) and "at least 342" in str(err.value)
-    assert "smaller than" not in str(err.value)
-    fixed = ImageCropAndResize(max_pixels=342, height_division_factor=16, width_division_factor=16)
-    assert fixed(Image.new("RGB", (64, 48))).size == (16, 16)  # the least it names is enough
-    with pytest.raises(DataError, match="image is 8x8, smaller than the division factor"):  # a tiny image is the image's fault
-        op(Image.new("RGB", (8, 8)), {"where": "m.csv row 1", "file": "a.png"})
