@@ -1080,18 +1080,23 @@ def test_features_compose_the_pipeline_and_step1x_has_none_of_their_slots():
 
 
 def test_difftune_sample_takes_insert_anything_size_with_the_training_default():
-    from difftune.cli.sample import family_inputs, sample_parser
+    from difftune.cli.sample import call_inputs_of, family_inputs, sample_parser
     from difftune.core.family import get_family
     from difftune.families.flux.insert_anything import SIZE
 
     flux = get_family("flux")
-    options, call = family_inputs(sample_parser().parse_args(["--prompt", "p", "--insert_anything_size", "512"]), flux)
+
+    def inputs(*argv):
+        options, flags = family_inputs(sample_parser().parse_args(["--prompt", "p", *argv]), flux)
+        return options, call_inputs_of(flux.pipeline, flux, flags)
+
+    options, call = inputs("--insert_anything_size", "512")
     assert options.insert_anything_size == 512 and call["insert_anything_size"] == 512
-    options, call = family_inputs(sample_parser().parse_args(["--prompt", "p"]), flux)
+    options, call = inputs()
     assert "insert_anything_size" not in call  # unset: the pipeline's default, which is the training flag's
     assert options.insert_anything_size == SIZE == 768
     with pytest.raises(UserError, match="--insert_anything_size 500: a multiple of 16"):
-        family_inputs(sample_parser().parse_args(["--prompt", "p", "--insert_anything_size", "500"]), flux)
+        inputs("--insert_anything_size", "500")
     # a training-and-sampling flag that is no call input (a tokenizer path) is still not handed to the call
-    _, call = family_inputs(sample_parser().parse_args(["--prompt", "p", "--tokenizer_1_path", "x"]), flux)
+    _, call = inputs("--tokenizer_1_path", "x")
     assert "tokenizer_1_path" not in call
