@@ -612,6 +612,10 @@ class BasePipeline:
         return latents
 
     # -- a training row and a sampling call as values ------------------------------------------------
+    # A training row hands on every feature's columns it has (by their kinds), the run's features or not: a file
+    # column that no flag loads arrives as text and is refused in one line instead of ignored.
+    every_feature_column = False
+
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
         """Pipeline inputs for one data sample, as inference would be called with (batch of one): the prompt, the
         row's settings (`data_inputs`: seed, a distillation row's steps, ...), each stream's value and the size it
@@ -631,6 +635,8 @@ class BasePipeline:
             values.update(stream.frame_values(data))
         row = data.get("_row")
         where = f"row {row + 1}" if isinstance(row, int) else "row ?"
+        if self.every_feature_column:
+            values.update(self.feature_data(data, values.get("num_frames")))
         for feature in self.features:
             if self.active_features is None or feature.name in self.active_features:
                 values.update(feature.row_values(self, data, values))

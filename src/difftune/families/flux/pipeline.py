@@ -58,6 +58,7 @@ class FluxBasePipeline(BasePipeline):
     call_defaults = CALL_DEFAULTS
     target = Target((ImageStream(channels=16, scale=8, patch=2, division=DIVISION_FACTOR, decoder=vae_decode),))
 
+    every_feature_column = True  # a feature's file column no flag loads is refused, not ignored
     call_parameters = {"embedded_guidance": CALL_DEFAULTS["embedded_guidance"]}  # FluxPipeline's guidance_scale
     sample_flags = {"embedded_guidance": sample_input("FLUX.1-dev's distilled guidance (default: the family's, "
                                                       "3.5).", kind=float)}

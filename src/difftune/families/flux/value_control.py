@@ -116,9 +116,10 @@ class FluxValueControlEmbedder(PipelineUnit):
     inputs = ("value_controller_inputs", "batch_size")
     outputs = ("value_embeds",)
     models = ("value_controller",)
-    skip_without = ("value_controller_inputs",)
 
     def process(self, pipe, value_controller_inputs, batch_size):
+        if value_controller_inputs is None:
+            return {}
         b = int(batch_size or 1)
         per_sample = value_controller_inputs if isinstance(value_controller_inputs, list) and \
             len(value_controller_inputs) == b and b > 1 else [value_controller_inputs] * b
