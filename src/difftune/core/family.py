@@ -150,7 +150,8 @@ class FamilySpec:
         # `difftune sample` takes the family's options and the sampling inputs its pipelines and features declare
         inputs: dict = {}
         for cls in self.pipelines:
-            for name, spec in cls.all_sample_flags().items():
+            declared = getattr(cls, "all_sample_flags", dict)  # a class that is no BasePipeline declares none
+            for name, spec in declared().items():
                 inputs.setdefault(name, spec)
         group = next((f.metadata["flag"]["group"] for f in flag_fields(self.options) if f.metadata["flag"]["group"]),
                      self.name)
