@@ -397,7 +397,7 @@ def run_difftune(argv: list[str], isolated: bool = True, threads: int = 1) -> di
 
 def reset_accelerate() -> None:
     """Accelerate's state is process-global; in-process runs start from a clean one."""
-    from difftune.training.setup import reset_accelerate_state
+    from difftune.training.accelerator import reset_accelerate_state
 
     reset_accelerate_state()
 

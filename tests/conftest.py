@@ -140,7 +140,7 @@ def model_paths_json(repo, components=("transformer", "text_encoder", "vae")):
 def _fresh_accelerate_state():
     """Accelerator state is process-global; each in-process training run starts from a clean one."""
     yield
-    from difftune.training.setup import reset_accelerate_state
+    from difftune.training.accelerator import reset_accelerate_state
 
     reset_accelerate_state()
 
@@ -161,8 +161,9 @@ def run_train(*argv):
 
 def setup_run(*argv):
     """A training command set up from its flags (nothing loaded): its family, pipeline class, features and split."""
+    from difftune.training.accelerator import make_accelerator, reset_accelerate_state
     from difftune.training.config import RunConfig
-    from difftune.training.setup import make_accelerator, reset_accelerate_state, setup
+    from difftune.training.setup import setup
 
     config = RunConfig.from_namespace(train_args(*argv))
     reset_accelerate_state()

@@ -253,7 +253,7 @@ def draw_grid(rows: list[tuple[str, list]], columns: list[str], path: Path, scal
 def _train(argv: list[str]) -> dict:
     """The `difftune train` command path: its flags (the shared ones), then `run`."""
     from .training.config import RunConfig
-    from .training.setup import reset_accelerate_state
+    from .training.accelerator import reset_accelerate_state
     from .training.recipe import run
 
     try:

@@ -17,7 +17,7 @@ from conftest import LORA_TARGETS, make_image_dataset, model_paths_json, run_tra
 from difftune import (DiffusionTrainingModule, ModelConfig, ModelLogger, QwenImagePipeline, UnifiedDataset,
                       launch_training_task, load_component, sample_generator, sft_loss)
 from difftune.errors import UserError
-from difftune.training.setup import reset_accelerate_state
+from difftune.training.accelerator import reset_accelerate_state
 from support.toys import toy_family
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen_image" / "simple_train.py"

@@ -158,7 +158,7 @@ def test_zero3_configs_partition_everything_and_can_write_checkpoints(monkeypatc
 
 
 def test_accumulation_from_an_accelerate_config_that_disagrees_with_the_flag_is_refused(monkeypatch, tmp_path):
-    from difftune.training.setup import make_accelerator
+    from difftune.training.accelerator import make_accelerator
 
     # The reference's ZeRO-2 config carries gradient_accumulation_steps: 1; accelerate's DeepSpeed launcher
     # exports it, and Accelerator() then ignores its own gradient_accumulation_steps argument.

@@ -20,7 +20,7 @@ def train(tmp_path, tiny_repo, name, *extra, dtype="bfloat16", steps=4):
     if not meta.is_file():
         make_image_dataset(tmp_path / "data", n=2)
     out = tmp_path / name
-    from difftune.training.setup import reset_accelerate_state
+    from difftune.training.accelerator import reset_accelerate_state
 
     reset_accelerate_state()  # several runs in one test
     run_train("--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--max_pixels", 4096,

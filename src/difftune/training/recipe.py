@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .config import RunConfig
-from .setup import ensure_writable, main_process_log, make_accelerator, setup
+from .accelerator import main_process_log, make_accelerator
+from .setup import ensure_writable, setup
 from .stages import check_outputs, fit, from_cache, stage1
 
 

@@ -18,7 +18,8 @@ from ..core.batch import split_batch
 from ..errors import UserError
 from ..cache.codec import to_cache
 from .builders import bad_samples_of_all_processes, make_dataset, stage_pipeline, write_json
-from .setup import ensure_writable, main_process_log, stage_settings
+from .accelerator import main_process_log
+from .setup import ensure_writable, stage_settings
 
 CACHE_SUBDIR = "cache"
 
