@@ -11,7 +11,6 @@ from pathlib import Path
 from ..core.build import build_pipeline
 from ..errors import UserError
 from ..io import atomic_write_text
-from ..util import names
 from .config import DEFAULT_DATA_FILE_KEYS
 
 
@@ -42,14 +41,14 @@ def make_dataset(run):
     special = {**{s.column: s.operator(size, frames) for s in run.pipeline.target.streams[1:]},
                **run.pipeline.data_operators(config)} or None
     return UnifiedDataset(base_path=config.dataset_base_path, metadata_path=config.dataset_metadata_path,
-                          repeat=config.dataset_repeat, data_file_keys=names(config.data_file_keys),
+                          repeat=config.dataset_repeat, data_file_keys=config.data_file_keys,
                           main_data_operator=operator, special_operator_map=special,
-                          extra_inputs=names(config.extra_inputs),
+                          extra_inputs=config.extra_inputs,
                           on_bad_sample=config.on_bad_sample, present_keys_only=True,
                           allow_empty_prompts=config.allow_empty_prompts, progress=not config.no_progress,
                           frame_inputs=dict(stream.frame_inputs) if frames is not None else None,
                           paired_columns=run.pipeline.paired_columns(),
-                          required_columns=run.pipeline.required_columns(run.features, names(config.extra_inputs)),
+                          required_columns=run.pipeline.required_columns(run.features, config.extra_inputs),
                           allow_paths_outside=config.allow_paths_outside_dataset,
                           aligned_columns=run.pipeline.aligned_columns() if frames is not None else None,
                           clip_columns=stream.clip_columns)
@@ -75,9 +74,9 @@ def check_data_columns(config, pipeline: type, family: str) -> None:
     reads = pipeline.all_data_inputs()
     if not reads:
         return
-    named = [("--extra_inputs", n) for n in names(config.extra_inputs)]
+    named = [("--extra_inputs", n) for n in config.extra_inputs]
     if config.data_file_keys != DEFAULT_DATA_FILE_KEYS:
-        named += [("--data_file_keys", n) for n in names(config.data_file_keys)]
+        named += [("--data_file_keys", n) for n in config.data_file_keys]
     from .losses import UNREAD_INPUTS
 
     for name, why in UNREAD_INPUTS.get(config.task.split(":")[0], {}).items():
@@ -117,7 +116,7 @@ def loop_config(config, resume_from=None):
         progress=not config.no_progress, resume_from=resume_from, force_resume=config.force_resume,
         loss_readback_steps=config.loss_readback_steps, lora_compute=config.lora_compute,
         exactness={"task": config.task.split(":")[0], "trainable": config.trainable, "lora_rank": config.lora_rank,
-                   "lora_target_modules": config.lora_target_modules,
+                   "lora_target_modules": ",".join(config.lora_target_modules),  # its text, as runs saved it
                    "timestep_boundaries": [config.min_timestep_boundary, config.max_timestep_boundary]})
 
 

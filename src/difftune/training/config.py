@@ -17,8 +17,20 @@ from ..core.options import BOOL, SWITCH, from_values, option
 from ..errors import UserError
 from ..util import names
 
-DEFAULT_DATA_FILE_KEYS = "image,video"
+DEFAULT_DATA_FILE_KEYS = ("image", "video")
 STAGES = ("", "data_process", "train", "split")
+
+
+def name_list(value) -> tuple[str, ...]:
+    """A list flag's names, from the command line's "a, b,a" (the reference's form), a list, or a saved config's
+    value: stripped, no empties, no repeats, in order (`util.names`)."""
+    return tuple(names(value))
+
+
+def flag_text(value: tuple[str, ...]) -> str | None:
+    """A list flag as the command line writes it ("a,b"; None when empty): the form a run records it in, as it did
+    before the flags were parsed (so a stage-1 cache's fingerprint and training_args.json read as before)."""
+    return ",".join(value) or None
 
 
 @dataclass(frozen=True)
@@ -72,8 +84,8 @@ class RunConfig:
     dataset_metadata_path: str | None = option(None, "Metadata file (csv, json or jsonl).", group=D)
     dataset_repeat: int = option(1, "Times the dataset is repeated in each epoch.", kind=int, group=D)
     dataset_num_workers: int = option(0, "DataLoader worker processes.", kind=int, group=D)
-    data_file_keys: str = option(DEFAULT_DATA_FILE_KEYS, "Comma-separated metadata fields that are files to load.",
-                                 group=D)
+    data_file_keys: tuple[str, ...] = option(DEFAULT_DATA_FILE_KEYS, "Comma-separated metadata fields that are "
+                                             "files to load.", kind=name_list, group=D)
     on_bad_sample: str = option("error", "Stop on a bad sample, or skip it and list it in bad_samples.json.",
                                 choices=("error", "skip"), group=D)
     allow_empty_prompts: bool = option(False, "Train on metadata without a prompt column (every prompt empty); "
@@ -95,8 +107,8 @@ class RunConfig:
     model_paths: str | None = option(None, "JSON list of model files (an entry may be a list of shards).", group=M)
     model_id_with_origin_paths: str | None = option(None, "Comma-separated model_id:glob entries, downloaded from "
                                                     "the hub.", group=M)
-    extra_inputs: str | None = option(None, "Comma-separated extra pipeline inputs from the metadata (the "
-                                      "columns a family's features read).", group=M)
+    extra_inputs: tuple[str, ...] = option((), "Comma-separated extra pipeline inputs from the metadata (the "
+                                           "columns a family's features read).", kind=name_list, group=M)
     fp8_models: str | None = option(None, "Frozen models to store in FP8 (entries of the model flags, or "
                                     "dit/text_encoder/vae).", group=M)
     quant_options: str | None = option(None, "QLoRA: ';'-separated '<model entry>:<method>[/<layers kept in full "
@@ -130,8 +142,8 @@ class RunConfig:
     num_epochs: int = option(1, "", kind=int, group=T)
     max_steps: int | None = option(None, "Stop after this many optimizer steps.", kind=int, group=T)
     batch_size: int = option(1, "Samples per process per micro-step (equal image sizes).", kind=int, group=T)
-    trainable_models: str | None = option(None, "Comma-separated models to train fully: dit, text_encoder, vae.",
-                                          group=T)
+    trainable_models: tuple[str, ...] = option((), "Comma-separated models to train fully: dit, text_encoder, "
+                                               "vae.", kind=name_list, group=T)
     find_unused_parameters: bool = option(False, "DDP: some parameters get no gradient (e.g. a last text block no loss "
                                           "reaches).", kind=SWITCH, group=T)
     lr_scheduler: str = option("constant", "", choices=("constant", "constant_with_warmup", "linear", "cosine"),
@@ -185,7 +197,8 @@ class RunConfig:
                                 group=O)
     # -- lora
     lora_base_model: str | None = option(None, "Model the LoRA is added to (dit, text_encoder).", group=L)
-    lora_target_modules: str = option("", "Comma-separated module names for LoRA.", group=L)
+    lora_target_modules: tuple[str, ...] = option((), "Comma-separated module names for LoRA.", kind=name_list,
+                                                  group=L)
     lora_rank: int = option(32, "", kind=int, group=L)
     lora_alpha: float | None = option(None, "LoRA alpha (default: the rank, as the reference).", kind=float, group=L)
     full_format: str = option("diffusers", "Key names of a fully trained model's checkpoint (--trainable_models): "
@@ -253,6 +266,11 @@ class RunConfig:
     family_options: Any = None  # the family's own options (FamilySpec.options); FamilyFlags until it is known
     frames: FrameSettings | None = None  # video families: the clip settings
 
+    def __post_init__(self):
+        # the list flags are parsed here, once, however the config is built (flags, the API, a saved config)
+        for name in LIST_FLAGS:
+            object.__setattr__(self, name, name_list(getattr(self, name)))
+
     # ------------------------------------------------------------------------------------------------
     @classmethod
     def from_namespace(cls, args) -> RunConfig:
@@ -310,7 +328,7 @@ class RunConfig:
     @property
     def fully_trained(self) -> list[str]:
         """The slots --trainable_models names (a submodule, `dit.blocks.0.self_attn.q`, counts as its model)."""
-        return list(dict.fromkeys(n.split(".", 1)[0] for n in names(self.trainable_models)))
+        return list(dict.fromkeys(n.split(".", 1)[0] for n in self.trainable_models))
 
     def checkpoint_prefix(self, denoiser: str | None) -> str:
         """--remove_prefix_in_ckpt, or the denoiser's `pipe.<slot>.` (the reference's `pipe.dit.` for a DiT)."""
@@ -322,9 +340,15 @@ class RunConfig:
     def record(self) -> dict:
         """The flags as a run records them (training_args.json): shared flags and the family's options."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if "flag" in f.metadata}
+        out.update({name: flag_text(out[name]) for name in LIST_FLAGS})
         if self.family_options is not None and dataclasses.is_dataclass(self.family_options):
             out.update(dataclasses.asdict(self.family_options))
         return out
+
+
+# the flags that hold a list of names (their `kind` parses them)
+LIST_FLAGS = tuple(f.name for f in dataclasses.fields(RunConfig)
+                   if f.metadata.get("flag", {}).get("kind") is name_list)
 
 
 def _all_losses() -> dict:
@@ -360,4 +384,5 @@ def frame_settings(config: RunConfig, family) -> FrameSettings | None:
     return FrameSettings(int(num_frames), factor, remainder)
 
 
-__all__ = ["DEFAULT_DATA_FILE_KEYS", "FamilyFlags", "FrameSettings", "RunConfig", "TaskSpec", "frame_settings", "task_choices"]
+__all__ = ["DEFAULT_DATA_FILE_KEYS", "FamilyFlags", "FrameSettings", "LIST_FLAGS", "RunConfig", "TaskSpec", "flag_text",
+           "frame_settings", "name_list", "task_choices"]

@@ -53,8 +53,9 @@ def check_lora_and_full(trainable_models, lora_base_model) -> None:
     """A model named by both --trainable_models and --lora_base_model: in the reference, adding the LoRA freezes the
     model's own weights again (peft marks only the adapter trainable), so the full training it asked for is dropped
     without a word and the checkpoint holds the LoRA alone. Refused here in one line instead."""
-    if lora_base_model and lora_base_model in _names(trainable_models):
-        raise UserError(f"--trainable_models {trainable_models} with --lora_base_model {lora_base_model}: "
+    given = _names(trainable_models)  # the flags' tuple or the API's "a,b"
+    if lora_base_model and lora_base_model in given:
+        raise UserError(f"--trainable_models {','.join(given)} with --lora_base_model {lora_base_model}: "
                         f"{lora_base_model} cannot be trained fully and through a LoRA at once (the reference "
                         f"trains the LoRA alone then); drop {lora_base_model} from one of the two flags")
 

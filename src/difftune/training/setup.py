@@ -18,7 +18,6 @@ from ..core.features import describe
 from ..core.family import FamilySpec, recognise
 from ..core.graph import Split, split_units
 from ..errors import UserError
-from ..util import names
 from .config import RunConfig, TaskSpec
 
 
@@ -90,7 +89,7 @@ def _families():
 def data_columns(config: RunConfig) -> frozenset[str]:
     """The data columns a run hands to its pipeline: --extra_inputs, as the reference's train.py (a column named only
     in --data_file_keys is loaded but reaches no unit, so it switches no feature on: `unread_file_columns`)."""
-    return frozenset(names(config.extra_inputs))
+    return frozenset(config.extra_inputs)
 
 
 def unread_file_columns(config: RunConfig, pipeline: type) -> list[str]:
@@ -101,8 +100,8 @@ def unread_file_columns(config: RunConfig, pipeline: type) -> list[str]:
     from ..data.dataset import read_metadata
 
     header = {k for row in read_metadata(config.dataset_metadata_path) for k in row}
-    handed = set(names(config.extra_inputs)) | set(pipeline.data_inputs)
-    return [c for c in names(config.data_file_keys) if c in header and c not in handed]
+    handed = set(config.extra_inputs) | set(pipeline.data_inputs)
+    return [c for c in config.data_file_keys if c in header and c not in handed]
 
 
 def features_of_cache(path: str, family: FamilySpec) -> tuple[type, frozenset[str]]:

@@ -19,6 +19,7 @@ from ..errors import UserError
 from ..cache.codec import to_cache
 from .builders import bad_samples_of_all_processes, make_dataset, stage_pipeline, write_json
 from .accelerator import main_process_log
+from .config import flag_text
 from .setup import ensure_writable, stage_settings
 
 CACHE_SUBDIR = "cache"
@@ -56,7 +57,9 @@ def stage1_fingerprint(run) -> dict:
         "data_root": os.path.abspath(root),
         "preprocessing": {"height": config.height, "width": config.width, "max_pixels": config.max_pixels,
                           **(config.frames.as_dict() if config.frames else {}),  # video families only
-                          "data_file_keys": config.data_file_keys, "extra_inputs": config.extra_inputs,
+                          # the flags' text, as the fingerprint held it before they were parsed
+                          "data_file_keys": flag_text(config.data_file_keys),
+                          "extra_inputs": flag_text(config.extra_inputs),
                           # the settings stage 1's units read (run-time settings of stage 2 stay out)
                           **{k: v for k, v in stage_settings(config, run.family).items()
                              if k != "batch_size" and any(k in u.reads() for u in split.stage1)}},

@@ -29,7 +29,8 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import UserError
 from ..io import normal_permissions, os_error_of, write_error
-from ..util import PICKLE_SUFFIXES, first_line, non_finite
+from ..util import PICKLE_SUFFIXES, first_line, names, non_finite
+from .config import LIST_FLAGS
 from .state_names import check_names as _check_names
 
 STATE_DIR = "state"
@@ -296,10 +297,18 @@ def find_state(spec: str, output_path: str | os.PathLike) -> Path:
     return path
 
 
+def _same(key: str, saved, value) -> bool:
+    """A list flag's setting is its text ("to_q,to_k"); a state saved before the flags were parsed holds the text
+    as it was given ("to_q, to_k,to_q"): the same names are the same setting."""
+    if key in LIST_FLAGS and isinstance(saved, str) and isinstance(value, str):
+        return names(saved) == names(value)
+    return saved == value
+
+
 def changed_settings(saved: dict, settings: dict) -> tuple[list[str], str | None]:
     """The settings that changed in a way that makes the resume inexact, and a note for a change of the process
     layout that keeps processes x batch x accumulation (the same samples in every step: exact)."""
-    changed = [k for k in sorted(set(saved) | set(settings)) if saved.get(k) != settings.get(k)]
+    changed = [k for k in sorted(set(saved) | set(settings)) if not _same(k, saved.get(k), settings.get(k))]
     note = None
     layout = [k for k in changed if k in LAYOUT]
 
