@@ -94,6 +94,10 @@ class FamilySpec:
     # names): the denoiser's LoRA (module path -> lora_A/B, alphas by path) renamed to those names, e.g. FLUX's
     # BFL names with q, k, v re-fused; None: the diffusers module names are written.
     lora_native_names: Callable[[dict, dict], tuple[dict, dict]] | None = None
+    # The same for `--lora_format reference` (the reference's own trainer's file) where the reference's module names
+    # are neither diffusers' nor the original release's (ACE-Step: the original ones inside `decoder.`); None: the
+    # family has no such layout (its default file is what the reference reads).
+    lora_reference_names: Callable[[dict, dict], tuple[dict, dict]] | None = None
     # The layout a LoRA of the denoiser alone is written in when --lora_format is left at its default: the one that
     # diffusers, ComfyUI and the reference's own loader all read at the trained strength, or where no one layout
     # is read by all three, the one diffusers reads whole (docs/lora_files.md); LoRAs of other models are written

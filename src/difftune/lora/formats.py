@@ -45,7 +45,9 @@ COMPONENT_PREFIX = {"dit": "transformer", "transformer": "transformer", "text_en
 DENOISER_COMPONENT = "transformer"
 ADAPTER_METADATA_KEY = "lora_adapter_metadata"  # what diffusers' save_lora_weights writes
 DIFFTUNE_METADATA_KEY = "difftune_lora"
-LAYOUTS = ("diffusers", "comfyui", "kohya")  # what save_lora writes (--lora_format)
+# what save_lora writes (--lora_format); "reference": the reference's own trainer's file (bare module paths in its
+# model's names, alpha folded), for a family whose diffusers names differ from those (`lora_reference_names`)
+LAYOUTS = ("diffusers", "comfyui", "kohya", "reference")
 # The denoiser's key prefix in the ComfyUI and kohya layouts; other models have no name there that every
 # family shares (ComfyUI names text-encoder LoRAs after its own module tree, `text_encoders.<its key>`).
 _DENOISER_PREFIX = {"comfyui": "diffusion_model.", "kohya": "lora_unet_"}
@@ -121,12 +123,16 @@ def _module_alphas(spec: Mapping[str, Any], sd: Mapping[str, torch.Tensor]) -> d
 
 
 def lora_layout_problem(layout: str, slots: Iterable[str], denoiser: str | None,
-                        prefixes: Mapping[str, str] | None = None) -> str | None:
-    """Why `layout` cannot hold LoRAs of `slots` (None if it can): ComfyUI / kohya names exist for the denoiser only."""
+                        prefixes: Mapping[str, str] | None = None, reference: bool = False) -> str | None:
+    """Why `layout` cannot hold LoRAs of `slots` (None if it can): ComfyUI / kohya names exist for the denoiser only;
+    the reference layout only where the family names its modules as the reference does (`reference`)."""
     if layout not in LAYOUTS:
         return f"unknown LoRA layout {layout!r} (known: {', '.join(LAYOUTS)})"
     if layout == "diffusers":
         return None
+    if layout == "reference" and not reference:
+        return ("this family has no reference layout of its own: its default file (--lora_format default) is the "
+                "one the reference's loader reads")
     for slot in slots:
         if slot != denoiser:
             prefix = (prefixes or {}).get(slot) or component_prefix(slot)
@@ -138,7 +144,8 @@ def lora_layout_problem(layout: str, slots: Iterable[str], denoiser: str | None,
 def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, torch.Tensor]],
               configs: Mapping[str, Any], base_info: Mapping[str, Any] | None = None,
               prefixes: Mapping[str, str] | None = None, layout: str = "diffusers",
-              denoiser: str | None = None, native_names: Callable | None = None) -> Path:
+              denoiser: str | None = None, native_names: Callable | None = None,
+              reference_names: Callable | None = None) -> Path:
     """Write one LoRA file in `layout`; which readers load which layout of which family at the trained strength is
     docs/lora_files.md (every layout loads in difftune; the diffusers layout in diffusers and ComfyUI; the comfyui
     layout of Qwen-Image and Wan also in DiffSynth-Studio's loader, which is why it is their default).
@@ -153,14 +160,15 @@ def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, to
     model described by `base_info`). `"comfyui"`: `diffusion_model.<path>.lora_A/B.weight` + `.alpha`;
     `"kohya"`: `lora_unet_<path with _>.lora_down/up.weight` + `.alpha`; both hold the `denoiser` slot only
     (default: the slot written with the `transformer` prefix), renamed by `native_names` (the family's
-    `lora_native_names`, e.g. FLUX's BFL names) where given.
+    `lora_native_names`, e.g. FLUX's BFL names) where given; `"reference"`: `<path>.lora_A/B.weight` in the
+    reference's module names (`reference_names`, the family's `lora_reference_names`), alpha folded as diffusers'.
     """
     from ..version import __version__
 
     if denoiser is None:
         denoiser = next((n for n in state_dicts if ((prefixes or {}).get(n) or component_prefix(n)) == "transformer"),
                         None)
-    problem = lora_layout_problem(layout, state_dicts, denoiser, prefixes)
+    problem = lora_layout_problem(layout, state_dicts, denoiser, prefixes, reference=reference_names is not None)
     if problem:
         raise UserError(f"{path}: {problem}")
     tensors: dict[str, torch.Tensor] = {}
@@ -172,7 +180,7 @@ def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, to
         spec = _config_spec(configs[name], sd)
         alphas = _module_alphas(spec, sd)
         ours[prefix] = {"model": name, "rank": spec["r"], "alpha": spec["lora_alpha"], "layout": layout,
-                        "alpha_folded": layout == "diffusers",
+                        "alpha_folded": layout in ("diffusers", "reference"),
                         **{k: v for k, v in spec.items() if k not in ("r", "lora_alpha")}}
         if layout in ("comfyui", "kohya"):
             if native_names is not None:
@@ -185,6 +193,11 @@ def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, to
             scale = alphas[p] / sd[f"{p}.lora_A.weight"].shape[0]
             if scale != 1.0:
                 sd[f"{p}.lora_B.weight"] = sd[f"{p}.lora_B.weight"] * scale
+        if layout == "reference":
+            sd, _ = reference_names(sd, alphas)
+            ours[prefix]["names"] = "reference"
+            tensors.update(sd)
+            continue
         tensors.update({f"{prefix}.{k}": v for k, v in sd.items()})
         folded = {**spec, "lora_alpha": float(spec["r"]), "alpha_pattern": dict(spec["rank_pattern"])}
         adapter_meta.update({f"{prefix}.{k}": v for k, v in folded.items() if k != "exclude_modules"})

@@ -38,13 +38,15 @@ class CheckpointSaver:
 
     def __init__(self, output_path: str, remove_prefix: str | None = "pipe.dit.", base_info: dict | None = None,
                  lora_prefixes: dict[str, str] | None = None, lora_format: str = "default",
-                 denoiser: str | None = None, native_names=None, full_converters: dict | None = None):
+                 denoiser: str | None = None, native_names=None, full_converters: dict | None = None,
+                 reference_names=None):
         self.output_path = Path(output_path)
         self.remove_prefix = remove_prefix or ""
         self.base_info = base_info or {}
         self.lora_prefixes = dict(lora_prefixes or {})  # slot -> key prefix in the LoRA file (the family's)
         self.lora_format, self.denoiser = lora_format, denoiser  # denoiser: the slot ComfyUI/kohya names
         self.native_names = native_names  # the family's lora_native_names, for those two layouts
+        self.reference_names = reference_names  # the family's lora_reference_names (the reference layout)
         self.full_converters = dict(full_converters or {})  # slot -> state dict renamer (--full_format original)
         self.saved: list[Path] = []
 
@@ -70,6 +72,7 @@ class CheckpointSaver:
         if lora:
             path = self.output_path / f"{name}.safetensors"
             layout, prefixes, denoiser, native = self.lora_format, self.lora_prefixes, self.denoiser, self.native_names
+            reference = self.reference_names
             if layout == "default":  # a script's ModelLogger: the family's layout, as the train command writes it
                 family = getattr(getattr(inner, "pipe", None), "spec", None)
                 denoiser = denoiser or (getattr(inner.pipe, "loss_models", None) or (None,))[0]
@@ -79,9 +82,10 @@ class CheckpointSaver:
                 if family is not None:
                     prefixes = prefixes or dict(family.lora_prefixes)
                     native = native or family.lora_native_names
+                    reference = reference or family.lora_reference_names
             save_lora(path, {m: canonical_lora_keys(sd) for m, sd in lora.items()},
                       {m: inner.lora_configs[m] for m in lora}, base_info=self.base_info, prefixes=prefixes,
-                      layout=layout, denoiser=denoiser, native_names=native)
+                      layout=layout, denoiser=denoiser, native_names=native, reference_names=reference)
             written.append(path)
         for model, sd in full.items():
             if model in self.full_converters:

@@ -210,9 +210,10 @@ class RunConfig:
                               "strength (docs/lora_files.md names it per family); another model's LoRA: diffusers. "
                               "diffusers: transformer.<diffusers module>.lora_A/B, alpha folded into lora_B. comfyui: "
                               "diffusion_model.<the model's own module names> + .alpha. kohya: lora_unet_<module> + "
-                              ".alpha. The last two hold the denoiser's LoRA only; docs/lora_files.md says which "
-                              "reader takes which layout of each family.",
-                              choices=("default", "diffusers", "comfyui", "kohya"), group=L)
+                              ".alpha. reference: the reference's own file (its module names, alpha folded), for "
+                              "the families whose names differ from diffusers' (ACE-Step). The last three hold the "
+                              "denoiser's LoRA only; docs/lora_files.md says which reader takes which layout of each "
+                              "family.", choices=("default", "diffusers", "comfyui", "kohya", "reference"), group=L)
     lora_checkpoint: str | None = option(None, "Start from this LoRA (difftune, diffusers/PEFT, ComfyUI, kohya or "
                                          "DiffSynth layout).", group=L)
     preset_lora_path: str | None = option(None, "A LoRA merged into the base before training (differential LoRA).",

@@ -38,7 +38,7 @@ def check_outputs(run: Run) -> None:
     denoiser = (run.pipeline.loss_models or (None,))[0]
     layout = lora_format(config, family, denoiser, run.pipeline)
     problem = lora_layout_problem(layout, [config.lora_base_model] if config.lora_base_model else [],
-                                  denoiser, dict(family.lora_prefixes))
+                                  denoiser, dict(family.lora_prefixes), reference=family.lora_reference_names is not None)
     if problem:
         raise UserError(f"--lora_format {layout}: {problem}")
     full_converters(config, family)
@@ -189,7 +189,7 @@ def make_hooks(run: Run, dataset, from_cache: bool, resume_state):
                             base_info={"family": family.name, "task": config.task},
                             lora_format=lora_format(config, family, (run.pipeline.loss_models or (None,))[0], run.pipeline),
                             denoiser=(run.pipeline.loss_models or (None,))[0],
-                            native_names=family.lora_native_names,
+                            native_names=family.lora_native_names, reference_names=family.lora_reference_names,
                             full_converters=full_converters(config, family))
     csv = None
     if config.enable_csv_log and accelerator.is_main_process:
