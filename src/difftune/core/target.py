@@ -151,7 +151,8 @@ class Stream:
         return [path]
 
     def preview(self, outputs: list, path: Path) -> tuple[Any, Any]:
-        """Validation's view of one output per prompt, written at `path` (.png): (the picture, an animation or None)."""
+        """Validation's view of one output per prompt, written at `path` (.png): (the picture, its media: a clip's
+        animation, the audio files, or None)."""
         from ..io import atomic_save_image
 
         grid = make_grid(outputs)
@@ -368,15 +369,19 @@ class AudioStream(Stream):
         return [path]
 
     def preview(self, outputs, path):
-        """Each prompt's waveform as a picture (one row each) and the audio beside it (step-N-<i>.wav)."""
+        """Each prompt's waveform above its spectrogram (one row each) and the audio beside them (step-N-<i>.wav,
+        the media the trackers that take audio log)."""
         from ..io import atomic_save_image
-        from ..media.audio import waveform_picture, write_audio
+        from ..media.audio import spectrogram_picture, waveform_picture, write_audio
 
+        files = []
         for i, wave in enumerate(outputs):
-            write_audio(wave, path.with_name(f"{path.stem}-{i}.wav"), self.sample_rate)
-        grid = make_grid([waveform_picture(w) for w in outputs], columns=1)
+            files.append(path.with_name(f"{path.stem}-{i}.wav"))
+            write_audio(wave, files[-1], self.sample_rate)
+        grid = make_grid([_above(waveform_picture(w), spectrogram_picture(w, self.sample_rate)) for w in outputs],
+                         columns=1)
         atomic_save_image(grid, path)
-        return grid, None
+        return grid, AudioFiles(files, self.sample_rate)
 
     def operator(self, size, frames=None):
         """The file's audio (an audio file, or a clip's sound track) at the stream's rate, cut to whole latent
@@ -405,6 +410,14 @@ class AudioStream(Stream):
 
 
 AUDIO_EXTENSIONS = (".wav", ".flac")
+
+
+@dataclass(frozen=True)
+class AudioFiles:
+    """A validation render's audio: one file per prompt, at `sample_rate`."""
+
+    paths: list
+    sample_rate: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -461,15 +474,26 @@ class Target:
         """Validation's view: each stream's preview (the primary's at `path`, the others beside it)."""
         if len(self.streams) == 1:
             return self.primary.preview(outputs, path)
-        shown = self.primary.preview([o[self.primary.name] for o in outputs], path)
+        grid, media = self.primary.preview([o[self.primary.name] for o in outputs], path)
+        media = [media] if media is not None else []
         for s in self.streams[1:]:
-            s.preview([o[s.name] for o in outputs], path.with_name(f"{path.stem}-{s.name}.png"))
-        return shown
+            _, more = s.preview([o[s.name] for o in outputs], path.with_name(f"{path.stem}-{s.name}.png"))
+            media += [more] if more is not None else []
+        return grid, (media[0] if len(media) == 1 else media or None)
 
 
 def takes_frames(stream: Stream) -> bool:
     """Whether the stream's noise takes a frame count (a clip), or it renders stills."""
     return "num_frames" in inspect.signature(stream.noise_shape).parameters
+
+
+def _above(top, bottom):
+    from PIL import Image
+
+    out = Image.new("RGB", (max(top.width, bottom.width), top.height + bottom.height), "white")
+    out.paste(top, (0, 0))
+    out.paste(bottom, (0, top.height))
+    return out
 
 
 def make_grid(images, columns: int | None = None):
@@ -491,6 +515,6 @@ def make_grid(images, columns: int | None = None):
 
 IMAGE_TARGET = Target((ImageStream(),))
 
-__all__ = ["AUDIO", "AUDIO_EXTENSIONS", "AudioStream", "EPSILON", "FLOW", "FRAMES", "FrameRule", "IMAGE",
+__all__ = ["AUDIO", "AUDIO_EXTENSIONS", "AudioFiles", "AudioStream", "EPSILON", "FLOW", "FRAMES", "FrameRule", "IMAGE",
            "IMAGE_TARGET", "ImageStream", "PREDICTIONS", "Stream", "Target", "V_PREDICTION", "VideoStream",
            "make_grid", "takes_frames"]

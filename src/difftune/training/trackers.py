@@ -81,28 +81,38 @@ def start(accelerator, config, run_id: str) -> None:
         accelerator.trackers.append(tracker)
 
 
-def log_media(accelerator, grid, step: int, animation: Path | None = None) -> None:
-    """A validation render to every tracker that takes media: TensorBoard the grid, W&B and SwanLab the grid and the
-    clip's animation."""
+def log_media(accelerator, grid, step: int, media=None) -> None:
+    """A validation render to every tracker that takes media: the grid to all; a clip's animation (a .gif path) to
+    W&B and SwanLab; audio (`core.target.AudioFiles`, or a list of media) to all three, each prompt's as its own
+    entry."""
     import numpy as np
 
+    parts = media if isinstance(media, (list, tuple)) else [media] if media is not None else []
+    animations = [m for m in parts if isinstance(m, (str, Path))]
+    audio = [(i, p, m.sample_rate) for m in parts if hasattr(m, "sample_rate") for i, p in enumerate(m.paths)]
     for tracker in list(getattr(accelerator, "trackers", []) or []):
         if tracker.name == "tensorboard":
             tracker.writer.add_image("validation", np.asarray(grid), step, dataformats="HWC")
-        elif tracker.name == "wandb":
-            import wandb
+            for i, path, rate in audio:
+                tracker.writer.add_audio(f"validation_audio/{i}", _mono(path, rate), step, sample_rate=rate)
+        elif tracker.name in ("wandb", "swanlab"):
+            lib = __import__(tracker.name)
+            entries = {"validation": lib.Image(grid)}
+            for animation in animations:
+                entries["validation_clip"] = lib.Video(str(animation), **({"format": "gif"} if tracker.name == "wandb"
+                                                                             else {}))
+            for i, path, rate in audio:
+                entries[f"validation_audio_{i}"] = lib.Audio(str(path), sample_rate=rate)
+            tracker.log(entries, step=step)
 
-            media = {"validation": wandb.Image(grid)}
-            if animation is not None:
-                media["validation_clip"] = wandb.Video(str(animation), format="gif")
-            tracker.log(media, step=step)
-        elif tracker.name == "swanlab":
-            import swanlab
 
-            media = {"validation": swanlab.Image(grid)}
-            if animation is not None:
-                media["validation_clip"] = swanlab.Video(str(animation))
-            tracker.log(media, step=step)
+def _mono(path, rate: int):
+    """An audio file as TensorBoard takes it: one channel, float in [-1, 1], shape (1, samples)."""
+    import torch
+
+    from ..media.audio import read_audio
+
+    return torch.from_numpy(read_audio(path, rate, mono=True)).reshape(1, -1)
 
 
 __all__ = ["SERVICES", "log_media", "project_of", "requested", "start"]
