@@ -60,7 +60,16 @@ class AceStepAudio(AudioStream):
     def noise_shape(self, pipe, duration=None, seconds=None, **_):
         frames = frames_of(duration if duration is not None else seconds if seconds is not None
                            else self.default_seconds)
-        return (frames, self.channels)
+        return (frames, self.latent_channels(pipe))
+
+    def latent_channels(self, pipe) -> int:
+        """The DiT's output channels (64 in every release; a smaller test model says its own)."""
+        models = getattr(pipe, "models", {}) or {}
+        for slot, key in (("dit", "audio_acoustic_hidden_dim"), ("vae", "decoder_input_channels")):
+            value = getattr(getattr(models.get(slot), "config", None), key, None)
+            if value:
+                return int(value)
+        return self.channels
 
     def size_of(self, pipe, latents):
         return {"duration": int(latents.shape[-2]) * self.scale / self.sample_rate}

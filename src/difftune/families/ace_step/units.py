@@ -144,17 +144,16 @@ class AceStepContextBuilder(PipelineUnit):
 
 
 class AceStepNoiseInitializer(PipelineUnit):
-    """Seeded noise of the clip's latent shape (frames, 64), as the reference draws it."""
+    """Seeded noise of the clip's latent shape: the context's frames, half its channels (the reference's)."""
 
-    inputs = ("duration", "seed", "rand_device", "batch_size")
+    inputs = ("context_latents", "seed", "rand_device")
     outputs = ("latents",)
 
-    def process(self, pipe, duration, seed, rand_device, batch_size):
+    def process(self, pipe, context_latents, seed, rand_device):
         from ...core.latents import seeded_noise
 
-        durations = _per_sample(duration, batch_size or 1)
-        shape = pipe.stream.noise_shape(pipe, duration=durations[0])
-        noise = seeded_noise(shape, seed, len(durations), rand_device or "cpu")
+        n, frames, channels = context_latents.shape
+        noise = seeded_noise((frames, channels // 2), seed, n, rand_device or "cpu")
         return {"latents": noise.to(pipe.device, pipe.torch_dtype)}
 
 
