@@ -56,7 +56,7 @@ class Log(list):
 
 def clip(**kw):
     log = Log()
-    return LoadAudioClip(RATE, log=log, **kw), log
+    return LoadAudioClip(RATE, log=log, **{"max_flag": "--max_audio_duration", **kw}), log
 
 
 def refusal(fn, *args) -> str:
@@ -251,6 +251,6 @@ def test_the_operator_resolves_the_data_set_path(root):
 
 def test_settings_are_checked():
     with pytest.raises(UserError, match="--max_audio_duration 0.5 s is shorter than the 1 s"):
-        LoadAudioClip(RATE, max_seconds=0.5)
+        LoadAudioClip(RATE, max_seconds=0.5, max_flag="--max_audio_duration")
     with pytest.raises(DataError, match="mono \\(1\\) or stereo \\(2\\)"):
         LoadAudioClip(RATE, channels=6)

@@ -113,7 +113,7 @@ class LoadAudioClip(LoadAudio):
     through `log`, once per file; `max_flag` is the flag named in the cut note."""
 
     def __init__(self, sample_rate: int, channels: int = 2, max_seconds: float | None = None,
-                 unit_seconds: float = 1.0, log=print, max_flag: str = "--max_audio_duration"):
+                 unit_seconds: float = 1.0, log=print, max_flag: str = "the longest length"):
         if sample_rate is None:
             raise DataError("audio clips need a sample rate")
         if channels not in (1, 2):
@@ -246,7 +246,7 @@ def audio_operator(base_path, sample_rate: int | None = 16000, mono: bool = True
 
 
 def audio_clip_operator(base_path, sample_rate: int, channels: int = 2, max_seconds: float | None = None,
-                        unit_seconds: float = 1.0, log=print, max_flag: str = "--max_audio_duration") -> DataOperator:
+                        unit_seconds: float = 1.0, log=print, max_flag: str = "the longest length") -> DataOperator:
     """A path relative to the data set -> (channels, samples) float32 tensor (`LoadAudioClip`)."""
     return ToAbsolutePath(base_path) >> LoadAudioClip(sample_rate, channels, max_seconds, unit_seconds, log, max_flag)
 

@@ -7,7 +7,7 @@ state dict, or one level of such dicts ({"image_proj": {...}, "ip_adapter": {...
 layout), read as "image_proj.<name>", "ip_adapter.<name>". Every other pickle format (.ckpt, .pt, ...) is
 refused outright as weights.
 
-`load_tensor` reads a file that holds one tensor (ACE-Step's `silence_latent.pt`, a torch.save of one float
+`load_tensor` reads a file that holds one tensor (a release's `silence_latent.pt`, a torch.save of one float
 tensor): `.pt` / `.pth` / `.bin` through the same `torch.load(weights_only=True)`, or a one-tensor safetensors.
 """
 

@@ -211,7 +211,7 @@ class RunConfig:
                               "diffusers: transformer.<diffusers module>.lora_A/B, alpha folded into lora_B. comfyui: "
                               "diffusion_model.<the model's own module names> + .alpha. kohya: lora_unet_<module> + "
                               ".alpha. reference: the reference's own file (its module names, alpha folded), for "
-                              "the families whose names differ from diffusers' (ACE-Step). The last three hold the "
+                              "the families whose module names differ from diffusers' and the release's. The last three hold the "
                               "denoiser's LoRA only; docs/lora_files.md says which reader takes which layout of each "
                               "family.", choices=("default", "diffusers", "comfyui", "kohya", "reference"), group=L)
     lora_checkpoint: str | None = option(None, "Start from this LoRA (difftune, diffusers/PEFT, ComfyUI, kohya or "

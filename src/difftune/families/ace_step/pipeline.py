@@ -126,7 +126,8 @@ class AceStepPipeline(BasePipeline):
         stream = cls.target.primary
         return {**super().data_operators(config),
                 stream.column: audio_clip_operator(config.dataset_base_path, stream.sample_rate,
-                                                   stream.audio_channels, max_seconds=most)}
+                                                   stream.audio_channels, max_seconds=most,
+                                                   max_flag="--max_audio_duration")}
 
     def set_timesteps(self, values, num_inference_steps: int, denoising_strength: float = 1.0) -> None:
         """linspace(strength, 0, N + 1)[:-1] shifted by 3 (the reference's and diffusers' schedule)."""
