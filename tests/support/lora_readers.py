@@ -295,3 +295,61 @@ def max_difference(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
             return float("inf")
         worst = max(worst, (got[key].float() - value.float()).abs().max().item())
     return worst
+
+
+# -- ComfyUI's LoRA loading, for ACE-Step 1.5 ---------------------------------------------------------------------
+
+# ComfyUI's LoRAAdapter.load (comfy/weight_adapter/lora.py): the (up, down) key pairs tried for a module name x, in
+# its order
+_COMFYUI_PAIRS = ((".lora_up.weight", ".lora_down.weight"), ("_lora.up.weight", "_lora.down.weight"),
+                  (".lora_B.weight", ".lora_A.weight"), (".lora.up.weight", ".lora.down.weight"),
+                  (".lora_B", ".lora_A"), (".lora_linear_layer.up.weight", ".lora_linear_layer.down.weight"),
+                  (".lora_B.default.weight", ".lora_A.default.weight"))
+
+
+def comfyui_ace_step15_key_map(model_keys) -> dict[str, str]:
+    """ComfyUI's `model_lora_keys_unet` (comfy/lora.py) for its ACE-Step 1.5 model, whose state dict keys are
+    `diffusion_model.decoder.<original DiT key>`: LoRA module name -> the model weight it patches.
+
+    The generic map for every model: each `diffusion_model.<path>.weight` as `diffusion_model.<path>` and as kohya's
+    `lora_unet_<path, dots as _>` (a key not ending in `.weight` as itself); then the `ACEStep15` branch, for each
+    `diffusion_model.decoder.<path>.weight`: `base_model.model.<path>` (the official trainer's peft files) and
+    `lycoris_<path, dots as _>`."""
+    key_map = {}
+    for k in model_keys:
+        if k.startswith("diffusion_model."):
+            if k.endswith(".weight"):
+                key_map["lora_unet_" + k[len("diffusion_model."):-len(".weight")].replace(".", "_")] = k
+                key_map[k[:-len(".weight")]] = k
+            else:
+                key_map[k] = k
+    for k in model_keys:
+        if k.startswith("diffusion_model.decoder.") and k.endswith(".weight"):
+            path = k[len("diffusion_model.decoder."):-len(".weight")]
+            key_map[f"base_model.model.{path}"] = k
+            key_map["lycoris_" + path.replace(".", "_")] = k
+    return key_map
+
+
+def comfyui_lora_updates(model_keys, lora: dict[str, torch.Tensor], strength: float = 1.0
+                         ) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """What ComfyUI's LoRA loader adds to its model's weights: ({model weight key: update}, the file's keys it left
+    unread, which ComfyUI logs as "lora key not loaded"). `comfy.lora.load_lora` over the key map: a module's
+    `<x>.alpha` when present, its up and down by the first pair found (`_COMFYUI_PAIRS`); the update is
+    strength * (alpha / rank, 1 without an alpha) * up @ down (`LoRAAdapter.calculate_weight`, rank = down's rows).
+    The file's keys pass `comfy.lora_convert.convert_lora` unchanged (it renames only BFL control, Wan Fun and USO
+    files)."""
+    updates, loaded = {}, set()
+    for x, target in comfyui_ace_step15_key_map(model_keys).items():
+        alpha = None
+        if f"{x}.alpha" in lora:
+            alpha = lora[f"{x}.alpha"].item()
+            loaded.add(f"{x}.alpha")
+        pair = next(((x + u, x + d) for u, d in _COMFYUI_PAIRS if x + u in lora), None)
+        if pair is None:
+            continue
+        up, down = lora[pair[0]].float(), lora[pair[1]].float()
+        loaded.update(pair)
+        scale = alpha / down.shape[0] if alpha is not None else 1.0
+        updates[target] = strength * scale * (up @ down)
+    return updates, set(lora) - loaded

@@ -24,7 +24,22 @@ _NAMES = {"lora_A": "lora_A.weight", "lora_down": "lora_A.weight", "lora_B": "lo
           "lora_up": "lora_B.weight", "alpha": "alpha"}
 
 
+# kohya's and LyCORIS's flattened original paths (`lora_unet_decoder_layers_0_self_attn_q_proj`, ComfyUI's
+# `lycoris_layers_0_...`): the dots come back by the layers' module tree, as `_` is also inside its names
+_FLAT_PREFIXES = ("lora_unet_decoder_", "lycoris_")
+_FLAT = re.compile(r"^layers_(\d+)_(self_attn|cross_attn|mlp)_([a-z]+_proj)$")
+
+
+def _unflatten(flat: str) -> str | None:
+    m = _FLAT.match(flat)
+    return None if m is None else f"layers.{m[1]}.{m[2]}.{m[3]}"
+
+
 def _strip(path: str) -> tuple[str, bool]:
+    for prefix in _FLAT_PREFIXES:
+        if path.startswith(prefix):
+            dotted = _unflatten(path[len(prefix):])
+            return (dotted, True) if dotted is not None else (path, False)
     for prefix in _PREFIXES:
         if path.startswith(prefix):
             return path[len(prefix):], True
@@ -32,8 +47,9 @@ def _strip(path: str) -> tuple[str, bool]:
 
 
 def convert_original_ace_step_lora(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-    """A LoRA in the original names (bare, `base_model.model.`, `diffusion_model.decoder.`; peft's `.default.`
-    tag) -> diffusers' layout (`transformer.<path>.lora_A/B.weight`, alphas kept); None for another file."""
+    """A LoRA in the original names (bare, `base_model.model.`, `diffusion_model.decoder.`, kohya's
+    `lora_unet_decoder_<path with _>`, LyCORIS's `lycoris_<path with _>`; peft's `.default.` tag) -> diffusers'
+    layout (`transformer.<path>.lora_A/B.weight`, alphas kept); None for another file."""
     parsed, original = [], False
     for key in state:
         m = _KEY.match(key)
