@@ -129,6 +129,9 @@ class AceStepContextBuilder(PipelineUnit):
 
     inputs = ("duration", "batch_size")
     outputs = ("context_latents",)
+    # the silence latent comes with the condition encoder (the release keeps it beside that file): a stage that
+    # builds the context loads it
+    models = ("conditioner",)
 
     def process(self, pipe, duration, batch_size):
         durations = _per_sample(duration, batch_size or 1)

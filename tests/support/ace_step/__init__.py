@@ -1,0 +1,4 @@
+"""Test support for the ACE-Step 1.5 family: tiny models in the release's layouts (`tiny.py`). Importing it
+registers the family's tiny models for the contract suite."""
+
+from .tiny import *  # noqa: F401,F403
