@@ -1206,9 +1206,40 @@ Z_IMAGE_LORA = Lora(
     strength=("layers.0.attention.to_q",) * 2, samples=_z_image_lora_samples, reference_reads_comfyui=True)
 
 
+# -- ACE-Step 1.5 ----------------------------------------------------------------------------------------------------
+
+
+def _ace_step_workspace(root):
+    from support.ace_step import write_ace_step_script_workspace
+
+    return write_ace_step_script_workspace(root)
+
+
+def _ace_step_released(workspace, argv, script):
+    """The DiT of the release's single file (`decoder.*`) in diffusers' names: what `--trainable_models dit` saves
+    with `pipe.dit.` removed."""
+    from support.ace_step import DIT_FILE, REPO
+
+    from difftune.families.ace_step.components import dit_from_original
+
+    return dit_from_original(_load(workspace / "models" / REPO / DIT_FILE))
+
+
+ACE_STEP_SCRIPTS = Scripts(
+    folder="ace_step/model_training", workspace=_ace_step_workspace, snapshot=19, running=18,
+    refusals=(Refusal(*DIFFUSION_TEMPLATES, picks=lambda s: s == "full/acestep15xlsft-vocals2music.sh", count=1),),
+    # the reference's targets (q_proj, ..., down_proj) on the DiT's 2 layers, diffusers' layout
+    lora_prefix="transformer.", lora_exact=True,
+    lora_modules=frozenset(f"layers.{i}.{m}" for i in range(2) for m in (
+        *(f"{a}.{p}" for a in ("self_attn", "cross_attn") for p in ("to_q", "to_k", "to_v", "to_out.0")),
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")),
+    full=_ace_step_released, once_per_configuration=True, slow=True)
+
+
 # -- the manifest ---------------------------------------------------------------------------------------------------
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("ace_step", "support.ace_step", lambda s, root: s.write_tiny_ace_step_hub(root), scripts=ACE_STEP_SCRIPTS),
     Family("ernie_image", "support.ernie_image", lambda s, root: s.write_tiny_ernie_image_hub(root),
            scripts=ERNIE_IMAGE_SCRIPTS, sample=ERNIE_IMAGE_SAMPLE, recognition=ERNIE_IMAGE_RECOGNITION,
            lora=ERNIE_IMAGE_LORA),

@@ -2,3 +2,4 @@
 registers the family's tiny models for the contract suite."""
 
 from .tiny import *  # noqa: F401,F403
+from .scripts import write_ace_step_script_workspace  # noqa: F401

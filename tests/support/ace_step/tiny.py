@@ -107,4 +107,4 @@ def _tiny_ace_step(folder: Path) -> TinyFamily:
 
 register_tiny("ace_step", _tiny_ace_step)
 
-__all__ = ["ace_step_model_paths", "tiny_ace_step_models", "write_ace_step_dataset", "write_tiny_ace_step_hub"]
+__all__ = ["DIT_FILE", "REPO", "ace_step_model_paths", "tiny_ace_step_models", "write_ace_step_dataset", "write_tiny_ace_step_hub"]
