@@ -102,3 +102,23 @@ def test_difftune_sample_writes_stereo_48khz_wav(repo, tmp_path):
     assert code in (0, None)
     info = probe_audio(out)
     assert info.sample_rate == RATE and info.channels == 2 and abs(info.duration - 1.0) < 1e-3
+
+
+def test_a_full_checkpoint_saves_in_the_release_names_on_request(repo, tmp_path):
+    from safetensors.torch import load_file as load
+
+    from support.ace_step import DIT_FILE
+
+    data = _data(tmp_path / "data", [ROW])
+    args = ("--model_paths", json.dumps(ace_step_model_paths(repo)), "--data_file_keys", "audio", *data,
+            "--trainable_models", "dit", "--learning_rate", "1e-5", "--num_epochs", "1",
+            "--remove_prefix_in_ckpt", "pipe.dit.")
+    run_train(*args, "--output_path", str(tmp_path / "diffusers"))
+    run_train(*args, "--output_path", str(tmp_path / "original"), "--full_format", "original")
+    ours = load(str(tmp_path / "diffusers" / "epoch-0.safetensors"))
+    original = load(str(tmp_path / "original" / "epoch-0.safetensors"))
+    release = {k for k in load(str(repo / DIT_FILE)) if k.startswith("decoder.")}
+    assert "proj_in_conv.weight" in ours and "layers.0.self_attn.to_q.weight" in ours
+    assert set(original) == release  # the DiT as the release's single file names it
+    assert np.array_equal(original["decoder.layers.0.self_attn.q_proj.weight"].numpy(),
+                          ours["layers.0.self_attn.to_q.weight"].numpy())
