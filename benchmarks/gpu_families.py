@@ -1,10 +1,12 @@
-"""benchmarks/gpu.py's `mfu` and `reference` parts: stage-2 LoRA MFU of the four families at real block width, and
+"""benchmarks/gpu.py's `mfu` and `reference` parts: stage-2 LoRA MFU of the families at real block width, and
 difftune's stage-2 step against DiffSynth-Studio's own on the same GPU, blocks and data.
 
 Each family's DiT is built at its real width with a few blocks (`--mfu_blocks`), beside text encoders of the real output
 width with one or two layers and the tests' small VAEs (stage 1 only feeds the cache): Qwen-Image (24 heads of 128,
 text 3584), FLUX.1 (24 heads of 128, double:single blocks 1:2, T5 4096 / CLIP 768), Wan 14B (40 heads of 128, FFN
-13824, UMT5 4096) and Z-Image (30 heads of 128, one refiner of each kind, Qwen3 2560). Per family: stage 1 into a
+13824, UMT5 4096), Z-Image (30 heads of 128, one refiner of each kind, Qwen3 2560) and ACE-Step v1.5 (16 heads /
+8 KV heads of 128, MLP 6144, its condition encoder 2048 and Qwen3 1024 wide with a layer each, the release's VAE, a
+30 s clip). Per family: stage 1 into a
 cache, then stage 2 (bf16, LoRA rank 32 on the family's reference targets, batch 1) with and without gradient
 checkpointing. The model FLOPs of a step are counted, not modelled: torch's `FlopCounterMode` over one warm-up step of
 the run without checkpointing (matrix products and torch's attention kernels, forward and backward; where the
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from common import ROOT, child_command, fresh, ratio, run_child, step_time
 
-FAMILIES = ("qwen_image", "flux", "wan", "z_image")
+FAMILIES = ("qwen_image", "flux", "wan", "z_image", "ace_step")
 COUNTED_STEP = 1  # FLOPs counted between optimizer steps 1 and 2 (a warm-up step: timing drops it)
 ATTENTION_OPS = ("_scaled_dot_product", "scaled_dot_product")
 
@@ -63,6 +65,19 @@ def family_config(family: str, blocks: int, resolution: int, quick: bool):
         return Config("realwidth", dict(
             dim=3840, n_heads=30, axes_dims=(32, 48, 48), n_layers=blocks, n_refiner_layers=1, text_hidden=2560,
             text_layers=1, text_heads=32, text_head_dim=128, text_intermediate=9728), resolution=resolution)
+    if family == "ace_step":
+        # ACE-Step v1.5 turbo's DiT at its width (16 heads / 8 KV heads of 128, MLP 6144) with `blocks` layers, its
+        # 2048-wide condition encoder and 1024-wide Qwen3 with one layer each, the release's Oobleck VAE and 64
+        # latent channels; a 30 s clip (750 latent frames, 375 DiT tokens); `resolution` does not apply to audio
+        return Config("realwidth", dict(
+            dit=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=blocks, num_attention_heads=16,
+                     num_key_value_heads=8, head_dim=128),
+            conditioner=dict(hidden_size=2048, intermediate_size=6144, num_lyric_encoder_hidden_layers=1,
+                             num_timbre_encoder_hidden_layers=1, num_attention_heads=16, num_key_value_heads=8,
+                             head_dim=128),
+            text=dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=1, num_attention_heads=16,
+                      num_key_value_heads=8, head_dim=128),
+            vae=dict(encoder_hidden_size=128, decoder_channels=128), channels=64), resolution=0, seconds=30)
     raise SystemExit(f"unknown family {family}")
 
 

@@ -48,6 +48,7 @@ class Config:
     resolution: int = 64
     lora_rank: int = 32
     num_frames: int = 0  # clips: frames per clip; 0 for images
+    seconds: float = 0.0  # audio clips: the seconds a clip trains (0 for images and videos)
 
 
 QUICK = Config("quick", lora_rank=4)  # the tests' tiny model: for smoke runs only (the step is overhead, not compute)
@@ -68,6 +69,7 @@ class Prepared:
     counted: dict | None = None  # name -> the glob under `repo` whose parameters it has (default: {component}/*)
     nested: dict = field(default_factory=dict)  # name -> a component its files hold too (its count taken off)
     known: list = field(default_factory=list)  # [module, spec, label, config]: registered in the training process
+    keys: dict = field(default_factory=dict)  # name -> the key prefixes of its files it counts (default: every key)
 
     @property
     def stage1(self) -> tuple:
@@ -111,13 +113,15 @@ class Family:
 def flags(prep: Prepared, cfg, task: str, output: Path, *, dataset: Path | None = None, epochs: int = 1,
           repeat: int = 1, components=None) -> list[str]:
     """The reference's LoRA command (fp32 on this CPU: it has no native bf16) at a fixed resolution. `output` is
-    emptied first: every run is measured from scratch (a stage 1 would otherwise resume)."""
+    emptied first: every run is measured from scratch (a stage 1 would otherwise resume). A file two components
+    share (ACE-Step's DiT and its condition encoder) is given once."""
     fresh(output)
     res = str(cfg.resolution)
     out = ["--task", task, "--output_path", str(output),
-           "--model_paths", json.dumps([prep.paths[c] for c in components or prep.paths])]
+           "--model_paths", json.dumps(list(dict.fromkeys(prep.paths[c] for c in components or prep.paths)))]
     out += ["--tokenizer_path", str(prep.tokenizer)] if prep.tokenizer else []
-    out += ["--height", res, "--width", res] + (["--num_frames", str(prep.num_frames)] if prep.num_frames else [])
+    out += ["--height", res, "--width", res] if cfg.resolution else []  # audio: no resolution
+    out += ["--num_frames", str(prep.num_frames)] if prep.num_frames else []
     out += ["--torch_dtype", "float32", "--learning_rate", "1e-4", "--num_epochs", str(epochs), "--dataset_repeat",
             str(repeat), "--lora_base_model", prep.lora_base, "--lora_target_modules", prep.lora_targets,
             "--lora_rank", str(cfg.lora_rank), "--seed", "0", "--no_progress", "--enable_tensorboard_log", "false",
@@ -149,9 +153,27 @@ def _child(payload: dict) -> dict:
 
 def count_params(prep: Prepared) -> dict:
     counts = param_counts(prep.repo, prep.counted or {c: f"{c}/*.safetensors" for c in prep.paths})
+    for name, prefixes in prep.keys.items():  # a part of its files: only the keys it reads
+        counts[name] = _prefix_count(prep.repo, (prep.counted or {})[name], prefixes)
     for name, inside in prep.nested.items():
         counts[name] -= counts[inside]
     return counts
+
+
+def _prefix_count(repo: Path, pattern: str, prefixes: tuple) -> int:
+    """Parameters of the tensors whose names start with one of `prefixes`, in the files `pattern` matches."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(repo.glob(pattern)):
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():
+                if key.startswith(tuple(prefixes)):
+                    n = 1
+                    for d in f.get_slice(key).get_shape():
+                        n *= d
+                    total += n
+    return total
 
 
 def share_key(timing: str) -> str:
@@ -177,7 +199,8 @@ def measure(name: str, fam: Family, cfg, variant, wd: Path, n: int, epochs: int,
                             tag=f"5x{fam.ref_repeat}")
     t1, dit = figures["step_time_one_stage_s"], params[DIT]
     r = {**({"variant": variant} if variant else {}), "config": cfg.name, "resolution": cfg.resolution,
-         **({"num_frames": prep.num_frames} if prep.num_frames else {}), fam.samples: n, "epochs": epochs,
+         **({"num_frames": prep.num_frames} if prep.num_frames else {}),
+         **({"clip_seconds": cfg.seconds} if cfg.seconds else {}), fam.samples: n, "epochs": epochs,
          "repeat": repeat, "steps": runs["one"]["steps"], "warmup_steps": warmup, "lora_rank": cfg.lora_rank,
          "isolated_processes": isolated, "params": params, "params_over_dit": {k: v / dit for k, v in params.items()},
          "real_params_over_dit": {k: fam.real[k] / fam.real[DIT] for k in params if k in fam.real}, **figures, **enc}
@@ -216,8 +239,10 @@ def head(fam: Family, r: dict) -> str:
         sizes.append(size)
     notes = _text(fam.notes, r)
     clips = f", {r['num_frames']}-frame clips" if "num_frames" in r else ""
+    at = (f"{r['clip_seconds']:g} s 48 kHz stereo clips" if "clip_seconds" in r else
+          f"{r['resolution']}x{r['resolution']}")
     text = (f"{'**' + r['variant'].upper() + '.** ' if 'variant' in r else ''}Config `{r['config']}`{clips} at "
-            f"{r['resolution']}x{r['resolution']}: {', '.join(sizes)}; LoRA rank {r['lora_rank']} on "
+            f"{at}: {', '.join(sizes)}; LoRA rank {r['lora_rank']} on "
             f"{_text(fam.lora_on, r)}; fp32{'; ' + notes if notes else ''}; stage 1 took {r['stage1_seconds']:.1f} s "
             f"(model loading included), peak RSS {r['peak_rss_stage1_mib']:.0f} MiB.")
     timed = [k for k in fam.timings if k in r]
@@ -663,6 +688,87 @@ def _ideogram4_encode(prep: Prepared, cfg: Config, threads: int) -> dict:
                           text_encode_s=lambda: text_features(pipe, PROMPTS[0]))
 
 
+# ACE-Step 1.5 turbo (text-to-music): the release's widths 2048 (DiT) : 2048 (condition encoder) : 1024 (Qwen3) at
+# 256 : 256 : 128, heads of 128 with one KV head per two and the MLPs at 3x the width, as there; the DiT's 24 layers at
+# 4, the condition encoder's 8 lyric + 4 timbre layers at 1 + 1 (its MLP at 3.75x to reach the real 0.39x the DiT)
+# and Qwen3's 28 at 8 (0.39x as the real one: at an eighth of the width its tiny embedding adds little). Latent
+# channels 8, not the release's 64: the Oobleck encoder's width is twice the latent channels at its full-rate (48 kHz)
+# layers, so 64 channels would be the release's own 128-wide encoder, seconds per clip on this CPU; at 8 it is 16 wide
+# (multiples 1, 2, 2, 4, 4 for about the real 0.1x the DiT) at the release's strides. 6 s clips (150 latent frames,
+# 75 DiT tokens) against the 750 frames of silence latent the timbre encoder always reads. In the release's layout:
+# the DiT and the condition encoder in one file (stage 1 loads it for the condition encoder, stage 2 for the DiT);
+# the VAE's latent is half its `encoder_hidden_size` wide, which must be 2 x `channels`.
+ACE_STEP_FILES = {DIT: "acestep-v15-turbo/model.safetensors", "conditioner": "acestep-v15-turbo/model.safetensors",
+                  "text_encoder": "Qwen3-Embedding-0.6B/model.safetensors",
+                  "vae": "vae/diffusion_pytorch_model.safetensors"}
+ACE_STEP_KEYS = {DIT: ("decoder.",), "conditioner": ("encoder.", "null_condition_emb")}  # the rest: the FSQ tokenizer
+ACE_STEP_SPEC = dict(
+    dit=dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=128),
+    conditioner=dict(hidden_size=256, intermediate_size=960, num_lyric_encoder_hidden_layers=1,
+                     num_timbre_encoder_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=128),
+    text=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=8, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=128),
+    vae=dict(encoder_hidden_size=16, channel_multiples=[1, 2, 2, 4, 4], decoder_channels=12), channels=8)
+
+
+def _write_ace_step(hub: Path, spec: dict) -> Path:
+    """The release's layout under `hub` at `spec`'s sizes (the tests' tiny writer for an empty spec)."""
+    from support.ace_step.tiny import REPO, write_tiny_ace_step_hub
+
+    if not spec:
+        return write_tiny_ace_step_hub(hub)
+    import torch
+    from diffusers import AceStepTransformer1DModel, AutoencoderOobleck
+    from diffusers.pipelines.ace_step.modeling_ace_step import AceStepConditionEncoder
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3Model
+
+    from difftune.families.ace_step.components import (ACE_STEP_VAE_CONFIG, SAMPLE_RATE, original_conditioner_keys,
+                                                       original_dit_keys)
+    from support.z_image.tiny import z_image_tokenizer
+
+    c, repo = spec["channels"], hub / REPO
+    dit_file = repo / ACE_STEP_FILES[DIT]
+    torch.manual_seed(0)
+    dit = AceStepTransformer1DModel(**spec["dit"], in_channels=3 * c, audio_acoustic_hidden_dim=c, patch_size=2,
+                                    encoder_hidden_size=spec["conditioner"]["hidden_size"])
+    cond = AceStepConditionEncoder(**spec["conditioner"], text_hidden_dim=spec["text"]["hidden_size"],
+                                   timbre_hidden_dim=c)
+    tokenizer = z_image_tokenizer()
+    text = Qwen3Model(Qwen3Config(vocab_size=len(tokenizer), **spec["text"]))
+    vae = AutoencoderOobleck(**{**{k: v for k, v in ACE_STEP_VAE_CONFIG.items() if not k.startswith("_")},
+                                **spec["vae"], "decoder_input_channels": c, "sampling_rate": SAMPLE_RATE})
+    state = {**original_dit_keys(dit.state_dict()), **original_conditioner_keys(cond.state_dict()),
+             "tokenizer.quantizer.project_in.weight": torch.randn(4, c),
+             "detokenizer.proj_out.weight": torch.randn(c, 4)}
+    dit_file.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(dit_file))
+    dit_file.with_name("config.json").write_text(json.dumps(
+        {"architectures": ["AceStepConditionGenerationModel"], "model_type": "acestep",
+         "hidden_size": spec["dit"]["hidden_size"]}))
+    torch.save(torch.randn(1, c, 800) * 0.1, dit_file.with_name("silence_latent.pt"))
+    text.save_pretrained(repo / "Qwen3-Embedding-0.6B")
+    tokenizer.save_pretrained(repo / "Qwen3-Embedding-0.6B")
+    vae.save_pretrained(repo / "vae")
+    return repo
+
+
+def _ace_step(wd: Path, cfg: Config, n: int) -> Prepared:
+    """The model, and `n` 48 kHz stereo clips of `cfg.seconds` (their whole seconds train) with prompts and lyrics."""
+    from difftune.families.ace_step.components import LORA_TARGET_MODULES
+    from support.ace_step.tiny import REPO, write_ace_step_dataset
+
+    hub = reuse_or_write(wd / f"ace-step-{cfg.name}", cfg.spec, lambda hub: _write_ace_step(hub, cfg.spec))
+    repo = hub / REPO
+    data = wd / f"ace-step-clips-{cfg.seconds:g}-{n}"
+    if not (data / "metadata.json").is_file():
+        write_ace_step_dataset(data, n, seconds=cfg.seconds + 0.3)  # cut to its whole seconds, as the reference
+    return Prepared(repo, data / "metadata.json", {c: str(repo / f) for c, f in ACE_STEP_FILES.items()},
+                    LORA_TARGET_MODULES, tokenizer=repo / "Qwen3-Embedding-0.6B", counted=ACE_STEP_FILES,
+                    keys=ACE_STEP_KEYS, extra_flags=("--data_file_keys", "audio"))
+
+
 def _variant_is(name: str, then: str, otherwise: str) -> Callable:
     return lambda r: then if r.get("variant") == name else otherwise
 
@@ -756,6 +862,19 @@ FAMILIES = {
         # the reference's lora/Ideogram-4-bf16-repackage.sh trains --num_epochs 5 --dataset_repeat 100
         ref_repeat=100, encode=_ideogram4_encode,
         timings={"text_encode_s": PROMPT.format("Qwen3-VL"), "vae_encode_s": IMAGE.format("AE")}),
+    "ace_step": Family(
+        "ace_step_split_vs_unsplit", "ACE-Step", _ace_step,
+        lambda variant: Config("proportional", ACE_STEP_SPEC, resolution=0, seconds=6),
+        # acestep-v15-turbo's DiT and condition encoder (one file), Qwen3-Embedding-0.6B, the Oobleck VAE: diffusers'
+        # and transformers' classes at the release configs (components.py), counted on the meta device
+        real={DIT: 1.5755e9, "conditioner": 0.6084e9, "text_encoder": 0.5958e9, "vae": 0.1687e9},
+        release="ACE-Step v1.5 turbo",
+        parts={DIT: "DiT", "conditioner": "condition encoder", "text_encoder": "Qwen3-Embedding", "vae": "VAE"},
+        lora_on="the reference's targets (q,k,v,o,gate,up,down_proj)",
+        notes="8 latent channels (the release's 64 would make the VAE its own 128-wide encoder); captions at most 256 "
+              "tokens, lyrics through Qwen3's embedding table; the condition encoder (in the DiT's file) is stage 1's",
+        quick=lambda variant: Config("quick", resolution=0, lora_rank=4, seconds=1),
+        samples="clips", defaults={"samples": (2, 4)}),
 }
 
 

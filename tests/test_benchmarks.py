@@ -307,3 +307,15 @@ def test_family_split_vs_unsplit_quick(smokes, family):
     assert set(r["params"]) == {"transformer", "text_encoder", "vae"} and r["params"]["transformer"] > 0
     if family == "ideogram4":  # stage 2 runs the DiT alone: Qwen3-VL's 36 layers and the AE are left out of its steps
         assert r["step_time_stage2_s"] < r["step_time_one_stage_s"]
+
+
+def test_ace_step_split_vs_unsplit_quick(tmp_path):
+    """ACE-Step's row in its own process: 48 kHz stereo clips with prompts and lyrics, the condition encoder (in the
+    DiT's file) counted and cached in stage 1, the DiT alone in stage 2."""
+    r = run_quick("split_vs_unsplit.py", tmp_path, "--family", "ace_step", timeout=300)
+    assert r["benchmark"] == "ace_step_split_vs_unsplit" and r["steps"] == 4 and r["clips"] == 2
+    assert r["clip_seconds"] == 1
+    assert set(r["params"]) == {"transformer", "conditioner", "text_encoder", "vae"}
+    assert all(v > 0 for v in r["params"].values())
+    assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio"])
+    assert r["step_time_stage2_s"] < r["step_time_one_stage_s"]
