@@ -57,6 +57,8 @@ class BasePipeline:
     # config with dynamic shifting, the fixed time shift training uses (the reference's).
     scheduler_config: Mapping[str, Any] = {}
     training_mu: float | None = None
+    # The smallest sigma of the training table where the reference keeps one (FLUX.1: 0.003/1.002); None: down to 0.
+    training_sigma_min: float | None = None
     # The unit classes of every run, in order (a pipeline may instead set `self.units` in `__init__`).
     base_units: tuple[type, ...] = ()
     # Values every training row gets that sampling takes as parameters (e.g. the embedded guidance it trains at).
@@ -107,7 +109,7 @@ class BasePipeline:
         """The sampling and training scheduler of the family's prediction type, from `scheduler_config`."""
         from ..schedulers import scheduler_for
 
-        return scheduler_for(cls.target.prediction, cls.scheduler_config, cls.training_mu)
+        return scheduler_for(cls.target.prediction, cls.scheduler_config, cls.training_mu, cls.training_sigma_min)
 
     @property
     def family(self) -> str:

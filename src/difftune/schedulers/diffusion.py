@@ -94,12 +94,12 @@ class DiffusionScheduler:
         return self.add_noise(input_latents, noise, self.timesteps[:1])
 
 
-def scheduler_for(prediction: str, config, training_mu: float | None = None):
+def scheduler_for(prediction: str, config, training_mu: float | None = None, training_sigma_min: float | None = None):
     """The scheduler of a target's prediction type from its scheduler config."""
     if prediction == "flow":
         from .flow_match import FlowMatchScheduler
 
-        return FlowMatchScheduler(training_mu=training_mu, **dict(config))
+        return FlowMatchScheduler(training_mu=training_mu, training_sigma_min=training_sigma_min, **dict(config))
     return DiffusionScheduler(prediction, **dict(config))
 
 

@@ -52,10 +52,12 @@ class FlowMatchScheduler:
 
     prediction = "flow"  # what a denoiser it trains predicts (core/target.py)
 
-    def __init__(self, training_mu: float | None = None, **config):
+    def __init__(self, training_mu: float | None = None, training_sigma_min: float | None = None, **config):
         given = {k: v for k, v in config.items() if not k.startswith("_")}
         self.config = {**DIFFUSERS_DEFAULTS, **given}
         self.fixed_training_mu = training_mu
+        # the reference's FLUX.1 table keeps a smallest sigma: linspace(1, sigma_min, n) instead of (1, 0, n + 1)[:-1]
+        self.training_sigma_min = training_sigma_min
         on = [k for k in _UNSUPPORTED if self.config.get(k)]
         if on:
             raise ValueError(f"FlowMatchScheduler does not implement scheduler options {on}")
@@ -197,11 +199,13 @@ class FlowMatchScheduler:
 
     def training_table(self, mu: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(sigmas, timesteps, bell weights) over `num_train_timesteps` entries for shift `mu`:
-        sigma = stretch(shift(linspace(1, 0, n + 1)[:-1])), decreasing; the weights have mean 1."""
+        sigma = stretch(shift(linspace(1, 0, n + 1)[:-1])), or linspace(1, sigma_min, n) where the family's
+        reference keeps a smallest sigma (FLUX.1), decreasing; the weights have mean 1."""
         key = None if mu is None else float(mu)
         if key not in self._tables:
             n = self.num_train_timesteps
-            raw = np.linspace(1.0, 0.0, n + 1)[:-1]
+            raw = np.linspace(1.0, 0.0, n + 1)[:-1] if self.training_sigma_min is None else \
+                np.linspace(1.0, self.training_sigma_min, n)
             sigmas = torch.from_numpy(np.asarray(self.shift_sigmas(raw, key))).to(torch.float32)
             timesteps = sigmas * n
             self._tables[key] = (sigmas, timesteps, bell_weights(timesteps, n))

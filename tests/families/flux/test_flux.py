@@ -102,11 +102,12 @@ def test_training_inputs_use_the_reference_settings(pipe):
 
 
 def test_training_table_is_static_shift_3():
-    """The reference trains FLUX.1 at a static shift of 3; mu = ln 3 gives that table exactly."""
+    """The reference trains FLUX.1 at a static shift of 3 over linspace(1, 0.003/1.002, 1000) (its FLUX.1 template
+    keeps a smallest sigma); mu = ln 3 gives that table exactly (test_flux_training_table.py: the weights too)."""
     sched = FluxImagePipeline.default_scheduler()
     sched.set_training()
     sigmas, _, _ = sched.training_table(sched.training_mu())
-    raw = torch.linspace(1, 0, 1001, dtype=torch.float64)[:-1]
+    raw = torch.linspace(1, 0.003 / 1.002, 1000, dtype=torch.float64)
     want = 3 * raw / (1 + 2 * raw)
     assert sched.training_mu() == pytest.approx(math.log(3))
     assert torch.allclose(sigmas.double(), want, atol=1e-6)

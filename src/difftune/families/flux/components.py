@@ -24,6 +24,8 @@ SCHEDULER_CONFIG = {
 # The reference trains FLUX.1 at a static shift of 3: sigma' = 3 s / (1 + 2 s). The exponential time shift
 # e^mu / (e^mu + 1/s - 1) is the same curve at mu = ln 3, so the training table is the reference's.
 TRAINING_MU = math.log(3.0)
+# ... over its table linspace(1, 0.003/1.002, 1000) (`set_timesteps_flux`): the last sigma is 0.0089 after the shift
+TRAINING_SIGMA_MIN = 0.003 / 1.002
 
 # The reference's DiT LoRA targets in diffusers' module names (its names -> diffusers'):
 # a_to_qkv -> to_q,to_k,to_v; b_to_qkv -> add_{q,k,v}_proj; a_to_out -> to_out.0; b_to_out -> to_add_out;

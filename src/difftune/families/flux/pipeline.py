@@ -17,7 +17,7 @@ from ...core.pipeline import BasePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...parts.flux_ae import vae_decode
-from .components import SCHEDULER_CONFIG, TRAINING_MU
+from .components import SCHEDULER_CONFIG, TRAINING_MU, TRAINING_SIGMA_MIN
 from .controlnet import CONTROLNET_FEATURE
 from .eligen import ELIGEN
 from .fill import FILL
@@ -64,6 +64,7 @@ class FluxBasePipeline(BasePipeline):
                                                       "3.5).", kind=float)}
     training_values = {"embedded_guidance": TRAINING_GUIDANCE}
     scheduler_config, training_mu = SCHEDULER_CONFIG, TRAINING_MU  # mu from the size; trained at the reference's ln 3
+    training_sigma_min = TRAINING_SIGMA_MIN  # and on its table
     base_units = (FluxShapeChecker, FluxNoiseInitializer, FluxInputImageEmbedder, FluxClipEmbedder, FluxT5Embedder,
                   FluxEmbeddedGuidance)
 
