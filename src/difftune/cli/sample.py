@@ -120,6 +120,36 @@ def sample_parser_shared():
     return _SHARED
 
 
+MAX_SIDE = 16384  # pixels a side: beyond it a sample is a typo, not a picture (it would allocate for minutes first)
+
+
+def check_numbers(args) -> None:
+    """Numbers no sample can be made with, refused before any model is read (NaN guidance gave a black image)."""
+    import math
+
+    def say(flag, value, what):
+        raise UserError(f"--{flag} {value:g}: {what}" if isinstance(value, float) else f"--{flag} {value}: {what}")
+
+    for flag, value in (("cfg_scale", args.cfg_scale), ("denoising_strength", args.denoising_strength),
+                        *(("lora_alpha", a) for a in args.lora_alpha)):
+        if value is not None and not math.isfinite(value):
+            say(flag, value, "must be a finite number")
+    if not 0 < args.denoising_strength <= 1:
+        say("denoising_strength", args.denoising_strength, "must be in (0, 1]")
+    for flag in ("num_inference_steps", "num_frames"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            say(flag, value, "must be at least 1")
+    for flag in ("width", "height"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            say(flag, value, "must be a positive number of pixels")
+        if value is not None and value > MAX_SIDE:
+            say(flag, value, f"at most {MAX_SIDE} pixels")
+    if not (math.isfinite(args.fps) and args.fps > 0):
+        say("fps", args.fps, "must be a positive frame rate")
+
+
 def main(argv: list[str]) -> int:
     import torch
 
@@ -131,6 +161,7 @@ def main(argv: list[str]) -> int:
     from ..training.config import RunConfig, frame_settings
 
     args = sample_parser().parse_args(argv)
+    check_numbers(args)
     if args.model_dir:
         args.model_paths = model_args_from_dir(args.model_dir)
     if not (args.model_paths or args.model_id_with_origin_paths):
