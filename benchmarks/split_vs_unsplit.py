@@ -200,7 +200,7 @@ def measure(name: str, fam: Family, cfg, variant, wd: Path, n: int, epochs: int,
     t1, dit = figures["step_time_one_stage_s"], params[DIT]
     r = {**({"variant": variant} if variant else {}), "config": cfg.name, "resolution": cfg.resolution,
          **({"num_frames": prep.num_frames} if prep.num_frames else {}),
-         **({"clip_seconds": cfg.seconds} if cfg.seconds else {}), fam.samples: n, "epochs": epochs,
+         **({"clip_seconds": cfg.seconds} if getattr(cfg, "seconds", None) else {}), fam.samples: n, "epochs": epochs,
          "repeat": repeat, "steps": runs["one"]["steps"], "warmup_steps": warmup, "lora_rank": cfg.lora_rank,
          "isolated_processes": isolated, "params": params, "params_over_dit": {k: v / dit for k, v in params.items()},
          "real_params_over_dit": {k: fam.real[k] / fam.real[DIT] for k in params if k in fam.real}, **figures, **enc}
