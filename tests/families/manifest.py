@@ -1215,14 +1215,30 @@ def _ace_step_workspace(root):
     return write_ace_step_script_workspace(root)
 
 
-def _ace_step_released(workspace, argv, script):
-    """The DiT of the release's single file (`decoder.*`) in diffusers' names: what `--trainable_models dit` saves
-    with `pipe.dit.` removed."""
-    from support.ace_step import DIT_FILE, REPO
+def _ace_step_dit_files(workspace: Path, argv) -> list[Path]:
+    """The DiT files a script names (its first model: the single file, or the XL's shards)."""
+    model_id, _, pattern = flag_value(argv, "--model_id_with_origin_paths").split(",")[0].partition(":")
+    return sorted((workspace / "models" / model_id).glob(pattern))
 
+
+def _ace_step_released(workspace, argv, script):
+    """The DiT of the script's release file (`decoder.*`, over its shards) in diffusers' names: what
+    `--trainable_models dit` saves with `pipe.dit.` removed."""
     from difftune.families.ace_step.components import dit_from_original
 
-    return dit_from_original(_load(workspace / "models" / REPO / DIT_FILE))
+    state = {}
+    for path in _ace_step_dit_files(workspace, argv):
+        state.update(_load(path))
+    return dit_from_original(state)
+
+
+def _ace_step_xl_trained(saved: dict, workspace: Path) -> None:
+    """The XL variant's LoRA: on the wider DiT's modules (hidden 48; the XL's condition_embedder widens the 24-wide
+    condition states before cross-attention)."""
+    assert saved["transformer.layers.0.self_attn.to_q.lora_A.weight"].shape[1] == 48
+    assert saved["transformer.layers.0.cross_attn.to_k.lora_A.weight"].shape[1] == 48
+    assert saved["transformer.layers.1.mlp.down_proj.lora_A.weight"].shape[1] == 96
+    assert any(v.abs().max() > 0 for k, v in saved.items() if ".lora_B." in k)
 
 
 ACE_STEP_SCRIPTS = Scripts(
@@ -1233,13 +1249,130 @@ ACE_STEP_SCRIPTS = Scripts(
     lora_modules=frozenset(f"layers.{i}.{m}" for i in range(2) for m in (
         *(f"{a}.{p}" for a in ("self_attn", "cross_attn") for p in ("to_q", "to_k", "to_v", "to_out.0")),
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")),
-    full=_ace_step_released, once_per_configuration=True, slow=True)
+    full=_ace_step_released, once_per_configuration=True, slow=True,
+    # the XL scripts resolve as the single file's configuration (the same classes); one trains too: the shards
+    # loaded and converted together, a DiT wider than its condition states
+    variants=(Variant("xl-shards", "lora/acestep-v15-xl-base.sh", lambda script, tmp: _only_command(script),
+                      check=_ace_step_xl_trained),))
+
+
+def _ace_step_release(s, hub) -> list:
+    return _model_configs(s.ace_step_model_paths(hub / s.REPO))
+
+
+def _ace_step_xl(s, hub) -> list:
+    return _model_configs([[str(p) for p in sorted((hub / s.XL_REPO).glob("model-*.safetensors"))],
+                           *s.ace_step_model_paths(hub / s.REPO)[1:]])
+
+
+def _ace_step_release_found(found, s, hub) -> None:
+    from difftune.families.ace_step.components import CONDITIONER_ORIGINAL, DIT_ORIGINAL, TEXT_ENCODER, VAE
+
+    assert found["dit"].spec is DIT_ORIGINAL and found["conditioner"].spec is CONDITIONER_ORIGINAL
+    assert found["text_encoder"].spec is TEXT_ENCODER and found["vae"].spec is VAE
+    assert found["dit"].config["hidden_size"] == 32 and found["dit"].config["encoder_hidden_size"] == 24
+    assert found["conditioner"].config["text_hidden_dim"] == found["text_encoder"].config["hidden_size"] == 16
+    assert found["vae"].config["decoder_input_channels"] == found["dit"].config["audio_acoustic_hidden_dim"] == 8
+
+
+def _ace_step_xl_found(found, s, hub) -> None:
+    from difftune.families.ace_step.components import CONDITIONER_ORIGINAL, DIT_ORIGINAL
+
+    assert found["dit"].spec is DIT_ORIGINAL and found["conditioner"].spec is CONDITIONER_ORIGINAL
+    assert found["dit"].config["hidden_size"] == 48 and found["dit"].config["encoder_hidden_size"] == 24
+    assert found["dit"].config["num_attention_heads"] == 3 and found["conditioner"].config["hidden_size"] == 24
+
+
+def _ace_step_diffusers_folders(s, hub, tmp) -> list:
+    """diffusers' layout (`transformer/`, `condition_encoder/`, each with its config.json), saved from the models
+    the release file loads to. The condition encoder keeps its silence latent buffer as that load leaves it: the
+    release ships the latent apart (silence_latent.pt)."""
+    ours = _ace_step_official(s, hub)
+    ours.dit.save_pretrained(tmp / "transformer")
+    ours.conditioner.save_pretrained(tmp / "condition_encoder")
+    return _model_configs([str(tmp / "transformer" / "diffusion_pytorch_model.safetensors"),
+                           str(tmp / "condition_encoder" / "diffusion_pytorch_model.safetensors"),
+                           *s.ace_step_model_paths(hub / s.REPO)[1:]])
+
+
+def _ace_step_official(s, hub):
+    import torch
+
+    from difftune.families.ace_step import AceStepPipeline
+
+    return AceStepPipeline.from_pretrained(torch_dtype=torch.float32, model_configs=_ace_step_release(s, hub))
+
+
+def _ace_step_real(build_dit=None, conditioner=False, original=False):
+    """The shapes of a real-size DiT (`build_dit`: its config's name) and / or condition encoder, in the release
+    file's names (`original`) or diffusers'."""
+    def shapes():
+        from diffusers import AceStepTransformer1DModel
+        from diffusers.pipelines.ace_step.modeling_ace_step import AceStepConditionEncoder
+
+        from difftune.families.ace_step import components as c
+
+        out = {}
+        if build_dit:
+            kwargs = {k: v for k, v in getattr(c, build_dit).items() if not k.startswith("_")}
+            out.update(meta_shapes(lambda: AceStepTransformer1DModel(**kwargs),
+                                   c.original_dit_keys if original else (lambda sd: sd)))
+        if conditioner:
+            kwargs = {k: v for k, v in c.ACE_STEP_CONDITIONER_CONFIG.items() if not k.startswith("_")}
+            out.update(meta_shapes(lambda: AceStepConditionEncoder(**kwargs),
+                                   c.original_conditioner_keys if original else (lambda sd: sd)))
+        if original:  # the FSQ tokenizer the file also holds
+            out.update({"tokenizer.quantizer.project_in.weight": (6, 64), "detokenizer.proj_out.weight": (64, 2048)})
+        return out
+    return shapes
+
+
+def _ace_step_qwen3_shapes():
+    from transformers import Qwen3Config, Qwen3Model
+
+    from difftune.families.ace_step.components import QWEN3_EMBEDDING_06B_CONFIG
+
+    return meta_shapes(lambda: Qwen3Model(Qwen3Config(**QWEN3_EMBEDDING_06B_CONFIG)))
+
+
+def _ace_step_vae_shapes():
+    from diffusers import AutoencoderOobleck
+
+    from difftune.families.ace_step.components import ACE_STEP_VAE_CONFIG
+
+    return meta_shapes(lambda: AutoencoderOobleck(**{k: v for k, v in ACE_STEP_VAE_CONFIG.items()
+                                                      if not k.startswith("_")}))
+
+
+_ACE = "difftune.families.ace_step.components:"
+ACE_STEP_RECOGNITION = Recognition(
+    folders=(Folders("release", _ace_step_release, ("dit", "conditioner", "text_encoder", "vae"),
+                     _ace_step_release_found),
+             Folders("xl-shards", _ace_step_xl, ("dit", "conditioner", "text_encoder", "vae"), _ace_step_xl_found)),
+    single_files=(SingleFile("diffusers-folders", _ace_step_diffusers_folders,
+                             {"dit": "DIT", "conditioner": "CONDITIONER"}, official=_ace_step_official,
+                             # the folders hold no silence_latent.pt: the release's
+                             load=lambda s, hub: {"silence_latent_config": str(
+                                 (hub / s.REPO / s.DIT_FILE).with_name("silence_latent.pt"))}),),
+    headers=(Header("turbo-file", _ace_step_real("ACE_STEP_DIT_CONFIG", True, True), "DIT_ORIGINAL",
+                    _ACE + "ACE_STEP_DIT_CONFIG", holds=("decoder.proj_in.1.weight", "encoder.text_projector.weight",
+                                                         "null_condition_emb")),
+             Header("xl-file", _ace_step_real("ACE_STEP_XL_DIT_CONFIG", True, True), "DIT_ORIGINAL",
+                    _ACE + "ACE_STEP_XL_DIT_CONFIG", holds=("decoder.layers.31.mlp.down_proj.weight",)),
+             Header("dit-diffusers", _ace_step_real("ACE_STEP_DIT_CONFIG"), "DIT", _ACE + "ACE_STEP_DIT_CONFIG",
+                    holds=("proj_in_conv.weight",)),
+             Header("condition-encoder-diffusers", _ace_step_real(conditioner=True), "CONDITIONER",
+                    _ACE + "ACE_STEP_CONDITIONER_CONFIG", holds=("silence_latent",)),
+             Header("qwen3-embedding-0.6b", _ace_step_qwen3_shapes, "TEXT_ENCODER",
+                    _ACE + "QWEN3_EMBEDDING_06B_CONFIG"),
+             Header("oobleck-vae", _ace_step_vae_shapes, "VAE", _ACE + "ACE_STEP_VAE_CONFIG")))
 
 
 # -- the manifest ---------------------------------------------------------------------------------------------------
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("ace_step", "support.ace_step", lambda s, root: s.write_tiny_ace_step_hub(root), scripts=ACE_STEP_SCRIPTS),
+    Family("ace_step", "support.ace_step", lambda s, root: s.write_tiny_ace_step_hubs(root), scripts=ACE_STEP_SCRIPTS,
+           recognition=ACE_STEP_RECOGNITION),
     Family("ernie_image", "support.ernie_image", lambda s, root: s.write_tiny_ernie_image_hub(root),
            scripts=ERNIE_IMAGE_SCRIPTS, sample=ERNIE_IMAGE_SAMPLE, recognition=ERNIE_IMAGE_RECOGNITION,
            lora=ERNIE_IMAGE_LORA),

@@ -59,17 +59,22 @@ def test_the_lyrics_the_prompt_or_a_metadata_column_alone_changes_the_lora(repo,
         assert any(not np.array_equal(base[k].numpy(), other[k].numpy()) for k in base), change
 
 
-@pytest.mark.parametrize("case, says", [
-    ("eight_channels", "has 8 audio channels; this model takes mono or stereo"),
-    ("too_short", "0.40 s of audio, shorter than the 1 s this model trains on"),
-    ("broken", "unreadable or corrupt audio"),
-])
-def test_bad_audio_is_refused_in_one_line_and_nothing_written_is_lost(repo, tmp_path, case, says):
+@pytest.mark.parametrize("case, name, says", [pytest.param(*p, id=p[0]) for p in (
+    ("eight_channels", "bad.wav", "has 8 audio channels; this model takes mono or stereo"),
+    ("no_audio_stream", "bad.mp4", "no audio stream (the file holds only video)"),
+    ("too_short", "bad.wav", "0.40 s of audio, shorter than the 1 s this model trains on"),
+    ("broken", "bad.wav", "unreadable or corrupt audio"),
+)])
+def test_bad_audio_is_refused_in_one_line_and_nothing_written_is_lost(repo, tmp_path, case, name, says):
+    from support.video import write_tiny_clip
+
     root = tmp_path / "data"
     root.mkdir()
-    bad = root / "bad.wav"
+    bad = root / name
     if case == "eight_channels":
         _clip(bad, channels=8)
+    elif case == "no_audio_stream":
+        write_tiny_clip(bad, num_frames=4, size=(16, 16))
     elif case == "too_short":
         _clip(bad, seconds=0.4)
     else:
@@ -78,18 +83,66 @@ def test_bad_audio_is_refused_in_one_line_and_nothing_written_is_lost(repo, tmp_
     out.mkdir()
     (out / "epoch-0.safetensors").write_bytes(b"an earlier run's file")
     with pytest.raises(UserError) as err:
-        _train(repo, _data(root, [{**ROW, "audio": "bad.wav"}]), out)
+        _train(repo, _data(root, [{**ROW, "audio": name}]), out)
     message = str(err.value)
-    assert says in message and "bad.wav" in message and "\n" not in message
+    assert says in message and name in message and "\n" not in message
+    assert sorted(p.name for p in out.iterdir()) == ["epoch-0.safetensors"]
     assert (out / "epoch-0.safetensors").read_bytes() == b"an earlier run's file"
 
 
 def test_a_mono_clip_is_upmixed_and_a_long_one_cut_with_a_note(repo, tmp_path, capsys):
-    data = _data(tmp_path / "data", [{**ROW, "audio": "mono.wav"}], seconds=2.5, channels=1)
-    _train(repo, data, tmp_path / "out", "--max_audio_duration", "1")
+    data = _data(tmp_path / "data", [{**ROW, "audio": "mono.wav"}], seconds=3.0, channels=1)
+    _train(repo, data, tmp_path / "out", "--max_audio_duration", "2")
     printed = capsys.readouterr().out
     assert "mono.wav: mono audio, upmixed to stereo" in printed
-    assert "mono.wav: 2.5 s of audio, cut to --max_audio_duration 1 s" in printed
+    assert "mono.wav: 3.0 s of audio, cut to --max_audio_duration 2 s" in printed
+
+
+def _dit_without_silence(repo, folder, silence: bytes | None = None):
+    """The release's DiT file in a folder of its own, beside no silence latent or beside `silence`."""
+    import shutil
+
+    from support.ace_step import DIT_FILE
+
+    folder.mkdir()
+    shutil.copy(repo / DIT_FILE, folder / "model.safetensors")
+    if silence is not None:
+        (folder / "silence_latent.pt").write_bytes(silence)
+    return [str(folder / "model.safetensors"), *ace_step_model_paths(repo)[1:]]
+
+
+def _train_refused(paths, tmp_path) -> str:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "epoch-0.safetensors").write_bytes(b"an earlier run's file")
+    with pytest.raises(UserError) as err:
+        run_train("--model_paths", json.dumps(paths), "--data_file_keys", "audio", *_data(tmp_path / "d", [ROW]),
+                  "--output_path", str(out), *LORA)
+    assert sorted(p.name for p in out.iterdir()) == ["epoch-0.safetensors"]
+    assert (out / "epoch-0.safetensors").read_bytes() == b"an earlier run's file"
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_missing_silence_latent_is_one_line_naming_the_flag(repo, tmp_path):
+    message = _train_refused(_dit_without_silence(repo, tmp_path / "dit"), tmp_path)
+    assert "no silence_latent.pt beside the DiT's weights: pass --silence_latent_path" in message
+    assert str(tmp_path / "dit") in message
+
+
+def test_a_hostile_silence_latent_is_refused_without_running_it(repo, tmp_path):
+    import pickle
+
+    ran = tmp_path / "ran"
+
+    class Hostile:
+        def __reduce__(self):
+            return (open, (str(ran), "w"))
+
+    message = _train_refused(_dit_without_silence(repo, tmp_path / "dit", pickle.dumps(Hostile())), tmp_path)
+    assert str(tmp_path / "dit" / "silence_latent.pt") in message
+    assert not ran.exists()
 
 
 def test_difftune_sample_writes_stereo_48khz_wav(repo, tmp_path):

@@ -1,8 +1,10 @@
-"""Tiny random ACE-Step 1.5 models in the release's layout (`ACE-Step/Ace-Step1.5`): the DiT and its condition
+"""Tiny random ACE-Step 1.5 models in the release's layouts. `ACE-Step/Ace-Step1.5`: the DiT and its condition
 encoder in one original file (`decoder.*`, `encoder.*`, `null_condition_emb`, a few FSQ tokenizer tensors the family
-leaves unread) with `silence_latent.pt` beside it, `Qwen3-Embedding-0.6B/` (a tiny Qwen3 and its tokenizer) and
-`vae/` (an Oobleck VAE at the release's strides: 1920 samples a latent frame at 48 kHz). Latent channels are 8 here
-(64 in the release), which keeps the VAE's full-rate layers small."""
+leaves unread) with its original `config.json` and `silence_latent.pt` beside it, `Qwen3-Embedding-0.6B/` (a tiny
+Qwen3, its `Qwen3ForCausalLM` config and its tokenizer) and `vae/` (an Oobleck VAE at the release's strides: 1920
+samples a latent frame at 48 kHz). `ACE-Step/acestep-v15-xl-*`: a wider DiT (hidden size 48, its condition states
+24 wide, as the XL's 2560 and 2048) with the same condition encoder, in two shards and their index. Latent channels
+are 8 here (64 in the release), which keeps the VAE's full-rate layers small."""
 
 from __future__ import annotations
 
@@ -15,29 +17,49 @@ from support.common import TinyFamily, register_tiny
 
 REPO = "ACE-Step/Ace-Step1.5"
 DIT_FILE = "acestep-v15-turbo/model.safetensors"
+TEXT_FOLDER = "Qwen3-Embedding-0.6B"
 CHANNELS = 8
 RATE = 48000
+COND_WIDTH, TEXT_WIDTH = 24, 16
+XL_SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+
+
+def tiny_ace_step_dit(xl: bool = False):
+    """The turbo-sized tiny DiT, or the XL's (wider than the condition states it attends to)."""
+    from diffusers import AceStepTransformer1DModel
+
+    heads, layers = (3, 2) if xl else (2, 2)
+    return AceStepTransformer1DModel(hidden_size=16 * heads, intermediate_size=32 * heads, num_hidden_layers=layers,
+                                     num_attention_heads=heads, num_key_value_heads=1, head_dim=16,
+                                     in_channels=3 * CHANNELS, audio_acoustic_hidden_dim=CHANNELS, patch_size=2,
+                                     sliding_window=4, encoder_hidden_size=COND_WIDTH)
+
+
+def tiny_ace_step_conditioner():
+    from diffusers.pipelines.ace_step.modeling_ace_step import AceStepConditionEncoder
+
+    return AceStepConditionEncoder(hidden_size=COND_WIDTH, intermediate_size=48, text_hidden_dim=TEXT_WIDTH,
+                                   timbre_hidden_dim=CHANNELS, num_lyric_encoder_hidden_layers=1,
+                                   num_timbre_encoder_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                   head_dim=12, sliding_window=4)
 
 
 def tiny_ace_step_models(seed: int = 0):
-    from diffusers import AceStepTransformer1DModel, AutoencoderOobleck
-    from diffusers.pipelines.ace_step.modeling_ace_step import AceStepConditionEncoder
+    from diffusers import AutoencoderOobleck
     from transformers import Qwen3Config, Qwen3Model
 
     from support.z_image.tiny import z_image_tokenizer
 
     c = CHANNELS
     torch.manual_seed(seed)
-    dit = AceStepTransformer1DModel(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                    num_key_value_heads=1, head_dim=16, in_channels=3 * c, audio_acoustic_hidden_dim=c,
-                                    patch_size=2, sliding_window=4, encoder_hidden_size=24)
-    cond = AceStepConditionEncoder(hidden_size=24, intermediate_size=48, text_hidden_dim=16, timbre_hidden_dim=c,
-                                   num_lyric_encoder_hidden_layers=1, num_timbre_encoder_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, head_dim=12, sliding_window=4)
+    dit = tiny_ace_step_dit()
+    cond = tiny_ace_step_conditioner()
     tokenizer = z_image_tokenizer()
-    text_encoder = Qwen3Model(Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+    # the release's RoPE base: the family builds Qwen3-Embedding's config from the weights' sizes and its values
+    text_encoder = Qwen3Model(Qwen3Config(vocab_size=len(tokenizer), hidden_size=TEXT_WIDTH, intermediate_size=32,
                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                          head_dim=8))
+                                          head_dim=8, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                                          tie_word_embeddings=True))
     vae = AutoencoderOobleck(encoder_hidden_size=2 * c, downsampling_ratios=[2, 4, 4, 6, 10],
                              channel_multiples=[1, 1, 1, 1, 1], decoder_channels=8, decoder_input_channels=c,
                              audio_channels=2, sampling_rate=RATE)
@@ -45,37 +67,97 @@ def tiny_ace_step_models(seed: int = 0):
     return dit, cond, text_encoder, tokenizer, vae, silence
 
 
+def _original_state(dit, cond) -> dict:
+    """One release file's tensors: the DiT, its condition encoder and the (unread) FSQ tokenizer's."""
+    from difftune.families.ace_step.components import original_conditioner_keys, original_dit_keys
+
+    g = torch.Generator().manual_seed(7)
+    state = {**original_dit_keys(dit.state_dict()), **original_conditioner_keys(cond.state_dict()),
+             "tokenizer.quantizer.project_in.weight": torch.randn(4, CHANNELS, generator=g),
+             "tokenizer.quantizer.project_out.weight": torch.randn(CHANNELS, 4, generator=g),
+             "detokenizer.proj_out.weight": torch.randn(CHANNELS, 4, generator=g)}
+    return {k: v.contiguous() for k, v in state.items()}
+
+
+def _original_config(dit, cond) -> dict:
+    """config.json as the release writes it beside model.safetensors (its own class, not diffusers')."""
+    d, e = dit.config, cond.config
+    return {"architectures": ["AceStepConditionGenerationModel"], "model_type": "acestep", "is_turbo": True,
+            "hidden_size": d.hidden_size, "intermediate_size": d.intermediate_size,
+            "num_hidden_layers": d.num_hidden_layers, "num_attention_heads": d.num_attention_heads,
+            "num_key_value_heads": d.num_key_value_heads, "head_dim": d.head_dim, "in_channels": d.in_channels,
+            "audio_acoustic_hidden_dim": d.audio_acoustic_hidden_dim, "patch_size": d.patch_size,
+            "encoder_hidden_size": d.encoder_hidden_size, "text_hidden_dim": e.text_hidden_dim,
+            "timbre_hidden_dim": e.timbre_hidden_dim, "num_lyric_encoder_hidden_layers": 1,
+            "num_timbre_encoder_hidden_layers": 1, "sliding_window": d.sliding_window, "fsq_dim": 4}
+
+
 def write_tiny_ace_step_hub(hub: str | Path, seed: int = 0) -> Path:
     """The tiny release under `hub/ACE-Step/Ace-Step1.5` (once per folder); returns the repository folder."""
     from safetensors.torch import save_file
-
-    from difftune.families.ace_step.components import original_conditioner_keys, original_dit_keys
 
     repo = Path(hub) / REPO
     if (repo / DIT_FILE).is_file():
         return repo
     dit, cond, text_encoder, tokenizer, vae, silence = tiny_ace_step_models(seed)
-    state = {**original_dit_keys(dit.state_dict()), **original_conditioner_keys(cond.state_dict()),
-             "tokenizer.quantizer.project_in.weight": torch.randn(4, CHANNELS),
-             "detokenizer.proj_out.weight": torch.randn(CHANNELS, 4)}
-    (repo / DIT_FILE).parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(repo / DIT_FILE))
-    (repo / DIT_FILE).with_name("config.json").write_text(json.dumps(
-        {"architectures": ["AceStepConditionGenerationModel"], "model_type": "acestep", "hidden_size": 32}))
-    torch.save(silence, repo / "acestep-v15-turbo" / "silence_latent.pt")
-    text_encoder.save_pretrained(repo / "Qwen3-Embedding-0.6B")
-    tokenizer.save_pretrained(repo / "Qwen3-Embedding-0.6B")
+    folder = (repo / DIT_FILE).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(silence, folder / "silence_latent.pt")
+    (folder / "config.json").write_text(json.dumps(_original_config(dit, cond)))
+    text_encoder.save_pretrained(repo / TEXT_FOLDER)
+    config = repo / TEXT_FOLDER / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "architectures": ["Qwen3ForCausalLM"]}))
+    tokenizer.save_pretrained(repo / TEXT_FOLDER)
     vae.save_pretrained(repo / "vae")
+    save_file(_original_state(dit, cond), str(repo / DIT_FILE))  # last: its presence marks the hub complete
     return repo
 
 
+def write_tiny_ace_step_xl(folder: str | Path, seed: int = 1) -> list[Path]:
+    """An XL release folder (`ACE-Step/acestep-v15-xl-*`): the wider DiT and a condition encoder as the original
+    file, in two shards with their index and the original config.json; returns the shards."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    shards = [folder / name for name in XL_SHARDS]
+    if all(p.is_file() for p in shards):
+        return shards
+    torch.manual_seed(seed)
+    dit, cond = tiny_ace_step_dit(xl=True), tiny_ace_step_conditioner()
+    state = _original_state(dit, cond)
+    keys = sorted(state)
+    # the DiT over both shards, as a split by size lands it
+    parts = (keys[: len(keys) // 3], keys[len(keys) // 3:])
+    folder.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for path, part in zip(shards, parts):
+        save_file({k: state[k] for k in part}, str(path))
+        weight_map.update({k: path.name for k in part})
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}))
+    (folder / "config.json").write_text(json.dumps({**_original_config(dit, cond), "is_turbo": False}))
+    return shards
+
+
+XL_REPO = "ACE-Step/acestep-v15-xl-base"
+
+
+def write_tiny_ace_step_hubs(hub: str | Path) -> Path:
+    """Both layouts under `hub`: the release (`ACE-Step/Ace-Step1.5`) and one XL repository; returns `hub`."""
+    write_tiny_ace_step_hub(hub)
+    write_tiny_ace_step_xl(Path(hub) / XL_REPO)
+    return Path(hub)
+
+
 def ace_step_model_paths(repo: Path) -> list[str]:
-    return [str(repo / DIT_FILE), str(repo / "Qwen3-Embedding-0.6B" / "model.safetensors"),
+    return [str(repo / DIT_FILE), str(repo / TEXT_FOLDER / "model.safetensors"),
             str(repo / "vae" / "diffusion_pytorch_model.safetensors")]
 
 
 def write_ace_step_dataset(root: Path, n: int = 2, seconds: float = 1.3) -> Path:
-    """`n` short stereo 48 kHz clips with prompts, lyrics and a metadata column, as the reference's example data."""
+    """`n` short stereo 48 kHz clips with prompts and lyrics, as the reference's example data: the first row gives
+    every optional metadata column, the others leave some out (the reference's defaults)."""
     import numpy as np
 
     from difftune.media.audio import write_audio
@@ -87,8 +169,11 @@ def write_ace_step_dataset(root: Path, n: int = 2, seconds: float = 1.3) -> Path
     for i in range(n):
         wave = np.stack([np.sin(2 * np.pi * 220 * (i + 1) * t), np.sin(2 * np.pi * 330 * (i + 1) * t)]) * 0.4
         write_audio(wave.astype(np.float32), root / f"clip{i}.wav", RATE)
-        rows.append({"audio": f"clip{i}.wav", "prompt": f"a tone of {220 * (i + 1)} hertz",
-                     "lyrics": "[Instrumental]" if i % 2 else "[verse]\nla la la", "bpm": 90 + 10 * i})
+        row = {"audio": f"clip{i}.wav", "prompt": f"a tone of {220 * (i + 1)} hertz",
+               "lyrics": "[Instrumental]" if i % 2 else "[verse]\nla la la", "bpm": 90 + 10 * i}
+        if i == 0:
+            row.update(keyscale="A minor", timesignature="3", vocal_language="en")
+        rows.append(row)
     (root / "metadata.json").write_text(json.dumps(rows))
     return root / "metadata.json"
 
@@ -107,4 +192,7 @@ def _tiny_ace_step(folder: Path) -> TinyFamily:
 
 register_tiny("ace_step", _tiny_ace_step)
 
-__all__ = ["DIT_FILE", "REPO", "ace_step_model_paths", "tiny_ace_step_models", "write_ace_step_dataset", "write_tiny_ace_step_hub"]
+__all__ = ["CHANNELS", "DIT_FILE", "REPO", "TEXT_FOLDER", "XL_REPO", "XL_SHARDS", "ace_step_model_paths",
+           "tiny_ace_step_conditioner", "tiny_ace_step_dit", "tiny_ace_step_models",
+           "write_ace_step_dataset", "write_tiny_ace_step_hub", "write_tiny_ace_step_hubs",
+           "write_tiny_ace_step_xl"]
