@@ -74,13 +74,11 @@ class AceStepPromptEmbedder(PipelineUnit):
         meta = {k: _per_sample(v, n) for k, v in (("lyrics", lyrics), ("duration", duration), ("bpm", bpm),
                                                    ("keyscale", keyscale), ("timesignature", timesignature),
                                                    ("vocal_language", vocal_language))}
-        captions = [SFT_GEN_PROMPT.format(TEXT2MUSIC, p, metas(_text(meta["bpm"][i], METADATA_DEFAULTS["bpm"]),
-                                                               _text(meta["timesignature"][i], "4"),
-                                                               _text(meta["keyscale"][i], "C major"),
+        given = [{k: _text(meta[k][i], d) for k, d in METADATA_DEFAULTS.items()} for i in range(n)]
+        captions = [SFT_GEN_PROMPT.format(TEXT2MUSIC, p, metas(g["bpm"], g["timesignature"], g["keyscale"],
                                                                meta["duration"][i]))
-                    for i, p in enumerate(prompts)]
-        songs = [LYRIC_PROMPT.format(_text(meta["vocal_language"][i], "unknown"), _text(meta["lyrics"][i], ""))
-                 for i in range(n)]
+                    for i, (p, g) in enumerate(zip(prompts, given))]
+        songs = [LYRIC_PROMPT.format(g["vocal_language"], _text(meta["lyrics"][i], "")) for i, g in enumerate(given)]
         text, text_mask = self._tokens(pipe, captions, CAPTION_TOKENS)
         words, words_mask = self._tokens(pipe, songs, LYRIC_TOKENS)
         encoder = pipe.text_encoder
