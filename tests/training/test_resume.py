@@ -4,6 +4,7 @@ line, and replaces nothing."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -171,3 +172,114 @@ def test_cut_weights_file_in_a_state_names_the_file(saved_state):
         _resume(saved_state)
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"{path}: ") and "truncated" in msg
+
+
+# -- a state tampered with (by hand, a bad copy, a hostile file): one line naming the file, nothing written ---------
+
+def _output_files(out: Path) -> dict:
+    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def _refused(saved, *extra) -> str:
+    """The resume's one-line refusal; the output folder (states, logs, run records) exactly as it was."""
+    before = _output_files(saved["out"])
+    with pytest.raises(UserError) as err:
+        _resume(saved, *extra)
+    msg = str(err.value)
+    assert "\n" not in msg, msg
+    assert _output_files(saved["out"]) == before
+    return msg
+
+
+def _edit_json(saved, edit):
+    state_json = saved["state"] / "state.json"
+    meta = json.loads(state_json.read_text())
+    edit(meta)
+    state_json.write_text(json.dumps(meta))
+    return state_json
+
+
+def test_weights_cut_in_half_is_refused_naming_the_file_before_anything_is_written(saved_state):
+    path = saved_state["state"] / "weights.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    msg = _refused(saved_state)
+    assert msg.startswith(f"{path}: truncated training state file"), msg
+
+
+@pytest.mark.parametrize("value", ["abc", -4, 1.5, None, True])
+def test_a_global_step_that_is_no_count_is_refused_naming_the_state_file(saved_state, value):
+    state_json = _edit_json(saved_state, lambda m: m["position"].__setitem__("global_step", value))
+    msg = _refused(saved_state)
+    assert msg.startswith(f"{state_json}: position 'global_step' is {json.dumps(value)}, not a whole number "
+                          f"0 or more"), msg
+    assert not list((saved_state["out"] / "state").glob("step--*"))
+
+
+def test_a_stray_state_folder_with_a_bad_name_does_not_break_latest(saved_state):
+    """`state/step--4` (what a negative global_step wrote before) and `state/step-x` are no states: `latest` takes
+    the newest real one."""
+    for name in ("step--4", "step-x"):
+        shutil.copytree(saved_state["state"], saved_state["state"].parent / name)
+    summary = _resume(saved_state)
+    assert summary["steps"] == 8
+
+
+def test_a_truncated_state_json_is_refused_naming_it(saved_state):
+    state_json = saved_state["state"] / "state.json"
+    text = state_json.read_text()
+    state_json.write_text(text[:len(text) // 2])
+    msg = _refused(saved_state)
+    assert msg.startswith(f"{state_json}: not a readable training state (truncated or not JSON:"), msg
+
+
+def test_a_state_json_with_a_part_missing_is_refused_naming_it(saved_state):
+    state_json = _edit_json(saved_state, lambda m: m.pop("optimizer"))
+    msg = _refused(saved_state)
+    assert msg.startswith(f"{state_json}: 'optimizer' is missing or not"), msg
+
+
+@pytest.mark.parametrize("how", ["garbage", "wrong_size", "missing"])
+def test_garbage_rng_state_is_refused_naming_the_file(saved_state, how):
+    import torch
+    from safetensors.torch import save_file
+
+    path = saved_state["state"] / "rng-0.safetensors"
+    if how == "garbage":
+        path.write_bytes(b"garbage" * 10)
+    elif how == "wrong_size":
+        save_file({"rank0.torch_cpu": torch.zeros(7, dtype=torch.uint8)}, str(path))
+    else:
+        path.unlink()
+    msg = _refused(saved_state)
+    assert msg.startswith(f"{path}: "), msg
+    assert {"garbage": "unreadable", "wrong_size": "not a random generator state",
+            "missing": "missing from the training state"}[how] in msg
+
+
+def test_a_state_past_the_last_epoch_is_refused_and_replaces_nothing(saved_state):
+    _edit_json(saved_state, lambda m: m["position"].__setitem__("epoch", 999))
+    msg = _refused(saved_state)
+    assert msg.startswith(f"--resume_from_checkpoint {saved_state['state']}: its epoch 999 is past this run's "
+                          f"last epoch (1: --num_epochs 2, counted from 0)"), msg
+
+
+def test_global_step_past_the_end_writes_nothing_at_all(saved_state):
+    _edit_json(saved_state, lambda m: m["position"].__setitem__("global_step", 999))
+    msg = _refused(saved_state)
+    assert "its global_step 999 is at or past this run's last step (8)" in msg
+
+
+@pytest.mark.parametrize("name", ["optimizer.safetensors", "weights.safetensors"])
+def test_a_tensor_cut_to_another_shape_is_refused_naming_the_file_and_tensor(saved_state, name):
+    from safetensors.torch import load_file, save_file
+
+    path = saved_state["state"] / name
+    tensors = load_file(str(path))
+    key = sorted(k for k in tensors if tensors[k].dim() >= 2)[0]
+    shape = list(tensors[key].shape)
+    tensors[key] = tensors[key][:1].contiguous()
+    save_file(tensors, str(path))
+    msg = _refused(saved_state)
+    assert msg.startswith(f"{path}: tensor '{key}' has shape [1, {shape[1]}]"), msg
+    assert f"[{shape[0]}, {shape[1]}]" in msg

@@ -150,3 +150,37 @@ def test_split_stage2_lora_with_checkpointing_clipping_and_validation(workspace,
     a = np.asarray(Image.open(root / "s2-one" / "validation" / "step-000008.png")).astype(int)
     b = np.asarray(Image.open(root / "s2-two" / "validation" / "step-000008.png")).astype(int)
     assert a.shape == b.shape and np.abs(a - b).max() <= 1 and a.std() > 1
+
+
+@pytest.fixture(scope="module")
+def lora_state(workspace):
+    """A LoRA run's sharded training state (2 FSDP2 processes, 1 step) and the flags that resume it on one process
+    (the same 2 samples per step)."""
+    out = workspace["root"] / "lora-state"
+    flags = ["--dataset_base_path", workspace["meta"].parent, "--dataset_metadata_path", workspace["meta"], *common(workspace),
+             "--lora_base_model", "dit", "--lora_target_modules", "to_q", "--lora_rank", 2, "--save_state_steps", 1]
+    launch(workspace["root"], FSDP, *flags, "--max_steps", 1, "--output_path", out)
+    (state,) = (out / "state").glob("step-*")
+    return {"state": state, "flags": [*flags, "--gradient_accumulation_steps", 2]}
+
+
+@pytest.mark.parametrize("damage", ["deleted", "cut"])
+def test_a_sharded_state_with_a_shard_deleted_or_cut_is_refused_naming_it(workspace, lora_state, damage, tmp_path):
+    """One shard gone (a partial copy): torch's planner saw half of every tensor and raised a traceback naming no
+    file. Now one line naming the shard, before anything is written under the output folder."""
+    from difftune.errors import UserError
+
+    out = tmp_path / "out"
+    shutil.copytree(lora_state["state"], out / "state" / lora_state["state"].name)
+    shard = out / "state" / lora_state["state"].name / "shards" / "shard-00002-model-00001-of-00001.safetensors"
+    if damage == "deleted":
+        shard.unlink()
+    else:
+        shard.write_bytes(shard.read_bytes()[:200])
+    before = sorted(p for p in out.rglob("*"))
+    with pytest.raises(UserError) as err:
+        run_train(*lora_state["flags"], "--output_path", out, "--resume_from_checkpoint", "latest")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{shard}: "), msg
+    assert ("missing from the training state" if damage == "deleted" else "truncated training state file") in msg
+    assert sorted(p for p in out.rglob("*")) == before

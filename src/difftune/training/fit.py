@@ -143,10 +143,8 @@ class _StandIn:
         return self.found
 
 
-def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
-    """The plan, optimizer, schedule, prepared module, resumed position and loader of one training run."""
-    from .state import exactness_settings, load_training_state
-
+def _plan(accelerator, dataset, module, config: LoopConfig) -> tuple[EpochPlan, int]:
+    """The epoch plan of this process and the run's number of optimizer steps."""
     world, rank = accelerator.num_processes, accelerator.process_index
     plan = EpochPlan(len(dataset), config.seed, world, rank, config.batch_size, config.gradient_accumulation_steps,
                      shuffle=config.shuffle, keys=bucket_keys(dataset, module))
@@ -155,6 +153,45 @@ def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
     total_steps = plan.steps_per_epoch() * config.num_epochs
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
+    return plan, total_steps
+
+
+def _check_position(config: LoopConfig, position: dict, steps_per_epoch: int, total_steps: int) -> None:
+    """A saved position this run can continue from; one past its end would train nothing, and the run would still
+    save and take the folder."""
+    step, epoch = position["global_step"], position["epoch"]
+    if position["step_in_epoch"] >= steps_per_epoch:
+        epoch += 1
+    if step >= total_steps:
+        raise UserError(f"--resume_from_checkpoint {config.resume_from}: its global_step {step} is at or "
+                        f"past this run's last step ({total_steps}); raise --num_epochs or --max_steps to "
+                        f"train on")
+    if epoch >= config.num_epochs:
+        raise UserError(f"--resume_from_checkpoint {config.resume_from}: its epoch {position['epoch']} is past this "
+                        f"run's last epoch ({config.num_epochs - 1}: --num_epochs {config.num_epochs}, counted from "
+                        f"0); raise --num_epochs to train on")
+
+
+def check_resume(accelerator, dataset, module, config: LoopConfig, plain_optimizer: bool = True) -> None:
+    """Before anything is written under the output folder: the state `config.resume_from` names fits this run (its
+    trained tensors' names and shapes) and its position is inside it."""
+    from .state import check_settings, check_state_fits, exactness_settings, read_meta
+
+    if config.resume_from is None:
+        return
+    settings = exactness_settings(config, accelerator.num_processes, len(dataset))
+    check_settings(config.resume_from, read_meta(config.resume_from)["settings"], settings, config.force_resume)
+    check_state_fits(config.resume_from, module, plain_optimizer)
+    plan, total_steps = _plan(accelerator, dataset, module, config)
+    _check_position(config, read_meta(config.resume_from)["position"], plan.steps_per_epoch(), total_steps)
+
+
+def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
+    """The plan, optimizer, schedule, prepared module, resumed position and loader of one training run."""
+    from .state import exactness_settings, load_training_state
+
+    world = accelerator.num_processes
+    plan, total_steps = _plan(accelerator, dataset, module, config)
     if accelerator.is_main_process:
         print(f"batches: {plan.describe()}")
 
@@ -180,13 +217,10 @@ def prepare(accelerator, dataset, module, config: LoopConfig) -> Training:
     if config.resume_from is not None:
         position = load_training_state(config.resume_from, accelerator, module, optimizer, schedule,
                                        state.exactness, force=config.force_resume)
+        _check_position(config, position, plan.steps_per_epoch(), total_steps)
         state.step, start_epoch, start_step = position["global_step"], position["epoch"], position["step_in_epoch"]
         if start_step >= plan.steps_per_epoch():
             start_epoch, start_step = start_epoch + 1, 0
-        if state.step >= total_steps:  # nothing would train, and the run would still save and take the folder
-            raise UserError(f"--resume_from_checkpoint {config.resume_from}: its global_step {state.step} is at or "
-                            f"past this run's last step ({total_steps}); raise --num_epochs or --max_steps to "
-                            f"train on")
         if accelerator.is_main_process:
             print(f"resumed from {config.resume_from}: step {state.step}, epoch {start_epoch}, "
                   f"{start_step} step(s) into the epoch")
@@ -209,4 +243,4 @@ def train(accelerator, dataset, module, config: LoopConfig, hooks=None, on_step=
     return loop(prepare(accelerator, dataset, module, config), hooks, on_step=on_step, stop=stop)
 
 
-__all__ = ["Training", "make_lr_schedule", "make_optimizer", "prepare", "train"]
+__all__ = ["Training", "check_resume", "make_lr_schedule", "make_optimizer", "prepare", "train"]

@@ -84,7 +84,7 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     resume, LoRA or full, the hooks (checkpoints, states, validation, logs), the loop; then the report."""
     from ..models import check_fp8_frozen, check_quant_frozen
     from .builders import find_resume, loop_config, make_dataset, stage_pipeline, training_mode_kwargs
-    from .fit import train
+    from .fit import check_resume, train
     from .module import PipelineTrainingModule
 
     from .offload import install_model_offload, model_offload_requested, offload_settings
@@ -123,6 +123,8 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
         from .compile import compile_blocks
 
         compile_blocks(pipe, [s for s in pipe.loss_models if s in config.trainable], log)
+    check_resume(accelerator, dataset, module, loop_config(config, resume_state),  # before the hooks write
+                 plain_optimizer=not config.customized_optimizer)
     hooks, saver = make_hooks(run, dataset, from_cache, resume_state)
     with (stop.deferred() if stop is not None else _nothing()), backend_context(module.attention_backend):
         summary = train(accelerator, dataset, module, loop_config(config, resume_state), hooks, stop=stop)

@@ -151,7 +151,7 @@ def save_training_state(accelerator, module, optimizer, schedule, position: dict
             shutil.rmtree(tmp, ignore_errors=True)  # the earlier states stay as they were
         raise
     if accelerator.is_main_process:
-        states = sorted(list_states(root), key=lambda p: int(p.name.split("-")[1]))
+        states = list_states(root)
         for old in states[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -216,7 +216,8 @@ def _save_sharded(module, optimizer, tmp: Path, final: Path) -> dict:
         raise write_error(final / SHARDS, err) from None
     scalars = {name: {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
                for name, state in optim["state"].items()}
-    return {"param_names": names, "optimizer_keys": sorted(tensors["optim"]),
+    shard_files = sorted(f.name for f in (tmp / SHARDS).glob("*.safetensors")) if (tmp / SHARDS).is_dir() else []
+    return {"param_names": names, "optimizer_keys": sorted(tensors["optim"]), "shard_files": shard_files,
             "optimizer_scalars": {n: v for n, v in scalars.items() if v},
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optim["param_groups"]]}
 
@@ -235,9 +236,12 @@ def _load_sharded(path: Path, meta: dict, module, optimizer) -> None:
     tensors["optim"] = {k: v for k, v in tensors["optim"].items() if k in saved_keys}
     if len(tensors["optim"]) != len(saved_keys):
         raise UserError(f"{path}: the saved optimizer state does not match this run's parameters")
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)))
-    except Exception as err:  # a shard deleted or cut: torch's error names no file
+    except (Exception, CheckpointException) as err:  # a shard deleted or cut: torch's error names no file
+        # (CheckpointException is a BaseException: what dcp raises for any process's failure)
         raise UserError(f"{path / SHARDS}: the sharded training state cannot be read ({first_line(err)}); "
                         f"copy the whole state folder") from None
     check_finite_state(path / SHARDS, {**tensors["model"], **tensors["optim"]})
@@ -277,23 +281,33 @@ def _load_whole_into_sharded(path: Path, meta: dict, module, optimizer) -> None:
     set_optimizer_state_dict(target, _inner_optimizer(optimizer), optim, options=options)
 
 
+def state_step(path: Path) -> int | None:
+    """N of a `step-<N>` folder; None for any other name (`step--4`, `step-x`: no state of ours)."""
+    number = path.name[len("step-"):] if path.name.startswith("step-") else ""
+    return int(number) if number.isascii() and number.isdigit() else None
+
+
 def list_states(root: Path) -> list[Path]:
+    """The saved states under `root`, oldest first."""
     if not root.is_dir():
         return []
-    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "state.json").exists()]
+    found = [p for p in root.iterdir() if p.is_dir() and state_step(p) is not None and (p / "state.json").exists()]
+    return sorted(found, key=state_step)
 
 
 def find_state(spec: str, output_path: str | os.PathLike) -> Path:
     """`latest` (the newest state under <output_path>/state) or a state directory."""
     if spec == "latest":
-        states = sorted(list_states(Path(output_path) / STATE_DIR), key=lambda p: int(p.name.split("-")[1]))
+        states = list_states(Path(output_path) / STATE_DIR)
         if not states:
             raise UserError(f"--resume_from_checkpoint latest: no saved training state under {output_path}/{STATE_DIR} "
                             f"(save one with --save_state_steps N)")
+        check_state(states[-1])
         return states[-1]
     path = Path(spec)
     if not (path / "state.json").is_file():
         raise UserError(f"--resume_from_checkpoint {spec}: not a training state directory (no state.json)")
+    check_state(path)
     return path
 
 
@@ -325,29 +339,30 @@ def changed_settings(saved: dict, settings: dict) -> tuple[list[str], str | None
     return [f"{k} ({saved.get(k)!r} -> {settings.get(k)!r})" for k in changed], note
 
 
+def check_settings(path, saved: dict, settings: dict, force: bool) -> str | None:
+    """Refuse a resume that would not be exact (unless `force`); the note for a changed but equivalent layout."""
+    changed, note = changed_settings(saved, settings)
+    if changed and not force:
+        raise UserError(f"--resume_from_checkpoint {path}: these settings changed and the resume would not be exact: "
+                        f"{'; '.join(changed)} (add --force_resume to continue anyway)")
+    return note
+
+
 def load_training_state(path: Path, accelerator, module, optimizer, schedule, settings: dict,
                         force: bool = False) -> dict:
     """Restore everything saved by `save_training_state`; returns the data position."""
     from .engines import DEEPSPEED, FSDP, engine_of
 
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            if name.endswith(PICKLE_SUFFIXES) or name == ".metadata":  # DCP's own index file is a pickle
-                raise UserError(f"{path}: contains {name}; difftune never loads pickled files")
-    meta = json.loads((path / "state.json").read_text())
-    layout = meta.get("format")
-    if layout not in FORMATS:
-        raise UserError(f"{path}: training state format {layout} is not supported (expected one of "
-                        f"{', '.join(map(str, FORMATS))})")
+    path = Path(path)
+    _no_pickles(path)
+    layout = _read_format(path)[1]
     engine = engine_of(accelerator)
     if (layout == DEEPSPEED_FORMAT) != (engine == DEEPSPEED):
         raise UserError(f"--resume_from_checkpoint {path}: a state saved under {FORMATS[layout]} does not resume "
                         f"under {engine}" + (" (resume it under DeepSpeed)" if layout == DEEPSPEED_FORMAT else
                                              " (resume it under FSDP2, DDP or one process)"))
-    changed, note = changed_settings(meta["settings"], settings)
-    if changed and not force:
-        raise UserError(f"--resume_from_checkpoint {path}: these settings changed and the resume would not be exact: "
-                        f"{'; '.join(changed)} (add --force_resume to continue anyway)")
+    meta = check_state(path)
+    note = check_settings(path, meta["settings"], settings, force)
     if note and accelerator.is_main_process:
         print(f"note: {note}")
     if layout == SHARDED_FORMAT:
@@ -365,10 +380,14 @@ def load_training_state(path: Path, accelerator, module, optimizer, schedule, se
     schedule.load_state_dict(sched_state)
     rng_file = path / f"rng-{accelerator.process_index}.safetensors"
     if rng_file.exists():  # a run with more processes than the saving one: the new ones keep their own seeding
-        rng = load_file(str(rng_file))
-        torch.set_rng_state(rng[f"rank{accelerator.process_index}.torch_cpu"])
-        if torch.cuda.is_available() and f"rank{accelerator.process_index}.torch_cuda" in rng:
-            torch.cuda.set_rng_state(rng[f"rank{accelerator.process_index}.torch_cuda"])
+        rng = _read_rng(rng_file, accelerator.process_index)
+        torch.set_rng_state(rng["torch_cpu"])
+        if torch.cuda.is_available() and "torch_cuda" in rng:
+            try:
+                torch.cuda.set_rng_state(rng["torch_cuda"])
+            except RuntimeError as err:
+                raise UserError(f"{rng_file}: 'rank{accelerator.process_index}.torch_cuda' is not a random generator "
+                                f"state ({first_line(err)})") from None
     return meta["position"]
 
 
@@ -383,10 +402,16 @@ def read_state_file(file: Path) -> dict[str, torch.Tensor]:
         tensors = load_file(str(file))
     except (SafetensorError, OSError) as err:
         reason = first_line(err).removeprefix("Error while deserializing header: ")
-        hint = "truncated" if "not fully covered" in reason or "too small" in reason.lower() else "unreadable"
+        hint = _hint(reason)
         raise UserError(f"{file}: {hint} training state file ({reason})") from None
     check_finite_state(file, tensors)
     return tensors
+
+
+def _hint(reason: str) -> str:
+    """safetensors' words for a file that ends too early (cut in its tensors or in its header), and for the rest."""
+    cut = ("not fully covered", "too small", "invalid header length")
+    return "truncated" if any(c in reason.lower() for c in cut) else "unreadable"
 
 
 def check_finite_state(file, tensors: dict) -> None:
@@ -409,3 +434,199 @@ def _load_whole(path: Path, meta: dict, accelerator, module, optimizer) -> None:
         for name, value in weights.items():
             params[name].copy_(value.to(params[name].dtype))
     optimizer.load_state_dict(_optimizer_from_files(read_state_file(path / "optimizer.safetensors"), meta["optimizer"]))
+
+
+# -- the checks made before anything is loaded or written -----------------------------------------------------------
+
+POSITION = ("global_step", "epoch", "step_in_epoch")
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _no_pickles(path: Path) -> None:
+    for _, _, files in os.walk(path):
+        for name in files:
+            if name.endswith(PICKLE_SUFFIXES) or name == ".metadata":  # DCP's own index file is a pickle
+                raise UserError(f"{path}: contains {name}; difftune never loads pickled files")
+
+
+def _read_format(path: Path) -> tuple[dict, int]:
+    """state.json as an object, and its format; a truncated or foreign file is one line naming it."""
+    file = path / "state.json"
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{file}: not a readable training state (truncated or not JSON: {first_line(err)}); copy "
+                        f"the whole state folder") from None
+    except OSError as err:
+        raise UserError(f"{file}: cannot be read ({first_line(err)})") from None
+
+    if not isinstance(meta, dict):
+        raise UserError(f"{file}: not a training state (a JSON {type(meta).__name__}, not an object)")
+    layout = meta.get("format")
+    if layout not in FORMATS or isinstance(layout, bool):
+        raise UserError(f"{path}: training state format {layout} is not supported (expected one of "
+                        f"{', '.join(map(str, FORMATS))})")
+    return meta, layout
+
+
+def read_meta(path: Path) -> dict:
+    """state.json, parsed and checked for what a resume reads from it; a truncated, hand-edited or foreign file is
+    one line naming it."""
+    path = Path(path)
+    file = path / "state.json"
+    meta, layout = _read_format(path)
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise UserError(f"{file}: {what} (not a state difftune wrote, or edited by hand)")
+
+    for key in ("position", "settings", "schedule"):
+        need(isinstance(meta.get(key), dict), f"'{key}' is missing or not an object")
+    for key in POSITION:
+        value = meta["position"].get(key)
+        need(_count(value), f"position '{key}' is {json.dumps(value)}, not a whole number 0 or more")
+    need(isinstance(meta.get("param_names"), list) and all(isinstance(n, str) for n in meta["param_names"]),
+         "'param_names' is missing or not a list of names")
+    world = meta["settings"].get("world_size", 1)
+    need(_count(world) and world >= 1, f"settings 'world_size' is {json.dumps(world)}, not a number of processes")
+    if layout == FORMAT:
+        optimizer = meta.get("optimizer")
+        need(isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+             and isinstance(optimizer.get("param_groups"), list), "'optimizer' is missing or not an optimizer state")
+        for pid, entry in optimizer["state"].items():
+            need(pid.isdigit() and int(pid) < len(meta["param_names"]) and isinstance(entry, dict),
+                 f"optimizer state '{pid}' names no saved parameter")
+    else:
+        need(isinstance(meta.get("optimizer_keys"), list) and all(isinstance(k, str) for k in meta["optimizer_keys"]),
+             "'optimizer_keys' is missing or not a list of names")
+    if layout == SHARDED_FORMAT:
+        need(isinstance(meta.get("param_groups"), list), "'param_groups' is missing or not a list")
+    if layout == DEEPSPEED_FORMAT:
+        need(_count(meta.get("parts")) and meta["parts"] >= 1, "'parts' is missing or not a number of processes")
+    return meta
+
+
+def _open_tensors(file: Path):
+    """The safetensors file's header (each tensor's shape, nothing read): a missing, cut or foreign file is one
+    line naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    if not file.is_file():
+        raise UserError(f"{file}: missing from the training state (copy the whole state folder)")
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as err:
+        reason = first_line(err).removeprefix("Error while deserializing header: ")
+        hint = _hint(reason)
+        raise UserError(f"{file}: {hint} training state file ({reason}); copy the whole state folder") from None
+
+
+def _read_rng(file: Path, rank: int) -> dict[str, torch.Tensor]:
+    """rng-<rank>.safetensors: the generator states of one process, each one torch takes back."""
+    from safetensors import SafetensorError
+
+    with_prefix = f"rank{rank}."
+    try:
+        rng = load_file(str(file)) if file.is_file() else None
+    except (SafetensorError, OSError) as err:
+        reason = first_line(err).removeprefix("Error while deserializing header: ")
+        raise UserError(f"{file}: unreadable training state file ({reason}); copy the whole state folder") from None
+    if rng is None:
+        raise UserError(f"{file}: missing from the training state (copy the whole state folder)")
+    cpu = rng.get(f"{with_prefix}torch_cpu")
+    current = torch.get_rng_state()
+    bad = None
+    if cpu is None:
+        bad = f"has no '{with_prefix}torch_cpu'"
+    elif cpu.dtype != torch.uint8 or cpu.shape != current.shape:
+        bad = (f"'{with_prefix}torch_cpu' is not a random generator state ({cpu.dtype}, shape {list(cpu.shape)}; "
+               f"torch's is uint8, {list(current.shape)})")
+    else:
+        try:
+            torch.set_rng_state(cpu)  # torch checks the state's inner consistency; put back just below
+        except RuntimeError as err:
+            bad = f"'{with_prefix}torch_cpu' is not a random generator state ({first_line(err)})"
+        finally:
+            torch.set_rng_state(current)
+    cuda = rng.get(f"{with_prefix}torch_cuda")
+    if bad is None and cuda is not None and (cuda.dtype != torch.uint8 or cuda.dim() != 1):
+        bad = f"'{with_prefix}torch_cuda' is not a random generator state ({cuda.dtype}, shape {list(cuda.shape)})"
+    if bad:
+        raise UserError(f"{file}: {bad}")
+    return {k[len(with_prefix):]: v for k, v in rng.items() if k.startswith(with_prefix)}
+
+
+def _shard_files(path: Path, meta: dict) -> list[Path]:
+    recorded = meta.get("shard_files")
+    if isinstance(recorded, list) and recorded and all(isinstance(n, str) and "/" not in n for n in recorded):
+        return [path / SHARDS / n for n in recorded]
+    # a state saved before the list was recorded: one file per saving process, numbered from 1
+    files = []
+    for i in range(1, int(meta["settings"].get("world_size", 1)) + 1):
+        found = sorted((path / SHARDS).glob(f"shard-{i:05d}-*.safetensors"))
+        files.append(found[0] if found else path / SHARDS / f"shard-{i:05d}-model-00001-of-00001.safetensors")
+    return files
+
+
+def check_state(path: Path) -> dict:
+    """Everything about a state folder that needs no model, checked before a run loads or writes anything: no
+    pickles, a sound state.json, every file it needs present and whole (headers), every RNG state one torch takes.
+    Returns state.json's contents."""
+    path = Path(path)
+    _no_pickles(path)
+    meta = read_meta(path)
+    layout = meta["format"]
+    if layout == FORMAT:
+        files = [path / "weights.safetensors", path / "optimizer.safetensors"]
+    elif layout == SHARDED_FORMAT:
+        files = _shard_files(path, meta)
+    else:
+        from .deepspeed_state import part_name
+
+        files = [path / part_name(rank) for rank in range(meta["parts"])]
+    for file in files:
+        _open_tensors(file)
+    for rank in range(int(meta["settings"].get("world_size", 1))):
+        _read_rng(path / f"rng-{rank}.safetensors", rank)
+    return meta
+
+
+def _shape(shape) -> str:
+    return f"[{', '.join(str(d) for d in shape)}]"
+
+
+def check_state_fits(path: Path, module, plain_optimizer: bool = True) -> None:
+    """A whole-tensor state (format 1) against the module about to train, before anything is written: the same
+    trained parameters, each weight of its parameter's shape and, for torch's own optimizers (`plain_optimizer`),
+    each optimizer tensor too (a cut tensor is otherwise copied by broadcasting, or its step fails much later)."""
+    meta = read_meta(Path(path))
+    if meta["format"] != FORMAT:
+        return  # the sharded formats' readers compare every shard with the run's tensors
+    params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    _check_names(path, meta["param_names"], list(params))
+    weights_file = Path(path) / "weights.safetensors"
+    with _open_tensors(weights_file) as f:
+        saved = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    for name in meta["param_names"]:
+        if name not in saved:
+            raise UserError(f"{weights_file}: tensor '{name}' is missing (copy the whole state folder)")
+        if list(saved[name]) != list(params[name].shape):
+            raise UserError(f"{weights_file}: tensor '{name}' has shape {_shape(saved[name])}, the parameter it "
+                            f"restores {_shape(params[name].shape)}")
+    optimizer_file = Path(path) / "optimizer.safetensors"
+    with _open_tensors(optimizer_file) as f:
+        saved = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    for pid, entry in meta["optimizer"]["state"].items():
+        name = meta["param_names"][int(pid)]
+        for value in entry.values():
+            if not (isinstance(value, dict) and "tensor" in value):
+                continue
+            key = value["tensor"]
+            if key not in saved:
+                raise UserError(f"{optimizer_file}: tensor '{key}' is missing (copy the whole state folder)")
+            if plain_optimizer and len(saved[key]) > 0 and list(saved[key]) != list(params[name].shape):
+                raise UserError(f"{optimizer_file}: tensor '{key}' has shape {_shape(saved[key])}, its parameter "
+                                f"{name} {_shape(params[name].shape)}")
