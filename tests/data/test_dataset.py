@@ -453,3 +453,52 @@ def test_allow_paths_outside_dataset_is_a_train_flag():
     assert "--allow_paths_outside_dataset" in parser.format_help()
     args = parser.parse_args(["--dataset_base_path", "d", "--allow_paths_outside_dataset"])
     assert args.allow_paths_outside_dataset
+
+
+# -- pictures whose header declares a huge canvas (a few bytes, billions of pixels) ---------------------------------
+
+def _huge_canvas(path, width=30000, height=30000):
+    """A GIF (logical screen), a PNG (IHDR) or an animated WebP (VP8X canvas) of 2 x 2 real pixels whose header
+    declares width x height: what PIL calls a decompression bomb."""
+    import io
+    import struct
+    import zlib
+
+    fmt = path.suffix.lower()
+    buf = io.BytesIO()
+    frames = [Image.new("RGB", (2, 2), c) for c in ("red", "blue")]
+    if fmt == ".gif":
+        frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
+        data = bytearray(buf.getvalue())
+        data[6:10] = struct.pack("<HH", width, height)
+    elif fmt == ".png":
+        frames[0].save(buf, "PNG")
+        data = bytearray(buf.getvalue())
+        data[16:24] = struct.pack(">II", width, height)
+        data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    else:
+        frames[0].save(buf, "WEBP", save_all=True, append_images=frames[1:])
+        data = bytearray(buf.getvalue())
+        at = data.index(b"VP8X") + 12
+        data[at:at + 6] = (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("column", ["image", "video"])
+@pytest.mark.parametrize("name", ["huge.gif", "huge.png", "huge.webp"])
+def test_a_picture_with_a_huge_declared_canvas_is_one_line_naming_the_row_and_file(tmp_path, column, name):
+    """In an image column and in a clip column (a GIF or WebP is an animation there, a PNG a one-frame clip): PIL's
+    DecompressionBombError traceback before, for the clip column; now the data error naming row and file."""
+    picture = _huge_canvas(tmp_path / name)
+    meta = write_metadata(tmp_path / "m.csv", [{column: name, "prompt": "x"}])
+    operator = (UnifiedDataset.default_video_operator(tmp_path, max_pixels=4096, num_frames=1) if column == "video"
+                else UnifiedDataset.default_image_operator(tmp_path, max_pixels=4096))
+    with pytest.raises(DataError) as err:
+        ds = UnifiedDataset(tmp_path, meta, data_file_keys=(column,), main_data_operator=operator)
+        ds.precheck(progress=False)
+        ds[0]
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{meta} row 1 '{column}': "), msg
+    assert msg.endswith(f"image too large: its header declares 900000000 pixels, over the decoder's limit of "
+                        f"{Image.MAX_IMAGE_PIXELS * 2} (a decompression bomb?): {picture}"), msg

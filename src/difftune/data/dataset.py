@@ -27,7 +27,10 @@ from typing import Any
 
 import torch
 
+from PIL import Image
+
 from ..media.audio import AUDIO_EXTENSIONS
+from ..media.image import too_large
 from ..media.video import VIDEO_EXTENSIONS
 from ..util import names
 from .operators import (IMAGE_EXTENSIONS, UNKNOWN, DataError, DataOperator, Frames, ImageCropAndResize, LoadImage,
@@ -174,6 +177,23 @@ def _entries(value) -> int:
         except ValueError:
             pass  # not a list: one value (the column's own check names what is wrong with it)
     return len(value) if isinstance(value, list) else 0 if value in (None, "") else 1
+
+
+class _bombs_refused:
+    """A picture read by an operator other than the image decoder's (an animation in a clip column) whose header
+    declares a huge canvas: PIL's DecompressionBombError becomes the row's data error naming the file."""
+
+    def __init__(self, context: dict):
+        self.context = context
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if kind is not None and issubclass(kind, Image.DecompressionBombError):
+            where = f"{self.context['where']} '{self.context['key']}'"
+            raise DataError(f"{where}: {too_large(err)}: {self.context.get('file', '')}") from None
+        return False
 
 
 def _is_clip(value) -> bool:
@@ -338,7 +358,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
         for key in self.data_file_keys:
             op, value, context = self._operator(key), source.get(key), self._context(row, key)
             try:
-                loaded = [op(v, context) for v in self._values(row, key)]
+                with _bombs_refused(context):
+                    loaded = [op(v, context) for v in self._values(row, key)]
             except DataError as err:
                 err.key, err.file = key, context.get("file")  # for bad_samples
                 raise
@@ -395,7 +416,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
         for key in self.data_file_keys:
             op, context = self._operator(key), self._context(row, key)
             try:
-                sizes = tuple(op.shape(v, context) for v in self._values(row, key))
+                with _bombs_refused(context):
+                    sizes = tuple(op.shape(v, context) for v in self._values(row, key))
             except DataError:
                 return ("unreadable", row)  # found bad when loaded (skipped, or the error stops the run)
             if any(s is UNKNOWN for s in sizes):
@@ -496,8 +518,9 @@ class UnifiedDataset(torch.utils.data.Dataset):
         for key in self.data_file_keys:
             context = self._context(row, key)
             try:
-                for value in self._values(row, key):
-                    self._operator(key).check(value, context)
+                with _bombs_refused(context):
+                    for value in self._values(row, key):
+                        self._operator(key).check(value, context)
             except DataError as err:
                 self._record(row, key, context.get("file"), str(err))
                 return False

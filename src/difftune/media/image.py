@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 import numpy as np
 import torch
@@ -18,6 +19,16 @@ INT16_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 EXIF_IN_HEADER = ("JPEG", "MPO", "TIFF", "WEBP")
 BACKGROUND = (255, 255, 255)  # transparent pixels become white, as an image viewer on a white page shows them
 PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
+def too_large(err: BaseException) -> str:
+    """PIL's DecompressionBombError (a header declaring more pixels than PIL decodes, e.g. a GIF's canvas of
+    30000 x 30000 in a few bytes) as the words of a one-line refusal."""
+    found = re.search(r"\((\d+) pixels\) exceeds limit of (\d+)", str(err))
+    if found:
+        return (f"image too large: its header declares {int(found[1])} pixels, over the decoder's limit of "
+                f"{int(found[2])} (a decompression bomb?)")
+    return "image too large: its header declares more pixels than the decoder's limit (a decompression bomb?)"
 
 
 def _as_uint8(values, path: str, where: str) -> Image.Image:
@@ -104,8 +115,8 @@ def _open(path: str, mode: str, where: str, decode: bool):
             return to_rgb(_orient(img, path, where), path, where, mode)
     except UnidentifiedImageError:
         raise DataError(f"{where}: not an image (PIL cannot read its format): {path}") from None
-    except Image.DecompressionBombError:
-        raise DataError(f"{where}: image too large (over PIL's pixel limit): {path}") from None
+    except Image.DecompressionBombError as err:
+        raise DataError(f"{where}: {too_large(err)}: {path}") from None
     except (OSError, SyntaxError, ValueError, EOFError) as err:
         raise DataError(f"{where}: unreadable or corrupt image ({one_line(err)}): {path}") from None
 
