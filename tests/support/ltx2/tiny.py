@@ -9,14 +9,16 @@
   shards with their index, config.json with text and vision configs, a Gemma-style tokenizer) (`write_tiny_gemma3`).
 
 The tiny sizes keep the real structure (the block types and counts of each VAE, 2.3's gated attention, cross-attention
-AdaLN and per-modality projections, the vocoder's bandwidth extension) at small widths and one or two layers:
+AdaLN and per-modality projections, the vocoder's bandwidth extension) at small widths and one or two layers; the head widths
+recognition cannot see in the weights are the real ones (2.0's 128 / 64; 2.3's heads show in its attention gates)
+and Gemma keeps its 48 layers (the connectors' 49 inputs):
 
 | | real | tiny |
 |---|---|---|
-| DiT video | 48 layers, 32 heads x 128, latents 128 | 2 layers, 2 heads x 8 (16), latents 8 |
-| DiT audio | 32 heads x 64, in 128 (8 ch x 16 mel) | 2 heads x 4 (8), in 32 (2 ch x 16 mel) |
-| Gemma-3 | 3840 wide, 48 layers (factor 49) | 32 wide, 2 layers (factor 3), vocabulary 320 |
-| connectors 2.0 | 2 layers, 30 x 128, 128 registers | 2 layers, 2 x 16 (= Gemma width), 16 registers |
+| DiT video | 48 layers, 32 heads x 128, latents 128 | 2 layers; 2.0: 1 head x 128; 2.3: 2 heads x 8 (16); latents 8 |
+| DiT audio | 32 heads x 64, in 128 (8 ch x 16 mel) | 2.0: 1 head x 64; 2.3: 2 heads x 4 (8); in 32 (2 ch x 16 mel) |
+| Gemma-3 | 3840 wide, 48 layers (factor 49) | 128 wide, 48 layers (factor 49), vocabulary 320 |
+| connectors 2.0 | 2 layers, 30 x 128, 128 registers | 2 layers, 1 x 128 (= Gemma width), 16 registers |
 | connectors 2.3 | 8 layers, video 32 x 128, audio 32 x 64 | 2 layers, video 2 x 8, audio 2 x 4 |
 | video VAE | 32x space, 8x time; widths 128..2048 | the same blocks and compression; widths 8..128, 1 layer a block |
 | audio VAE | 16 kHz, 64 mel, hop 160, 4x time and mel, 8 latent ch, base 128 | the same, 2 latent ch, base 32 (= 2 x 16) |
@@ -47,8 +49,8 @@ AUDIO_LATENT_CHANNELS = 2
 MEL_BINS = 64
 LATENT_MEL_BINS = MEL_BINS // 4
 AUDIO_IN_CHANNELS = AUDIO_LATENT_CHANNELS * LATENT_MEL_BINS
-GEMMA_HIDDEN = 32
-GEMMA_LAYERS = 2
+GEMMA_HIDDEN = 128  # a connector head of 2.0 (128 wide, as recognition expects)
+GEMMA_LAYERS = 48  # Gemma-3-12B's: 49 hidden states, the connectors' text_proj_in_factor
 JOYAI_DIT_SEED_OFFSET = 1000  # JoyAI-Echo's DiT: a fine-tune of LTX-2.3's, so other values; the rest is LTX-2.3's
 
 
@@ -77,6 +79,9 @@ def tiny_dit_config(version="2") -> dict:
                timestep_scale_multiplier=1000, cross_attn_timestep_scale_multiplier=1000, rope_type="split",
                use_prompt_embeddings=True, perturbed_attn=False, gated_attn=False, cross_attn_mod=False,
                audio_gated_attn=False, audio_cross_attn_mod=False)
+    if v == "2":  # 2.0's heads are 128 (video) and 64 (audio) wide, as recognition expects: one of each
+        cfg.update(num_attention_heads=1, attention_head_dim=128, cross_attention_dim=128,
+                   audio_num_attention_heads=1, audio_attention_head_dim=64, audio_cross_attention_dim=64)
     if v == "2.3":
         cfg.update(gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
                    use_prompt_embeddings=False, perturbed_attn=True)
@@ -86,9 +91,9 @@ def tiny_dit_config(version="2") -> dict:
 def tiny_connectors_config(version="2") -> dict:
     v = _version(version)
     cfg = dict(caption_channels=GEMMA_HIDDEN, text_proj_in_factor=GEMMA_LAYERS + 1,
-               video_connector_num_attention_heads=2, video_connector_attention_head_dim=GEMMA_HIDDEN // 2,
+               video_connector_num_attention_heads=1, video_connector_attention_head_dim=GEMMA_HIDDEN,
                video_connector_num_layers=2, video_connector_num_learnable_registers=16, video_gated_attn=False,
-               audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=GEMMA_HIDDEN // 2,
+               audio_connector_num_attention_heads=1, audio_connector_attention_head_dim=GEMMA_HIDDEN,
                audio_connector_num_layers=2, audio_connector_num_learnable_registers=16, audio_gated_attn=False,
                connector_rope_base_seq_len=4096, rope_theta=10000.0, rope_double_precision=True,
                causal_temporal_positioning=False, rope_type="split", per_modality_projections=False, proj_bias=False)
