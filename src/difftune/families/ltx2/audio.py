@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from ...data.audio import SHORTFALL_SECONDS
+
 SAMPLE_RATE = 16000
 N_FFT = 1024
 HOP = 160
@@ -77,11 +79,12 @@ _NOTED: set = set()
 
 def align(wave: torch.Tensor, samples: int, where: str, log=print) -> torch.Tensor:
     """A sound track (channels, n) cut or padded with silence to `samples`, with a note (once per `where`) when it
-    was shorter than its clip: the rest of the clip then trains as silent."""
+    was shorter than its clip by more than an encoder's padding (`SHORTFALL_SECONDS`: an AAC track ends a few
+    milliseconds early): the rest of the clip then trains as silent."""
     n = wave.shape[-1]
     if n >= samples:
         return wave[..., :samples]
-    if where not in _NOTED:
+    if (samples - n) / SAMPLE_RATE > SHORTFALL_SECONDS and where not in _NOTED:
         _NOTED.add(where)
         log(f"note: {where}: the sound lasts {n / SAMPLE_RATE:.2f} s, its clip {samples / SAMPLE_RATE:.2f} s: the "
             f"rest is padded with silence")

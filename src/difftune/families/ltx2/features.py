@@ -138,6 +138,7 @@ class InContextFeature(Feature):
 
 IN_CONTEXT = InContextFeature(
     name="in_context", columns=("in_context_videos",), units=(LTX2InContextEmbedder(),),
+    data_inputs=("in_context_videos", "in_context_downsample_factor"),
     model_fn_inputs=("in_context_latents", "in_context_factor"),
     inputs={"in_context_videos": RAW, "in_context_downsample_factor": VALUE},
     call_inputs={"in_context_videos": None, "in_context_downsample_factor": 1},

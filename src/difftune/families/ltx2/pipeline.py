@@ -151,6 +151,15 @@ class SoundFile(LoadAudioClip):
         return wave
 
 
+def _one_factor(factor) -> int:
+    """The in-context downsample factor of a batch (one per sample when batched from the cache)."""
+    values = factor if isinstance(factor, (list, tuple)) else [factor]
+    found = {int(v.item() if isinstance(v, torch.Tensor) else (v or 1)) for v in values}
+    if len(found) > 1:
+        raise UserError(f"one batch with in_context_downsample_factor {sorted(found)}: train with batch size 1")
+    return found.pop()
+
+
 def _pack(latents):
     """(B, C, F, H, W) -> (B, F*H*W, C)."""
     return latents.flatten(2).transpose(1, 2)
@@ -240,7 +249,7 @@ class LTX2Pipeline(BasePipeline):
             ref = in_context_latents.to(device, latents.dtype)
             rf, rh, rw = ref.shape[2:]
             ref_coords = dit.rope.prepare_video_coords(b, rf, rh, rw, device, fps=fps)
-            ref_coords[:, 1:] = ref_coords[:, 1:] * int(in_context_factor or 1)  # height, width stretched
+            ref_coords[:, 1:] = ref_coords[:, 1:] * _one_factor(in_context_factor)  # height, width stretched
             tokens = torch.cat([tokens, _pack(ref)], dim=1)
             coords = torch.cat([coords, ref_coords], dim=2)
             video_t = torch.cat([video_t, torch.zeros(b, ref.shape[2] * rh * rw, device=device)], dim=1)
