@@ -1368,11 +1368,41 @@ ACE_STEP_RECOGNITION = Recognition(
              Header("oobleck-vae", _ace_step_vae_shapes, "VAE", _ACE + "ACE_STEP_VAE_CONFIG")))
 
 
+# -- LTX-2 -----------------------------------------------------------------------------------------------------------
+
+
+def _ltx2_workspace(root):
+    from support.ltx2 import write_ltx2_script_workspace
+
+    return write_ltx2_script_workspace(root)
+
+
+def _ltx2_released(workspace, argv, script):
+    """The DiT of the file the script's training command names (the Repackage transformer, JoyAI-Echo's single
+    file) in diffusers' names: what `--trainable_models dit` saves with `pipe.dit.` removed."""
+    from difftune.families.ltx2.names import dit_to_diffusers
+
+    model_id, _, name = flag_value(argv, "--model_id_with_origin_paths").split(",")[0].partition(":")
+    return dit_to_diffusers(_load(workspace / "models" / model_id / name))
+
+
+LTX2_SCRIPTS = Scripts(
+    folder="ltx2/model_training", workspace=_ltx2_workspace, snapshot=11, running=11,
+    # the reference's targets (to_k, to_q, to_v, to_out.0) on every attention of the DiT's 2 layers: the video and
+    # audio self- and cross-attention and the two cross-modal ones, diffusers' layout
+    lora_prefix="transformer.", lora_exact=True,
+    lora_modules=frozenset(f"transformer_blocks.{i}.{a}.{p}" for i in range(2) for a in (
+        "attn1", "attn2", "audio_attn1", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
+        for p in ("to_q", "to_k", "to_v", "to_out.0")),
+    full=_ltx2_released, once_per_configuration=True, slow=True)
+
+
 # -- the manifest ---------------------------------------------------------------------------------------------------
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("ace_step", "support.ace_step", lambda s, root: s.write_tiny_ace_step_hubs(root), scripts=ACE_STEP_SCRIPTS,
            recognition=ACE_STEP_RECOGNITION),
+    Family("ltx2", "support.ltx2", lambda s, root: s.write_ltx2_script_workspace(root), scripts=LTX2_SCRIPTS),
     Family("ernie_image", "support.ernie_image", lambda s, root: s.write_tiny_ernie_image_hub(root),
            scripts=ERNIE_IMAGE_SCRIPTS, sample=ERNIE_IMAGE_SAMPLE, recognition=ERNIE_IMAGE_RECOGNITION,
            lora=ERNIE_IMAGE_LORA),
