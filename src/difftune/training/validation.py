@@ -195,7 +195,7 @@ class Validator:
             sample = self.dataset[(i + j) % n]
             if sample is not None:
                 break
-        prepared = module.prepare_sample(sample, names=(*names, "input_latents"))
+        prepared = module.prepare_sample(sample, names=(*names, *(s.input_latents for s in pipe.target.streams)))
         values = collate_values([prepared], pipe.batching)
         out = {k: (v.to(pipe.device) if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
         for name in names:
@@ -229,11 +229,14 @@ class Validator:
                 size = {} if condition else {"height": self.height, "width": self.width, **(
                     {"num_frames": self.num_frames} if self.num_frames is not None else {})}
                 for stream in pipe.target.streams:  # each stream's noise, in stream order from one generator
-                    if condition:  # at the sample's own size: its conditioning is laid out for it
-                        clean = values.pop(stream.input_latents)
+                    clean = values.pop(stream.input_latents, None) if condition else None
+                    if clean is not None:  # at the sample's own size: its conditioning is laid out for it
                         noise = torch.randn(clean.shape, generator=g)
                         if stream is pipe.stream:
                             values.update(stream.size_of(pipe, clean))
+                    elif condition:  # a stream the sample has no data of (a clip without sound): at its size
+                        noise = torch.randn(1, *stream.noise_shape(pipe, **_size_arguments(stream, values)),
+                                            generator=g)
                     else:
                         noise = torch.randn(1, *stream.noise_shape(pipe, **size), generator=g)
                     values[stream.latents] = noise.to(pipe.device, pipe.torch_dtype)
@@ -260,3 +263,15 @@ class Validator:
 
             log_media(accelerator, grid, step, animation)
         return self.out_dir / f"step-{step:06d}.png"
+
+
+def _size_arguments(stream, values) -> dict:
+    """The values a stream's `noise_shape` takes by name (the size the primary stream's latents gave)."""
+    import inspect
+
+    params = inspect.signature(stream.noise_shape).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        names = {"height", "width", "num_frames", "frame_rate", "seconds"}
+    else:
+        names = set(params) - {"pipe", "self"}
+    return {k: values[k] for k in names if values.get(k) is not None}

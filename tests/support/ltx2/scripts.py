@@ -66,3 +66,44 @@ def write_ltx2_script_workspace(root: str | os.PathLike) -> Path:
 
 
 __all__ = ["write_ltx2_clips", "write_ltx2_dataset", "write_ltx2_script_workspace"]
+
+
+def _tiny_ltx2(folder):
+    from difftune.families.ltx2.components import LORA_TARGET_MODULES
+    from support import TinyFamily, TinyVariant
+
+    from .tiny import GEMMA3_SHARDS
+
+    folder = Path(folder)
+    # LTX-2.3's: its video decoder pads with zeros (2.0's reflects, which a 1x1 latent of the suite's 32 px renders
+    # cannot take)
+    files = write_tiny_ltx2_repackage(folder / "LTX-2.3-Repackage", "2.3")
+    gemma = write_tiny_gemma3(folder / "gemma")
+    paths = [str(files[name]) for name in ("transformer.safetensors", "text_encoder_post_modules.safetensors",
+                                           "video_vae_encoder.safetensors", "video_vae_decoder.safetensors",
+                                           "audio_vae_encoder.safetensors", "audio_vae_decoder.safetensors",
+                                           "audio_vocoder.safetensors")]
+    paths.append([str(gemma / shard) for shard in GEMMA3_SHARDS])
+    size = ("--height", "32", "--width", "32", "--num_frames", "9")
+    return TinyFamily(
+        model_paths=paths, lora_base_model="dit", lora_target_modules=LORA_TARGET_MODULES,
+        write_dataset=lambda root: write_ltx2_dataset(root),
+        flags=("--data_file_keys", "video,input_audio", "--extra_inputs", "input_audio", *size),
+        call_args={"height": 32, "width": 32, "num_frames": 9},
+        variants={
+            "i2av": TinyVariant(flags=("--data_file_keys", "video,input_audio", "--extra_inputs",
+                                       "input_audio,input_image", *size)),
+            "in_context": TinyVariant(
+                flags=("--data_file_keys", "video,input_audio,in_context_videos", "--extra_inputs",
+                       "input_audio,in_context_videos,in_context_downsample_factor,frame_rate", *size),
+                write_dataset=lambda root: write_ltx2_dataset(root, in_context=True)),
+        })
+
+
+def _register():
+    from support import register_tiny
+
+    register_tiny("ltx2", _tiny_ltx2)
+
+
+_register()

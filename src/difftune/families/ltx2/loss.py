@@ -32,7 +32,9 @@ def ltx2_sft_loss(pipe, values, generators, settings):
         inputs["audio_latents"] = scheduler.add_noise(a0, audio_noise, point)
     else:
         frames = (int(x0.shape[2]) - 1) * video.temporal + 1
-        rate = values.get("frame_rate") or settings.get("run_frame_rate")
+        rate = values.get("frame_rate")
+        rate = float(rate.reshape(-1)[0]) if isinstance(rate, torch.Tensor) else \
+            float((rate[0] if isinstance(rate, (list, tuple)) else rate) or settings.get("run_frame_rate") or 24)
         shape = audio.noise_shape(pipe, num_frames=frames, frame_rate=rate)
         inputs["audio_latents"] = torch.stack([torch.randn(shape, generator=g) for g in generators]).to(
             x0.device, x0.dtype)

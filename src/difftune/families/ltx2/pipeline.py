@@ -151,12 +151,14 @@ class SoundFile(LoadAudioClip):
         return wave
 
 
-def _one_factor(factor) -> int:
-    """The in-context downsample factor of a batch (one per sample when batched from the cache)."""
-    values = factor if isinstance(factor, (list, tuple)) else [factor]
-    found = {int(v.item() if isinstance(v, torch.Tensor) else (v or 1)) for v in values}
+def _one(value, what: str, cast=float):
+    """A value every sample of a batch shares (one per sample when batched from the cache; a tensor of them)."""
+    if isinstance(value, torch.Tensor):
+        value = value.reshape(-1).tolist()
+    values = value if isinstance(value, (list, tuple)) else [value]
+    found = {cast(v) for v in values}
     if len(found) > 1:
-        raise UserError(f"one batch with in_context_downsample_factor {sorted(found)}: train with batch size 1")
+        raise UserError(f"one batch with {what} {sorted(found)}: train with batch size 1")
     return found.pop()
 
 
@@ -232,7 +234,7 @@ class LTX2Pipeline(BasePipeline):
             raise UserError("no LTX-2 DiT loaded")
         dtype = next(dit.parameters()).dtype
         device = latents.device
-        fps = float(frame_rate or run_frame_rate or DEFAULT_FRAME_RATE)
+        fps = _one(frame_rate or run_frame_rate or DEFAULT_FRAME_RATE, 'frame_rate')
         b, c, f, h, w = latents.shape
         set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
         t = timestep.to(device, torch.float32).reshape(-1).expand(b)
@@ -249,7 +251,7 @@ class LTX2Pipeline(BasePipeline):
             ref = in_context_latents.to(device, latents.dtype)
             rf, rh, rw = ref.shape[2:]
             ref_coords = dit.rope.prepare_video_coords(b, rf, rh, rw, device, fps=fps)
-            ref_coords[:, 1:] = ref_coords[:, 1:] * _one_factor(in_context_factor)  # height, width stretched
+            ref_coords[:, 1:] = ref_coords[:, 1:] * _one(in_context_factor or 1, 'in_context_downsample_factor', int)  # height, width stretched
             tokens = torch.cat([tokens, _pack(ref)], dim=1)
             coords = torch.cat([coords, ref_coords], dim=2)
             video_t = torch.cat([video_t, torch.zeros(b, ref.shape[2] * rh * rw, device=device)], dim=1)

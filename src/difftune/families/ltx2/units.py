@@ -47,18 +47,21 @@ def audio_latent_frames(num_frames: int, frame_rate: float) -> int:
 
 
 class LTX2ShapeChecker(PipelineUnit):
-    """Height and width rounded up to multiples of 32, the frame count down to 8k + 1."""
+    """Height and width rounded up to multiples of 32, the frame count down to 8k + 1, and the clip's frame rate:
+    the sample's own (a metadata column, a call's), else the run's --frame_rate."""
 
-    inputs = ("height", "width", "num_frames")
-    outputs = ("height", "width", "num_frames")
+    inputs = ("height", "width", "num_frames", "frame_rate", "run_frame_rate")
+    outputs = ("height", "width", "num_frames", "frame_rate")
 
-    def process(self, pipe, height, width, num_frames):
+    def process(self, pipe, height, width, num_frames, frame_rate, run_frame_rate):
         if height is None or width is None:
             raise UserError("height and width are required")
         f = pipe.stream.division
         frames = max(1, int(num_frames or 1))
         frames -= (frames - 1) % 8
-        return {"height": -(-int(height) // f) * f, "width": -(-int(width) // f) * f, "num_frames": frames}
+        rate = float(frame_rate or run_frame_rate or pipe.stream.fps)
+        return {"height": -(-int(height) // f) * f, "width": -(-int(width) // f) * f, "num_frames": frames,
+                "frame_rate": rate}
 
 
 class LTX2NoiseInitializer(PipelineUnit):
@@ -67,6 +70,7 @@ class LTX2NoiseInitializer(PipelineUnit):
 
     inputs = ("height", "width", "num_frames", "frame_rate", "seed", "batch_size", "rand_device")
     outputs = ("noise", "audio_noise")
+    models = ("video_vae_encoder", "audio_vae_encoder")  # their latent channels, where loaded (else the releases')
 
     def process(self, pipe, height, width, num_frames, frame_rate, seed, batch_size, rand_device):
         video, audio = pipe.target.streams
@@ -129,18 +133,17 @@ class LTX2AudioEmbedder(PipelineUnit):
     rate: cut, or padded with silence with a note naming the file); a clip without sound has none and trains the
     video stream alone. Sampling starts from the noise."""
 
-    inputs = ("input_audio", "audio_noise", "num_frames", "frame_rate", "run_frame_rate")
+    inputs = ("input_audio", "audio_noise", "num_frames", "frame_rate")
     outputs = ("audio_latents", "audio_input_latents")
     models = ("audio_vae_encoder",)
 
-    def process(self, pipe, input_audio, audio_noise, num_frames, frame_rate, run_frame_rate):
+    def process(self, pipe, input_audio, audio_noise, num_frames, frame_rate):
         waves = input_audio if isinstance(input_audio, list) else [input_audio]
         if input_audio is None or any(w is None for w in waves) or not pipe.scheduler.training:
             return {"audio_latents": audio_noise}
-        rates = frame_rate if isinstance(frame_rate, list) else [frame_rate] * len(waves)
         latents = []
-        for wave, rate in zip(waves, rates):
-            samples = aligned_samples(num_frames, float(rate or run_frame_rate or 24.0))
+        for wave in waves:
+            samples = aligned_samples(num_frames, float(frame_rate))
             where = getattr(wave, "source", None) or "a clip's sound"
             latents.append(encode_audio(pipe, align(wave, samples, where)[None]))
         return {"audio_latents": audio_noise, "audio_input_latents": torch.cat(latents).to(pipe.torch_dtype)}
