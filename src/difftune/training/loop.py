@@ -118,6 +118,7 @@ def loop(training, hooks: Hooks | None = None, on_step: Callable[[int, float], N
     started, stopped = time.perf_counter(), 0
     read = Losses(accelerator, bar, hooks, state)
     state.flush = read.flush
+    parts = StreamLosses(getattr(inner, "pipe", None))
     every = 1 if on_step is not None else max(1, int(config.loss_readback_steps or 1))
     try:
         for epoch in range(t.start_epoch, config.num_epochs):
@@ -141,6 +142,7 @@ def loop(training, hooks: Hooks | None = None, on_step: Callable[[int, float], N
                     if copies is not None:
                         copies.collect()
                     micro_losses.append(loss.detach().float() * len(items))
+                    parts.collect(len(items))
                     step_samples.extend(zip(samples, indices))
                     if accelerator.sync_gradients and config.max_grad_norm:
                         accelerator.clip_grad_norm_(t.params, config.max_grad_norm)
@@ -156,7 +158,7 @@ def loop(training, hooks: Hooks | None = None, on_step: Callable[[int, float], N
                 total = micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
                 if world > 1:
                     total = accelerator.reduce(total, reduction="sum")
-                read.add(state.step, epoch, total / in_step, lr, step_samples)
+                read.add(state.step, epoch, total / in_step, lr, step_samples, parts.step(accelerator))
                 micro_losses, step_samples = [], []
                 bar.update(1)
                 if state.step % every == 0 or state.step >= t.total_steps:
@@ -203,8 +205,9 @@ class Losses:
         self.ema: float | None = None
         self.read_step = 0
 
-    def add(self, step: int, epoch: int, loss, lr: float, samples) -> None:
-        self.pending.append((step, epoch, loss, lr, samples))
+    def add(self, step: int, epoch: int, loss, lr: float, samples, parts=None) -> None:
+        """`parts`: the step's loss per stream of a target of several (`StreamLosses.step`), or None."""
+        self.pending.append((step, epoch, loss, lr, samples, parts))
 
     def current(self, step: int) -> bool:
         return self.read_step == step
@@ -214,17 +217,56 @@ class Losses:
             return
         pending, self.pending = self.pending, []
         values = torch.stack([p[2] for p in pending]).tolist()  # the one read-back
+        streams = [p[5] for p in pending]
+        streams = [None if p is None else {k: v.tolist() for k, v in p.items()} for p in streams]
         rows = []
-        for (step, epoch, _, lr, samples), value in zip(pending, values):
+        for (step, epoch, _, lr, samples, _), value, per_stream in zip(pending, values, streams):
             if not math.isfinite(value):
                 raise_non_finite(step, epoch, samples, self.hooks.last_checkpoint(), self.state.step)
             self.losses.append(value)
             self.ema = value if self.ema is None else 0.9 * self.ema + 0.1 * value
-            self.accelerator.log({"train/loss": value, "train/lr": lr}, step=step)
+            logged = {"train/loss": value, "train/lr": lr}
+            for name, (total, count) in (per_stream or {}).items():
+                if count > 0:  # a stream the step's samples had no data of (a clip without sound) is left out
+                    logged[f"train/loss_{name}"] = total / count
+            self.accelerator.log(logged, step=step)
             rows.append((step, epoch, value, lr))
         self.read_step = pending[-1][0]
         self.hooks.log_losses(self.state, rows)
         self.bar.set_postfix(loss=f"{self.ema:.4f}", lr=f"{rows[-1][3]:.2e}", epoch=rows[-1][1])
+
+
+class StreamLosses:
+    """The loss of each stream of a target of several (a clip and its sound), as the loss function leaves it on the
+    pipeline (`pipe.stream_losses`: stream name -> the micro-batch's mean), averaged over a step's samples that
+    have the stream: logged as train/loss_<stream> beside train/loss, so a stream whose loss stops moving shows."""
+
+    def __init__(self, pipe):
+        streams = getattr(getattr(pipe, "target", None), "streams", ())
+        self.pipe = pipe
+        self.names = [s.name for s in streams] if len(streams) > 1 else []
+        self.sums = None
+
+    def collect(self, samples: int) -> None:
+        if not self.names:
+            return
+        found = getattr(self.pipe, "stream_losses", None) or {}
+        self.pipe.stream_losses = None
+        row = torch.zeros(2, len(self.names))
+        for i, name in enumerate(self.names):
+            if name in found:
+                row[0, i] = found[name].detach().float().cpu() * samples
+                row[1, i] = samples
+        self.sums = row if self.sums is None else self.sums + row
+
+    def step(self, accelerator):
+        """This step's (sum, samples) per stream, reduced over the processes; None for a single-stream target."""
+        if not self.names or self.sums is None:
+            return None
+        sums, self.sums = self.sums, None
+        if accelerator.num_processes > 1:
+            sums = accelerator.reduce(sums.to(accelerator.device), reduction="sum").cpu()
+        return {name: sums[:, i] for i, name in enumerate(self.names)}
 
 
 def bucket_keys(dataset, module) -> list | None:

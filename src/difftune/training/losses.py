@@ -61,7 +61,7 @@ def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch
         targets[stream.name] = (scheduler.training_target(x0, noise, point), weight)
     pred = pipe.model_fn(**inputs, **pipe.model_fn_kwargs(values), **settings)
     preds = pred if isinstance(pred, Mapping) else {streams[0].name: pred}
-    total = 0
+    total, parts = 0, {}
     for stream in streams:
         target, weight = targets[stream.name]
         error = (preds[stream.name].float() - target.float()).pow(2)
@@ -71,7 +71,10 @@ def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch
         else:  # only the elements the family says count (e.g. not a clean first frame), per sample
             mask = mask.to(error.device, error.dtype).expand_as(error)
             per_sample = (error * mask).flatten(1).sum(1) / mask.flatten(1).sum(1).clamp(min=1)
-        total = total + (per_sample * weight.float()).mean()
+        parts[stream.name] = (per_sample * weight.float()).mean()
+        total = total + parts[stream.name]
+    if len(streams) > 1:  # each stream's part, logged beside the total (training/loop.py StreamLosses)
+        pipe.stream_losses = {k: v.detach() for k, v in parts.items()}
     return total
 
 
