@@ -37,7 +37,8 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora_alpha", type=float, action="append", default=[], help="Strength per --lora (default 1).")
     p.add_argument("--num_frames", type=int, default=None,
                    help="Video families: frames of the clip (a count the family's VAE takes; default: the family's).")
-    p.add_argument("--fps", type=float, default=16, help="Video families: frame rate of the written clip.")
+    p.add_argument("--fps", type=float, default=None, help="Video families: frame rate of the written clip (default: "
+                   "the call's frame_rate where the family takes one, else the family's clip rate, 16 for most).")
     p.add_argument("--output", default=None, help="Output file (several prompts: NAME-<i>.EXT); default sample.png, or "
                    "sample.mp4 for a video family (.mp4/.mov/.mkv/.avi/.webm, or an animated .gif/.webp).")
     from .args import add_family_flags
@@ -146,7 +147,7 @@ def check_numbers(args) -> None:
             say(flag, value, "must be a positive number of pixels")
         if value is not None and value > MAX_SIDE:
             say(flag, value, f"at most {MAX_SIDE} pixels")
-    if not (math.isfinite(args.fps) and args.fps > 0):
+    if args.fps is not None and not (math.isfinite(args.fps) and args.fps > 0):
         say("fps", args.fps, "must be a positive frame rate")
 
 
@@ -215,8 +216,10 @@ def main(argv: list[str]) -> int:
     outputs = pipe(args.prompt, **call)
     root, ext = os.path.splitext(output)
     names = [output] if len(outputs) == 1 else [f"{root}-{i}{ext}" for i in range(len(outputs))]
+    # a clip plays at the rate it was made for (a family that takes the call's frame_rate), unless --fps says
+    fps = args.fps or call.get("frame_rate") or getattr(target.primary, "fps", None) or 16
     for one, name in zip(outputs, names):
-        for written in target.write(one, name, fps=args.fps):  # the target's files: a layer stack is several
+        for written in target.write(one, name, fps=float(fps)):  # the target's files: a layer stack is several
             print(written)
     return 0
 

@@ -322,6 +322,11 @@ class AudioStream(Stream):
     audio_channels: int = 1
     default_seconds: float = 10.0
     fps: float | None = None  # the frame rate of the clip it is the sound of (a joint target): its length follows
+    output_rate: int | None = None  # the rate decoded audio comes out at, where it is not `sample_rate` (a vocoder's)
+
+    @property
+    def rate_out(self) -> int:
+        return int(self.output_rate or self.sample_rate)
 
     def seq_len(self, latents):
         return int(latents.shape[-1]) // self.patch
@@ -365,7 +370,7 @@ class AudioStream(Stream):
     def write(self, output, path, **options):
         from ..media.audio import write_audio
 
-        write_audio(output, path, self.sample_rate)
+        write_audio(output, path, self.rate_out)
         return [path]
 
     def preview(self, outputs, path):
@@ -377,11 +382,11 @@ class AudioStream(Stream):
         files = []
         for i, wave in enumerate(outputs):
             files.append(path.with_name(f"{path.stem}-{i}.wav"))
-            write_audio(wave, files[-1], self.sample_rate)
-        grid = make_grid([_above(waveform_picture(w), spectrogram_picture(w, self.sample_rate)) for w in outputs],
+            write_audio(wave, files[-1], self.rate_out)
+        grid = make_grid([_above(waveform_picture(w), spectrogram_picture(w, self.rate_out)) for w in outputs],
                          columns=1)
         atomic_save_image(grid, path)
-        return grid, AudioFiles(files, self.sample_rate)
+        return grid, AudioFiles(files, self.rate_out)
 
     def operator(self, size, frames=None):
         """The file's audio (an audio file, or a clip's sound track) at the stream's rate, cut to whole latent
@@ -465,7 +470,7 @@ class Target:
             return self.primary.write(output, path, **options)
         audio = next((s for s in self.streams if s.kind == AUDIO), None)
         if self.primary.kind == FRAMES and audio is not None and len(self.streams) == 2:
-            return self.primary.write(output[self.primary.name], path, audio=(output[audio.name], audio.sample_rate),
+            return self.primary.write(output[self.primary.name], path, audio=(output[audio.name], audio.rate_out),
                                       **options)
         root, ext = os.path.splitext(path)
         return [p for s in self.streams for p in s.write(output[s.name], f"{root}-{s.name}{s.extension}", **options)]

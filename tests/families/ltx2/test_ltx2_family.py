@@ -241,3 +241,27 @@ def test_a_variable_frame_rate_clip_is_resampled_by_its_timestamps(tmp_path):
     shades = [round(int(np.asarray(f)[16, 16, 0]) / 40) for f in frames]  # yuv420p shifts a grey a little
     # 0 s -> the frame at 0, 0.1 -> 0.1, 0.2 -> 0.15, 0.3 -> 0.4 (0.1 away; 0.15 is 0.15 away), 0.4 -> 0.4
     assert shades == [0, 1, 2, 3, 3]
+
+
+@pytest.mark.parametrize("version", T.VERSIONS)
+def test_sample_writes_the_clip_with_its_sound_at_the_frame_rate(tmp_path, version):
+    """`difftune sample` from the official single file: an mp4 at the call's frame rate with the vocoder's sound
+    muxed in, at 48 kHz (2.0's 24 kHz vocoder resampled), as long as the clip."""
+    import av
+
+    from difftune.cli.main import main
+
+    single = T.write_tiny_ltx2_official(tmp_path / "official", version)
+    gemma = T.write_tiny_gemma3(tmp_path / "gemma")
+    paths = [str(single), [str(gemma / s) for s in T.GEMMA3_SHARDS]]
+    out = tmp_path / "clip.mp4"
+    assert main(["sample", "--model_paths", json.dumps(paths), "--prompt", "a circle", "--height", "64", "--width",
+                 "64", "--num_frames", "9", "--num_inference_steps", "2", "--frame_rate", "12", "--output",
+                 str(out)]) == 0
+    with av.open(str(out)) as clip:
+        video, audio = clip.streams.video[0], clip.streams.audio[0]
+        frames = sum(1 for _ in clip.decode(video=0))
+        assert frames == 9 and abs(float(video.average_rate) - 12) < 1e-6
+        assert audio.rate == 48000 and audio.channels == 2
+        seconds = float(audio.duration * audio.time_base)
+    assert abs(seconds - 9 / 12) < 0.1  # AAC frames of 1024 samples

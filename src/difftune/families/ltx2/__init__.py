@@ -19,7 +19,8 @@ class LTX2Options:
     frame_rate: float = option(
         DEFAULT_FRAME_RATE, "Frames per second the clips are resampled to (by their timestamps) and trained at, and "
         "the rate their sound is timed by; a metadata column frame_rate (--extra_inputs) tells the DiT another "
-        "rate per clip.", kind=float, group=GROUP)
+        "rate per clip. difftune sample: the clip's rate (its positions and its sound's length), and the rate the "
+        "mp4 plays at unless --fps says.", kind=float, group=GROUP, sample=True)
 
     def __post_init__(self):
         if not float(self.frame_rate) > 0:

@@ -26,6 +26,7 @@ from .features import FEATURES
 from .units import UNITS, audio_latent_frames
 
 DEFAULT_FRAME_RATE = 24.0
+OUTPUT_RATE = 48000  # LTX-2.3's vocoder's (with bandwidth extension); 2.0's 24 kHz is resampled to it
 CALL_DEFAULTS = {"height": 512, "width": 768, "num_frames": 121, "num_inference_steps": 40, "cfg_scale": 3.0}
 # The reference's training table: linspace(1, 0, 1001)[:-1], the exponential time shift at mu = 2.05 (its shift
 # for a 4096-token clip, used at every size), stretched so the last sigma is 0.1; bell weights. Sampling shifts by
@@ -96,6 +97,7 @@ class LTX2Sound(AudioStream):
     audio_channels: int = 2
     fps: float = DEFAULT_FRAME_RATE
     mel_bins: int = 16
+    output_rate: int = OUTPUT_RATE
     decode_models: tuple[str, ...] = ("audio_vae_decoder", "audio_vocoder")
 
     def latent_shape(self, pipe) -> tuple[int, int]:
@@ -131,7 +133,13 @@ class LTX2Sound(AudioStream):
         packed = packed * vae.latents_std.to(packed) + vae.latents_mean.to(packed)
         z = packed.reshape(b, length, c, bins).transpose(1, 2)
         mel = vae.decode(z.to(vae.dtype), return_dict=False)[0]
-        return vocoder(mel.to(next(vocoder.parameters()).dtype)).float()
+        wave = vocoder(mel.to(next(vocoder.parameters()).dtype)).float()
+        rate = int(vocoder.config.output_sampling_rate)
+        if rate != self.rate_out:  # LTX-2.0's vocoder speaks at 24 kHz: written at the 48 kHz of 2.3's
+            from ...media.audio import resample
+
+            wave = torch.stack([torch.from_numpy(resample(w.cpu().numpy(), rate, self.rate_out)) for w in wave])
+        return wave
 
     def operator(self, size, frames=None):
         from ...data.operators import ToAbsolutePath
