@@ -38,7 +38,7 @@ def sample_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_frames", type=int, default=None,
                    help="Video families: frames of the clip (a count the family's VAE takes; default: the family's).")
     p.add_argument("--fps", type=float, default=None, help="Video families: frame rate of the written clip (default: "
-                   "the call's frame_rate where the family takes one, else the family's clip rate, 16 for most).")
+                   "the rate the clip was made at: the family's, 16 for most, or the call's where it takes one).")
     p.add_argument("--output", default=None, help="Output file (several prompts: NAME-<i>.EXT); default sample.png, or "
                    "sample.mp4 for a video family (.mp4/.mov/.mkv/.avi/.webm, or an animated .gif/.webp).")
     from .args import add_family_flags
@@ -216,8 +216,8 @@ def main(argv: list[str]) -> int:
     outputs = pipe(args.prompt, **call)
     root, ext = os.path.splitext(output)
     names = [output] if len(outputs) == 1 else [f"{root}-{i}{ext}" for i in range(len(outputs))]
-    # a clip plays at the rate it was made for (a family that takes the call's frame_rate), unless --fps says
-    fps = args.fps or call.get("frame_rate") or getattr(target.primary, "fps", None) or 16
+    # a clip plays at the rate it was made for (the target says: its own, or the call's), unless --fps says
+    fps = args.fps or target.primary.output_fps(call)
     for one, name in zip(outputs, names):
         for written in target.write(one, name, fps=float(fps)):  # the target's files: a layer stack is several
             print(written)

@@ -134,6 +134,10 @@ class Stream:
 
         return tensor_to_images(decoded)
 
+    def output_fps(self, call) -> float:
+        """The rate a written clip plays at for this sampling call (a still image: unused)."""
+        return float(getattr(self, "fps", None) or 16)
+
     def check_output(self, path: str, family: str) -> str:
         """A `difftune sample --output` name checked against what this stream makes (its extension added)."""
         from ..media.video import VIDEO_EXTENSIONS

@@ -22,16 +22,16 @@ HEADER_SLACK = 2  # frames a container's listed count may exceed what decodes (e
 class LoadVideo(DataOperator):
     """A clip file -> its leading frames (RGB PIL images): `num_frames` of them, or, from a shorter clip, the
     largest `time_division_factor * k + time_division_remainder` it has. `num_frames` None: every frame.
-    `frame_rate`: the clip resampled to that rate first (`media.video.read_video_at_rate`: by the frames'
+    `fps`: the clip resampled to that rate first (`media.video.read_video_at_rate`: by the frames'
     timestamps, so a variable-frame-rate clip keeps its timing), for a model that trains at one rate."""
 
     def __init__(self, num_frames: int | None = None, time_division_factor: int = 1,
-                 time_division_remainder: int = 0, frame_rate: float | None = None):
+                 time_division_remainder: int = 0, fps: float | None = None):
         if num_frames is not None and num_frames < 1:
             raise DataError(f"--num_frames {num_frames}: must be at least 1 frame")
         self.num_frames = num_frames
         self.time_division_factor, self.time_division_remainder = time_division_factor, time_division_remainder
-        self.frame_rate = frame_rate
+        self.fps = fps
 
     def _fail(self, err: VideoError, path, context):
         raise DataError(f"{_where(context)}: {err.reason}: {path}") from None
@@ -39,8 +39,8 @@ class LoadVideo(DataOperator):
     def __call__(self, path, context=None):
         path = os.fspath(path)
         try:
-            if self.frame_rate:
-                return read_video_at_rate(path, self.frame_rate, self.num_frames, self.time_division_factor,
+            if self.fps:
+                return read_video_at_rate(path, self.fps, self.num_frames, self.time_division_factor,
                                           self.time_division_remainder)
             return read_video(path, self.num_frames, self.time_division_factor, self.time_division_remainder)
         except VideoError as err:
@@ -64,8 +64,8 @@ class LoadVideo(DataOperator):
         except Exception:  # the pre-check and the load report what is wrong with the file
             return UNKNOWN
         frames = info.frames
-        if self.frame_rate and frames:  # what the clip lasts at the training rate
-            frames = int(frames / info.fps * self.frame_rate) if info.fps else None
+        if self.fps and frames:  # what the clip lasts at the training rate
+            frames = int(frames / info.fps * self.fps) if info.fps else None
         if self.num_frames is None or not frames or frames < self.num_frames + HEADER_SLACK:
             return UNKNOWN
         return (info.width, info.height, self.num_frames)
@@ -74,8 +74,8 @@ class LoadVideo(DataOperator):
         """The frames the file holds (counted up to `num_frames`) and the frames it loads."""
         path = os.fspath(path)
         try:
-            if self.frame_rate:
-                available = len(read_video_at_rate(path, self.frame_rate, self.num_frames))
+            if self.fps:
+                available = len(read_video_at_rate(path, self.fps, self.num_frames))
             else:
                 available = count_frames(path, self.num_frames)
         except VideoError as err:
@@ -100,10 +100,10 @@ class ToClip(DataOperator):
 def video_operator(base_path, height: int | None = None, width: int | None = None, max_pixels: int = 1024 * 1024,
                    height_division_factor: int = 16, width_division_factor: int = 16,
                    num_frames: int | None = None, time_division_factor: int = 1,
-                   time_division_remainder: int = 0, frame_rate: float | None = None) -> DataOperator:
+                   time_division_remainder: int = 0, fps: float | None = None) -> DataOperator:
     """Path -> list of RGB frames, each cropped and resized as an image would be (fixed size, or dynamic
-    under max_pixels): clips and GIFs by `LoadVideo` (at `frame_rate` when given), stills as one-frame clips."""
-    load = LoadVideo(num_frames, time_division_factor, time_division_remainder, frame_rate)
+    under max_pixels): clips and GIFs by `LoadVideo` (at `fps` when given), stills as one-frame clips."""
+    load = LoadVideo(num_frames, time_division_factor, time_division_remainder, fps)
     return (ToAbsolutePath(base_path)
             >> RouteByExtension({CLIP_EXTENSIONS: load,
                                  STILL_EXTENSIONS: LoadImage() >> ToClip()})

@@ -195,15 +195,15 @@ def read_video(path: str | os.PathLike, num_frames: int | None = None, time_divi
     return frames[:frames_to_keep(len(frames), num_frames, time_division_factor, time_division_remainder)]
 
 
-def read_video_at_rate(path: str | os.PathLike, frame_rate: float, num_frames: int | None = None,
+def read_video_at_rate(path: str | os.PathLike, fps: float, num_frames: int | None = None,
                        time_division_factor: int = 1, time_division_remainder: int = 0) -> list[Image.Image]:
-    """The clip resampled to `frame_rate`: frame k is the decoded frame whose timestamp is nearest k / frame_rate
+    """The clip resampled to `fps`: frame k is the decoded frame whose timestamp is nearest k / fps
     (a variable-frame-rate clip follows its timestamps, a constant one is the reference's round(k * fps /
-    frame_rate)), for as many frames as the clip lasts at that rate (`frames_to_keep`). GIFs and stills keep their
+    fps)), for as many frames as the clip lasts at that rate (`frames_to_keep`). GIFs and stills keep their
     frames as `read_video` reads them."""
     path = os.fspath(path)
-    if frame_rate is None or not float(frame_rate) > 0:
-        raise UserError(f"frame rate {frame_rate}: must be a positive number of frames per second")
+    if fps is None or not float(fps) > 0:
+        raise UserError(f"frame rate {fps}: must be a positive number of frames per second")
     if os.path.splitext(path)[1].lower() not in VIDEO_EXTENSIONS:
         return read_video(path, num_frames, time_division_factor, time_division_remainder)
     av = _av()
@@ -211,11 +211,11 @@ def read_video_at_rate(path: str | os.PathLike, frame_rate: float, num_frames: i
     rate = stream.average_rate or stream.guessed_rate
     step = 1.0 / float(rate) if rate else None
     frames, times = [], []
-    wanted = None if num_frames is None else (num_frames - 1) / float(frame_rate)
+    wanted = None if num_frames is None else (num_frames - 1) / float(fps)
     with container:
         try:
             for frame in container.decode(stream):
-                t = frame.time if frame.time is not None else len(frames) * (step or 1 / float(frame_rate))
+                t = frame.time if frame.time is not None else len(frames) * (step or 1 / float(fps))
                 frames.append(_rgb(frame))
                 times.append(float(t))
                 if wanted is not None and times[-1] - times[0] > wanted + (step or 0):
@@ -228,13 +228,13 @@ def read_video_at_rate(path: str | os.PathLike, frame_rate: float, num_frames: i
     start = times[0]
     times = [t - start for t in times]
     if step is None:
-        step = (times[-1] / (len(times) - 1)) if len(times) > 1 else 1 / float(frame_rate)
+        step = (times[-1] / (len(times) - 1)) if len(times) > 1 else 1 / float(fps)
     lasts = times[-1] + step
-    available = int(math.floor(lasts * float(frame_rate) + 1e-6))
+    available = int(math.floor(lasts * float(fps) + 1e-6))
     keep = frames_to_keep(max(available, 1), num_frames, time_division_factor, time_division_remainder)
     out, j = [], 0
     for k in range(keep):
-        target = k / float(frame_rate)
+        target = k / float(fps)
         while j + 1 < len(times) and abs(times[j + 1] - target) <= abs(times[j] - target):
             j += 1
         out.append(frames[j])

@@ -22,7 +22,7 @@ def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     return torch.Generator("cpu").manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
-def _per_sample_noise(shape_like: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+def per_sample_noise(shape_like: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
     return torch.stack([torch.randn(shape_like.shape[1:], generator=g, dtype=torch.float32) for g in generators])
 
 
@@ -56,7 +56,7 @@ def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch
             draws[id(scheduler)] = [torch.cat([d[k] for d in drawn]).to(x0.device) for k in range(3)]
             inputs[pipe.timestep_name(stream)] = draws[id(scheduler)][1]
         point, _, weight = draws[id(scheduler)]
-        noise = _per_sample_noise(x0, generators).to(device=x0.device, dtype=x0.dtype)
+        noise = per_sample_noise(x0, generators).to(device=x0.device, dtype=x0.dtype)
         inputs[stream.latents] = scheduler.add_noise(x0, noise, point)
         targets[stream.name] = (scheduler.training_target(x0, noise, point), weight)
     pred = pipe.model_fn(**inputs, **pipe.model_fn_kwargs(values), **settings)

@@ -270,8 +270,5 @@ def _size_arguments(stream, values) -> dict:
     import inspect
 
     params = inspect.signature(stream.noise_shape).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        names = {"height", "width", "num_frames", "frame_rate", "seconds"}
-    else:
-        names = set(params) - {"pipe", "self"}
+    names = {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"pipe", "self"}
     return {k: values[k] for k in names if values.get(k) is not None}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...core.loss import Loss
-from ...training.losses import _per_sample_noise, check_prediction
+from ...training.losses import per_sample_noise, check_prediction
 
 
 def _mse(pred, target, weight):
@@ -25,10 +25,10 @@ def ltx2_sft_loss(pipe, values, generators, settings):
     check_prediction(pipe, scheduler)
     drawn = [scheduler.sample_training(1, g, image_seq_len=video.seq_len(x0)) for g in generators]
     point, timestep, weight = (torch.cat([d[k] for d in drawn]).to(x0.device) for k in range(3))
-    noise = _per_sample_noise(x0, generators).to(x0.device, x0.dtype)
+    noise = per_sample_noise(x0, generators).to(x0.device, x0.dtype)
     inputs = {"latents": scheduler.add_noise(x0, noise, point), "timestep": timestep}
     if a0 is not None:
-        audio_noise = _per_sample_noise(a0, generators).to(a0.device, a0.dtype)
+        audio_noise = per_sample_noise(a0, generators).to(a0.device, a0.dtype)
         inputs["audio_latents"] = scheduler.add_noise(a0, audio_noise, point)
     else:
         frames = (int(x0.shape[2]) - 1) * video.temporal + 1

@@ -74,6 +74,9 @@ class LTX2Clips(VideoStream):
         frames = (int(values.get("num_frames") or self.frames.default) - 1) // self.temporal + 1
         return frames * (int(values["height"]) // self.scale) * (int(values["width"]) // self.scale)
 
+    def output_fps(self, call) -> float:
+        return float(call.get("frame_rate") or self.fps)
+
     def decode(self, pipe, latents):
         vae = pipe.video_vae_decoder
         if vae is None:
@@ -206,7 +209,7 @@ class LTX2Pipeline(BasePipeline):
         height, width = rounded_size(config, division, lambda *_: None)
         frames = config.frames.as_dict() if config.frames is not None else {}
         video = video_operator(config.dataset_base_path, height, width, config.max_pixels, division, division,
-                               **frames, frame_rate=rate)
+                               **frames, fps=rate)
         return {**super().data_operators(config), "video": video, "in_context_videos": video}
 
     def training_inputs(self, data):
