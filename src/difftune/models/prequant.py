@@ -25,6 +25,7 @@ The generic entry points, usable on any state dict (a family's own loader calls 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -211,6 +212,95 @@ def _json_tensor(tensor: torch.Tensor, what: str) -> dict:
     return value
 
 
+# bitsandbytes' 4-bit code tables (get_4bit_type): its kernels use these whatever a file's quant_map says, so a map
+# that is not its type's table would decode differently here (plain torch) and there
+_CODES = {
+    "nf4": (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+            -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+            0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023,
+            1.0),
+    "fp4": (0.0, 0.0052083334885537624, 0.6666666865348816, 1.0, 0.3333333432674408, 0.5, 0.1666666716337204, 0.25,
+            0.0, -0.0052083334885537624, -0.6666666865348816, -1.0, -0.3333333432674408, -0.5, -0.1666666716337204,
+            -0.25),
+}
+_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    """Whether every value is finite (a header-only stand-in on the meta device has none to check)."""
+    return tensor.is_meta or bool(torch.isfinite(tensor.float()).all())
+
+
+def _blocksize(key: str, meta: dict, name: str) -> int:
+    value = meta.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value not in _BLOCKSIZES:
+        raise ValueError(f"{key}: its quant_state says {name} {value!r} (bitsandbytes uses "
+                         f"{', '.join(map(str, _BLOCKSIZES))})")
+    return value
+
+
+def _check_bnb(key: str, kind: str, data: torch.Tensor, shape: tuple[int, ...], parts: dict, meta: dict,
+               nested: bool) -> None:
+    """Every field of a 4-bit quant state against the packed weight, before any kernel reads it: a short absmax or a
+    weight of the wrong size would have bitsandbytes read past the end of its memory (a segfault)."""
+    n = 1
+    for d in shape:
+        n *= d
+    need = (n + 1) // 2  # two 4-bit codes a byte
+    have = data.numel() * data.element_size()
+    packed = data.dtype in (torch.uint8, torch.int8) or (data.is_floating_point() and data.dim() == 2
+                                                         and data.shape[1] == 1)  # bitsandbytes' quant_storage
+    if not packed or have != need:
+        raise ValueError(f"{key} is {str(data.dtype).removeprefix('torch.')} {list(data.shape)} ({have} bytes), not "
+                         f"the packed 4-bit codes its quant_state describes ({need} bytes of uint8 for {list(shape)})")
+    blocksize = _blocksize(key, meta, "blocksize")
+    if meta.get("dtype", "float32") not in _DTYPES:
+        raise ValueError(f"{key}: its quant_state says dtype {meta.get('dtype')!r} (expected one of "
+                         f"{', '.join(_DTYPES)})")
+    absmax, code = parts["absmax"], parts["quant_map"]
+    blocks = -(-n // blocksize)
+    if absmax.numel() != blocks:
+        raise ValueError(f"{key}.absmax has {absmax.numel()} values for the {blocks} blocks of {blocksize} of "
+                         f"{list(shape)}")
+    if code.numel() != 16 or not code.is_floating_point():
+        raise ValueError(f"{key}.quant_map is {str(code.dtype).removeprefix('torch.')} {list(code.shape)}, not the 16 "
+                         f"values of a 4-bit code")
+    if nested:
+        if absmax.dtype != torch.uint8:
+            raise ValueError(f"{key}.absmax is {str(absmax.dtype).removeprefix('torch.')}, not the 8-bit codes of a "
+                             f"double-quantised save (it has nested_absmax)")
+        nested_block = _blocksize(key, meta, "nested_blocksize")
+        inner, inner_code = parts["nested_absmax"], parts["nested_quant_map"]
+        if inner.numel() != -(-blocks // nested_block):
+            raise ValueError(f"{key}.nested_absmax has {inner.numel()} values for the {-(-blocks // nested_block)} "
+                             f"blocks of {nested_block} of its {blocks} absmax")
+        if inner_code.numel() != 256 or not inner_code.is_floating_point():
+            raise ValueError(f"{key}.nested_quant_map is {str(inner_code.dtype).removeprefix('torch.')} "
+                             f"{list(inner_code.shape)}, not the 256 values of an 8-bit code")
+        if meta.get("nested_dtype", "float32") not in _DTYPES:
+            raise ValueError(f"{key}: its quant_state says nested_dtype {meta.get('nested_dtype')!r}")
+        offset = meta.get("nested_offset")
+        if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+            raise ValueError(f"{key}: its quant_state says nested_offset {offset!r}, not a finite number")
+        for name, tensor in (("nested_absmax", inner), ("nested_quant_map", inner_code)):
+            if not _finite(tensor):
+                raise ValueError(f"{key}.{name} holds non-finite values (NaN or inf)")
+    elif not absmax.is_floating_point():
+        raise ValueError(f"{key}.absmax is {str(absmax.dtype).removeprefix('torch.')}, not floating point (and there "
+                         f"is no nested_absmax to decode it)")
+    elif not _finite(absmax):
+        raise ValueError(f"{key}.absmax holds non-finite values (NaN or inf)")
+    if not code.is_meta:
+        if not _finite(code):
+            raise ValueError(f"{key}.quant_map holds non-finite values (NaN or inf)")
+        other = "fp4" if kind == "nf4" else "nf4"
+        if not torch.allclose(code.float(), torch.tensor(_CODES[kind]), atol=1e-4):
+            said = f"{other}'s" if torch.allclose(code.float(), torch.tensor(_CODES[other]), atol=1e-4) else \
+                "neither nf4's nor fp4's"
+            raise ValueError(f"{key}: a mismatch: its quant_state says {kind} but its quant_map is {said} code table")
+
+
 def _bnb_weight(key: str, data: torch.Tensor, parts: dict[str, torch.Tensor]) -> QuantizedWeight:
     states = [k for k in parts if k.startswith("bnb_state:")]
     if len(states) != 1:
@@ -218,29 +308,30 @@ def _bnb_weight(key: str, data: torch.Tensor, parts: dict[str, torch.Tensor]) ->
                          f"or __fp4)")
     kind = states[0].split("bitsandbytes__")[-1]
     meta = _json_tensor(parts[states[0]], f"{key}.quant_state")
-    if kind not in ("nf4", "fp4") or meta.get("quant_type", kind) != kind:
-        raise ValueError(f"{key}: unknown 4-bit type {meta.get('quant_type', kind)!r}")
+    if kind not in ("nf4", "fp4"):
+        raise ValueError(f"{key}: unknown 4-bit type {kind!r}")
+    if meta.get("quant_type", kind) != kind:
+        raise ValueError(f"{key}: a mismatch: its record is quant_state.bitsandbytes__{kind} but says quant_type "
+                         f"{meta.get('quant_type')!r}")
     missing = [s for s in ("absmax", "quant_map") if s not in parts]
     nested = "nested_absmax" in parts or "nested_blocksize" in meta
     missing += [s for s in ("nested_absmax", "nested_quant_map") if nested and s not in parts]
     if missing or not isinstance(meta.get("shape"), list) or "blocksize" not in meta:
         raise ValueError(f"{key} lacks {', '.join(missing) or 'its shape and block size'}")
+    if not meta["shape"] or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in meta["shape"]):
+        raise ValueError(f"{key}: its quant_state says shape {meta['shape']!r}, not a list of sizes")
+    shape = tuple(meta["shape"])
+    _check_bnb(key, kind, data, shape, parts, meta, nested)
     stats = {"absmax": parts["absmax"], "quant_map": parts["quant_map"], "blocksize": int(meta["blocksize"]),
              "dtype": meta.get("dtype", "float32")}
     if nested:
         stats.update(nested_absmax=parts["nested_absmax"], nested_quant_map=parts["nested_quant_map"],
                      nested_blocksize=int(meta["nested_blocksize"]), nested_dtype=meta.get("nested_dtype", "float32"),
                      nested_offset=float(meta["nested_offset"]))
-    shape = tuple(int(d) for d in meta["shape"])
-    n = 1
-    for d in shape:
-        n *= d
-    if data.numel() * data.element_size() * 2 < n:
-        raise ValueError(f"{key} holds {data.numel() * data.element_size()} bytes, too few for {list(shape)} in 4 bits")
     return QuantizedWeight(kind, shape, data, stats=stats, source=key)
 
 
-def _fp8_weight(key: str, data: torch.Tensor, parts: dict[str, torch.Tensor]) -> QuantizedWeight:
+def _fp8_weight(key: str, data: torch.Tensor, parts: dict[str, torch.Tensor], scale_key: str) -> QuantizedWeight:
     if "comfy_quant" in parts:
         fmt = _json_tensor(parts["comfy_quant"], f"{key[:-len('.weight')]}.comfy_quant").get("format")
         if fmt not in ("float8_e4m3fn", "float8_e5m2"):
@@ -249,6 +340,8 @@ def _fp8_weight(key: str, data: torch.Tensor, parts: dict[str, torch.Tensor]) ->
         raise ValueError(f"{key} has no scale")
     if data.dim() != 2:
         raise ValueError(f"{key} is {list(data.shape)}, not a Linear weight")
+    if not _finite(parts["scale"]):
+        raise ValueError(f"{scale_key} holds non-finite values (NaN or inf)")
     scale = parts["scale"].float().reshape(-1)
     if scale.numel() == 1:
         scale = scale.expand(data.shape[0]).contiguous()
@@ -265,7 +358,7 @@ def split_prequantized(state: Mapping[str, torch.Tensor], path: str = "state dic
     layout = prequantized_layout(state)
     if layout not in (None, BNB, COMFY_FP8, FP8):
         raise refusal(path, layout)
-    plain, parts = {}, {}
+    plain, parts, scale_keys = {}, {}, {}
     for key, tensor in state.items():
         role = _role(key)
         if role is None:
@@ -273,6 +366,8 @@ def split_prequantized(state: Mapping[str, torch.Tensor], path: str = "state dic
         elif role[1] != "marker":
             name = f"bnb_state:{key}" if role[1] == "bnb_state" else role[1]
             parts.setdefault(role[0], {})[name] = tensor
+            if role[1] == "scale":
+                scale_keys[role[0]] = key
     weights = {}
     for key, pieces in parts.items():
         if key not in plain:
@@ -282,7 +377,7 @@ def split_prequantized(state: Mapping[str, torch.Tensor], path: str = "state dic
             if any(p.startswith("bnb_state:") or p in _BNB_STATS for p in pieces):
                 weights[key] = _bnb_weight(key, data, pieces)
             elif "scale" in pieces or "comfy_quant" in pieces:
-                weights[key] = _fp8_weight(key, data, pieces)
+                weights[key] = _fp8_weight(key, data, pieces, scale_keys.get(key, ""))
             else:
                 continue  # only an activation scale: the weight is a plain tensor
         except LookupError as err:
@@ -290,7 +385,22 @@ def split_prequantized(state: Mapping[str, torch.Tensor], path: str = "state dic
         except ValueError as err:
             raise refusal(path, layout, str(err)) from None
         del plain[key]
+    if layout in (COMFY_FP8, FP8) and _scaled_fp8(state):
+        bare = [k for k, t in plain.items() if t.dtype in _FP8_DTYPES and t.numel()]
+        if bare:
+            raise refusal(path, layout, f"{bare[0]} is fp8 without its weight_scale / scale_weight "
+                                        f"({len(bare)} such weight(s)), so it would be used unscaled")
     return plain, weights
+
+
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _scaled_fp8(keys: Iterable[str]) -> bool:
+    """Whether a file is "fp8 scaled", so that every fp8 tensor in it needs its scale: it has ComfyUI's `scaled_fp8`
+    marker, or a weight scale (`scale_weight` / `weight_scale`) beside some weight. A file of fp8 tensors with no
+    scale at all is plain fp8 by design (its values are the weights) and loads as such."""
+    return any(role is not None and role[1] in ("marker", "scale") for role in map(_role, keys))
 
 
 def unpack_state_dict(state: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16, keep: bool = False,
@@ -522,5 +632,5 @@ def convert_packed(convert: Callable[[dict], dict], state: dict, log: Callable[[
         log(f"note: {len(needed)} pre-quantised weights decoded: converting the layout needs them in full "
             f"(e.g. {sorted(needed)[0]})")
         return out
-    log(f"note: the pre-quantised weights are decoded: converting the layout needs them in full")
+    log("note: the pre-quantised weights are decoded: converting the layout needs them in full")
     return convert({k: v.dequantize(torch.float32) if isinstance(v, QuantizedWeight) else v for k, v in state.items()})
