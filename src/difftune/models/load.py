@@ -130,6 +130,9 @@ def load_component(config: ModelConfig | str | list[str], specs: Sequence[Compon
     if problem:
         raise UserError(problem)
     fp8 = config.wants_fp8(det.name)
+    if fp8 and config.quant is not None:  # enable_fp8_storage would leave quantize_linears no plain Linear
+        raise UserError(f"--quant_options {config.describe()}:{config.quant.method} and --fp8_models {det.name} name "
+                        f"the same model ({det.name}); choose one storage")
     fp8_names = set(fp8_weight_names(module)) if fp8 else set()
     keep_fp32 = _kept_in_fp32(module, det.spec.library, dtype)
 

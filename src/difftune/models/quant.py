@@ -77,6 +77,7 @@ def parse_quant_options(text: str | None) -> list[tuple[str, QuantOption]]:
 
 def apply_quant_options(configs: Sequence, text: str | None) -> None:
     """Set `config.quant` on the model configs the `--quant_options` entries name."""
+    named: dict[int, tuple[str, QuantOption]] = {}  # config id -> (entry, option) already given to it
     for model, option in parse_quant_options(text):
         entry = model
         if model.startswith("["):  # a --model_paths entry that is a list of shards
@@ -91,6 +92,11 @@ def apply_quant_options(configs: Sequence, text: str | None) -> None:
         for c in hits:
             if c.fp8:
                 raise UserError(f"--quant_options: {model} is also in --fp8_models; choose one storage")
+            if id(c) in named:  # the last would win silently
+                first, before = named[id(c)]
+                raise UserError(f"--quant_options: {c.describe()} is quantised twice ({first}:{before.method} and "
+                                f"{model}:{option.method}); give one method per model")
+            named[id(c)] = (model, option)
             c.quant = option
 
 
@@ -206,9 +212,18 @@ def quantize_linears(module: nn.Module, option: QuantOption, compute_dtype: torc
     return names
 
 
-def check_quant_frozen(slots: Iterable[str], trainable: str | Iterable[str] | None) -> None:
-    """Refuse 4-bit storage for a model that is trained in full (`--trainable_models`); LoRA on it is QLoRA."""
+def _storage(method: str) -> str:
+    kind = METHODS.get(method, "")
+    return "4-bit" if kind in ("nf4", "fp4", "int4", "nvfp4") else kind or method
+
+
+def check_quant_frozen(slots: Iterable[str] | dict, trainable: str | Iterable[str] | None) -> None:
+    """Refuse quantised storage for a model that is trained in full (`--trainable_models`); LoRA on it is QLoRA.
+    `slots`: the quantised models, or {slot: method} to name their storage."""
+    methods = slots if isinstance(slots, dict) else {}
     both = sorted(set(split_names(list(slots))) & set(split_names(trainable)))
     if both:
-        raise UserError(f"--quant_options: {', '.join(both)} is also in --trainable_models; 4-bit weights cannot be "
-                        f"trained (train a LoRA on it with --lora_base_model instead)")
+        kinds = sorted({_storage(methods[s]) for s in both if s in methods}) or ["4-bit"]
+        how = f" ({', '.join(sorted({methods[s] for s in both}))})" if methods else ""
+        raise UserError(f"--quant_options: {', '.join(both)} is also in --trainable_models; {' / '.join(kinds)} "
+                        f"weights{how} cannot be trained (train a LoRA on it with --lora_base_model instead)")

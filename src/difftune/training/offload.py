@@ -168,7 +168,11 @@ class ModelOffloader:
         found = find_blocks(model)
         nested = find_nested_blocks(model, found)
         if not found and not nested:
-            raise UserError(f"model offload: {type(model).__name__} has no list of repeated blocks to offload")
+            trained = any(isinstance(m, nn.ModuleList) and len(m) and all(p.requires_grad for p in m.parameters())
+                          and any(True for _ in m.parameters()) for m in model.modules())
+            raise UserError(f"model offload: every weight of {type(model).__name__}'s blocks is trained, and only "
+                            f"frozen weights are offloaded" if trained else
+                            f"model offload: {type(model).__name__} has no list of repeated blocks to offload")
         self.model, self.device = model, torch.device(device)
         self.label, self._log = label, log
         if nested:
@@ -496,6 +500,11 @@ def install_model_offload(module, config, accelerator, log=print) -> list[ModelO
     slots = [s for s in (getattr(pipe, "loss_models", None) or ()) if pipe.models.get(s) is not None]
     if not slots:
         raise UserError(f"{flag}: this pipeline names no denoiser to offload")
+    whole = [s for s in slots if s in config.trainable_models]  # a submodule trained (dit.blocks.0.x) leaves the rest
+    if whole:
+        raise UserError(f"{flag}: {whole[0]} is trained in full (--trainable_models {whole[0]}), and model offload "
+                        f"streams frozen weights only (trained ones stay on the GPU with their gradients); train a "
+                        f"LoRA on it (--lora_base_model {whole[0]}), or use --enable_optimizer_cpu_offload")
     out = []
     for slot in slots:
         offloader = ModelOffloader(pipe.models[slot], accelerator.device, blocks_to_swap=config.blocks_to_swap,

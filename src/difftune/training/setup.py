@@ -48,7 +48,9 @@ def setup(config: RunConfig, accelerator, log=print) -> Run:
                                   quant_options=config.quant_options)
     family, found = recognise(configs, config.family, log=log)
     check_fp8_slots(configs, family.slots)
+    check_storage(found)
     config = config.with_family(family)
+    check_offload_flags(config)
     task = config.task_spec
     check_task(task, family)
     if task.stage == "train":
@@ -68,6 +70,24 @@ def setup(config: RunConfig, accelerator, log=print) -> Run:
     split = compute_split(pipeline, features, config, task)
     return Run(config, task, family, [(s, c) for s, c, _ in found], {s: d for s, _, d in found}, pipeline,
                features, split, accelerator, log)
+
+
+def check_storage(found) -> None:
+    """One model, one storage: `--fp8_models` naming its slot and a `--quant_options` entry naming its file would
+    have the fp8 storage win and the quantisation dropped."""
+    for slot, model, _ in found:
+        if model.quant is not None and model.wants_fp8(slot):
+            raise UserError(f"--quant_options {model.describe()}:{model.quant.method} and --fp8_models {slot} name "
+                            f"the same model ({slot}); choose one storage")
+
+
+def check_offload_flags(config: RunConfig) -> None:
+    from .offload import model_offload_requested
+
+    if config.cpu_offload_split_threshold is not None and not model_offload_requested(config):
+        raise UserError(f"--cpu_offload_split_threshold {config.cpu_offload_split_threshold:g}: it sets how model "
+                        f"offload streams a block, and no model is offloaded; add --enable_model_cpu_offload or "
+                        f"--blocks_to_swap N, or drop it")
 
 
 def check_task(task: TaskSpec, family: FamilySpec) -> None:

@@ -99,7 +99,7 @@ def fit(run: Run, from_cache: bool, stop=None) -> dict:
     else:
         dataset, wanted = make_dataset(run), None
     check_fp8_frozen([slot for slot, c in run.models if c.wants_fp8(slot)], config.fully_trained)
-    check_quant_frozen([slot for slot, c in run.models if c.quant is not None], config.fully_trained)
+    check_quant_frozen({slot: c.quant.method for slot, c in run.models if c.quant is not None}, config.fully_trained)
     for slot, c in run.models:  # a fully trained model from a pre-quantised file trains its decoded weights
         c.decode_prequantized = c.decode_prequantized or slot in config.fully_trained
     pipe = stage_pipeline(run, wanted)
