@@ -52,7 +52,7 @@ def test_quant_options_and_fp8_models_on_one_model_are_refused_naming_both_flags
     with pytest.raises(UserError) as err:
         setup_run(*args(tiny_repo, tmp_path, *LORA, "--fp8_models", "dit", "--quant_options",
                         f"{dit}:torchao_int8_w8a16"))
-    one_line(err, f":torchao_int8_w8a16 and --fp8_models dit name the same model (dit); choose one storage")
+    one_line(err, ":torchao_int8_w8a16 and --fp8_models dit name the same model (dit); choose one storage")
     assert str(err.value).startswith(f"--quant_options {dit}")
 
 
@@ -71,3 +71,57 @@ def test_model_offload_with_full_training_says_the_model_is_trained(tiny_repo, t
         run_train(*args(tiny_repo, tmp_path, "--trainable_models", "dit", "--enable_model_cpu_offload"))
     one_line(err, "--enable_model_cpu_offload: dit is trained in full (--trainable_models dit), and model offload "
                   "streams frozen weights only")
+
+
+def test_a_split_threshold_below_a_module_whose_forward_reads_its_norms_weights_trains_the_same():
+    """Z-Image's attention reads `norm_q.weight` / `norm_k.weight` without calling the norms: split into its
+    children, the norms' weights were placeholders when read (a shape error). A split module's non-layer children
+    (norms) now go with its own unit."""
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    from difftune.training.offload import ModelOffloader
+
+    class Attention(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.to_q, self.to_k = nn.Linear(d, d), nn.Linear(d, d)
+            self.norm_q, self.norm_k = nn.RMSNorm(d), nn.RMSNorm(d)
+
+        def forward(self, x):  # the norms' weights read directly, as a fused processor does
+            q, k = self.to_q(x), self.to_k(x)
+            return q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_q.weight + \
+                k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_k.weight
+
+    class Model(nn.Module):
+        def __init__(self, d=16):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(Attention(d), nn.Linear(d, d)) for _ in range(3))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = x + checkpoint(block, x, use_reentrant=False)
+            return x
+
+    def build():
+        from peft import LoraConfig, inject_adapter_in_model
+
+        torch.manual_seed(0)
+        model = Model()
+        for norm in (m for m in model.modules() if isinstance(m, nn.RMSNorm)):
+            nn.init.normal_(norm.weight)
+        model.requires_grad_(False)
+        return inject_adapter_in_model(LoraConfig(r=2, target_modules=["to_q"], init_lora_weights=False), model)
+
+    x = torch.randn(2, 5, 16)
+    plain, off = build(), build()
+    offloader = ModelOffloader(off, "cpu", split_threshold_mb=1e-9)
+    grads = []
+    for model in (plain, off):
+        model(x).square().mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys() and all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
+    assert all(g.abs().max() > 0 for g in grads[1].values())
+    assert {u.name for u in offloader.units if u.block == 0} == {
+        "blocks.0.0", "blocks.0.0.to_q.base_layer", "blocks.0.0.to_k", "blocks.0.1"}  # the norms with their module

@@ -3,7 +3,8 @@ blocks live in one host arena and are copied to the target device unit by unit, 
 
 - The blocks are found generically: the model's largest `nn.ModuleList` (by frozen bytes). `--blocks_to_swap N`
   offloads its last N blocks; the others stay resident. `--cpu_offload_split_threshold MB` splits a block larger
-  than that into its children (recursively), each a unit of its own.
+  than that into its children (recursively), each a unit of its own; a split module's non-layer children (norms)
+  stay in its own unit, since a forward may read their weights without calling them.
 - A UNet's blocks sit in lists of mixed classes (diffusers' `down_blocks` = [CrossAttnDownBlock2D, ..., DownBlock2D],
   `up_blocks`, and a `mid_block` beside them), and its gradient checkpointing wraps the modules inside them one by
   one (each ResnetBlock2D and each BasicTransformerBlock), not the down / up blocks: a recompute calls only those, so
@@ -134,19 +135,29 @@ def _subclass(p) -> bool:
     return p is not None and not p.requires_grad and type(p.data) is not torch.Tensor and p.numel() > 0
 
 
-def _split(name: str, module: nn.Module, threshold: int | None) -> list[tuple[str, nn.Module, bool]]:
-    """(name, module, recurse) units covering `module`'s frozen weights: the module whole when under `threshold`
-    bytes (or no threshold), else its own direct weights plus its children's units. A list is never a unit: nobody
-    calls it, so its hooks would never run (diffusers' Attention calls `to_out[0]`)."""
+def _layer(m: nn.Module) -> bool:
+    """A layer whose weights only its own forward reads (a Linear, a convolution, their quantised / fp8 forms)."""
+    return isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))
+
+
+def _split(name: str, module: nn.Module, threshold: int | None) -> list[tuple[str, nn.Module, list[nn.Module] | None]]:
+    """(name, module, owners) units covering `module`'s frozen weights: the module whole (owners None) when under
+    `threshold` bytes (or no threshold), else a unit of its own direct weights and those of its children that are
+    not layers (norms, embeddings: a forward may read them without calling them, as Z-Image's attention reads its
+    norms' weights), plus its other children's units. A list is never a unit: nobody calls it, so its hooks would
+    never run (diffusers' Attention calls `to_out[0]`)."""
     size = sum(_bytes(p.data) for p in module.parameters() if _movable(p) or _subclass(p))
     children = list(module.named_children())
     container = isinstance(module, (nn.ModuleList, nn.ModuleDict))
     if (threshold is None or size <= threshold or not children) and not container:
-        return [(name, module, True)]
-    out = [(name, module, False)] if any(_movable(p) or _subclass(p) for p in module.parameters(recurse=False)) \
-        else []
+        return [(name, module, None)]
+    held = [] if container else [c for _, c in children if not _composite(c) and not _layer(c)]
+    owners = [module, *held]
+    out = [(name, module, owners)] if any(_movable(p) or _subclass(p) for m in owners
+                                          for p in m.parameters(recurse=False)) else []
     for child_name, child in children:
-        out += _split(f"{name}.{child_name}", child, threshold)
+        if not any(child is h for h in held):
+            out += _split(f"{name}.{child_name}", child, threshold)
     return out
 
 
@@ -199,9 +210,9 @@ class ModelOffloader:
         self._settled = not self.nested or n == 0
         first = self.num_blocks - n if self._settled else 0
         for i in range(first, self.num_blocks):
-            for name, module, recurse in _split(*blocks[i], threshold):
-                params = [p for p in module.parameters(recurse=recurse) if _movable(p)]
-                owners = module.modules() if recurse else [module]
+            for name, module, owners in _split(*blocks[i], threshold):
+                owners = list(module.modules()) if owners is None else owners
+                params = list({id(p): p for m in owners for p in m.parameters(recurse=False) if _movable(p)}.values())
                 subs = [(m, key, p.detach().to("cpu")) for m in owners for key, p in m._parameters.items()
                         if _subclass(p)]
                 if params or subs:
