@@ -23,7 +23,7 @@ from ...data.audio import LoadAudioClip
 from ...errors import UserError
 from .audio import LATENT_HOP, SAMPLE_RATE
 from .features import FEATURES
-from .units import UNITS, audio_latent_frames
+from .units import UNITS, audio_latent_frames, pack_sound, unpack_sound
 
 DEFAULT_FRAME_RATE = 24.0
 OUTPUT_RATE = 48000  # LTX-2.3's vocoder's (with bandwidth extension); 2.0's 24 kHz is resampled to it
@@ -131,10 +131,8 @@ class LTX2Sound(AudioStream):
         if vae is None or vocoder is None:
             raise UserError("decoding the sound needs the audio VAE decoder and the vocoder "
                             "(audio_vae_decoder.safetensors, audio_vocoder.safetensors)")
-        b, c, length, bins = latents.shape
-        packed = latents.float().transpose(1, 2).reshape(b, length, c * bins)
-        packed = packed * vae.latents_std.to(packed) + vae.latents_mean.to(packed)
-        z = packed.reshape(b, length, c, bins).transpose(1, 2)
+        packed = pack_sound(latents.float())
+        z = unpack_sound(packed * vae.latents_std.to(packed) + vae.latents_mean.to(packed), latents.shape[-1])
         mel = vae.decode(z.to(vae.dtype), return_dict=False)[0]
         wave = vocoder(mel.to(next(vocoder.parameters()).dtype)).float()
         rate = int(vocoder.config.output_sampling_rate)
@@ -266,16 +264,15 @@ class LTX2Pipeline(BasePipeline):
             tokens = torch.cat([tokens, _pack(ref)], dim=1)
             coords = torch.cat([coords, ref_coords], dim=2)
             video_t = torch.cat([video_t, torch.zeros(b, ref.shape[2] * rh * rw, device=device)], dim=1)
-        _, ca, length, bins = audio_latents.shape
-        audio_tokens = audio_latents.transpose(1, 2).reshape(b, length, ca * bins)
-        audio_coords = dit.audio_rope.prepare_audio_coords(b, length, device)
+        audio_tokens = pack_sound(audio_latents)
+        audio_coords = dit.audio_rope.prepare_audio_coords(b, audio_tokens.shape[1], device)
         out_video, out_audio = dit(
             hidden_states=tokens.to(dtype), audio_hidden_states=audio_tokens.to(dtype),
             encoder_hidden_states=video_context.to(device, dtype), audio_encoder_hidden_states=audio_context.to(device, dtype),
             timestep=video_t, audio_timestep=t, sigma=t, video_coords=coords, audio_coords=audio_coords,
             fps=fps, return_dict=False)
         out_video = out_video[:, :n_video].transpose(1, 2).reshape(b, -1, f, h, w)
-        out_audio = out_audio.reshape(b, length, -1, bins).transpose(1, 2)
+        out_audio = unpack_sound(out_audio, audio_latents.shape[-1])
         return {"video": out_video.to(latents.dtype), "audio": out_audio.to(audio_latents.dtype)}
 
 

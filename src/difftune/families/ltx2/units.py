@@ -29,16 +29,28 @@ def encode_video(pipe, video: torch.Tensor) -> torch.Tensor:
     return (z - mean) * vae.config.scaling_factor / std
 
 
+def pack_sound(latents: torch.Tensor) -> torch.Tensor:
+    """Sound latents (B, C, L, M) -> tokens (B, L, C*M): what the DiT reads and the audio VAE's statistics
+    normalise."""
+    b, c, length, bins = latents.shape
+    return latents.transpose(1, 2).reshape(b, length, c * bins)
+
+
+def unpack_sound(tokens: torch.Tensor, bins: int) -> torch.Tensor:
+    """The inverse of `pack_sound` for `bins` mel bins."""
+    b, length, _ = tokens.shape
+    return tokens.reshape(b, length, -1, bins).transpose(1, 2).contiguous()
+
+
 def encode_audio(pipe, wave: torch.Tensor) -> torch.Tensor:
     """(B, 2, samples) at 16 kHz -> normalised audio latents (B, C, L, mel/4): the log-mel through the audio VAE's
     encoder, the posterior mode, normalised over the packed (channel x mel) features."""
     vae = pipe.audio_vae_encoder
     mel = log_mel(wave.to(pipe.device, torch.float32))
     z = vae.encode(mel.to(vae.dtype)).latent_dist.mode().float()
-    b, c, length, bins = z.shape
-    packed = z.transpose(1, 2).reshape(b, length, c * bins)
-    packed = (packed - vae.latents_mean.to(z.device, torch.float32)) / vae.latents_std.to(z.device, torch.float32)
-    return packed.reshape(b, length, c, bins).transpose(1, 2).contiguous()
+    packed = (pack_sound(z) - vae.latents_mean.to(z.device, torch.float32)) / vae.latents_std.to(z.device,
+                                                                                                 torch.float32)
+    return unpack_sound(packed, z.shape[-1])
 
 
 def audio_latent_frames(num_frames: int, frame_rate: float) -> int:
@@ -152,5 +164,5 @@ class LTX2AudioEmbedder(PipelineUnit):
 UNITS = (LTX2ShapeChecker, LTX2NoiseInitializer, LTX2PromptEmbedder, LTX2VideoEmbedder, LTX2AudioEmbedder)
 
 __all__ = ["LTX2AudioEmbedder", "LTX2NoiseInitializer", "LTX2PromptEmbedder", "LTX2ShapeChecker",
-           "LTX2VideoEmbedder", "MAX_PROMPT_TOKENS", "UNITS", "audio_latent_frames", "encode_audio", "encode_video",
+           "LTX2VideoEmbedder", "MAX_PROMPT_TOKENS", "UNITS", "pack_sound", "unpack_sound", "audio_latent_frames", "encode_audio", "encode_video",
            "video_tensor"]
