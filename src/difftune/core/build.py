@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, one_line
 from .features import RunContext
 
 
@@ -99,16 +99,58 @@ def _load_tokenizers(pipe, spec, models, features, given: dict, options) -> None
             source = getattr(options, tok.flag, None)
         if isinstance(source, str) and not os.path.exists(source) and ":" in source:
             source = hub_folder(source)  # model_id:folder/, as the reference's flags take
+        origin = "given" if tok.attr in given else f"--{tok.flag}"
         where = source if source is not None else _beside(models, tok, download=needed)
+        if source is None and where is not None:
+            origin = f"found beside the {tok.slot}"
         if where is None and needed and tok.default:
             where = hub_folder(tok.default)
+            origin = (f"the family's default: no --{tok.flag} given and no {tok.folder or tok.slot}/ beside the "
+                      f"{tok.slot}" if tok.flag else "the family's default")
         if where is None:
             if tok.required and (tok.feature is None or (features is not None and tok.feature in features)):
                 flag = f"pass --{tok.flag} " if tok.flag else ""
                 raise UserError(f"no {tok.attr} found: {flag}(looked for a {tok.folder}/ folder beside the "
                                 f"{tok.slot} weights)")
             continue
-        setattr(pipe, tok.attr, tok.load(where))
+        loaded = tok.load(where)
+        _check_fits(pipe, tok, loaded, where, origin)
+        setattr(pipe, tok.attr, loaded)
+
+
+# a prompt any text tokenizer turns into tokens
+_PROBE = "a photo of a cat"
+
+
+def _check_fits(pipe, tok, loaded, where, origin: str) -> None:
+    """A tokenizer that does not fit the model it serves is refused (it loaded and trained on nonsense before): more
+    tokens than the encoder's embedding has rows, a non-empty prompt encoded to no tokens (a folder without
+    tokenizer.json), or what the family knows its encoder needs (`TokenizerSpec.fits`)."""
+    from transformers import PreTrainedTokenizerBase
+
+    if not isinstance(loaded, PreTrainedTokenizerBase):
+        return
+    encoder = pipe.models.get(tok.slot)
+    name = where.describe() if hasattr(where, "describe") else str(where)
+    problem = None
+    try:
+        ids = loaded(_PROBE, add_special_tokens=False)["input_ids"]
+    except Exception as e:  # a tokenizer that cannot encode a plain prompt is as broken as one that encodes none
+        problem = f"it cannot encode a prompt ({one_line(e)})"
+        ids = None
+    if problem is None and not [i for i in ids if i != loaded.unk_token_id]:
+        problem = (f"it encodes the prompt {_PROBE!r} to no tokens ({len(loaded)} tokens in its vocabulary; is its "
+                   f"tokenizer.json missing?)")
+    embeddings = getattr(encoder, "get_input_embeddings", lambda: None)()
+    rows = getattr(embeddings, "num_embeddings", None)
+    if problem is None and rows is not None and len(loaded) > rows:
+        problem = (f"it has {len(loaded)} tokens and the {tok.slot}'s embedding {rows} rows: it is another "
+                   f"model's tokenizer")
+    if problem is None and tok.fits is not None and encoder is not None:
+        problem = tok.fits(loaded, encoder)
+    if problem:
+        fix = f"; pass --{tok.flag} with the {tok.slot}'s own tokenizer" if tok.flag else ""
+        raise UserError(f"{tok.attr} {name} ({origin}) does not fit the {tok.slot}: {problem}{fix}")
 
 
 def hub_folder(location: str):

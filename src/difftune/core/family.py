@@ -56,10 +56,13 @@ class TokenizerSpec:
     # needed one is fetched from the hub or its `default`; one found beside the weights is always loaded.
     feature: str | None = None
     download: bool = True  # False: only ever found beside the weights (e.g. a repository's scheduler/)
+    # (tokenizer, the loaded model it serves) -> what does not fit, or None: what the family knows its model needs of
+    # a tokenizer (a Qwen3 encoder: Qwen's chat tokens) beyond the shared checks (core/build.py)
+    fits: Callable[[Any, Any], str | None] | None = None
 
 
 def text_tokenizer(flag: str, default: str | None = None, folder: str = "tokenizer",
-                   help: str | None = None) -> TokenizerSpec:
+                   help: str | None = None, fits: Callable[[Any, Any], str | None] | None = None) -> TokenizerSpec:
     """The text encoder's tokenizer as `pipe.tokenizer`: the flag `flag` (the reference's --tokenizer_path), else
     `folder` beside the text encoder, else `default` (the reference's `model_id:folder/` when its command names
     none)."""
@@ -68,7 +71,7 @@ def text_tokenizer(flag: str, default: str | None = None, folder: str = "tokeniz
     where = (f"{folder}/ beside the text encoder" if folder else "the text encoder's own folder") + \
         (f", else {default}" if default else "")
     return TokenizerSpec(attr="tokenizer", slot="text_encoder", folder=folder, load=load_tokenizer,
-                         flag=flag, default=default,
+                         flag=flag, default=default, fits=fits,
                          help=help or f"Tokenizer directory or model_id:folder/ (default: {where}).")
 
 

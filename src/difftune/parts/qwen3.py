@@ -33,6 +33,24 @@ QWEN3_4B_CONFIG = {
 QWEN3_MARKER_KEYS = ("embed_tokens.weight", "norm.weight", "layers.0.self_attn.q_norm.weight")
 
 
+# Qwen's chat tokens: every Qwen3 tokenizer has them, as single tokens; another model's tokenizer spells them out
+QWEN_CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
+
+
+def qwen3_tokenizer_problem(tokenizer, encoder) -> str | None:
+    """What does not fit when `tokenizer` serves `encoder`, if `encoder` is a Qwen3 (None for another model): a
+    tokenizer without Qwen's chat tokens is another model's (FLUX.2-dev's Mistral tokenizer fits the size of a
+    Qwen3's embedding, and reads a prompt as other words)."""
+    if getattr(getattr(encoder, "config", None), "model_type", None) != "qwen3":
+        return None
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in QWEN_CHAT_TOKENS if t not in vocab]
+    if missing:
+        return (f"it has no {' / '.join(missing)} token, which every Qwen3 tokenizer has: it is another model's "
+                f"tokenizer")
+    return None
+
+
 def qwen3_key(key: str) -> str:
     """A causal-LM file holds the backbone as `model.*`; `Qwen3Model` is that backbone (at 4B the LM head alone is
     389M parameters, never read)."""
@@ -60,4 +78,5 @@ def qwen3_config_from_weights(shapes: dict) -> dict | None:
             "num_key_value_heads": shapes["layers.0.self_attn.k_proj.weight"][0] // head}
 
 
-__all__ = ["QWEN3_4B_CONFIG", "QWEN3_MARKER_KEYS", "drop_lm_head", "qwen3_config_from_weights", "qwen3_key"]
+__all__ = ["QWEN3_4B_CONFIG", "QWEN3_MARKER_KEYS", "QWEN_CHAT_TOKENS", "drop_lm_head", "qwen3_config_from_weights",
+           "qwen3_key", "qwen3_tokenizer_problem"]

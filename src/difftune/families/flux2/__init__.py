@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from ...core.family import FamilySpec, text_tokenizer
 from ...core.options import BOOL, option
+from ...parts.qwen3 import qwen3_tokenizer_problem
 from .components import COMPONENTS, LORA_TARGET_MODULES, bfl_dit_keys
 from .pipeline import Flux2Pipeline
 
@@ -21,7 +22,9 @@ FAMILY = FamilySpec(
     name="flux2",
     pipeline=Flux2Pipeline,
     components=COMPONENTS,
-    tokenizers=(text_tokenizer("tokenizer_path", "black-forest-labs/FLUX.2-dev:tokenizer/"),),
+    # klein's Qwen3 needs a Qwen tokenizer: dev's Mistral one (the default when none is found) is refused there
+    tokenizers=(text_tokenizer("tokenizer_path", "black-forest-labs/FLUX.2-dev:tokenizer/",
+                               fits=qwen3_tokenizer_problem),),
     lora_target_modules=LORA_TARGET_MODULES,
     # the default target list names the single blocks' attn.to_out by a pattern (their number varies by model)
     lora_target_aliases={"dit": {"single_transformer_blocks.*.attn.to_out": "single_transformer_blocks.*.attn.to_out"}},
