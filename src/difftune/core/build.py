@@ -66,6 +66,7 @@ def build_pipeline(spec, models: Sequence, *, device="cpu", torch_dtype=torch.fl
     if pipeline is None:
         pipeline = spec.pipeline_for(RunContext(models={s: dict(d.config) for s, d in detected.items()},
                                                 options=options))
+    pipeline.check_models(detected)  # the parts fit each other, before anything is loaded
     dtype = as_dtype(torch_dtype) if not isinstance(torch_dtype, torch.dtype) else torch_dtype
     pipe = pipeline(device=device, torch_dtype=dtype, **({"scheduler": scheduler} if scheduler is not None else {}))
     for slot, config in pairs:

@@ -305,9 +305,13 @@ def recognise(configs: Sequence, family: str | None = None, log=print) -> tuple[
         raise UserError(f"the weights fit several families ({', '.join(s.name for s, _ in fits)}): "
                         f"choose one with --family")
     if not fits:
-        # the error of the family that recognised the most models says best what is wrong (on a tie, one that
-        # found a near miss: "looks like a ...")
-        best = max(known.values(), key=lambda s: (_count_recognised(s, configs), "looks like" in errors[s.name]))
+        # the error of the family whose denoiser is among the weights says best what is wrong (the denoiser names
+        # the family: a Krea-2 DiT with the FLUX.2 VAE is a Krea-2 run whose VAE does not fit, not an Ideogram-4 run
+        # whose DiT is unknown), then of the one that recognised the most models (on a tie, one that found a near
+        # miss: "looks like a ...")
+        counts = {s.name: _count_recognised(s, configs) for s in known.values()}
+        best = max(known.values(), key=lambda s: (counts[s.name][1], counts[s.name][0],
+                                                  "looks like" in errors[s.name]))
         raise UserError(f"{errors[best.name]} (tried the families {', '.join(sorted(known))}; "
                         f"--family names one)")
     spec, detected = fits[0]
@@ -347,17 +351,20 @@ def load_component(config, torch_dtype=None, device="cpu", family: str | None = 
     return load(config, device=device, detected=detect_component(config, family), **kwargs)
 
 
-def _count_recognised(spec: FamilySpec, configs) -> int:
+def _count_recognised(spec: FamilySpec, configs) -> tuple[int, bool]:
+    """How many of the configs the family recognises, and whether its denoiser is among them."""
     from ..models.detect import detect_component
 
-    n = 0
+    n, denoiser = 0, False
+    denoisers = set(getattr(spec.pipeline, "loss_models", ()) or ())
     for c in configs:
         try:
-            detect_component(c, [s for s in spec.components if not s.companion])
-            n += 1
+            found = detect_component(c, [s for s in spec.components if not s.companion])
         except UserError:
-            pass
-    return n
+            continue
+        n += 1
+        denoiser = denoiser or found.name in denoisers
+    return n, denoiser
 
 
 def _detect_all(configs, spec: FamilySpec) -> list:

@@ -127,6 +127,13 @@ class BasePipeline:
         base models; each feature checks its own part in `check_features`)."""
 
     @classmethod
+    def check_models(cls, models: Mapping[str, Any]) -> None:
+        """Refuse, before any model is loaded, recognised models that do not fit each other (slot -> its
+        DetectedComponent: the spec, the config and the files): a text encoder of another width, depth or release
+        than the denoiser reads (a family overrides it; each refusal is one line naming the part that does not
+        fit). Training, `difftune sample` and from_pretrained all ask."""
+
+    @classmethod
     def check_features(cls, context: RunContext, features: frozenset[str]) -> None:
         """The active features' checks: a model a feature needs and was not given (once the denoiser is known), then
         each feature's own `check`. Each refusal is one line."""

@@ -37,6 +37,9 @@ from .prequant import logical_shapes
 
 # -- files and headers ----------------------------------------------------------------------------------
 
+SIZES_IN_WEIGHTS = "the sizes in the weights"  # the label of a config read off the tensors (infer_config)
+
+
 def _files_desc(files: list[str]) -> str:
     return files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} more)"
 
@@ -135,10 +138,20 @@ class ComponentSpec:
     def candidate_configs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, dict]:
         """label -> config to match weights of normalised {key: shape} against."""
         configs = dict(self.known_configs)
-        inferred = self.infer_config(shapes) if self.infer_config is not None else None
-        if inferred is not None and inferred not in configs.values():
-            configs["the sizes in the weights"] = inferred
+        inferred = self.inferred_config(shapes)
+        if isinstance(inferred, dict) and inferred not in configs.values():
+            configs[SIZES_IN_WEIGHTS] = inferred
         return configs
+
+    def inferred_config(self, shapes: dict[str, tuple[int, ...]]) -> dict | str | None:
+        """The config the sizes in the weights give (`infer_config`); the name of a tensor it reads that is missing
+        (a cut file: a KeyError before), or None."""
+        if self.infer_config is None:
+            return None
+        try:
+            return self.infer_config(shapes)
+        except KeyError as e:
+            return str(e.args[0]) if e.args else None
 
     def model_class(self):
         return getattr(importlib.import_module(self.library), self.class_name)
@@ -239,8 +252,17 @@ def _near_miss(header: dict[str, Any], specs: Sequence[ComponentSpec]) -> str:
         mapped = spec.model_shapes(shapes) if spec.convert_state_dict else mapped
         if mapped is None:
             continue
-        for label, config in spec.known_configs.items():
-            sig = spec.signature(config)
+        inferred = spec.inferred_config(mapped)
+        if isinstance(inferred, str):  # the sizes are read from a tensor that is missing
+            return f"it looks like a {spec.class_name} ({spec.name}) with the tensor {inferred} missing"
+        configs = dict(spec.known_configs)
+        if isinstance(inferred, dict):
+            configs[SIZES_IN_WEIGHTS] = inferred
+        for label, config in configs.items():
+            try:
+                sig = spec.signature(config)
+            except Exception:  # sizes read off a cut file may build no model
+                continue
             wrong = [k for k in mapped if k in sig and sig[k] != mapped[k]]
             missing = [k for k in sig if k not in mapped and k not in spec.tied(config)]
             extra = [k for k in mapped if k not in sig]
@@ -248,6 +270,11 @@ def _near_miss(header: dict[str, Any], specs: Sequence[ComponentSpec]) -> str:
             if best is None or score < best[0]:
                 if wrong:
                     example = f"{wrong[0]} is {list(mapped[wrong[0]])}, {label} has {list(sig[wrong[0]])}"
+                elif missing and label == SIZES_IN_WEIGHTS:  # every size fits: the file lacks tensors
+                    best = (score, f"it looks like a {spec.class_name} ({spec.name}) with {len(missing)} tensor"
+                                   f"{'s' if len(missing) > 1 else ''} missing: {', '.join(missing[:3])}"
+                                   f"{' ...' if len(missing) > 3 else ''}")
+                    continue
                 elif missing:
                     example = f"{len(missing)} tensors of {label} are absent, e.g. {missing[0]}"
                 else:
@@ -267,6 +294,10 @@ class DetectedComponent:
     source: str  # "<dir>/config.json" or "weights match <label>"
     shapes: dict[str, tuple[int, ...]] = field(repr=False, default_factory=dict)  # {file key: shape}
     key_file: dict[str, str] = field(repr=False, default_factory=dict)  # {file key: file}
+
+    def describe(self) -> str:
+        """The files, as a message names them."""
+        return _files_desc(self.files)
 
 
 def _weight_files(config: ModelConfig) -> list[str]:

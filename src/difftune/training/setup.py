@@ -64,6 +64,7 @@ def setup(config: RunConfig, accelerator, log=print) -> Run:
         for column in unread_file_columns(config, pipeline):
             log(f"note: '{column}' is loaded (--data_file_keys) but not handed to the pipeline (--extra_inputs does "
                 f"not name it): it is ignored, as the reference's train.py ignores it")
+    pipeline.check_models({s: d for s, _, d in found})
     if pipeline is not family.pipeline:
         log(f"pipeline: {pipeline.__name__} (recognised from the weights and data)")
     log(f"features: {describe(features)}")

@@ -12,7 +12,7 @@ import pytest
 from difftune.errors import UserError
 from difftune.families.flux2.pipeline import Flux2Pipeline
 from difftune.models import ModelConfig
-from support.flux2 import DEV, KLEIN_4B, hub_entry, hub_paths, write_tiny_flux2_hub
+from support.flux2 import DEV, KLEIN_4B, KLEIN_9B, hub_entry, hub_paths, write_tiny_flux2_hub
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +82,41 @@ def test_a_tokenizer_folder_without_tokenizer_json_is_refused(hub, tmp_path):
         _load(_configs(hub), folder)
     text = _one_line(err)
     assert str(folder) in text and "no tokens" in text
+
+
+@pytest.mark.parametrize("dit,encoder,words", [
+    (KLEIN_4B, KLEIN_9B, ("48", "144", "96", "joint_attention_dim")),  # the 9B's Qwen3-8B on the 4B's DiT
+    (KLEIN_4B, DEV, ("MistralModel", "Qwen3Model", "guidance")),  # dev's Mistral-3 on klein (it ran before)
+    (DEV, KLEIN_4B, ("Qwen3Model", "MistralModel", "guidance")),  # klein's Qwen3 on dev (it ran before)
+])
+def test_a_text_encoder_of_another_model_is_refused(hub, dit, encoder, words):
+    """The DiT reads three of the text encoder's hidden states stacked (3 x its width): another size's encoder was a
+    shape traceback inside the DiT, another family's (same tiny widths) ran and trained on the wrong encoder."""
+    with pytest.raises(UserError) as err:
+        _load(_configs(hub, dit, encoder, dit), hub / encoder / "tokenizer")
+    text = _one_line(err)
+    assert "text_encoder" in text and "dit" in text
+    for word in words:
+        assert word in text, (word, text)
+
+
+def test_a_dit_file_with_a_tensor_missing_names_it(hub, tmp_path):
+    """BFL's single file without one tensor: a KeyError traceback from reading the sizes before, now the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    from support.flux2 import write_bfl_single_file
+
+    state = load_file(str(write_bfl_single_file(hub, KLEIN_4B, tmp_path / "full.safetensors")))
+    for key, name in (("model.diffusion_model.txt_in.weight", "context_embedder.weight"),
+                      ("model.diffusion_model.double_blocks.0.img_attn.norm.key_norm.scale",
+                       "transformer_blocks.0.attn.norm_k.weight")):
+        cut = {k: v for k, v in state.items() if k != key}
+        path = tmp_path / "cut.safetensors"
+        save_file(cut, str(path))
+        configs = _configs(hub)
+        configs[0] = ModelConfig(str(path))
+        with pytest.raises(UserError) as err:
+            _load(configs, hub / KLEIN_4B / "tokenizer")
+        text = _one_line(err)
+        assert str(path) in text and name in text and "missing" in text, text
+

@@ -11,11 +11,11 @@ from ...core.options import sample_input
 from ...core.pipeline import PromptImagePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
-from .components import SCHEDULER_CONFIG, TRAINING_MU
+from .components import SCHEDULER_CONFIG, TEXT_ENCODER_MISTRAL, TEXT_ENCODER_QWEN3, TRAINING_MU
 from .edit import EDIT
 from .latents import LATENT_CHANNELS, VAE_SCALE, vae_decode
 from .model_fn import model_fn_flux2
-from .prompt import Flux2PromptEmbedder
+from .prompt import MISTRAL3_LAYERS, QWEN3_LAYERS, Flux2PromptEmbedder
 from .units import (DIVISION_FACTOR, Flux2EmbeddedGuidance, Flux2InputImageEmbedder, Flux2NoiseInitializer,
                     Flux2ShapeChecker)
 
@@ -52,6 +52,31 @@ class Flux2Pipeline(PromptImagePipeline):
     scheduler_config, training_mu = SCHEDULER_CONFIG, TRAINING_MU  # training at the reference's fixed mu of 0.8
     base_units = (Flux2ShapeChecker, Flux2NoiseInitializer, Flux2InputImageEmbedder, Flux2PromptEmbedder,
                   Flux2EmbeddedGuidance)
+
+    @classmethod
+    def check_models(cls, models) -> None:
+        """dev's DiT (a guidance embedder) reads Mistral-3's layers 10, 20, 30, klein's (none) Qwen3's 9, 18, 27,
+        stacked: 3 x the encoder's width is the DiT's joint_attention_dim."""
+        dit, encoder = models.get("dit"), models.get("text_encoder")
+        if dit is None or encoder is None:
+            return
+        dev = bool(dit.config.get("guidance_embeds"))
+        wanted = TEXT_ENCODER_MISTRAL if dev else TEXT_ENCODER_QWEN3
+        release = "FLUX.2-dev's (it has a guidance embedder)" if dev else "a FLUX.2-klein's (no guidance embedder)"
+        if encoder.spec is not wanted:
+            raise UserError(f"the text_encoder {encoder.describe()} is a {encoder.spec.class_name} and the dit "
+                            f"{dit.describe()} is {release}, which reads a {wanted.class_name}: give the text "
+                            f"encoder of the DiT's release")
+        width, layers = encoder.config["hidden_size"], MISTRAL3_LAYERS if dev else QWEN3_LAYERS
+        joint = dit.config["joint_attention_dim"]
+        if 3 * width != joint:
+            raise UserError(f"the text_encoder {encoder.describe()} is {width} wide: its 3 stacked hidden states are "
+                            f"{3 * width} wide, and the dit {dit.describe()} reads {joint} (joint_attention_dim, a "
+                            f"{joint // 3}-wide encoder): give the text encoder of the DiT's size")
+        depth = encoder.config["num_hidden_layers"]
+        if depth < max(layers):
+            raise UserError(f"the text_encoder {encoder.describe()} has {depth} layers and the dit reads its hidden "
+                            f"states {', '.join(map(str, layers))}: give the text encoder of the DiT's release")
 
     # -- model_fn -------------------------------------------------------------------------------------
     def model_fn(self, latents, timestep, prompt_embeds, guidance=None, **inputs):

@@ -14,7 +14,8 @@ from ...core.pipeline import PromptImagePipeline
 from ...core.target import ImageStream, Target
 from .model_fn import model_fn_ideogram4
 from .scheduler import Ideogram4Scheduler
-from .units import DIVISION_FACTOR, TOKEN_CHANNELS, Ideogram4InputImageEmbedder, Ideogram4NoiseInitializer, \
+from ...errors import UserError
+from .units import ACTIVATION_LAYERS, DIVISION_FACTOR, TOKEN_CHANNELS, Ideogram4InputImageEmbedder, Ideogram4NoiseInitializer, \
     Ideogram4PromptEmbedder, Ideogram4ShapeChecker, vae_decode
 
 # Every sampling default of the family (the reference's: 50 steps at 1024 x 1024, cfg 7).
@@ -34,6 +35,30 @@ class Ideogram4Pipeline(PromptImagePipeline):
     @classmethod
     def default_scheduler(cls):
         return Ideogram4Scheduler()
+
+    @classmethod
+    def check_models(cls, models) -> None:
+        """Each DiT reads the text encoder's hidden states 0, 3, ..., 35 side by side: 13 x its width is the DiT's
+        llm_features_dim."""
+        encoder = models.get("text_encoder")
+        if encoder is None:
+            return
+        text = encoder.config.get("text_config", encoder.config)
+        width, depth = text["hidden_size"], text["num_hidden_layers"]
+        if depth <= max(ACTIVATION_LAYERS):
+            raise UserError(f"the text_encoder {encoder.describe()} has {depth} layers and the DiT reads its hidden "
+                            f"states {', '.join(map(str, ACTIVATION_LAYERS))}: give Ideogram-4 its own text "
+                            f"encoder (Qwen3-VL-8B)")
+        for slot in ("dit", "dit_uncond"):
+            dit = models.get(slot)
+            if dit is None:
+                continue
+            features = dit.config["llm_features_dim"]
+            if features != width * len(ACTIVATION_LAYERS):
+                raise UserError(f"the text_encoder {encoder.describe()} is {width} wide: its {len(ACTIVATION_LAYERS)} "
+                                f"hidden states side by side are {width * len(ACTIVATION_LAYERS)} wide, and the "
+                                f"{slot} {dit.describe()} reads {features} (llm_features_dim): give Ideogram-4 its "
+                                f"own text encoder (Qwen3-VL-8B)")
 
     def model_fn(self, latents, timestep, prompt_embeds=None, prompt_embeds_mask=None, **inputs):
         return model_fn_ideogram4(self.dit, latents, timestep, prompt_embeds, prompt_embeds_mask,

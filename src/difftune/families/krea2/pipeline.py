@@ -14,7 +14,7 @@ from ...core.pipeline import PromptImagePipeline
 from ...core.target import ImageStream, Target
 from ...errors import UserError
 from ...parts.qwen_image_vae import vae_decode
-from .components import SCHEDULER_CONFIG, TRAINING_MU
+from .components import SCHEDULER_CONFIG, TEXT_LAYERS, TRAINING_MU
 from .model_fn import model_fn_krea2
 from .prompt import Krea2PromptEmbedder
 from .units import (DIVISION_FACTOR, LATENT_CHANNELS, VAE_SCALE, Krea2InputImageEmbedder, Krea2NoiseInitializer,
@@ -36,6 +36,22 @@ class Krea2Pipeline(PromptImagePipeline):
                                  division=DIVISION_FACTOR, decoder=vae_decode),))
     scheduler_config, training_mu = SCHEDULER_CONFIG, TRAINING_MU  # dynamic shift, trained at the reference's 0.8
     base_units = (Krea2ShapeChecker, Krea2NoiseInitializer, Krea2InputImageEmbedder, Krea2PromptEmbedder)
+
+    @classmethod
+    def check_models(cls, models) -> None:
+        """The DiT fuses the text encoder's hidden states 2, 5, ..., 35 of its width (text_hidden_dim)."""
+        dit, encoder = models.get("dit"), models.get("text_encoder")
+        if dit is None or encoder is None:
+            return
+        text = encoder.config.get("text_config", encoder.config)
+        width, depth = text["hidden_size"], text["num_hidden_layers"]
+        if width != dit.config["text_hidden_dim"]:
+            raise UserError(f"the text_encoder {encoder.describe()} is {width} wide and the dit {dit.describe()} "
+                            f"reads {dit.config['text_hidden_dim']}-wide hidden states (text_hidden_dim): give the "
+                            f"Krea-2 DiT its own text encoder (Qwen3-VL-4B)")
+        if depth <= TEXT_LAYERS[-1]:
+            raise UserError(f"the text_encoder {encoder.describe()} has {depth} layers and the dit reads its hidden "
+                            f"states {', '.join(map(str, TEXT_LAYERS))}: give the Krea-2 DiT its own text encoder")
 
     def model_fn(self, latents, timestep, prompt_embeds, prompt_embeds_mask=None, **inputs):
         if self.dit is None:
