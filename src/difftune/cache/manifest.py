@@ -166,17 +166,22 @@ class CacheManifest:
     format_version: int = FORMAT_VERSION
     created_by: str = field(default_factory=lambda: f"difftune {_version()}")
     world_size: int = 1  # of the last writer run; the reader uses it to tell whether every rank finished
+    # slot -> what made the cached values: {"class", "config", "files", "values"} of each stage-1 model (the family's
+    # recognised class and config, its weight files, the cached values its units wrote); stage 2 checks that its
+    # models fit them. {} in a cache written before it was recorded.
+    models: dict = field(default_factory=dict)
 
     @classmethod
     def new(cls, *, family: str, fingerprint: dict, frontier: dict | None = None,
-            expected_count: int | None = None, expected_ids=None) -> "CacheManifest":
+            expected_count: int | None = None, expected_ids=None, models: dict | None = None) -> "CacheManifest":
         ids = None if expected_ids is None else [str(i) for i in expected_ids]
         if ids is not None and expected_count is None:
             expected_count = len(ids)
         canonical_json(fingerprint)  # fail now, not when the manifest is saved
         return cls(family=family, fingerprint=json.loads(canonical_json(fingerprint)),
                    frontier=check_frontier(frontier or {}, "CacheManifest"),
-                   expected_count=expected_count, expected_ids=ids)
+                   expected_count=expected_count, expected_ids=ids,
+                   models=json.loads(canonical_json(models or {})))
 
     @property
     def fingerprint_hash(self) -> str:
@@ -186,7 +191,7 @@ class CacheManifest:
         return {"format": FORMAT_NAME, "format_version": self.format_version, "family": self.family,
                 "created_by": self.created_by, "world_size": self.world_size, "frontier": self.frontier,
                 "fingerprint": self.fingerprint, "fingerprint_hash": self.fingerprint_hash,
-                "expected_count": self.expected_count, "expected_ids": self.expected_ids}
+                "expected_count": self.expected_count, "expected_ids": self.expected_ids, "models": self.models}
 
     def save(self, root: str | os.PathLike) -> None:
         atomic_write_json(Path(root) / MANIFEST_NAME, self.to_json())
@@ -205,7 +210,7 @@ class CacheManifest:
                            frontier=check_frontier(data.get("frontier") or {}, str(path)),
                            expected_count=data.get("expected_count"), expected_ids=data.get("expected_ids"),
                            format_version=version, created_by=str(data.get("created_by", "?")),
-                           world_size=int(data.get("world_size", 1)))
+                           world_size=int(data.get("world_size", 1)), models=dict(data.get("models") or {}))
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{path} is malformed ({type(e).__name__}: {e})") from None
         if data.get("fingerprint_hash") != manifest.fingerprint_hash:

@@ -64,7 +64,9 @@ def setup(config: RunConfig, accelerator, log=print) -> Run:
         for column in unread_file_columns(config, pipeline):
             log(f"note: '{column}' is loaded (--data_file_keys) but not handed to the pipeline (--extra_inputs does "
                 f"not name it): it is ignored, as the reference's train.py ignores it")
-    pipeline.check_models({s: d for s, _, d in found})
+    # stage 2: the DiT fits the models whose values the cache holds (a cache of FLUX.2-dev's Mistral-3 is no klein's)
+    cached = cached_models(config.dataset_base_path, family) if task.stage == "train" else {}
+    pipeline.check_models({**cached, **{s: d for s, _, d in found}})
     if pipeline is not family.pipeline:
         log(f"pipeline: {pipeline.__name__} (recognised from the weights and data)")
     log(f"features: {describe(features)}")
@@ -139,6 +141,25 @@ def features_of_cache(path: str, family: FamilySpec) -> tuple[type, frozenset[st
         raise UserError(f"the cache at {path} records no features (an older difftune wrote it): rebuild it with "
                         f"stage 1 (--rebuild_cache)")
     return family.pipeline_named(manifest.fingerprint.get("pipeline", family.pipeline.__name__)), frozenset(recorded)
+
+
+def cached_models(path: str, family: FamilySpec) -> dict:
+    """slot -> a DetectedComponent of each model stage 1 recorded in the cache's manifest (its class, config and
+    files), for the family's `check_models`; a message names it as the cache's."""
+    from ..cache import CacheManifest
+    from ..models.detect import DetectedComponent
+
+    out = {}
+    for slot, record in CacheManifest.load(path).models.items():
+        spec = next((c for c in family.components if c.class_name == record.get("class")
+                     and slot in (c.name, *c.extra_slots)), None)
+        if spec is None or not isinstance(record.get("config"), dict):
+            continue
+        files = [str(f) for f in record.get("files") or ["?"]]
+        where = files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} more)"
+        out[slot] = DetectedComponent(slot, spec, dict(record["config"]),
+                                      [f"{where}, whose values the cache at {path} holds"], "the cache's manifest")
+    return out
 
 
 def compute_split(pipeline: type, features, config: RunConfig, task: TaskSpec) -> Split:

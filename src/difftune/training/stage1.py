@@ -69,6 +69,23 @@ def stage1_fingerprint(run) -> dict:
     }
 
 
+def stage1_models(run) -> dict:
+    """slot -> what made the cached values, for the manifest: each stage-1 model's recognised class and config, its
+    files and the cached values its units wrote (stage 2 checks its own models against these)."""
+    import json
+
+    out = {}
+    for slot in run.split.stage1_models:
+        det = run.detected.get(slot)
+        if det is None:
+            continue
+        values = sorted({n for u in run.split.stage1 if slot in u.models for n in u.writes()
+                         if n in run.split.frontier})
+        out[slot] = {"class": det.spec.class_name, "config": json.loads(json.dumps(det.config, default=str)),
+                     "files": [os.path.abspath(f) for f in det.files], "values": values}
+    return out
+
+
 def run_stage1(run, output_path: str) -> dict:
     """Stage 1: run the stage-1 units over every row once and write the frontier per sample to `output_path`."""
     from ..cache import CacheManifest, CacheWriter
@@ -82,7 +99,8 @@ def run_stage1(run, output_path: str) -> dict:
     if config.dataset_repeat != 1:
         log(f"note: stage 1 encodes each of the {rows} rows once; --dataset_repeat applies in stage 2")
     fingerprint = stage1_fingerprint(run)
-    manifest = CacheManifest.new(family=family.name, frontier={}, fingerprint=fingerprint, expected_count=rows)
+    manifest = CacheManifest.new(family=family.name, frontier={}, fingerprint=fingerprint, expected_count=rows,
+                                 models=stage1_models(run))
     writer = CacheWriter(output_path, manifest=manifest, rank=accelerator.process_index,
                          world_size=accelerator.num_processes, rebuild=config.rebuild_cache,
                          barrier=accelerator.wait_for_everyone, shard_max_samples=max(1, int(config.cache_commit_every)))
@@ -270,4 +288,4 @@ def check_size_flags(config, cached: dict, root) -> None:
                         f"with it (stage 1 with --rebuild_cache)")
 
 
-__all__ = ["CACHE_SUBDIR", "open_cache", "run_stage1", "stage1_fingerprint"]
+__all__ = ["CACHE_SUBDIR", "open_cache", "run_stage1", "stage1_fingerprint", "stage1_models"]
