@@ -122,8 +122,17 @@ def _inside(name: str, folder: Path) -> bool:
     return os.path.dirname(os.path.realpath(folder / name)) == os.path.realpath(folder)
 
 
+def _linked_out(part: Path) -> str | None:
+    """Where a part folder really is, when that is not inside its cache folder (a link to another place)."""
+    real, root = os.path.realpath(part), os.path.realpath(part.parent)
+    return None if os.path.dirname(real) == root else real
+
+
 def read_shard(index_path: Path) -> Shard:
     """Parse a shard index; ValueError if it is unreadable or not ours."""
+    linked = _linked_out(index_path.parent)
+    if linked is not None:  # as a shard file that is a link out of the cache: the folder is refused the same
+        raise ValueError(f"{index_path.parent}: the part folder is a link to {linked}, outside the cache folder")
     try:
         index = json.loads(index_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -194,6 +203,39 @@ def missing_shards(root: Path, shards: list[Shard]) -> list[str]:
             continue  # an unfinished part: is_complete says so
         if isinstance(claimed, int) and claimed != found.get(part.name, 0):
             problems.append(f"{part.name}: its writer committed {claimed} samples, {found.get(part.name, 0)} found")
+    return problems
+
+
+def index_digest(index_path: Path) -> str:
+    """sha256 of a committed shard index's bytes: its writer seals it in complete.json on close."""
+    import hashlib
+
+    return hashlib.sha256(index_path.read_bytes()).hexdigest()
+
+
+def changed_indexes(root: Path, shards: list[Shard]) -> list[str]:
+    """Committed shard indexes that are not what their writer sealed on close (complete.json's "indexes"): an entry
+    edited since (a latent cut together with its shape and hash in the index passes every per-tensor check), or a
+    shard added to a closed part. One line each; parts sealed by an older difftune (no "indexes") are not checked."""
+    problems = []
+    sealed: dict[str, dict | None] = {}
+    for shard in shards:
+        if shard.part not in sealed:
+            try:
+                recorded = json.loads((root / shard.part / COMPLETE_NAME).read_text()).get("indexes")
+            except (OSError, ValueError, AttributeError):
+                recorded = None
+            sealed[shard.part] = recorded if isinstance(recorded, dict) else None
+        recorded = sealed[shard.part]
+        if recorded is None:
+            continue
+        name = shard.index_path.name
+        if name not in recorded:
+            problems.append(f"{shard.index_path}: added after its writer closed {shard.part} (its complete.json does "
+                            f"not list it): rebuild the cache (stage 1 with --rebuild_cache)")
+        elif index_digest(shard.index_path) != recorded[name]:
+            problems.append(f"{shard.index_path}: changed after its writer committed it (not what {shard.part}/"
+                            f"{COMPLETE_NAME} sealed): rebuild the cache (stage 1 with --rebuild_cache)")
     return problems
 
 

@@ -14,7 +14,8 @@ from safetensors import safe_open
 from ..errors import DataError  # one line, also when raised in a DataLoader worker
 from ..errors import UserError
 from .codec import content_of, decode_value, merge_spec, spec_of, tensor_refs, tensor_sha256
-from .index import (STAGE1_HINT, check_cache_dir, is_complete, missing_shards, natural_key, scan_shards, superseded)
+from .index import (STAGE1_HINT, changed_indexes, check_cache_dir, is_complete, missing_shards, natural_key,
+                    scan_shards, superseded)
 from .manifest import CacheManifest, source_change
 
 # -- the reader ---------------------------------------------------------------------------------------
@@ -90,6 +91,11 @@ class CacheReader(torch.utils.data.Dataset):
             if set(values) != names:
                 raise UserError(f"the cache at {root} is inconsistent: sample {sample_id!r} in {shard_name} has "
                                 f"{sorted(values)}, expected {sorted(names)}; run `difftune cache verify {root}`")
+        # last: an index edited to agree with a cut tensor passes every check above (a more particular one speaks
+        # first where it finds something)
+        changed = changed_indexes(root, shards) if self.complete else []
+        if changed:
+            raise UserError(f"the cache at {root} was changed after stage 1 wrote it: {changed[0]}")
         self.ids = sorted(where, key=natural_key)
         self.notes: list[str] = []
         if check_sources:

@@ -17,8 +17,8 @@ from safetensors import safe_open
 from ..errors import UserError
 from .manifest import CacheManifest
 from .codec import content_of, merge_spec, spec_of, tensor_refs, tensor_sha256
-from .index import (COMPLETE_NAME, Shard, committed_indexes, find_pickles, is_complete, list_parts, read_shard,
-                    superseded, uncommitted_files)
+from .index import (COMPLETE_NAME, Shard, changed_indexes, committed_indexes, find_pickles, is_complete,
+                    list_parts, read_shard, superseded, uncommitted_files)
 
 MAX_PROBLEMS = 200  # a broken cache can have one problem per sample; the first ones tell the story
 
@@ -169,6 +169,9 @@ def verify_cache(root) -> VerifyReport:
                 report.add(f"{part.name}/{COMPLETE_NAME} is unreadable")
             if claimed is not None and claimed != in_part:
                 report.add(f"{part.name}: its writer committed {claimed} samples, {in_part} found")
+    if complete:
+        for problem in changed_indexes(root, shards):
+            report.add(problem)
     report.samples = len(seen)
     if infer:
         for name, spec in frontier.items():

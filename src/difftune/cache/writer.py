@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 from ..errors import UserError
 from ..io import atomic_write
 from .codec import Encoder, merge_spec, spec_of
-from .index import (COMPLETE_NAME, PART_RE, SHARD_RE, _owned_in_part, committed_indexes, is_temp,
-                    list_parts, part_name, read_shard, scan_shards, shard_stem, superseded,
+from .index import (COMPLETE_NAME, PART_RE, SHARD_RE, _owned_in_part, committed_indexes, index_digest,
+                    is_temp, list_parts, part_name, read_shard, scan_shards, shard_stem, superseded,
                     uncommitted_files)
 from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, CacheManifest, atomic_write_json, canonical_json,
                        fingerprint_diff, read_manifest_json, source_change, source_identity)
@@ -289,11 +289,12 @@ class CacheWriter:
         if self._closed:
             return
         self.flush()
-        count = 0
+        count, sealed = 0, {}
         for index_path in committed_indexes(self.part):
             count += len(read_shard(index_path).index["samples"])
+            sealed[index_path.name] = index_digest(index_path)  # committed indexes never change: sealed here
         atomic_write_json(self.part / COMPLETE_NAME, {"rank": self.rank, "world_size": self.world_size,
-                                                      "samples": count})
+                                                      "samples": count, "indexes": sealed})
         self._closed = True
         self._barrier()
         if self.rank == 0 and not self.manifest.frontier:
