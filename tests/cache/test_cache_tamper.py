@@ -62,3 +62,46 @@ def test_a_part_folder_linked_outside_the_cache_is_refused(tmp_path):
     with pytest.raises(UserError) as err:
         CacheReader(root, log=None)
     assert "part-00000" in str(err.value) and "outside the cache" in str(err.value)
+
+
+def _reseal(index):
+    """Rewrite the part's seal for an index written by hand (a tool of the user's own), as a writer would on close."""
+    from difftune.cache.index import index_digest
+
+    complete = index.parent / "complete.json"
+    data = json.loads(complete.read_text())
+    data["indexes"][index.name] = index_digest(index)
+    complete.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("name", ["./{}", "sub/../{}"])
+def test_a_tensor_file_path_that_stays_inside_the_cache_is_read(tmp_path, name):
+    """`./x` and `a/../x` name the shard's own file: they were refused as 'outside the cache folder'."""
+    root = tmp_path / "cache"
+    index, tensors = _cache(root)
+    data = json.loads(index.read_text())
+    data["tensor_file"] = name.format(tensors.name)
+    index.write_text(json.dumps(data))
+    _reseal(index)
+    report = verify_cache(root)
+    assert report.ok, report.problems
+    reader = CacheReader(root, log=None)
+    assert torch.equal(reader[0]["latents"], torch.arange(24, dtype=torch.float32).reshape(2, 3, 4))
+
+
+@pytest.mark.parametrize("value", ["", None, 5])
+def test_an_empty_tensor_file_is_named(tmp_path, value):
+    """An index whose samples hold tensors but whose tensor_file is empty, null or no name: 'cannot read None' at the
+    first read before; now the index is named up front."""
+    root = tmp_path / "cache"
+    index, _ = _cache(root)
+    data = json.loads(index.read_text())
+    data["tensor_file"] = value
+    index.write_text(json.dumps(data))
+    _reseal(index)
+    report = verify_cache(root)
+    assert any(str(index) in p and "tensor_file" in p for p in report.problems), report.problems
+    with pytest.raises(UserError) as err:
+        CacheReader(root, log=None)
+    text = str(err.value)
+    assert "\n" not in text and str(index) in text and "tensor_file" in text and "None" not in text.split(":")[-1]

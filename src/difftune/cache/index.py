@@ -116,9 +116,8 @@ class Shard:
 
 
 def _inside(name: str, folder: Path) -> bool:
-    """`name` is a file of `folder` itself (links followed): an index names its tensor file, never another place."""
-    if os.path.basename(name) != name or name in (".", ".."):
-        return False
+    """`name` is a file of `folder` itself (links followed; `./x` and `a/../x` are `x`): an index names its tensor
+    file, never another place."""
     return os.path.dirname(os.path.realpath(folder / name)) == os.path.realpath(folder)
 
 
@@ -144,10 +143,22 @@ def read_shard(index_path: Path) -> Shard:
     if not isinstance(index.get("samples"), dict):
         raise ValueError(f"{index_path} has no samples table")
     tensor_file = index.get("tensor_file")
-    tensor_path = index_path.parent / tensor_file if tensor_file else None
-    if tensor_file and not _inside(str(tensor_file), index_path.parent):
+    if tensor_file is not None and (not isinstance(tensor_file, str) or not tensor_file.strip()):
+        raise ValueError(f"{index_path}: its tensor_file {tensor_file!r} is no file name")
+    if tensor_file is None and _holds_tensors(index["samples"]):
+        raise ValueError(f"{index_path}: its samples hold tensors, and it names no tensor_file")
+    if tensor_file is not None and not _inside(tensor_file, index_path.parent):
         raise ValueError(f"{index_path}: its tensor_file {tensor_file!r} points outside the cache folder")
+    tensor_path = index_path.parent / os.path.normpath(tensor_file) if tensor_file is not None else None
     return Shard(index_path.parent.name, index_path, tensor_path, index)
+
+
+def _holds_tensors(samples: dict) -> bool:
+    from .codec import tensor_refs
+
+    return any(isinstance(values, dict) and any(next(iter(tensor_refs(enc, name)), None) is not None
+                                                for name, enc in values.items() if isinstance(enc, dict))
+               for values in samples.values())
 
 
 def scan_shards(root: Path) -> tuple[list[Shard], list[str]]:

@@ -168,6 +168,12 @@ class BasePipeline:
                      if c in columns and kinds.get(c) == VALUE)
 
     @classmethod
+    def file_columns(cls) -> tuple[str, ...]:
+        """The features' columns whose values are files (images, clips, audio timed with the clip)."""
+        return tuple(name for name, kind in cls.input_kinds().items()
+                     if kind in (FRAMES, ALIGNED_FRAMES, ALIGNED_AUDIO, IMAGE, IMAGES))
+
+    @classmethod
     def input_kinds(cls) -> dict[str, str]:
         """Every feature's data column -> its kind (core/features.py: clip, aligned clip, image, images, value, raw)."""
         return {k: v for feature in cls.features for k, v in feature.inputs.items()}

@@ -208,7 +208,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
                  on_bad_sample: str = "error", present_keys_only: bool = False, allow_empty_prompts: bool = False,
                  precheck: bool = True, progress: bool = True, frame_inputs: dict | None = None,
                  paired_columns=(), required_columns=(), allow_paths_outside: bool = False,
-                 aligned_columns: dict | None = None, clip_columns=()):
+                 aligned_columns: dict | None = None, clip_columns=(), file_inputs=()):
         """`base_path` None means the metadata file's folder. `present_keys_only` drops listed file keys
         the metadata lacks (for the CLI default "image,video"), as long as one is left. Metadata without a
         `prompt` column is refused unless `allow_empty_prompts` (every sample would train on "").
@@ -218,7 +218,9 @@ class UnifiedDataset(torch.utils.data.Dataset):
         no column for is that frame of the row's clip (as the reference's Wan script takes them); where the
         metadata has the column, its file is loaded, a one-frame clip as the frame itself. `paired_columns`: pairs
         of columns whose lists must have as many entries (a pipeline's `paired_columns`), checked per row with the
-        files. `required_columns`: columns every row must give a value in (the run trains a feature on them: an
+        files. `file_inputs`: columns whose values are files (the features' images and clips): one that
+        `extra_inputs` names and `data_file_keys` does not is loaded only when every value is a file name, else the
+        first row that is not is refused. `required_columns`: columns every row must give a value in (the run trains a feature on them: an
         empty cell would switch it off for that row without a word). A file that resolves (`..`, an absolute path, a
         link) outside the base path is refused unless `allow_paths_outside` (--allow_paths_outside_dataset).
         `aligned_columns` ({column: None for a clip, or the frame rate its audio is timed at}): inputs timed frame by
@@ -266,6 +268,9 @@ class UnifiedDataset(torch.utils.data.Dataset):
             self._check_prompts(allow_empty_prompts)
         self.data_file_keys = keys + [k for k in extra if k not in keys and k not in self.derived
                                       and _looks_like_files(self.rows, k)]
+        for key in file_inputs:  # a file column handed on as text would be refused at its first batch, row unknown
+            if key in extra and key in self.columns and key not in self.data_file_keys:
+                self._refuse_unloaded_files(key, keys)
         self.extra_inputs = extra
         self.main_data_operator = (compose(main_data_operator) if main_data_operator is not None
                                    else self.default_image_operator(self.base_path))
@@ -337,6 +342,19 @@ class UnifiedDataset(torch.utils.data.Dataset):
         return self._ids[self.row_index(index)]
 
     # -- loading --------------------------------------------------------------------------------------
+    def _refuse_unloaded_files(self, key: str, keys: list[str]) -> None:
+        """`key` names files (a feature's images or clip) and --data_file_keys does not name it: it is loaded only
+        when every value is a file name. The first row whose value is not one is named."""
+        for n, row in enumerate(self.rows, 1):
+            value = row.get(key)
+            if value in (None, ""):
+                continue
+            if not _looks_like_files([row], key):
+                raise DataError(f"{self.metadata_path} row {n}: '{key}' is {value!r:.60}, not a file name; '{key}' is "
+                                f"a file column that --extra_inputs names and --data_file_keys does not, so it is "
+                                f"loaded only when every value is one: fix the row, or name it in --data_file_keys "
+                                f"(--data_file_keys {','.join([*keys, key])})")
+
     def _context(self, row: int, key: str) -> dict[str, Any]:
         return {"where": f"{self.metadata_path} row {row + 1}", "key": key, "row": row,
                 "many": isinstance(self.rows[row].get(key), list)}

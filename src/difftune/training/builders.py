@@ -51,7 +51,7 @@ def make_dataset(run):
                           required_columns=run.pipeline.required_columns(run.features, config.extra_inputs),
                           allow_paths_outside=config.allow_paths_outside_dataset,
                           aligned_columns=run.pipeline.aligned_columns() if frames is not None else None,
-                          clip_columns=stream.clip_columns)
+                          clip_columns=stream.clip_columns, file_inputs=run.pipeline.file_columns())
 
 
 def rounded_size(config, factor: int, log=print) -> tuple[int | None, int | None]:
@@ -126,6 +126,9 @@ def find_resume(config, pipe):
     value = config.resume_from_checkpoint
     if not value:
         return None
+    if value != "latest" and not os.path.exists(value):
+        raise UserError(f"--resume_from_checkpoint {value}: does not exist (give a training state folder, 'latest', "
+                        f"or a .safetensors file of full-model weights)")
     if value == "latest" or os.path.isdir(value):
         from .state import find_state
 
