@@ -367,6 +367,28 @@ def _adapter_config(path: Path, comp_meta: dict[str, dict], components: Iterable
             raise UserError(f"{cfg}: not valid JSON") from None
 
 
+# alpha / rank above this is no LoRA anyone trained (1e30 overflowed to a non-finite loss, far from the file)
+MAX_ALPHA_PER_RANK = 1e4
+
+
+def _shown(value) -> str:
+    try:
+        return f"{float(value):g}"
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _alpha_problem(alpha: float, rank: int) -> str | None:
+    """Why a LoRA module's alpha cannot be trained or applied (None: it can): as `--lora_alpha`, a positive finite
+    number, and at most MAX_ALPHA_PER_RANK x the rank."""
+    if not math.isfinite(alpha) or alpha <= 0:
+        return f"alpha {alpha:g}: a LoRA's alpha must be a positive finite number, as --lora_alpha"
+    if alpha / rank > MAX_ALPHA_PER_RANK:
+        return (f"alpha {alpha:g} at rank {rank} (a scale of {alpha / rank:g}, at most {MAX_ALPHA_PER_RANK:g} is "
+                f"taken): no trained LoRA has it")
+    return None
+
+
 def _folded_alphas(src: str, info: Mapping[str, Any], comp: str) -> tuple[float, dict] | None:
     """(trained alpha, alpha_pattern) of a component difftune saved with alpha folded into lora_B, else None."""
     comps = info.get("components") if isinstance(info, Mapping) else None
@@ -381,7 +403,8 @@ def _folded_alphas(src: str, info: Mapping[str, Any], comp: str) -> tuple[float,
         ok = False
     if not ok:
         raise UserError(f"{src}: its '{DIFFTUNE_METADATA_KEY}' metadata says alpha was folded into lora_B but gives "
-                        f"no valid alpha for '{comp}'")
+                        f"no valid alpha for '{comp}' (alpha {_shown(ours.get('alpha'))}; it must be a positive "
+                        f"number, as --lora_alpha)")
     return alpha, dict(pattern)
 
 
@@ -492,6 +515,9 @@ def load_lora_file(path: str | os.PathLike, resolve_against: nn.Module | None = 
                 alpha, how = float(_pattern_value(trained[1], mpath, trained[0])), "metadata (unfolded from lora_B)"
                 if alpha != rank:
                     b = b.float() / (alpha / rank)
+            problem = _alpha_problem(alpha, rank)
+            if problem:  # it trained and saved as it was, or overflowed into a non-finite loss later
+                raise UserError(f"{src}: module '{mpath}' has {problem} (from its {how})")
             sources.add(how)
             sd[f"{mpath}.lora_A.weight"] = a.float().contiguous()
             sd[f"{mpath}.lora_B.weight"] = b.float().contiguous()
