@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 
 from ..errors import UserError
+from ..util import first_line
 
 ONE, DDP, FSDP, DEEPSPEED = "one process", "DDP", "FSDP2", "DeepSpeed"
 
@@ -74,10 +75,25 @@ def accelerator_arguments() -> dict:
     DeepSpeed counts N."""
     from accelerate.utils import InitProcessGroupKwargs
 
+    if launched_with() == DEEPSPEED:
+        require_deepspeed()
     cuda = torch.cuda.is_available()
     if launched_with() == DEEPSPEED and not cuda:
         return {"cpu": False, "kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
     return {"cpu": not cuda, "kwargs_handlers": []}
+
+
+def require_deepspeed() -> None:
+    """A DeepSpeed launch on a machine without deepspeed: one line naming it and the install extra (accelerate's
+    ImportError traceback from inside `Accelerator(...)` before)."""
+    import importlib
+
+    try:
+        importlib.import_module("deepspeed")
+    except ImportError as e:
+        raise UserError(f"the accelerate config launches DeepSpeed (ACCELERATE_USE_DEEPSPEED=true) and deepspeed is "
+                        f"not installed here ({first_line(e)}): pip install 'difftune[deepspeed]', or launch with "
+                        f"another accelerate config") from None
 
 
 def after_accelerator(accelerator) -> None:
