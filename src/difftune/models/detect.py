@@ -152,6 +152,8 @@ class ComponentSpec:
             return self.infer_config(shapes)
         except KeyError as e:
             return str(e.args[0]) if e.args else None
+        except (ValueError, TypeError, IndexError, ZeroDivisionError):  # sizes of another model's tensors (a 4-D
+            return None  # patch embedding where a Linear's two sizes are read): not this model
 
     def model_class(self):
         return getattr(importlib.import_module(self.library), self.class_name)

@@ -149,7 +149,7 @@ def controlnet_config_from_weights(shapes: dict) -> dict | None:
 def siglip_config_from_weights(shapes: dict) -> dict | None:
     """SigLIP2's vision tower at the so400m head size (72) of any depth and width."""
     emb = shapes.get("embeddings.patch_embedding.weight")
-    if emb is None:
+    if emb is None or len(emb) != 2:  # SigLIP2 embeds patches with a Linear; SigLIP's convolution is another model
         return None
     hidden, patch_dim = emb
     return {**SIGLIP2_SO400M_CONFIG, "hidden_size": hidden, "patch_size": int(round((patch_dim / 3) ** 0.5)),
