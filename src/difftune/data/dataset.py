@@ -208,7 +208,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
                  on_bad_sample: str = "error", present_keys_only: bool = False, allow_empty_prompts: bool = False,
                  precheck: bool = True, progress: bool = True, frame_inputs: dict | None = None,
                  paired_columns=(), required_columns=(), allow_paths_outside: bool = False,
-                 aligned_columns: dict | None = None, clip_columns=(), file_inputs=()):
+                 aligned_columns: dict | None = None, clip_columns=(), file_inputs=(), hidden_columns=()):
         """`base_path` None means the metadata file's folder. `present_keys_only` drops listed file keys
         the metadata lacks (for the CLI default "image,video"), as long as one is left. Metadata without a
         `prompt` column is refused unless `allow_empty_prompts` (every sample would train on "").
@@ -220,7 +220,9 @@ class UnifiedDataset(torch.utils.data.Dataset):
         of columns whose lists must have as many entries (a pipeline's `paired_columns`), checked per row with the
         files. `file_inputs`: columns whose values are files (the features' images and clips): one that
         `extra_inputs` names and `data_file_keys` does not is loaded only when every value is a file name, else the
-        first row that is not is refused. `required_columns`: columns every row must give a value in (the run trains a feature on them: an
+        first row that is not is refused. `hidden_columns`: columns loaded (and checked) as they are named, but left
+        out of the items handed on (a feature's column that --extra_inputs does not name: the reference's train.py
+        hands its pipeline --extra_inputs alone). `required_columns`: columns every row must give a value in (the run trains a feature on them: an
         empty cell would switch it off for that row without a word). A file that resolves (`..`, an absolute path, a
         link) outside the base path is refused unless `allow_paths_outside` (--allow_paths_outside_dataset).
         `aligned_columns` ({column: None for a clip, or the frame rate its audio is timed at}): inputs timed frame by
@@ -272,6 +274,7 @@ class UnifiedDataset(torch.utils.data.Dataset):
             if key in extra and key in self.columns and key not in self.data_file_keys:
                 self._refuse_unloaded_files(key, keys)
         self.extra_inputs = extra
+        self.hidden_columns = frozenset(hidden_columns) - set(extra)
         self.main_data_operator = (compose(main_data_operator) if main_data_operator is not None
                                    else self.default_image_operator(self.base_path))
         self.special_operator_map = {k: compose(v) for k, v in (special_operator_map or {}).items()}
@@ -391,6 +394,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
                 raise DataError(f"{self.metadata_path} row {row + 1}: --extra_inputs {name} is a frame of "
                                 f"'{column}', which is not one clip here (got {what})")
             item[name] = clip[index]
+        for key in self.hidden_columns:
+            item.pop(key, None)
         item["_row"] = row
         item["_id"] = self._ids[row]
         return item

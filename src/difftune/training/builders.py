@@ -51,7 +51,17 @@ def make_dataset(run):
                           required_columns=run.pipeline.required_columns(run.features, config.extra_inputs),
                           allow_paths_outside=config.allow_paths_outside_dataset,
                           aligned_columns=run.pipeline.aligned_columns() if frames is not None else None,
-                          clip_columns=stream.clip_columns, file_inputs=run.pipeline.file_columns())
+                          clip_columns=stream.clip_columns, file_inputs=run.pipeline.file_columns(),
+                          hidden_columns=unhanded_feature_columns(config, run.pipeline))
+
+
+def unhanded_feature_columns(config, pipeline: type) -> tuple[str, ...]:
+    """The features' columns a run does not hand its pipeline: every one --extra_inputs does not name (the reference's
+    train.py hands --extra_inputs alone; one named only in --data_file_keys is loaded and ignored, with the note
+    setup.unread_file_columns gives), save the pipeline's own inputs and its target's columns."""
+    target = {c for s in pipeline.target.streams for c in (s.column, *s.clip_columns)}
+    return tuple(c for c in pipeline.input_kinds()
+                 if c not in config.extra_inputs and c not in pipeline.data_inputs and c not in target)
 
 
 def rounded_size(config, factor: int, log=print) -> tuple[int | None, int | None]:
