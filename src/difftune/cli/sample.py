@@ -214,6 +214,7 @@ def main(argv: list[str]) -> int:
     if frames is not None:
         call["num_frames"] = frames.num_frames
     outputs = pipe(args.prompt, **call)
+    note_made_size(args, outputs[0] if isinstance(outputs, (list, tuple)) and outputs else outputs)
     root, ext = os.path.splitext(output)
     names = [output] if len(outputs) == 1 else [f"{root}-{i}{ext}" for i in range(len(outputs))]
     # a clip plays at the rate it was made for (the target says: its own, or the call's), unless --fps says
@@ -222,6 +223,22 @@ def main(argv: list[str]) -> int:
         for written in target.write(one, name, fps=float(fps)):  # the target's files: a layer stack is several
             print(written)
     return 0
+
+
+def note_made_size(args, output, log=print) -> None:
+    """The pipeline rounds the size up to what its model makes (its size factor: 16 for most, 32 for Wan2.2-TI2V-5B):
+    a --height / --width it changed is said once, with the size written (33 wrote 48 pixels without a word)."""
+    from PIL import Image
+
+    first = output[0] if isinstance(output, (list, tuple)) and output else output
+    if not isinstance(first, Image.Image):
+        return  # audio, or a stack the target writes its own way
+    made = {"width": first.size[0], "height": first.size[1]}
+    changed = [f"--{k} {getattr(args, k)} -> {made[k]}" for k in ("height", "width")
+               if getattr(args, k) is not None and getattr(args, k) != made[k]]
+    if changed:
+        log(f"note: {', '.join(changed)} (the model makes sizes in multiples of its size factor; the pipeline rounds "
+            f"up): the output is {made['width']}x{made['height']}")
 
 
 def _output(args, family, target=None) -> str:
