@@ -57,7 +57,7 @@ class TokenizerSpec:
     feature: str | None = None
     download: bool = True  # False: only ever found beside the weights (e.g. a repository's scheduler/)
     # (tokenizer, the loaded model it serves) -> what does not fit, or None: what the family knows its model needs of
-    # a tokenizer (a Qwen3 encoder: Qwen's chat tokens) beyond the shared checks (core/build.py)
+    # a tokenizer (an architecture's own special tokens) beyond the shared checks (core/build.py)
     fits: Callable[[Any, Any], str | None] | None = None
 
 
@@ -306,9 +306,9 @@ def recognise(configs: Sequence, family: str | None = None, log=print) -> tuple[
                         f"choose one with --family")
     if not fits:
         # the error of the family whose denoiser is among the weights says best what is wrong (the denoiser names
-        # the family: a Krea-2 DiT with the FLUX.2 VAE is a Krea-2 run whose VAE does not fit, not an Ideogram-4 run
-        # whose DiT is unknown), then of the one that recognised the most models (on a tie, one that found a near
-        # miss: "looks like a ...")
+        # the family: one family's DiT with another's VAE is a run of the DiT's family whose VAE does not fit, not a
+        # run of the VAE's family whose DiT is unknown), then of the one that recognised the most models (on a tie,
+        # one that found a near miss: "looks like a ...")
         counts = {s.name: _count_recognised(s, configs) for s in known.values()}
         best = max(known.values(), key=lambda s: (counts[s.name][1], counts[s.name][0],
                                                   "looks like" in errors[s.name]))

@@ -64,7 +64,8 @@ def setup(config: RunConfig, accelerator, log=print) -> Run:
         for column in unread_file_columns(config, pipeline):
             log(f"note: '{column}' is loaded (--data_file_keys) but not handed to the pipeline (--extra_inputs does "
                 f"not name it): it is ignored, as the reference's train.py ignores it")
-    # stage 2: the DiT fits the models whose values the cache holds (a cache of FLUX.2-dev's Mistral-3 is no klein's)
+    # stage 2: the denoiser fits the models whose values the cache holds (one release's text encoder's prompts do not
+    # train another release's DiT of the same family)
     cached = cached_models(config.dataset_base_path, family) if task.stage == "train" else {}
     pipeline.check_models({**cached, **{s: d for s, _, d in found}})
     if pipeline is not family.pipeline:
