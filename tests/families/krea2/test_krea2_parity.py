@@ -130,7 +130,8 @@ def test_a_text_encoder_without_the_tapped_layers_is_refused_in_one_line(hub, tm
     shallow = write_tiny_qwen3_vl(tmp_path / "shallow", TinyQwen3VLSpec(hidden=32, layers=4, head_dim=16,
                                                                         intermediate=64))
     paths = krea2_model_paths(hub)
-    pipe = Krea2Pipeline.from_pretrained(torch_dtype=torch.float32, model_configs=[
-        ModelConfig(paths[0]), ModelConfig(str(shallow / "model.safetensors")), ModelConfig(paths[2])])
-    with pytest.raises(UserError, match=r"the text encoder has 4 layers; Krea-2 reads its hidden states 2, 5, .*35"):
-        pipe("a cat", height=32, width=32, num_inference_steps=1, progress=False)
+    # refused when the parts are put together (Krea2Pipeline.check_models), before a model is loaded
+    with pytest.raises(UserError, match=r"the text_encoder .*model.safetensors has 4 layers and the dit reads its "
+                                        r"hidden states 2, 5, .*35"):
+        Krea2Pipeline.from_pretrained(torch_dtype=torch.float32, model_configs=[
+            ModelConfig(paths[0]), ModelConfig(str(shallow / "model.safetensors")), ModelConfig(paths[2])])

@@ -45,7 +45,7 @@ class Ideogram4Pipeline(PromptImagePipeline):
             return
         text = encoder.config.get("text_config", encoder.config)
         width, depth = text["hidden_size"], text["num_hidden_layers"]
-        if depth <= max(ACTIVATION_LAYERS):
+        if depth < max(ACTIVATION_LAYERS):  # hidden_states[0] is the embedding output
             raise UserError(f"the text_encoder {encoder.describe()} has {depth} layers and the DiT reads its hidden "
                             f"states {', '.join(map(str, ACTIVATION_LAYERS))}: give Ideogram-4 its own text "
                             f"encoder (Qwen3-VL-8B)")

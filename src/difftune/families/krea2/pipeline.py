@@ -49,7 +49,7 @@ class Krea2Pipeline(PromptImagePipeline):
             raise UserError(f"the text_encoder {encoder.describe()} is {width} wide and the dit {dit.describe()} "
                             f"reads {dit.config['text_hidden_dim']}-wide hidden states (text_hidden_dim): give the "
                             f"Krea-2 DiT its own text encoder (Qwen3-VL-4B)")
-        if depth <= TEXT_LAYERS[-1]:
+        if depth < TEXT_LAYERS[-1]:  # hidden_states[0] is the embedding output
             raise UserError(f"the text_encoder {encoder.describe()} has {depth} layers and the dit reads its hidden "
                             f"states {', '.join(map(str, TEXT_LAYERS))}: give the Krea-2 DiT its own text encoder")
 
