@@ -359,6 +359,12 @@ class AudioStream(Stream):
     def check_positions(self, pipe, latents):
         return None
 
+    def postprocess(self, pipe, latents, output_type="pil"):
+        """"pt": the waveforms (B, channels, samples) in [-1, 1] (a picture's [-1, 1] -> [0, 1] is no sound's)."""
+        if output_type != "pt":
+            return super().postprocess(pipe, latents, output_type)
+        return pipe.decode(latents, self).float().clamp(-1, 1)
+
     def to_outputs(self, decoded):
         return [w.float().clamp(-1, 1).cpu().numpy() for w in decoded]  # (channels, samples) per sample
 

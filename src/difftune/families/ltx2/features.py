@@ -56,7 +56,16 @@ class LTX2FirstFrameEmbedder(PipelineUnit):
 
 
 class I2AVFeature(Feature):
-    pass
+    def finish(self, pipe, latents, values):
+        """The sampled clip's first latent frame is the input image's (the reference's step keeps it clean, as
+        diffusers' image-to-video pipeline does; `model_fn` gives it clean at every step, so only the output is
+        left to set)."""
+        first = values.get("first_frame_latents")
+        if first is None:
+            return latents
+        video = latents[pipe.stream.name].clone()
+        video[:, :, :1] = first.to(video)
+        return {**latents, pipe.stream.name: video}
 
 
 I2AV = I2AVFeature(

@@ -265,12 +265,14 @@ class LTX2Pipeline(BasePipeline):
             coords = torch.cat([coords, ref_coords], dim=2)
             video_t = torch.cat([video_t, torch.zeros(b, ref.shape[2] * rh * rw, device=device)], dim=1)
         audio_tokens = pack_sound(audio_latents)
+        # each stream's cross-attention modulation reads the other stream's sigma (the reference's, and diffusers'
+        # pipelines'), not the per-token timesteps that hold a given first frame or in-context clip at 0
         audio_coords = dit.audio_rope.prepare_audio_coords(b, audio_tokens.shape[1], device)
         out_video, out_audio = dit(
             hidden_states=tokens.to(dtype), audio_hidden_states=audio_tokens.to(dtype),
             encoder_hidden_states=video_context.to(device, dtype), audio_encoder_hidden_states=audio_context.to(device, dtype),
             timestep=video_t, audio_timestep=t, sigma=t, video_coords=coords, audio_coords=audio_coords,
-            fps=fps, return_dict=False)
+            fps=fps, use_cross_timestep=True, return_dict=False)
         out_video = out_video[:, :n_video].transpose(1, 2).reshape(b, -1, f, h, w)
         out_audio = unpack_sound(out_audio, audio_latents.shape[-1])
         return {"video": out_video.to(latents.dtype), "audio": out_audio.to(audio_latents.dtype)}
