@@ -1389,8 +1389,9 @@ def _ltx2_released(workspace, argv, script):
 LTX2_SCRIPTS = Scripts(
     folder="ltx2/model_training", workspace=_ltx2_workspace, snapshot=11, running=11,
     # the reference's targets (to_k, to_q, to_v, to_out.0) on every attention of the DiT's 2 layers: the video and
-    # audio self- and cross-attention and the two cross-modal ones, diffusers' layout
-    lora_prefix="transformer.", lora_exact=True,
+    # audio self- and cross-attention and the two cross-modal ones, in the default file's layout (the official
+    # names under diffusion_model.: the same paths as diffusers' for these modules)
+    lora_prefix="diffusion_model.", lora_exact=True,
     lora_modules=frozenset(f"transformer_blocks.{i}.{a}.{p}" for i in range(2) for a in (
         "attn1", "attn2", "audio_attn1", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
         for p in ("to_q", "to_k", "to_v", "to_out.0")),

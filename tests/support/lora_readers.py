@@ -331,16 +331,34 @@ def comfyui_ace_step15_key_map(model_keys) -> dict[str, str]:
     return key_map
 
 
-def comfyui_lora_updates(model_keys, lora: dict[str, torch.Tensor], strength: float = 1.0
+def comfyui_ltxav_key_map(model_keys) -> dict[str, str]:
+    """`model_lora_keys_unet` for ComfyUI's LTXV / LTXAV models (keys `diffusion_model.<official DiT key>`): the
+    generic map, then the branch's bare `<path>` for each `diffusion_model.<path>.weight`."""
+    key_map = {}
+    for k in model_keys:
+        if k.startswith("diffusion_model."):
+            if k.endswith(".weight"):
+                path = k[len("diffusion_model."):-len(".weight")]
+                key_map["lora_unet_" + path.replace(".", "_")] = k
+                key_map[k[:-len(".weight")]] = k
+            else:
+                key_map[k] = k
+    for k in model_keys:
+        if k.startswith("diffusion_model.") and k.endswith(".weight"):
+            key_map[k[len("diffusion_model."):-len(".weight")]] = k
+    return key_map
+
+
+def comfyui_lora_updates(model_keys, lora: dict[str, torch.Tensor], strength: float = 1.0, key_map=None
                          ) -> tuple[dict[str, torch.Tensor], set[str]]:
     """What ComfyUI's LoRA loader adds to its model's weights: ({model weight key: update}, the file's keys it left
     unread, which ComfyUI logs as "lora key not loaded"). `comfy.lora.load_lora` over the key map: a module's
     `<x>.alpha` when present, its up and down by the first pair found (`_COMFYUI_PAIRS`); the update is
     strength * (alpha / rank, 1 without an alpha) * up @ down (`LoRAAdapter.calculate_weight`, rank = down's rows).
     The file's keys pass `comfy.lora_convert.convert_lora` unchanged (it renames only BFL control, Wan Fun and USO
-    files)."""
+    files). `key_map`: the model's map function (ACE-Step 1.5's by default)."""
     updates, loaded = {}, set()
-    for x, target in comfyui_ace_step15_key_map(model_keys).items():
+    for x, target in (key_map or comfyui_ace_step15_key_map)(model_keys).items():
         alpha = None
         if f"{x}.alpha" in lora:
             alpha = lora[f"{x}.alpha"].item()

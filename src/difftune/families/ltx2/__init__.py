@@ -7,6 +7,7 @@ from ...core.family import FamilySpec, text_tokenizer
 from ...core.options import option
 from ...errors import UserError
 from .components import COMPONENTS, LORA_TARGET_MODULES
+from .lora import convert_official_lora, official_lora_names, reference_lora_names
 from .loss import LOSSES
 from .pipeline import DEFAULT_FRAME_RATE, LTX2Pipeline
 
@@ -34,7 +35,11 @@ FAMILY = FamilySpec(
     # the Gemma-3 folder holds its tokenizer (the reference's default --tokenizer_path)
     tokenizers=(text_tokenizer("tokenizer_path", GEMMA, folder=""),),
     lora_target_modules=LORA_TARGET_MODULES,
-    lora_default_format="diffusers",
+    lora_converters=(convert_official_lora,),
+    lora_native_names=official_lora_names,
+    lora_reference_names=reference_lora_names,
+    # diffusion_model.<official path>, alpha folded: diffusers, the reference and ComfyUI all read it (lora.py)
+    lora_default_format="reference",
     losses=LOSSES,
     options=LTX2Options,
     unit_settings=lambda options: {"run_frame_rate": float(options.frame_rate)},
