@@ -90,6 +90,11 @@ class FamilySpec:
     # Slot -> {a module name of the reference's own model: the comma-separated names of the modules that hold
     # its weights here}, so the reference's --lora_target_modules work unchanged (e.g. FLUX's fused a_to_qkv).
     lora_target_aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Slot -> the names of `lora_target_aliases` that are one Linear layer in the reference's model (a fused q/k/v
+    # projection): given, the modules such a name selects in one block (its paths' `*` parts alike) train one
+    # adapter, as the reference's does: one lora_A shared, one lora_B over their rows in the alias's order
+    # (`lora.share_lora`); naming the modules themselves keeps an adapter each.
+    lora_fused_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # LoRA file translators for layouts only this family has (FLUX: kohya files in BFL's fused-qkv names):
     # tensors -> diffusers-layout tensors, or None when the file is not theirs (see `load_lora_file`).
     lora_converters: tuple[Callable[[dict], dict | None], ...] = ()

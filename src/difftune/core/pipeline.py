@@ -50,6 +50,8 @@ class BasePipeline:
     # slot -> {the reference's module name: ours} for a variant class whose model names its modules unlike the
     # family's (None: the family's `lora_target_aliases`).
     lora_target_aliases: Mapping[str, Mapping[str, str]] | None = None
+    # ... and which of those are one layer in the reference's model (None: the family's `lora_fused_aliases`)
+    lora_fused_aliases: Mapping[str, tuple[str, ...]] | None = None
     # The layout `--lora_format default` writes for the denoiser's LoRA where a variant's model differs from the family's
     # (None: the family's `lora_default_format`).
     lora_default_format: str | None = None

@@ -144,13 +144,115 @@ def inject_lora(module: nn.Module, target_modules: Iterable[str] | str, rank: in
 
 def lora_state_dict(module: nn.Module, adapter_name: str = "default") -> dict[str, torch.Tensor]:
     """The adapter's weights in canonical form: `<module path>.lora_A.weight` / `.lora_B.weight`, fp32
-    (peft's `get_peft_model_state_dict`, which drops the adapter name from the keys)."""
+    (peft's `get_peft_model_state_dict`, which drops the adapter name from the keys). The parts of a shared adapter
+    (`share_lora`) are written as separate modules: each with the shared lora_A and its rows of the lora_B."""
     from peft import get_peft_model_state_dict
 
     if adapter_name not in (getattr(module, "peft_config", None) or {}):
         raise ValueError(f"{type(module).__name__} has no LoRA adapter named {adapter_name!r}")
     state = get_peft_model_state_dict(module, adapter_name=adapter_name, save_embedding_layers=False)
-    return {k: v.detach().float().contiguous() for k, v in state.items()}
+    out = {k: v.detach().float().contiguous() for k, v in state.items() if not k.endswith(".lora_B.fused")}
+    for name, layer in _lora_layers(module, adapter_name):
+        up = layer.lora_B[adapter_name]
+        if isinstance(up, SharedUp):  # own copies: the parts' A are one tensor, their B views of one
+            out[f"{name}.lora_A.weight"] = layer.lora_A[adapter_name].weight.detach().float().clone()
+            out[f"{name}.lora_B.weight"] = up.weight.detach().float().clone()
+    return out
+
+
+# -- one adapter over several layers (a layer the reference's model fuses, e.g. q, k, v in one Linear) ---------
+
+class SharedUp(nn.Module):
+    """The lora_B of one part of a shared adapter: rows `start:stop` of the group's up-projection, a parameter of
+    the group's first part (`fused`, all the parts' rows); the others hold no parameter of their own."""
+
+    def __init__(self, fused: nn.Parameter | None, first: SharedUp | None, start: int, stop: int):
+        super().__init__()
+        if first is None:
+            self.fused = fused
+        self.__dict__["first"] = first  # not a submodule: its parameter is counted once
+        self.start, self.stop = int(start), int(stop)
+        self.in_features, self.out_features = (fused if first is None else first.fused).shape[1], stop - start
+
+    def full(self) -> torch.Tensor:
+        return self.fused if self.first is None else self.first.fused
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.full()[self.start:self.stop]
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight)
+
+
+def share_lora(module: nn.Module, groups: Iterable[Iterable[str]], adapter_name: str = "default"
+               ) -> list[tuple[tuple[str, ...], str]]:
+    """Make each group of `module`'s LoRA layers (their full module paths, in the order of the fused layer's rows)
+    one adapter, as a LoRA on one Linear layer holding them all: one lora_A shared by the parts and one lora_B whose
+    rows are the parts' (`SharedUp`). The update is exact: a part whose lora_B is zero (fresh) takes the shared A
+    without a change; parts with a non-zero lora_B must hold one lora_A already (a file written from a shared
+    adapter). Returns the groups left as separate adapters, each with why."""
+    left = []
+    for group in groups:
+        paths = tuple(group)
+        layers = [module.get_submodule(p) for p in paths]
+        problem = None
+        if any(adapter_name not in getattr(m, "lora_A", {}) for m in layers):
+            problem = "a part has no LoRA"
+        elif any(isinstance(m.lora_B[adapter_name], SharedUp) for m in layers):
+            problem = "a part is shared already"
+        elif any(type(m.lora_A[adapter_name]) is not nn.Linear for m in layers):
+            problem = "a part is no Linear layer's LoRA"
+        elif len({(m.lora_A[adapter_name].weight.shape, float(m.scaling[adapter_name])) for m in layers}) != 1:
+            problem = "the parts' ranks or alphas differ"
+        else:
+            live = [m for m in layers if torch.count_nonzero(m.lora_B[adapter_name].weight).item()]
+            down = (live or layers)[0].lora_A[adapter_name]
+            if any(not torch.equal(m.lora_A[adapter_name].weight, down.weight) for m in live):
+                problem = "the parts hold different lora_A"
+        if problem:
+            left.append((paths, problem))
+            continue
+        ups = [m.lora_B[adapter_name].weight for m in layers]
+        fused = nn.Parameter(torch.cat([u.detach() for u in ups]), requires_grad=ups[0].requires_grad)
+        first, row = None, 0
+        for m, u in zip(layers, ups):
+            part = SharedUp(fused, first, row, row + u.shape[0])
+            first = first or part
+            row += u.shape[0]
+            m.lora_A[adapter_name] = down
+            m.lora_B[adapter_name] = part
+    return left
+
+
+def shared_lora_parts(module: nn.Module, adapter_name: str = "default") -> dict[str, list[str]]:
+    """{the first part's path: every part's path, in row order} for the shared adapters of `module`."""
+    parts = [(name, layer.lora_B[adapter_name]) for name, layer in _lora_layers(module, adapter_name)
+             if isinstance(layer.lora_B[adapter_name], SharedUp)]
+    firsts = {id(up): name for name, up in parts if up.first is None}
+    out: dict[str, list[tuple[int, str]]] = {}
+    for name, up in parts:  # the model may register a later row's layer first (an MLP input before the attention)
+        out.setdefault(firsts[id(up.first or up)], []).append((up.start, name))
+    return {first: [name for _, name in sorted(rows)] for first, rows in out.items()}
+
+
+def expand_shared_lora(module: nn.Module, state: Mapping[str, torch.Tensor], adapter_name: str = "default"
+                       ) -> dict[str, torch.Tensor]:
+    """A state of `module`'s trained parameters by name (`<path>.lora_A.<adapter>.weight`, as `named_parameters`
+    gives them: a shared adapter's lora_A under its first part, its `lora_B.<adapter>.fused` there) with each shared
+    adapter written out as its parts: the same lora_A for each, each its rows of the lora_B."""
+    out = dict(state)
+    for first, parts in shared_lora_parts(module, adapter_name).items():
+        fused = out.pop(f"{first}.lora_B.{adapter_name}.fused", None)
+        # the shared lora_A is named after the part the model registers first, which need not be the first row's
+        down = next((out[k] for k in (f"{p}.lora_A.{adapter_name}.weight" for p in parts) if k in out), None)
+        if fused is None or down is None:
+            continue
+        for path in parts:
+            up = module.get_submodule(path).lora_B[adapter_name]
+            out[f"{path}.lora_A.{adapter_name}.weight"] = down.clone()
+            out[f"{path}.lora_B.{adapter_name}.weight"] = fused[up.start:up.stop].clone()
+    return out
 
 
 def canonical_lora_keys(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -63,10 +63,13 @@ class CheckpointSaver:
         return written
 
     def write(self, inner, state: dict[str, torch.Tensor], name: str) -> list[Path]:
-        from ..lora import canonical_lora_keys, save_lora
+        from ..lora import canonical_lora_keys, expand_shared_lora, save_lora
 
         per_model = _split_by_model(state, [n for n in inner.trainable_param_names() if n in state])
-        lora = {m: sd for m, sd in per_model.items() if m in inner.lora_configs}
+        models = getattr(inner, "pipe_models", None) or {}
+        # an adapter shared by several layers (the reference's fused q/k/v) is written as each layer's LoRA
+        lora = {m: expand_shared_lora(models[m], sd) if m in models else sd
+                for m, sd in per_model.items() if m in inner.lora_configs}
         full = {m: sd for m, sd in per_model.items() if m not in inner.lora_configs}
         written = []
         if lora:

@@ -49,6 +49,61 @@ def lora_targets(pipe, slot: str, targets: list[str]) -> list[str]:
     return out
 
 
+def _fused_aliases(pipe, slot: str) -> tuple[str, ...]:
+    own = getattr(pipe, "lora_fused_aliases", None)
+    return tuple((own if own is not None else getattr(getattr(pipe, "spec", None), "lora_fused_aliases", None)
+                  or {}).get(slot, ()))
+
+
+def lora_fused_groups(pipe, slot: str, targets: list[str]) -> list[tuple[str, ...]]:
+    """The groups of `slot`'s modules that train one adapter each (`FamilySpec.lora_fused_aliases`: names of
+    one Linear layer in the reference's model, e.g. a fused q/k/v): for each such name in `--lora_target_modules`, the
+    modules its alias's paths select, grouped by the values of their `*` parts (one block), in the alias's order (the
+    rows of the reference's fused layer). A group the model lacks a part of is none."""
+    import re
+
+    family = getattr(pipe, "spec", None)
+    own = getattr(pipe, "lora_target_aliases", None)
+    aliases = (own if own is not None else getattr(family, "lora_target_aliases", None) or {}).get(slot, {})
+    fused = _fused_aliases(pipe, slot)
+    model = pipe.models.get(slot) if hasattr(pipe, "models") else None
+    if model is None or not fused:
+        return []
+    modules = [n for n, _ in model.named_modules() if n]
+    groups: list[tuple[str, ...]] = []
+    for target in dict.fromkeys(targets):
+        if target not in fused or target not in aliases:
+            continue
+        patterns = _names(aliases[target])
+        found: dict[tuple, dict[int, str]] = {}
+        for i, pattern in enumerate(patterns):
+            rx = re.compile("^" + "([^.]+)".join(re.escape(part) for part in pattern.split("*")) + "$")
+            for name in modules:
+                m = rx.match(name)
+                if m:
+                    found.setdefault(m.groups(), {})[i] = name
+        groups.extend(tuple(parts[i] for i in range(len(patterns))) for parts in found.values()
+                      if len(parts) == len(patterns))
+    return groups
+
+
+def share_fused_lora(pipe, slot: str, targets: list[str], source: str | None = None) -> None:
+    """The reference's fused layers named in `targets` as one adapter each (`lora_fused_groups`, `share_lora`);
+    a group a --lora_checkpoint file holds as separate adapters stays so, with a note."""
+    from ..lora import share_lora
+
+    groups = lora_fused_groups(pipe, slot, targets)
+    if not groups:
+        return
+    left = share_lora(pipe.models[slot], groups)
+    names = [t for t in dict.fromkeys(targets) if t in _fused_aliases(pipe, slot)]
+    print(f"note: --lora_target_modules {','.join(names)}: one adapter per fused layer of the "
+          f"reference's model ({len(groups) - len(left)} layers: one lora_A shared by their parts here, one lora_B "
+          f"over their rows)")
+    for paths, why in left:
+        print(f"note: {source or 'the LoRA'}: {', '.join(paths)} stay separate adapters ({why})")
+
+
 def check_lora_and_full(trainable_models, lora_base_model) -> None:
     """A model named by both --trainable_models and --lora_base_model: in the reference, adding the LoRA freezes the
     model's own weights again (peft marks only the adapter trainable), so the full training it asked for is dropped
@@ -129,6 +184,7 @@ class DiffusionTrainingModule(torch.nn.Module):
                                         target_modules=targets, rank=lora_rank, alpha=lora_alpha)
             else:
                 config = inject(model, targets, lora_rank, lora_alpha)
+            share_fused_lora(pipe, lora_base_model, _names(lora_target_modules), source=lora_checkpoint)
             self.lora_configs[lora_base_model] = config
             model.train()
         self._register_models(pipe)

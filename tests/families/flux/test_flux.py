@@ -396,7 +396,9 @@ REFERENCE_TARGETS = ("a_to_qkv,b_to_qkv,ff_a.0,ff_a.2,ff_b.0,ff_b.2,a_to_out,b_t
 
 
 def test_the_reference_lora_targets_name_the_same_modules(repo, tmp_path):
-    """The reference's --lora_target_modules (its own fused names) train exactly the default diffusers targets."""
+    """The reference's --lora_target_modules (its own fused names) train the default diffusers targets' modules; its
+    fused a_to_qkv / b_to_qkv / to_qkv_mlp as one adapter each (q, k, v (+ proj_mlp) share one lora_A, as the
+    reference's one adapter on its fused layer: test_flux_fused_lora.py), diffusers' names as one adapter per layer."""
     import json
 
     from safetensors.torch import load_file
@@ -418,7 +420,12 @@ def test_the_reference_lora_targets_name_the_same_modules(repo, tmp_path):
     a, b = out["reference"], out["diffusers"]
     assert a.keys() == b.keys()
     assert any(".transformer_blocks.0.attn.add_k_proj." in k for k in a)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for stem, parts in (("transformer_blocks.0.attn", ("to_q", "to_k", "to_v")),
+                        ("transformer_blocks.0.attn", ("add_q_proj", "add_k_proj", "add_v_proj")),
+                        ("single_transformer_blocks.0", ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"))):
+        downs = [f"transformer.{stem}.{p}.lora_A.weight" for p in parts]
+        assert all(torch.equal(a[downs[0]], a[k]) for k in downs)  # one adapter on the fused layer
+        assert not any(torch.equal(b[downs[0]], b[k]) for k in downs[1:])  # an adapter per layer
 
 
 def _tiny_known_configs(repo, monkeypatch):

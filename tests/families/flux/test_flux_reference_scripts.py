@@ -90,8 +90,9 @@ def _assert_checkpoint(argv, saved):
     if trainable is None and "--align_to_opensource_format" in argv:
         # the reference's kohya file: BFL's fused names, an alpha per layer
         assert all(k.startswith("lora_unet_") for k in saved)
-        assert saved["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"].shape[0] == 3 * 32  # q, k, v
-        assert saved["lora_unet_single_blocks_0_linear1.lora_down.weight"].shape[0] == 4 * 32  # q, k, v, MLP
+        # one adapter on the fused q, k, v, of the reference's rank (three of rank 32 stacked before)
+        assert saved["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"].shape[0] == 32
+        assert saved["lora_unet_single_blocks_0_linear1.lora_down.weight"].shape[0] == 32  # q, k, v, MLP: one too
         assert any(v.abs().max() > 0 for k, v in saved.items() if ".lora_up." in k)  # it trained
         return
     if trainable is None:  # a DiT LoRA: the reference's fused target names on diffusers' modules

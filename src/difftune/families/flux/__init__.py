@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from ...core.family import FamilySpec, TokenizerSpec
 from ...core.options import SWITCH, option
 from ...models.load import load_tokenizer
-from .components import (DIT, DIT_BFL, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER, TEXT_ENCODER_2,
-                         VAE, VAE_BFL)
+from .components import (DIT, DIT_BFL, FUSED_LORA_TARGETS, LORA_TARGET_MODULES, REFERENCE_LORA_TARGETS, TEXT_ENCODER,
+                         TEXT_ENCODER_2, VAE, VAE_BFL)
 from .bfl import bfl_lora_from_diffusers, convert_bfl_named_flux_lora, flux_lora_export_notes
 from .controlnet import CONTROLNET, ControlNetInput
 from .infiniteyou import IMAGE_PROJ_MODEL, image_proj_native_keys
@@ -72,6 +72,8 @@ FAMILY = FamilySpec(
     # The reference's `proj_out` reaches its single blocks' output layers only (its final layer is `final_proj_out`);
     # diffusers calls both `proj_out`, so the name keeps the reference's meaning here.
     lora_target_aliases={"dit": {**REFERENCE_LORA_TARGETS, "proj_out": "single_transformer_blocks.*.proj_out"}},
+    # its a_to_qkv, b_to_qkv, to_qkv_mlp: one adapter each, as the reference trains its fused layers
+    lora_fused_aliases={"dit": FUSED_LORA_TARGETS},
     lora_converters=(convert_bfl_named_flux_lora,),
     lora_native_names=bfl_lora_from_diffusers,
     lora_export_notes=flux_lora_export_notes,

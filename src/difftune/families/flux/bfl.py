@@ -212,9 +212,11 @@ def bfl_lora_from_diffusers(sd: dict[str, torch.Tensor], alphas: dict[str, float
     """A transformer LoRA on diffusers' modules (`<path>.lora_A/B.weight`, alpha per path) on BFL's modules
     instead, at the same strength, for files ComfyUI and kohya tools read in BFL's names.
 
-    The parts of a fused layer (q, k, v; the single blocks' q, k, v + MLP) become one adapter: the downs
-    stacked (rank = the sum of the parts' ranks), the up block-diagonal (zero rows for a part not trained),
-    which is the form kohya's own split-qkv LoRAs have. Its alpha keeps each part's alpha/rank where the parts
+    The parts of a fused layer (q, k, v; the single blocks' q, k, v + MLP) become one adapter: where every part
+    holds the same down and alpha/rank (one adapter shared by the parts, as the reference's fused targets train),
+    that down and the parts' ups stacked (rank r, the reference's shape); otherwise the downs stacked (rank = the sum
+    of the parts' ranks), the up block-diagonal (zero rows for a part not trained), which is the form kohya's own
+    split-qkv LoRAs have. Its alpha keeps each part's alpha/rank where the parts
     agree; where they differ the scales are folded into the up blocks and alpha = rank. The final modulation's
     up rows are swapped into BFL's (shift, scale) order."""
     groups: dict[str, dict[int, str]] = {}
@@ -244,6 +246,14 @@ def bfl_lora_from_diffusers(sd: dict[str, torch.Tensor], alphas: dict[str, float
         widths = [width] * 3 + ([4 * width] if n == 4 else [])
         ranks = {i: sd[f"{p}.lora_A.weight"].shape[0] for i, p in parts.items()}
         scales = {i: alphas[p] / ranks[i] for i, p in parts.items()}
+        down = sd[f"{present[0]}.lora_A.weight"]
+        if len(parts) == n and len(set(scales.values())) == 1 and \
+                all(torch.equal(sd[f"{p}.lora_A.weight"], down) for p in present):
+            # one adapter shared by the parts (the reference's fused targets): the fused layer's own LoRA, rank r
+            out[f"{bfl}.lora_A.weight"] = down
+            out[f"{bfl}.lora_B.weight"] = torch.cat([sd[f"{p}.lora_B.weight"] for p in present])
+            out_alphas[bfl] = alphas[present[0]]
+            continue
         total = sum(ranks.values())
         same = len(set(scales.values())) == 1
         ref = sd[f"{present[0]}.lora_B.weight"]

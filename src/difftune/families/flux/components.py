@@ -38,15 +38,21 @@ LORA_TARGET_MODULES = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0
                        "proj_mlp,proj_out")
 
 # The reference's own DiT module names (its FLUX commands' --lora_target_modules) -> diffusers' modules.
-# Its fused qkv layers are three Linear layers here; a_to_qkv (double blocks) and to_qkv_mlp (single
-# blocks) both become to_q/to_k/to_v, which by suffix cover both kinds of block: exact when both are named,
-# as the reference's commands do.
+# Its fused qkv layers are three Linear layers here (four in the single blocks, with proj_mlp): a_to_qkv / b_to_qkv
+# name the double blocks' (image / text) and to_qkv_mlp the single blocks'. The reference trains one adapter on each
+# fused layer; so does difftune when these names are given (FUSED_LORA_TARGETS: one lora_A shared by the block's
+# parts, one lora_B over their rows, in this order: the rows of the reference's layer).
+_DOUBLE = "transformer_blocks.*.attn."
+_SINGLE = "single_transformer_blocks.*."
 REFERENCE_LORA_TARGETS = {
-    "a_to_qkv": "to_q,to_k,to_v", "b_to_qkv": "add_q_proj,add_k_proj,add_v_proj", "a_to_out": "to_out.0",
-    "b_to_out": "to_add_out", "ff_a.0": "ff.net.0.proj", "ff_a.2": "ff.net.2", "ff_b.0": "ff_context.net.0.proj",
-    "ff_b.2": "ff_context.net.2", "norm1_a.linear": "norm1.linear", "norm1_b.linear": "norm1_context.linear",
-    "to_qkv_mlp": "to_q,to_k,to_v,proj_mlp",
+    "a_to_qkv": ",".join(_DOUBLE + p for p in ("to_q", "to_k", "to_v")),
+    "b_to_qkv": ",".join(_DOUBLE + p for p in ("add_q_proj", "add_k_proj", "add_v_proj")),
+    "a_to_out": "to_out.0", "b_to_out": "to_add_out", "ff_a.0": "ff.net.0.proj", "ff_a.2": "ff.net.2",
+    "ff_b.0": "ff_context.net.0.proj", "ff_b.2": "ff_context.net.2", "norm1_a.linear": "norm1.linear",
+    "norm1_b.linear": "norm1_context.linear",
+    "to_qkv_mlp": ",".join(_SINGLE + p for p in ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")),
 }
+FUSED_LORA_TARGETS = ("a_to_qkv", "b_to_qkv", "to_qkv_mlp")
 
 FLUX1_DEV_TRANSFORMER_CONFIG = {
     "_class_name": "FluxTransformer2DModel",
