@@ -212,20 +212,51 @@ def comfyui_state_dict(family: str, sd: dict[str, torch.Tensor]) -> dict[str, to
 DIFFUSERS_PIPELINES = {"qwen_image": "QwenImagePipeline", "flux": "FluxPipeline", "wan": "WanPipeline"}
 
 
+def random_lora(spec, model, target_names, rank: int = 4, alpha: float = 8.0, seed: int = 0):
+    """A LoRA of random A and B on `model`'s modules for `target_names` (the family's aliases applied, as training
+    does), injected in place: (its config, its state dict, {module: its update (alpha / rank) B A})."""
+    import types
+
+    from difftune.lora import inject_lora, lora_state_dict
+    from difftune.training.module import lora_targets
+
+    targets = lora_targets(types.SimpleNamespace(spec=spec, models={"dit": model}), "dit", list(target_names))
+    torch.manual_seed(seed)
+    config = inject_lora(model, targets, rank, alpha, init=False)
+    sd = lora_state_dict(model)
+    intended = {k[: -len(".lora_A.weight")]: (alpha / rank) * (sd[k.replace("lora_A", "lora_B")] @ sd[k])
+                for k in sd if k.endswith(".lora_A.weight")}
+    return config, sd, intended
+
+
+def save_dit_lora(spec, path, sd, config, layout: str, reference: bool = True):
+    """The DiT LoRA `sd` written in `layout` as a training checkpoint would, with the family's renames."""
+    from difftune.lora import save_lora
+
+    return save_lora(path, {"dit": sd}, {"dit": config}, prefixes=dict(spec.lora_prefixes), layout=layout,
+                     denoiser="dit", native_names=spec.lora_native_names,
+                     reference_names=spec.lora_reference_names if reference else None)
+
+
+def with_updates(state: dict[str, torch.Tensor], intended: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` (a module's state dict) with each module's update added to its weight: what a reader should give."""
+    out = {k: v.detach().clone() for k, v in state.items()}
+    for path, delta in intended.items():
+        out[f"{path}.weight"] = out[f"{path}.weight"] + delta
+    return out
+
+
 class KnownLora:
     """A tiny family's DiT (from its tiny repository in the diffusers layout) with a rank-`rank` LoRA of random A and
     B on the family's default targets (its aliases applied, as training does): `intended` is each module's update
     (alpha / rank) B A; `save(layout)` writes it as a training checkpoint would."""
 
     def __init__(self, family: str, folder, rank: int = 4, alpha: float = 8.0, seed: int = 0):
-        import types
         from pathlib import Path
 
         import diffusers
 
         from difftune.core.family import get_family
-        from difftune.lora import inject_lora, lora_state_dict
-        from difftune.training.module import lora_targets
         from difftune.util import names
         from .common import tiny_family
 
@@ -239,27 +270,15 @@ class KnownLora:
         self.base = {k: v.float().clone() for k, v in cls.from_pretrained(str(self.repo / "transformer")).state_dict()
                      .items()}
         model = cls.from_pretrained(str(self.repo / "transformer")).float()
-        targets = lora_targets(types.SimpleNamespace(spec=self.spec, models={"dit": model}), "dit",
-                               names(self.spec.lora_target_modules))
-        torch.manual_seed(seed)
-        self.config = inject_lora(model, targets, rank, alpha, init=False)
-        self.lora = lora_state_dict(model)
-        self.intended = {k[: -len(".lora_A.weight")]: (alpha / rank) * (self.lora[k.replace("lora_A", "lora_B")]
-                                                                        @ self.lora[k])
-                         for k in self.lora if k.endswith(".lora_A.weight")}
+        self.config, self.lora, self.intended = random_lora(self.spec, model, names(self.spec.lora_target_modules),
+                                                            rank, alpha, seed)
 
     def save(self, path, layout: str):
-        from difftune.lora import save_lora
-
-        return save_lora(path, {"dit": self.lora}, {"dit": self.config}, prefixes=dict(self.spec.lora_prefixes),
-                         layout=layout, denoiser="dit", native_names=self.spec.lora_native_names)
+        return save_dit_lora(self.spec, path, self.lora, self.config, layout, reference=False)
 
     def trained(self) -> dict[str, torch.Tensor]:
         """The DiT's state dict with every update added (what a reader should end up with)."""
-        out = dict(self.base)
-        for path, delta in self.intended.items():
-            out[f"{path}.weight"] = out[f"{path}.weight"] + delta
-        return out
+        return with_updates(self.base, self.intended)
 
     def diffusers_updates(self, path) -> dict[str, torch.Tensor]:
         """{module: update} as the family's diffusers pipeline applies the file (`load_lora_weights`, through peft)."""

@@ -22,7 +22,6 @@ ComfyUI and difftune also read the official trainer's `base_model.model.` files 
 from __future__ import annotations
 
 import copy
-import types
 
 import pytest
 import torch
@@ -31,6 +30,7 @@ from safetensors.torch import load_file
 from difftune.families.ace_step import FAMILY
 from difftune.families.ace_step.components import to_original
 from support.lora_readers import comfyui_lora_updates, diffsynth_fuse, diffsynth_general_convert, max_difference
+from support.lora_readers import random_lora, save_dit_lora, with_updates
 
 C, RANK, ALPHA = 8, 4, 8.0
 LAYOUTS = ("diffusers", "reference", "comfyui", "kohya")
@@ -51,32 +51,14 @@ def _dit():
 @pytest.fixture(scope="module")
 def known(tmp_path_factory):
     """(the DiT without the LoRA, {module: its update}, {layout: the file})."""
-    from difftune.lora import inject_lora, lora_state_dict, save_lora
-    from difftune.training.module import lora_targets
     from difftune.util import names
 
     base = _dit()
-    model = copy.deepcopy(base)
-    targets = lora_targets(types.SimpleNamespace(spec=FAMILY, models={"dit": model}), "dit",
-                           names(FAMILY.lora_target_modules))
-    torch.manual_seed(1)
-    config = inject_lora(model, targets, RANK, ALPHA, init=False)
-    sd = lora_state_dict(model)
-    intended = {k[: -len(".lora_A.weight")]: (ALPHA / RANK) * (sd[k.replace("lora_A", "lora_B")] @ sd[k])
-                for k in sd if k.endswith(".lora_A.weight")}
+    config, sd, intended = random_lora(FAMILY, copy.deepcopy(base), names(FAMILY.lora_target_modules), RANK,
+                                       ALPHA, seed=1)
     root = tmp_path_factory.mktemp("ace_step_lora")
-    files = {layout: save_lora(root / f"{layout}.safetensors", {"dit": sd}, {"dit": config},
-                               prefixes=dict(FAMILY.lora_prefixes), layout=layout, denoiser="dit",
-                               native_names=FAMILY.lora_native_names, reference_names=FAMILY.lora_reference_names)
-             for layout in LAYOUTS}
+    files = {layout: save_dit_lora(FAMILY, root / f"{layout}.safetensors", sd, config, layout) for layout in LAYOUTS}
     return base, intended, files
-
-
-def _trained(base, intended) -> dict[str, torch.Tensor]:
-    out = {k: v.detach().clone() for k, v in base.state_dict().items()}
-    for path, delta in intended.items():
-        out[f"{path}.weight"] = out[f"{path}.weight"] + delta
-    return out
 
 
 def test_the_targets_are_every_module_the_reference_puts_lora_on(known):
@@ -105,7 +87,7 @@ def test_diffusers_applies_exactly_the_update(known, layout):
     assert max_difference(deltas, intended) <= BOUND
     pipe.fuse_lora(components=["transformer"])
     pipe.unload_lora_weights()
-    assert max_difference(pipe.transformer.state_dict(), _trained(base, intended)) <= BOUND
+    assert max_difference(pipe.transformer.state_dict(), with_updates(base.state_dict(), intended)) <= BOUND
 
 
 @pytest.mark.parametrize("layout", ["comfyui", "kohya"])
@@ -168,7 +150,7 @@ def test_difftune_reads_every_layout_back_to_the_update(known, layout):
     model = copy.deepcopy(base)
     fused = fuse_lora(model, lora, component=FAMILY.lora_prefix("dit"))
     assert set(fused) == set(intended)
-    assert max_difference(model.state_dict(), _trained(base, intended)) <= BOUND
+    assert max_difference(model.state_dict(), with_updates(base.state_dict(), intended)) <= BOUND
 
 
 def test_the_other_files_comfyuis_ace_step_branch_maps(known, tmp_path):
@@ -192,10 +174,10 @@ def test_the_other_files_comfyuis_ace_step_branch_maps(known, tmp_path):
         save_file(sd, str(path))
         model = copy.deepcopy(base)
         fuse_lora(model, load_lora_file(path, converters=FAMILY.lora_converters), component="transformer")
-        assert max_difference(model.state_dict(), _trained(base, intended)) <= BOUND, name
+        assert max_difference(model.state_dict(), with_updates(base.state_dict(), intended)) <= BOUND, name
     pipe = diffusers.AceStepPipeline(vae=None, text_encoder=None, tokenizer=None, transformer=copy.deepcopy(base),
                                      condition_encoder=None, scheduler=None)
     pipe.load_lora_weights(str(tmp_path / "official.safetensors"))
     pipe.fuse_lora(components=["transformer"])
     pipe.unload_lora_weights()
-    assert max_difference(pipe.transformer.state_dict(), _trained(base, intended)) <= BOUND
+    assert max_difference(pipe.transformer.state_dict(), with_updates(base.state_dict(), intended)) <= BOUND

@@ -20,16 +20,14 @@ Who reads which (asserted to 1e-6 against W + 2 B A over the 51 modules; measure
 from __future__ import annotations
 
 import copy
-import types
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from difftune.families.ltx2 import FAMILY
 from difftune.families.ltx2 import names as N
 from support.lora_readers import comfyui_lora_updates, comfyui_ltxav_key_map, diffsynth_fuse, diffsynth_general_convert
-from support.lora_readers import max_difference
+from support.lora_readers import max_difference, random_lora, save_dit_lora, with_updates
 from support.ltx2 import tiny as T
 
 RANK, ALPHA = 4, 8.0
@@ -45,32 +43,14 @@ def _official(path: str) -> str:
 @pytest.fixture(scope="module")
 def known(tmp_path_factory):
     """(the DiT without the LoRA, {module: its update}, {layout: the file})."""
-    from difftune.lora import inject_lora, lora_state_dict, save_lora
-    from difftune.training.module import lora_targets
     from difftune.util import names
 
     base = T.tiny_ltx2_dit("2.3")
-    model = copy.deepcopy(base)
-    targets = lora_targets(types.SimpleNamespace(spec=FAMILY, models={"dit": model}), "dit",
-                           names(FAMILY.lora_target_modules) + list(RENAMED))
-    torch.manual_seed(1)
-    config = inject_lora(model, targets, RANK, ALPHA, init=False)
-    sd = lora_state_dict(model)
-    intended = {k[: -len(".lora_A.weight")]: (ALPHA / RANK) * (sd[k.replace("lora_A", "lora_B")] @ sd[k])
-                for k in sd if k.endswith(".lora_A.weight")}
+    config, sd, intended = random_lora(FAMILY, copy.deepcopy(base), names(FAMILY.lora_target_modules) + list(RENAMED),
+                                       RANK, ALPHA, seed=1)
     root = tmp_path_factory.mktemp("ltx2_lora")
-    files = {layout: save_lora(root / f"{layout}.safetensors", {"dit": sd}, {"dit": config},
-                               prefixes=dict(FAMILY.lora_prefixes), layout=layout, denoiser="dit",
-                               native_names=FAMILY.lora_native_names, reference_names=FAMILY.lora_reference_names)
-             for layout in LAYOUTS}
+    files = {layout: save_dit_lora(FAMILY, root / f"{layout}.safetensors", sd, config, layout) for layout in LAYOUTS}
     return base, intended, files
-
-
-def _trained(base, intended) -> dict[str, torch.Tensor]:
-    out = {k: v.detach().clone() for k, v in base.state_dict().items()}
-    for path, delta in intended.items():
-        out[f"{path}.weight"] = out[f"{path}.weight"] + delta
-    return out
 
 
 def _diffusers_pipe(base):
@@ -109,7 +89,7 @@ def test_diffusers_applies_exactly_the_update(known, layout):
     assert max_difference(deltas, intended) <= BOUND
     pipe.fuse_lora(components=["transformer"])
     pipe.unload_lora_weights()
-    assert max_difference(pipe.transformer.state_dict(), _trained(base, intended)) <= BOUND
+    assert max_difference(pipe.transformer.state_dict(), with_updates(base.state_dict(), intended)) <= BOUND
 
 
 def test_diffusers_refuses_or_ignores_the_comfyui_layouts(known):
@@ -173,7 +153,7 @@ def test_difftune_reads_every_layout_back_to_the_update(known, layout):
     model = copy.deepcopy(base)
     fused = fuse_lora(model, lora, component=FAMILY.lora_prefix("dit"))
     assert set(fused) == set(intended)
-    assert max_difference(model.state_dict(), _trained(base, intended)) <= BOUND
+    assert max_difference(model.state_dict(), with_updates(base.state_dict(), intended)) <= BOUND
 
 
 def test_the_reference_trainers_own_file_reads_back(known, tmp_path):
@@ -194,4 +174,4 @@ def test_the_reference_trainers_own_file_reads_back(known, tmp_path):
     model = copy.deepcopy(base)
     fused = fuse_lora(model, load_lora_file(path, converters=FAMILY.lora_converters), component="transformer")
     assert set(fused) == set(intended)
-    assert max_difference(model.state_dict(), _trained(base, intended)) <= BOUND
+    assert max_difference(model.state_dict(), with_updates(base.state_dict(), intended)) <= BOUND
