@@ -23,18 +23,20 @@ from . import names as N
 OFFICIAL_PREFIX = "diffusion_model."
 
 
-def _renamer(table: dict[str, str], bounds: str):
-    """Whole-segment renames (bounded by a character of `bounds` or the ends; the longest name first so
-    `audio_patchify_proj` is never read as `patchify_proj`)."""
+def _flat_renamer(table: dict[str, str]):
+    """Whole-segment renames in kohya's flat names (the module path's dots are underscores, then `.lora_down.weight`
+    / `.alpha`): bounded by `_`, `.` or the ends, the longest name first so `audio_patchify_proj` is never read as
+    `patchify_proj`."""
     words = sorted(table, key=len, reverse=True)
-    edge = f"[{re.escape(bounds)}]"
-    pattern = re.compile(rf"(?:^|(?<={edge}))({'|'.join(map(re.escape, words))})(?={edge}|$)")
+    pattern = re.compile(rf"(?:^|(?<=[._]))({'|'.join(map(re.escape, words))})(?=[._]|$)")
     return lambda text: pattern.sub(lambda m: table[m.group(1)], text)
 
 
-_TO_OFFICIAL = _renamer(N._DIT_SEGMENTS_BACK, ".")
-# kohya's flat names: the module path's dots are underscores, then `.lora_down.weight` / `.alpha`
-_TO_DIFFUSERS = {".": _renamer(N.DIT_SEGMENTS, "."), "_": _renamer(N.DIT_SEGMENTS, "._")}
+_FLAT_TO_DIFFUSERS = _flat_renamer(N.DIT_SEGMENTS)
+
+
+def _to_official(path: str) -> str:
+    return N._segments(path, N._DIT_SEGMENTS_BACK)
 
 
 def official_lora_names(sd: dict[str, torch.Tensor], alphas: dict[str, float]
@@ -44,8 +46,8 @@ def official_lora_names(sd: dict[str, torch.Tensor], alphas: dict[str, float]
     out = {}
     for key, value in sd.items():
         path, _, rest = key.rpartition(".lora_")
-        out[f"{_TO_OFFICIAL(path)}.lora_{rest}"] = value
-    return out, {_TO_OFFICIAL(p): a for p, a in alphas.items()}
+        out[f"{_to_official(path)}.lora_{rest}"] = value
+    return out, {_to_official(p): a for p, a in alphas.items()}
 
 
 def reference_lora_names(sd: dict[str, torch.Tensor], alphas: dict[str, float]
@@ -63,7 +65,7 @@ def convert_official_lora(state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     for key, value in state.items():
         flat = key.startswith("lora_unet_")
         head, body = ("lora_unet_", key[len("lora_unet_"):]) if flat else ("", key)
-        new = head + _TO_DIFFUSERS["_" if flat else "."](body)
+        new = head + (_FLAT_TO_DIFFUSERS(body) if flat else N._segments(body, N.DIT_SEGMENTS))
         changed |= new != key
         out[new] = value
     return out if changed else None
