@@ -25,16 +25,20 @@ def _one_line(err) -> str:
     return text
 
 
+def _refusal(pipeline, configs, ideo) -> str:
+    """`pipeline.from_pretrained` on `configs` (Ideogram-4's tokenizer) refused in one line: its message."""
+    with pytest.raises(UserError) as err:
+        pipeline.from_pretrained(torch_dtype="float32", model_configs=configs,
+                                 tokenizer_config=ModelConfig(str(ideo / TOKENIZER_REPO / "tokenizer")))
+    return _one_line(err)
+
+
 def test_krea2_with_ideogram4s_text_encoder(hubs):
     from difftune.families.krea2 import Krea2Pipeline
 
     krea, ideo, _ = hubs
     paths = krea2_model_paths(krea)
-    configs = [ModelConfig(p) for p in (paths[0], hub_paths(ideo)[1], paths[2])]
-    with pytest.raises(UserError) as err:
-        Krea2Pipeline.from_pretrained(torch_dtype="float32", model_configs=configs,
-                                      tokenizer_config=ModelConfig(str(ideo / TOKENIZER_REPO / "tokenizer")))
-    text = _one_line(err)
+    text = _refusal(Krea2Pipeline, [ModelConfig(p) for p in (paths[0], hub_paths(ideo)[1], paths[2])], ideo)
     assert "text_encoder" in text and "16" in text and "32" in text and "text_hidden_dim" in text
 
 
@@ -43,11 +47,8 @@ def test_ideogram4_with_krea2s_text_encoder(hubs):
 
     krea, ideo, _ = hubs
     paths = hub_paths(ideo)
-    configs = [ModelConfig(p) for p in (paths[0], krea2_model_paths(krea)[1], paths[2])]
-    with pytest.raises(UserError) as err:
-        Ideogram4Pipeline.from_pretrained(torch_dtype="float32", model_configs=configs,
-                                          tokenizer_config=ModelConfig(str(ideo / TOKENIZER_REPO / "tokenizer")))
-    text = _one_line(err)
+    text = _refusal(Ideogram4Pipeline, [ModelConfig(p) for p in (paths[0], krea2_model_paths(krea)[1], paths[2])],
+                    ideo)
     assert "text_encoder" in text and "416" in text and "208" in text and "llm_features_dim" in text
 
 
