@@ -79,3 +79,11 @@ def test_a_familys_flag_is_refused_for_another_family(refused_flag, tiny_repo, t
 def test_the_familys_own_check(own_check, hubs, tmp_path):
     family, check = own_check
     check(*hubs(family), tmp_path)
+
+
+def test_separate_streams_is_refused_for_a_family_of_one_stream(tiny_repo, tmp_path):
+    out = tmp_path / "q.png"
+    with pytest.raises(UserError, match="--separate_streams: QwenImagePipeline makes one stream .*nothing to write"):
+        sample(["--model_dir", str(tiny_repo), "--prompt", "x", "--separate_streams", "--output", str(out),
+                "--height", "16", "--width", "16"])
+    assert not out.exists()

@@ -41,6 +41,10 @@ def sample_parser() -> argparse.ArgumentParser:
                    "the rate the clip was made at: the family's, 16 for most, or the call's where it takes one).")
     p.add_argument("--output", default=None, help="Output file (several prompts: NAME-<i>.EXT); default sample.png, or "
                    "sample.mp4 for a video family (.mp4/.mov/.mkv/.avi/.webm, or an animated .gif/.webp).")
+    p.add_argument("--separate_streams", action="store_true",
+                   help="A family that makes several streams (a clip with its sound): write each to its own file, "
+                        "NAME-<stream>.EXT (NAME-video.mp4 silent, NAME-audio.wav), not one file with the sound "
+                        "muxed in.")
     from .args import add_family_flags
 
     add_family_flags(p, "sample", {a.dest for a in p._actions})
@@ -182,6 +186,9 @@ def main(argv: list[str]) -> int:
                    **call_inputs_of(pipeline, family, flags)}
     target = pipeline.target
     output = _output(args, family, target)  # refused before any model is loaded
+    if args.separate_streams and len(target.streams) == 1:
+        raise UserError(f"--separate_streams: {pipeline.__name__} makes one stream ({target.describe()}); "
+                        f"there is nothing to write apart")
     pipe = build_pipeline(family, [(s, c) for s, c, _ in found], device=device, torch_dtype=args.torch_dtype,
                           pipeline=pipeline, features=pipeline.resolve_features(context), options=options)
     by_prefix = {family.lora_prefix(slot): slot for slot in family.slots}
@@ -220,7 +227,7 @@ def main(argv: list[str]) -> int:
     # a clip plays at the rate it was made for (the target says: its own, or the call's), unless --fps says
     fps = args.fps or target.primary.output_fps(call)
     for one, name in zip(outputs, names):
-        for written in target.write(one, name, fps=float(fps)):  # the target's files: a layer stack is several
+        for written in target.write(one, name, fps=float(fps), apart=args.separate_streams):  # the target's files: a layer stack is several
             print(written)
     return 0
 

@@ -180,6 +180,8 @@ def _beside(models, tok, download: bool):
         folder = first if first.is_dir() else first.parent
         # folder "": the weights' own folder (a repository whose processor files sit beside its weights)
         candidate = folder.parent / tok.folder if tok.folder else folder
+        if tok.else_folder and not (candidate / "tokenizer_config.json").is_file():
+            candidate = folder.parent / tok.else_folder
         if candidate.is_dir():
             return str(candidate)
     return None

@@ -56,22 +56,26 @@ class TokenizerSpec:
     # needed one is fetched from the hub or its `default`; one found beside the weights is always loaded.
     feature: str | None = None
     download: bool = True  # False: only ever found beside the weights (e.g. a repository's scheduler/)
+    # A folder beside the model's folder tried where `folder` has no tokenizer_config.json (a diffusers repository's
+    # tokenizer/ beside text_encoder/, for a family whose official layout keeps it in the encoder's own folder)
+    else_folder: str | None = None
     # (tokenizer, the loaded model it serves) -> what does not fit, or None: what the family knows its model needs of
     # a tokenizer (an architecture's own special tokens) beyond the shared checks (core/build.py)
     fits: Callable[[Any, Any], str | None] | None = None
 
 
 def text_tokenizer(flag: str, default: str | None = None, folder: str = "tokenizer",
-                   help: str | None = None, fits: Callable[[Any, Any], str | None] | None = None) -> TokenizerSpec:
+                   help: str | None = None, fits: Callable[[Any, Any], str | None] | None = None,
+                   else_folder: str | None = None) -> TokenizerSpec:
     """The text encoder's tokenizer as `pipe.tokenizer`: the flag `flag` (the reference's --tokenizer_path), else
     `folder` beside the text encoder, else `default` (the reference's `model_id:folder/` when its command names
     none)."""
     from ..models.load import load_tokenizer
 
     where = (f"{folder}/ beside the text encoder" if folder else "the text encoder's own folder") + \
-        (f", else {default}" if default else "")
+        (f", else {else_folder}/ beside it" if else_folder else "") + (f", else {default}" if default else "")
     return TokenizerSpec(attr="tokenizer", slot="text_encoder", folder=folder, load=load_tokenizer,
-                         flag=flag, default=default, fits=fits,
+                         flag=flag, default=default, fits=fits, else_folder=else_folder,
                          help=help or f"Tokenizer directory or model_id:folder/ (default: {where}).")
 
 

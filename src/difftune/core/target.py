@@ -473,17 +473,20 @@ class Target:
     def check_output(self, path: str | None, family: str) -> str:
         return self.primary.check_output(path or f"sample{self.primary.extension}", family)
 
-    def write(self, output, path: str, **options) -> list[str]:
+    def write(self, output, path: str, apart: bool = False, **options) -> list[str]:
         """One sample's output (a dict by stream name for several streams): a clip with sound is one file with
-        its audio track muxed in."""
+        its audio track muxed in; `apart`, each stream in its own file (NAME-<stream>.EXT: a silent clip and its
+        sound)."""
         if len(self.streams) == 1:
             return self.primary.write(output, path, **options)
         audio = next((s for s in self.streams if s.kind == AUDIO), None)
-        if self.primary.kind == FRAMES and audio is not None and len(self.streams) == 2:
+        if not apart and self.primary.kind == FRAMES and audio is not None and len(self.streams) == 2:
             return self.primary.write(output[self.primary.name], path, audio=(output[audio.name], audio.rate_out),
                                       **options)
-        root, ext = os.path.splitext(path)
-        return [p for s in self.streams for p in s.write(output[s.name], f"{root}-{s.name}{s.extension}", **options)]
+        root, ext = os.path.splitext(path)  # the primary keeps the extension asked for (a .webm clip stays one)
+        return [p for s in self.streams
+                for p in s.write(output[s.name], f"{root}-{s.name}{ext if s is self.primary else s.extension}",
+                                 **options)]
 
     def preview(self, outputs: list, path: Path):
         """Validation's view: each stream's preview (the primary's at `path`, the others beside it)."""

@@ -134,6 +134,9 @@ class ComponentSpec:
     # files after (or instead of) the main model, filling its own slot. Its `convert_state_dict` / `normalize_key`
     # take its own tensors out of the file, and the main model's spec leaves them aside.
     companion: bool = False
+    # Further config.json classes that describe this spec's model: its class is built from their config as it is
+    # (a half of a VAE from the whole VAE's config in a diffusers folder).
+    config_classes: tuple[str, ...] = ()
 
     def candidate_configs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, dict]:
         """label -> config to match weights of normalised {key: shape} against."""
@@ -329,12 +332,22 @@ def _config_beside(files: list[str], specs: Sequence[ComponentSpec],
                                   if any(c in spec.foreign_config_classes for c in classes)):
         return None  # e.g. a fine-tune that kept its base model's config.json beside extra tensors: the weights decide
     for spec in specs:
-        if spec.class_name in classes:
+        if spec.class_name in classes or any(c in spec.config_classes for c in classes):
             return spec, config, str(path)
     if any(c in spec.foreign_config_classes for spec in specs for c in classes):
         return None
     known = ", ".join(sorted({s.class_name for s in specs}))
     raise UserError(f"{path}: {classes[0]} is not a model difftune can load here (known: {known})")
+
+
+def _config_class_of(files: list[str]) -> str | None:
+    """The diffusers class a config.json beside the weights names, if any (an unreadable one is left to
+    `_config_beside` to name)."""
+    try:
+        config = json.loads((Path(files[0]).parent / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config.get("_class_name") if isinstance(config, dict) else None
 
 
 def _carries_markers(spec: ComponentSpec, shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -361,6 +374,11 @@ def detect_components(config: ModelConfig | str | list[str], specs: Sequence[Com
         shapes = det.shapes if det is not None else {k: s for f in per_file.values() for k, s in f.items()}
         key_file = det.key_file if det is not None else {k: f for f, keys in per_file.items() for k in keys}
         for spec in companions:
+            beside = _config_beside(files, [spec]) if _config_class_of(files) in (spec.class_name,
+                                                                                  *spec.config_classes) else None
+            if beside is not None:  # a diffusers folder of the model: its config.json, not the sizes, describes it
+                found.append(DetectedComponent(spec.name, spec, beside[1], files, beside[2], shapes, key_file))
+                continue
             match = match_header(shapes, [spec])
             if match is not None:
                 found.append(DetectedComponent(spec.name, spec, dict(match.config), files,

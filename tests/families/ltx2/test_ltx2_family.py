@@ -265,3 +265,62 @@ def test_sample_writes_the_clip_with_its_sound_at_the_frame_rate(tmp_path, versi
         assert audio.rate == 48000 and audio.channels == 2
         seconds = float(audio.duration * audio.time_base)
     assert abs(seconds - 9 / 12) < 0.1  # AAC frames of 1024 samples
+
+
+def test_sample_writes_the_two_streams_apart_on_request(tmp_path):
+    """--separate_streams: NAME-video.mp4 without a sound track and NAME-audio.wav at 48 kHz as long as the clip,
+    in place of the muxed file."""
+    import av
+    import soundfile
+
+    from difftune.cli.main import main
+
+    single = T.write_tiny_ltx2_official(tmp_path / "official", "2.0")
+    gemma = T.write_tiny_gemma3(tmp_path / "gemma")
+    paths = [str(single), [str(gemma / s) for s in T.GEMMA3_SHARDS]]
+    out = tmp_path / "clip.mp4"
+    assert main(["sample", "--model_paths", json.dumps(paths), "--prompt", "a circle", "--height", "64", "--width",
+                 "64", "--num_frames", "9", "--num_inference_steps", "2", "--frame_rate", "12", "--output",
+                 str(out), "--separate_streams"]) == 0
+    assert not out.exists()
+    with av.open(str(tmp_path / "clip-video.mp4")) as clip:
+        assert not clip.streams.audio
+        assert sum(1 for _ in clip.decode(video=0)) == 9
+    wave, rate = soundfile.read(str(tmp_path / "clip-audio.wav"), always_2d=True)
+    assert rate == 48000 and wave.shape[1] == 2
+    assert abs(wave.shape[0] / rate - 9 / 12) < 0.05 and np.abs(wave).max() > 0
+
+
+def test_a_diffusers_repository_samples_what_the_official_file_samples(tmp_path):
+    """--model_dir of a repository in diffusers' layout (vae/ and audio_vae/ whole, each with its config.json;
+    tokenizer/ beside text_encoder/) fills every slot from the config.json files and samples the clip and sound the
+    official file of the same models samples."""
+    import av
+    import soundfile
+
+    from difftune.cli.main import main
+    from difftune.core.family import get_family
+
+    repo = T.write_tiny_ltx2_diffusers(tmp_path / "repo", "2")
+    configs = {"vae": "video_vae", "audio_vae": "audio_vae"}
+    for folder, part in configs.items():
+        found = detect_components(str(repo / folder), get_family("ltx2").components)
+        assert {f.name for f in found} == {f"{part}_encoder", f"{part}_decoder"}
+        assert {f.source for f in found} == {str(repo / folder / "config.json")}
+    single = T.write_tiny_ltx2_official(tmp_path / "official", "2")
+    gemma = T.write_tiny_gemma3(tmp_path / "gemma")
+    common = ["--prompt", "a circle", "--height", "64", "--width", "64", "--num_frames", "9",
+              "--num_inference_steps", "2", "--frame_rate", "12", "--seed", "5", "--separate_streams"]
+    assert main(["sample", "--model_dir", str(repo), *common, "--output", str(tmp_path / "d.mp4")]) == 0
+    paths = [str(single), [str(gemma / s) for s in T.GEMMA3_SHARDS]]
+    assert main(["sample", "--model_paths", json.dumps(paths), *common, "--output", str(tmp_path / "o.mp4")]) == 0
+
+    def frames(path):
+        with av.open(str(path)) as clip:
+            return np.stack([f.to_ndarray(format="rgb24") for f in clip.decode(video=0)])
+
+    a, b = frames(tmp_path / "d-video.mp4"), frames(tmp_path / "o-video.mp4")
+    assert a.shape == (9, 64, 64, 3) and np.abs(a.astype(int) - b.astype(int)).max() <= 1
+    wave_d, _ = soundfile.read(str(tmp_path / "d-audio.wav"))
+    wave_o, _ = soundfile.read(str(tmp_path / "o-audio.wav"))
+    assert wave_d.shape == wave_o.shape and np.abs(wave_d - wave_o).max() < 1e-3 and np.abs(wave_o).max() > 0

@@ -461,7 +461,24 @@ def write_tiny_joyai_echo(folder, seed: int = 0, *, dtype: torch.dtype = torch.f
     return _save(_official("joyai", seed, dtype), Path(folder) / N.JOYAI_ECHO_FILE)
 
 
+# a diffusers repository's folder of each part (Lightricks/LTX-2's diffusers layout)
+DIFFUSERS_FOLDERS = {"dit": "transformer", "connectors": "connectors", "video_vae": "vae", "audio_vae": "audio_vae",
+                     "vocoder": "vocoder", "text_encoder": "text_encoder"}
+
+
+def write_tiny_ltx2_diffusers(folder, version="2", seed: int = 0) -> Path:
+    """`folder` in diffusers' layout: each part's save_pretrained folder (config.json beside its weights, the whole
+    VAEs in vae/ and audio_vae/) and tokenizer/ beside text_encoder/; the same models as the official file's."""
+    folder = Path(folder)
+    models = tiny_ltx2_models(version, seed)
+    for part, name in DIFFUSERS_FOLDERS.items():
+        models[part].save_pretrained(str(folder / name), safe_serialization=True)
+    gemma3_tokenizer().save_pretrained(str(folder / "tokenizer"))
+    return folder
+
+
 __all__ = [
+    "DIFFUSERS_FOLDERS", "write_tiny_ltx2_diffusers",
     "AUDIO_IN_CHANNELS", "AUDIO_LATENT_CHANNELS", "GEMMA3_SHARDS", "GEMMA_HIDDEN", "GEMMA_LAYERS", "LATENT_MEL_BINS",
     "MEL_BINS", "VERSIONS", "VIDEO_LATENT_CHANNELS", "dropped_statistics", "ltx2_classes", "gemma3_hub_names", "gemma3_tokenizer",
     "official_state", "real_configs", "tiny_audio_vae_config", "tiny_configs", "tiny_connectors_config", "tiny_dit_config", "tiny_gemma3",

@@ -32,8 +32,9 @@ FAMILY = FamilySpec(
     name="ltx2",
     pipeline=LTX2Pipeline,
     components=COMPONENTS,
-    # the Gemma-3 folder holds its tokenizer (the reference's default --tokenizer_path)
-    tokenizers=(text_tokenizer("tokenizer_path", GEMMA, folder=""),),
+    # the Gemma-3 folder holds its tokenizer (the reference's default --tokenizer_path); a diffusers repository
+    # keeps it in tokenizer/ beside text_encoder/
+    tokenizers=(text_tokenizer("tokenizer_path", GEMMA, folder="", else_folder="tokenizer"),),
     lora_target_modules=LORA_TARGET_MODULES,
     lora_converters=(convert_official_lora,),
     lora_native_names=official_lora_names,

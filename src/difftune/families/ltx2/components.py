@@ -192,8 +192,8 @@ def _video_blocks(shapes: dict, half: str, kind: str) -> list[tuple[int, int]]:
 
 
 def video_vae_config(shapes: dict) -> dict | None:
-    if "latents_mean" not in shapes:
-        return None
+    if "latents_mean" not in shapes or not any(".down_blocks." in k or ".up_blocks." in k for k in shapes):
+        return None  # (the audio VAE's blocks are down.N / up.N)
     has_encoder = "encoder.conv_in.conv.weight" in shapes
     has_decoder = "decoder.conv_in.conv.weight" in shapes
     if not (has_encoder or has_decoder):
@@ -229,8 +229,8 @@ def _encoder_is_23(shapes: dict) -> bool:
 
 
 def audio_vae_config(shapes: dict) -> dict | None:
-    if "latents_mean" not in shapes:
-        return None
+    if "latents_mean" not in shapes or not any(k.startswith(("encoder.down.0.", "decoder.up.0.")) for k in shapes):
+        return None  # (the video VAE's blocks are down_blocks.N / up_blocks.N)
     config = dict(AUDIO_VAE_CONFIG)
     if "encoder.conv_in.conv.weight" in shapes:
         base, cin = shapes["encoder.conv_in.conv.weight"][:2]
@@ -296,6 +296,7 @@ def vocoder_config(shapes: dict) -> dict | None:
 
 # the hub files' (transformers 4) names -> transformers 5's
 _GEMMA_HUB = (("language_model.model.", "model.language_model."), ("vision_tower.vision_model.", "model.vision_tower."),
+              ("vision_tower.", "model.vision_tower."),  # transformers 5's save_pretrained drops vision_model.
               ("multi_modal_projector.", "model.multi_modal_projector."), ("language_model.lm_head.", "lm_head."))
 
 
@@ -331,9 +332,11 @@ CONNECTORS = ComponentSpec(
 
 
 def _vae_half(slot: str, cls: str, part: str, half: str, known: dict, infer, what: str) -> ComponentSpec:
+    # a diffusers folder holds the whole VAE (vae/, audio_vae/): its config.json builds either half
+    whole = {"video_vae": "AutoencoderKLLTX2Video", "audio_vae": "AutoencoderKLLTX2Audio"}[part]
     return ComponentSpec(name=slot, library=_LIBRARY, class_name=cls, known_configs=known,
                          convert_state_dict=_official(part, half), infer_config=infer, companion=True,
-                         description=what)
+                         config_classes=(whole,), description=what)
 
 
 _VIDEO_KNOWN = {"LTX-2 video VAE": VIDEO_VAE_CONFIG, "LTX-2.3 video VAE": VIDEO_VAE_CONFIG_23}
