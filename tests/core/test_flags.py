@@ -2,6 +2,7 @@
 
 import csv
 import math
+import re
 
 import pytest
 
@@ -118,3 +119,21 @@ def test_cfg_scale_is_noted_for_direct_distill_and_refused_for_sft(capsys):
     assert "note: --extra_inputs cfg_scale: direct_distill trains the student at cfg 1" in capsys.readouterr().out
     with pytest.raises(UserError, match="--extra_inputs cfg_scale: the qwen_image family does not use"):
         check_data_columns(config.replace(task="sft"), pipeline, "qwen_image")
+
+
+@pytest.mark.parametrize("alpha, rank, refused", [("1e30", "4", True), ("40001", "4", True), ("40000", "4", False),
+                                                  ("64", "32", False)])
+def test_an_absurd_lora_alpha_is_refused_as_in_a_file(tmp_path, alpha, rank, refused):
+    """--lora_alpha 1e30 was accepted and ended as a 'non-finite loss' steps later; a file's alpha above 1e4 x its
+    rank is refused (lora/formats.py), and so is the flag's."""
+    from difftune.cli.args import check_training_args, training_parser
+    from difftune.errors import UserError
+
+    args = training_parser().parse_args(["--dataset_base_path", str(tmp_path), "--lora_alpha", alpha,
+                                         "--lora_rank", rank])
+    if refused:
+        with pytest.raises(UserError, match=rf"^--lora_alpha {re.escape(f'{float(alpha):g}')}: at --lora_rank {rank} a "
+                                                 rf"scale of"):
+            check_training_args(args)
+    else:
+        check_training_args(args)

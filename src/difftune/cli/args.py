@@ -99,6 +99,13 @@ def _check_numbers(args) -> None:
             continue
         if not math.isfinite(value) or value < 0 or (value == 0 and name in _POSITIVE):
             raise UserError(f"--{name} {value}: must be a finite number {'above 0' if name in _POSITIVE else '>= 0'}")
+    alpha, rank = getattr(args, "lora_alpha", None), getattr(args, "lora_rank", None)
+    if alpha is not None and rank:
+        from ..lora.formats import MAX_ALPHA_PER_RANK
+
+        if alpha / rank > MAX_ALPHA_PER_RANK:  # as a file's alpha is refused (1e30 ended as a non-finite loss)
+            raise UserError(f"--lora_alpha {alpha:g}: at --lora_rank {rank} a scale of {alpha / rank:g}; at most "
+                            f"{MAX_ALPHA_PER_RANK:g} x the rank is a LoRA anyone trains")
 
 
 def check_training_args(args) -> None:
