@@ -117,6 +117,24 @@ def test_a_non_finite_fp8_scale_is_refused_naming_the_key(tmp_path, name, value)
     refused(tmp_path, state, f"a.{name} holds non-finite values (NaN or inf)")
 
 
+@pytest.mark.parametrize("name, values, said", [("weight_scale", [0.5, -0.5], "negative values"),
+                                               ("weight_scale", [0.0, 0.0], "only zeros"),
+                                               ("scale_weight", [-1.0], "negative values"),
+                                               ("scale_weight", [0.0], "only zeros")])
+def test_a_negative_or_zero_fp8_scale_is_refused_naming_the_key(tmp_path, name, values, said):
+    """A negative scale flipped the weight's sign and an all-zero one erased it, with exit 0."""
+    scale = torch.tensor(values * (8 // len(values)))
+    state = {"a.weight": torch.randn(8, 16).to(torch.float8_e4m3fn), f"a.{name}": scale}
+    refused(tmp_path, state, f"a.{name} holds {said} (a scale is positive)")
+
+
+def test_a_negative_absmax_is_refused_naming_the_key(tmp_path, bnb):
+    state = nf4_state()
+    absmax = state[f"{KEY}.absmax"].clone()
+    absmax[1] = -absmax[1]
+    refused(tmp_path, {**state, f"{KEY}.absmax": absmax}, f"{KEY}.absmax holds negative values")
+
+
 def test_a_quant_type_that_contradicts_the_quant_map_is_named_a_mismatch(tmp_path, bnb):
     nf4 = nf4_state()
     # the record says fp4, the codes and their table are nf4's: bitsandbytes' kernels would decode them as fp4

@@ -291,6 +291,8 @@ def _check_bnb(key: str, kind: str, data: torch.Tensor, shape: tuple[int, ...], 
                          f"is no nested_absmax to decode it)")
     elif not _finite(absmax):
         raise ValueError(f"{key}.absmax holds non-finite values (NaN or inf)")
+    elif not absmax.is_meta and bool((absmax < 0).any()):
+        raise ValueError(f"{key}.absmax holds negative values (a block's largest magnitude)")
     if not code.is_meta:
         if not _finite(code):
             raise ValueError(f"{key}.quant_map holds non-finite values (NaN or inf)")
@@ -343,6 +345,10 @@ def _fp8_weight(key: str, data: torch.Tensor, parts: dict[str, torch.Tensor], sc
     if not _finite(parts["scale"]):
         raise ValueError(f"{scale_key} holds non-finite values (NaN or inf)")
     scale = parts["scale"].float().reshape(-1)
+    if not scale.is_meta and (bool((scale < 0).any()) or not bool((scale != 0).any())):
+        # a scale is the weight's largest magnitude over the fp8 range: negative flips the weight, all 0 erases it
+        raise ValueError(f"{scale_key} holds {'negative values' if bool((scale < 0).any()) else 'only zeros'} "
+                         f"(a scale is positive)")
     if scale.numel() == 1:
         scale = scale.expand(data.shape[0]).contiguous()
     elif scale.numel() != data.shape[0]:
