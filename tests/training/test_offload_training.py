@@ -104,10 +104,11 @@ def test_optimizer_offload_resumes_exactly(tmp_path, tiny_repo, capsys):
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
 
 
-@pytest.mark.parametrize("family", ["flux", "wan"])
+@pytest.mark.parametrize("family", ["flux", "wan", "krea2"])
 def test_other_families_offload_without_declaring_anything(tmp_path, capsys, family):
-    """The blocks are found generically: FLUX's double- and single-stream lists, Wan's blocks; the LoRA trained
-    with every block offloaded equals the resident run's."""
+    """The blocks are found generically: FLUX's double- and single-stream lists, Wan's blocks, Krea-2's text fusion
+    and transformer blocks (its text fusion, which diffusers does not checkpoint, was refused as 'run without
+    gradient checkpointing'); the LoRA trained with every block offloaded equals the resident run's."""
     import json
 
     from support import tiny_flux_paths, tiny_wan_paths, write_example_dataset, write_tiny_flux, write_tiny_wan
@@ -117,10 +118,16 @@ def test_other_families_offload_without_declaring_anything(tmp_path, capsys, fam
 
         paths = [p if len(p) > 1 else p[0] for p in tiny_flux_paths(write_tiny_flux(tmp_path / "repo")).values()]
         shown = "(transformer_blocks, single_transformer_blocks)"
-    else:
+    elif family == "wan":
         targets = "q,k,v,o,ffn.0,ffn.2"
         paths = [p[0] for p in tiny_wan_paths(write_tiny_wan(tmp_path / "repo", "t2v")).values()]
         shown = "(blocks)"
+    else:
+        from support.krea2.tiny import krea2_model_paths, write_tiny_krea2_hub
+
+        write_tiny_krea2_hub(tmp_path / "repo")
+        paths, targets = krea2_model_paths(tmp_path / "repo"), "to_q,to_k,to_v"
+        shown = "(text_fusion.layerwise_blocks, text_fusion.refiner_blocks, transformer_blocks)"
     meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 32))
     args = ["--task", "sft", "--dataset_base_path", meta.parent, "--dataset_metadata_path", meta, "--model_paths",
             json.dumps(paths), "--torch_dtype", "float32", "--learning_rate", 1e-3, "--dataset_repeat", 2,

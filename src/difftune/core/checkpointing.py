@@ -54,3 +54,21 @@ def gradient_checkpoint_forward(module, use_gradient_checkpointing: bool, use_gr
         return module(*flat[:n], **dict(zip(names, flat[n:])))
 
     return checkpoint_function(bool(use_gradient_checkpointing_offload))(call, *args, *kwargs.values())
+
+
+def checkpoint_whole(module, enabled: bool, offload: bool = False) -> None:
+    """Run `module`'s forward under gradient checkpointing (its children's calls, and their hooks, inside it), or as
+    it is again: for a part of a model its own checkpointing leaves out (Krea-2's text fusion blocks), whose
+    activations are otherwise kept and whose blocks model offload cannot stream."""
+    state = (bool(enabled), bool(offload))
+    if module.__dict__.get("_difftune_whole_ckpt", (False, False)) == state:
+        return
+    module.__dict__.pop("forward", None)  # the class's forward again
+    if enabled:
+        plain = module.forward
+
+        def forward(*args, **kwargs):
+            return gradient_checkpoint_forward(plain, True, offload, *args, **kwargs)
+
+        module.forward = forward
+    module._difftune_whole_ckpt = state

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ...core.checkpointing import set_gradient_checkpointing
+from ...core.checkpointing import checkpoint_whole, set_gradient_checkpointing
 from ...errors import UserError
 
 PATCH = 2
@@ -69,6 +69,9 @@ def model_fn_krea2(dit, latents: torch.Tensor, timestep: torch.Tensor, prompt_em
     t = (timestep.to(device=latents.device, dtype=torch.float32).reshape(-1).expand(b) / 1000).to(dtype)
     mask = None if prompt_embeds_mask is None else prompt_embeds_mask.to(latents.device).bool()
     set_gradient_checkpointing(dit, use_gradient_checkpointing, use_gradient_checkpointing_offload)
+    # diffusers checkpoints the transformer blocks only: the text fusion's four blocks (12 text layers per token)
+    # kept their activations, and model offload refused to stream them
+    checkpoint_whole(dit.text_fusion, use_gradient_checkpointing, use_gradient_checkpointing_offload)
     call = Krea2Call(pipe, dit, inputs, pack(latents.to(dtype)), t, prompt_embeds.to(dtype), mask,
                      position_ids(prompt_embeds.shape[1], h // PATCH, w // PATCH, latents.device))
     for feature in features:
