@@ -45,7 +45,8 @@ def measure(tokens: int, std: float, dim: int = 3072, inner: int = 12288, rank: 
         results[name] = (y.detach(), b.grad.clone())
     (y_t, g_t), (y_q, g_q) = results["tanh"], results["quick"]
     gap = (torch.nn.functional.gelu(pre, approximate="tanh") - quick_gelu(pre)).abs().max().item()
-    return {"std": std, "act_max_abs": gap, "out_rel": ((y_t - y_q).norm() / y_t.norm()).item(), "grad_rel": ((g_t - g_q).norm() / g_t.norm()).item()}
+    return {"std": std, "act_max_abs": gap, "out_rel": ((y_t - y_q).norm() / y_t.norm()).item(),
+            "grad_rel": ((g_t - g_q).norm() / g_t.norm()).item()}
 
 
 def main(argv=None) -> list[dict]:
