@@ -16,6 +16,12 @@ class UndeclaredIOError(RuntimeError):
     """A pipeline unit read or wrote a name, or used a model, that it did not declare (a bug in the unit)."""
 
 
+def row_label(data) -> str:
+    """A data row as messages name it: "row N", counted from 1 as the metadata file's rows are ("row ?" unknown)."""
+    row = data.get("_row") if hasattr(data, "get") else data
+    return f"row {row + 1}" if isinstance(row, int) and not isinstance(row, bool) else "row ?"
+
+
 def one_line(text) -> str:
     return " ".join(str(text).split("\n")).replace("\r", " ").strip()
 

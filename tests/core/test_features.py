@@ -153,9 +153,9 @@ def test_row_columns_by_kind_with_one_line_errors():
     out = pipe.feature_data(row, num_frames=5)
     assert set(out) == {"clip", "aligned", "picture"}  # an empty CSV cell (NaN) is left out
     assert out["picture"] is frame and len(out["clip"]) == 2
-    with pytest.raises(UserError, match=r"^row 3: 'aligned' has 2 frames, the clip 5"):
+    with pytest.raises(UserError, match=r"^row 4: 'aligned' has 2 frames, the clip 5"):
         pipe.feature_data({**row, "aligned": [frame, frame]}, num_frames=5)
-    with pytest.raises(UserError, match=r"^row 3: 'picture' must be an image file"):
+    with pytest.raises(UserError, match=r"^row 4: 'picture' must be an image file"):
         pipe.feature_data({**row, "picture": "not loaded"}, num_frames=5)
 
 
@@ -168,7 +168,7 @@ def test_a_clip_column_takes_a_list_a_tuple_or_one_image_and_refuses_other_value
     frame = Image.new("RGB", (8, 8))
     assert pipe.feature_data({"clip": (frame, frame)})["clip"] == [frame, frame]
     assert pipe.feature_data({"clip": frame})["clip"] == [frame]
-    with pytest.raises(UserError, match=r"^row 4: 'clip' must be a clip or an image file"):
+    with pytest.raises(UserError, match=r"^row 5: 'clip' must be a clip or an image file"):
         pipe.feature_data({"_row": 4, "clip": 3.0})
     assert as_image_list(None) == [] and as_image_list(frame) == [frame] and as_image_list((frame,)) == [frame]
 
@@ -178,7 +178,7 @@ def test_a_column_of_several_images_is_always_a_list():
     a, b = Image.new("RGB", (8, 8)), Image.new("RGB", (4, 4))
     assert pipe.feature_data({"pictures": a})["pictures"] == [a]
     assert pipe.feature_data({"pictures": [a, b]})["pictures"] == [a, b]
-    with pytest.raises(UserError, match=r"^row 2: 'pictures' must be image file\(s\) listed in --data_file_keys "
+    with pytest.raises(UserError, match=r"^row 3: 'pictures' must be image file\(s\) listed in --data_file_keys "
                                         r"\(e.g. --data_file_keys image,pictures\), got 'a.png'"):
         pipe.feature_data({"_row": 2, "pictures": "a.png"})
 
@@ -190,7 +190,7 @@ def test_a_list_of_images_column():
     assert pipe.feature_data({"pictures": [a, b]})["pictures"] == [a, b]
     assert pipe.feature_data({"pictures": a})["pictures"] == [a]
     for bad in (["a.png"], [a, "b.png"], []):
-        with pytest.raises(UserError, match=r"^row 7: 'pictures' must be image file\(s\)"):
+        with pytest.raises(UserError, match=r"^row 8: 'pictures' must be image file\(s\)"):
             pipe.feature_data({"_row": 7, "pictures": bad})
 
 
@@ -199,3 +199,12 @@ def test_finish_runs_for_the_calls_features_only():
     latents = torch.zeros(1, 4, 2)
     assert pipe.finish(latents, {"hint": "up"}).shape == (1, 3, 2)
     assert pipe.finish(latents, {}).shape == (1, 4, 2)
+
+
+def test_messages_count_rows_from_one_as_the_metadata_file_does():
+    """`_row` is the 0-based index; the data set's messages said "row N" counted from 1 and the pipelines' and
+    features' the index itself, so one bad row was named two ways. Every message now counts from 1."""
+    from difftune.errors import row_label
+
+    assert row_label({"_row": 0}) == "row 1" and row_label({"_row": 3}) == "row 4"
+    assert row_label({}) == "row ?" and row_label({"_row": "?"}) == "row ?" and row_label(5) == "row 6"

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..errors import UserError
+from ..errors import UserError, row_label
 from ..media.image import as_image_list
 from .batch import SAME
 from .features import ALIGNED_AUDIO, ALIGNED_FRAMES, BASE, FRAMES, IMAGE, IMAGES, VALUE, Feature, RunContext, \
@@ -194,7 +194,7 @@ class BasePipeline:
         (an empty CSV cell left out), raw columns untouched; a column of several images as a list of them."""
         from PIL import Image
 
-        row = data.get("_row", "?")
+        row = row_label(data)
         out = {}
         for name, kind in self.input_kinds().items():
             value = data.get(name)
@@ -203,22 +203,22 @@ class BasePipeline:
             if kind in (FRAMES, ALIGNED_FRAMES):
                 frames = as_image_list(value)
                 if not frames or not all(isinstance(f, Image.Image) for f in frames):
-                    raise UserError(f"row {row}: '{name}' must be a clip or an image file (listed in --data_file_keys)")
+                    raise UserError(f"{row}: '{name}' must be a clip or an image file (listed in --data_file_keys)")
                 if kind == ALIGNED_FRAMES and num_frames is not None:
                     if len(frames) < num_frames:  # the data set's row check refuses it first, naming the file
-                        raise UserError(f"row {row}: '{name}' has {len(frames)} frames, the clip {num_frames}: give a "
+                        raise UserError(f"{row}: '{name}' has {len(frames)} frames, the clip {num_frames}: give a "
                                         f"clip as long as the video (cut to --num_frames)")
                     frames = frames[:num_frames]  # a longer one is cut to the clip, as the clip was
                 out[name] = frames
             elif kind == IMAGE:
                 frames = as_image_list(value)
                 if not frames or not isinstance(frames[0], Image.Image):
-                    raise UserError(f"row {row}: '{name}' must be an image file (listed in --data_file_keys)")
+                    raise UserError(f"{row}: '{name}' must be an image file (listed in --data_file_keys)")
                 out[name] = frames[0]
             elif kind == IMAGES:
                 images = as_image_list(value)
                 if not images or not all(isinstance(i, Image.Image) for i in images):
-                    raise UserError(f"row {row}: '{name}' must be image file(s) listed in --data_file_keys (e.g. "
+                    raise UserError(f"{row}: '{name}' must be image file(s) listed in --data_file_keys (e.g. "
                                     f"--data_file_keys image,{name}), got {value!r:.60}")
                 out[name] = images
             elif kind == VALUE:
@@ -650,8 +650,7 @@ class BasePipeline:
             values[stream.input] = value
             values.update(stream.row_size(value))
             values.update(stream.frame_values(data))
-        row = data.get("_row")
-        where = f"row {row + 1}" if isinstance(row, int) else "row ?"
+        where = row_label(data)
         if self.every_feature_column:
             values.update(self.feature_data(data, values.get("num_frames")))
         for feature in self.features:

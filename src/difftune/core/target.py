@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, row_label
 
 # What a stream's data column loads.
 IMAGE, FRAMES, AUDIO = "image", "frames", "audio"
@@ -176,7 +176,7 @@ class Stream:
 
         value = data.get(self.column)
         if (value is not None or self.required) and not isinstance(value, Image.Image):
-            raise UserError(f"row {data.get('_row', '?')}: '{self.column}' must be an image file listed in "
+            raise UserError(f"{row_label(data)}: '{self.column}' must be an image file listed in "
                             f"--data_file_keys")
         return value
 
@@ -203,7 +203,7 @@ class Stream:
             if isinstance(value, (list, tuple)) and value and all(isinstance(f, Image.Image) for f in value):
                 value = value[index]
             if value is not None and not isinstance(value, Image.Image):
-                raise UserError(f"row {data.get('_row', '?')}: '{name}' must be an image (an image file, or a frame "
+                raise UserError(f"{row_label(data)}: '{name}' must be an image (an image file, or a frame "
                                 f"of the clip)")
             out[name] = value
         return out
@@ -291,15 +291,15 @@ class VideoStream(Stream):
 
         from ..media.image import as_image_list
 
-        row = data.get("_row", "?")
+        row = row_label(data)
         value = next((data.get(c) for c in (self.clip_columns or (self.column,)) if data.get(c) is not None), None)
         frames = as_image_list(value)
         if not frames or not all(isinstance(f, Image.Image) for f in frames):
-            raise UserError(f"row {row}: no clip: {' or '.join(repr(c) for c in self.clip_columns or (self.column,))} "
+            raise UserError(f"{row}: no clip: {' or '.join(repr(c) for c in self.clip_columns or (self.column,))} "
                             f"must be a file listed in --data_file_keys")
         rule = self.frames
         if rule is not None and len(frames) % rule.factor != rule.remainder % rule.factor:
-            raise UserError(f"row {row}: the clip has {len(frames)} frames; {self.owner} needs {rule.factor}k+"
+            raise UserError(f"{row}: the clip has {len(frames)} frames; {self.owner} needs {rule.factor}k+"
                             f"{rule.remainder} (e.g. --num_frames {rule.default})")
         return frames
 
@@ -413,7 +413,7 @@ class AudioStream(Stream):
     def row_value(self, data):
         value = data.get(self.column)
         if value is not None and not (isinstance(value, torch.Tensor) and value.dim() == 2):
-            raise UserError(f"row {data.get('_row', '?')}: '{self.column}' must be an audio file listed in "
+            raise UserError(f"{row_label(data)}: '{self.column}' must be an audio file listed in "
                             f"--data_file_keys")
         return value
 

@@ -289,9 +289,9 @@ def test_saved_lora_loads_in_diffusers(repos, tmp_path):
 
 def test_training_inputs_refuse_bad_clips(repos):
     pipe = WanVideoPipeline()
-    with pytest.raises(UserError, match="row 3: the clip has 4 frames; Wan needs 4k\\+1"):
+    with pytest.raises(UserError, match="row 4: the clip has 4 frames; Wan needs 4k\\+1"):
         pipe.training_inputs({"_row": 3, "video": [image(16, 16)] * 4, "prompt": "x"})
-    with pytest.raises(UserError, match="row 2: no clip"):
+    with pytest.raises(UserError, match="row 3: no clip"):
         pipe.training_inputs({"_row": 2, "prompt": "x"})
 
 

@@ -30,7 +30,7 @@ def test_rows_read_the_run_features_columns_only():
     values = pipe.training_inputs(row)
     assert values["edit_image"] == [image] and values["controlnet_image"] is None  # not the run's: left alone
     pipe.activate({"controlnet"})
-    with pytest.raises(UserError, match=r"^row 4: 'controlnet_image' must be an image file"):
+    with pytest.raises(UserError, match=r"^row 5: 'controlnet_image' must be an image file"):
         pipe.training_inputs(row)
 
 

@@ -18,7 +18,7 @@ from ...core.checkpointing import set_gradient_checkpointing
 from ...core.options import sample_input
 from ...core.pipeline import BasePipeline
 from ...core.target import AudioStream, Target
-from ...errors import UserError
+from ...errors import UserError, row_label
 from .components import HOP, LATENT_CHANNELS, SAMPLE_RATE
 from .units import UNITS, frames_of
 
@@ -112,7 +112,7 @@ class AceStepPipeline(BasePipeline):
 
     def training_inputs(self, data):
         if "lyrics" not in data:
-            raise UserError(f"row {data.get('_row', '?')}: no 'lyrics' column: ACE-Step trains on each clip's lyrics "
+            raise UserError(f"{row_label(data)}: no 'lyrics' column: ACE-Step trains on each clip's lyrics "
                             f"(write [Instrumental] for music without vocals)")
         return super().training_inputs(data)
 

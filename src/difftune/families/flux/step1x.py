@@ -21,7 +21,7 @@ from PIL import Image
 
 from ...core.options import sample_input
 from ...core.units import PipelineUnit
-from ...errors import UserError
+from ...errors import UserError, row_label
 from ...models.detect import ComponentSpec, strip_comfyui_prefix
 from ...parts.qwen_vl import QWEN25_VL_7B_CONFIG, load_qwen_vl_processor, qwen25_vl_key
 from .bfl import convert_bfl_transformer
@@ -372,7 +372,7 @@ class Step1XEditPipeline(FluxBasePipeline):
         values = super().training_inputs(data)
         reference = data.get("step1x_reference_image")
         if reference is not None and not isinstance(reference, Image.Image):
-            raise UserError(f"row {data.get('_row', -1) + 1}: 'step1x_reference_image' must be an image file listed "
+            raise UserError(f"{row_label(data)}: 'step1x_reference_image' must be an image file listed "
                             f"in --data_file_keys (--data_file_keys image,step1x_reference_image)")
         values["step1x_reference_image"] = reference
         values["negative_prompt"] = None  # training reads the positive side only: no negative Qwen2.5-VL pass

@@ -12,7 +12,7 @@ from PIL import Image
 
 from ...core.features import IMAGE, RAW, VALUE, Feature
 from ...core.units import PipelineUnit
-from ...errors import UserError
+from ...errors import UserError, row_label
 from ...media.image import as_image_list
 from .units import encode_video, video_tensor
 
@@ -121,10 +121,10 @@ class InContextFeature(Feature):
         if value is not None:
             clips = _clips(value)
             if not clips or not all(clip and all(isinstance(f, Image.Image) for f in clip) for clip in clips):
-                raise UserError(f"row {data.get('_row', '?')}: 'in_context_videos' must be a clip (or a list of one) "
+                raise UserError(f"{row_label(data)}: 'in_context_videos' must be a clip (or a list of one) "
                                 f"listed in --data_file_keys")
             if len(clips) > 1:
-                raise UserError(f"row {data.get('_row', '?')}: {len(clips)} in_context_videos: one a row (the "
+                raise UserError(f"{row_label(data)}: {len(clips)} in_context_videos: one a row (the "
                                 f"reference stacks several on the latent channels, which its DiT cannot take)")
             out["in_context_videos"] = clips[0]
         factor = data.get("in_context_downsample_factor")
@@ -134,7 +134,7 @@ class InContextFeature(Feature):
             except (TypeError, ValueError):
                 factor = 0
             if factor < 1:
-                raise UserError(f"row {data.get('_row', '?')}: in_context_downsample_factor "
+                raise UserError(f"{row_label(data)}: in_context_downsample_factor "
                                 f"{data.get('in_context_downsample_factor')!r}: a whole number of at least 1")
             out["in_context_downsample_factor"] = factor
         return out

@@ -20,7 +20,7 @@ from ...core.options import sample_input
 from ...core.pipeline import BasePipeline
 from ...core.target import AudioStream, FrameRule, Target, VideoStream
 from ...data.audio import LoadAudioClip
-from ...errors import UserError
+from ...errors import UserError, row_label
 from .audio import LATENT_HOP, SAMPLE_RATE
 from .features import FEATURES
 from .units import UNITS, audio_latent_frames, pack_sound, unpack_sound
@@ -219,7 +219,7 @@ class LTX2Pipeline(BasePipeline):
             except (TypeError, ValueError):
                 frame_rate = -1.0
             if not frame_rate > 0:
-                raise UserError(f"row {data.get('_row', '?')}: frame_rate {values.get('frame_rate')!r}: a positive "
+                raise UserError(f"{row_label(data)}: frame_rate {values.get('frame_rate')!r}: a positive "
                                 f"number of frames per second")
             values["frame_rate"] = frame_rate
         return values

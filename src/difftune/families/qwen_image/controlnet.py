@@ -25,11 +25,11 @@ from torch import nn
 from ...core.features import RAW, Feature
 from ...core.latents import pack_latents
 from ...core.units import PipelineUnit
-from ...errors import UserError
+from ...errors import UserError, row_label
 from ...media.image import as_image_list
 from ...models.detect import ComponentSpec
 from ...parts.controlnet import ControlNetInput, encode_control_images
-from .feature import loaded, per_prompt, row_label
+from .feature import loaded, per_prompt
 
 IN_DIM = 64  # 16 latent channels x a 2x2 patch
 INPAINT_EXTRA_DIM = 4  # the mask channel x a 2x2 patch
@@ -183,7 +183,7 @@ class _BlockwiseControlNet(Feature):
         image = loaded(data.get("blockwise_controlnet_image"))
         mask = loaded(data.get("blockwise_controlnet_inpaint_mask"))
         if mask is not None and image is None:
-            raise UserError(f"row {row_label(data)}: blockwise_controlnet_inpaint_mask without "
+            raise UserError(f"{row_label(data)}: blockwise_controlnet_inpaint_mask without "
                             f"blockwise_controlnet_image")
         return {"blockwise_controlnet_image": image, "blockwise_controlnet_inpaint_mask": mask}
 

@@ -23,11 +23,11 @@ from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStrea
 from ...core.batch import Pad
 from ...core.features import RAW, Feature
 from ...core.units import PipelineUnit
-from ...errors import UserError
+from ...errors import UserError, row_label
 from ...parts.eligen import entity_samples, entity_token_masks, segment_attention_mask
 from ...util import text_list
 from .encoding import DIVISION_FACTOR, VAE_SCALE
-from .feature import loaded, per_prompt, row_label
+from .feature import loaded, per_prompt
 
 ENTITY_OUTPUTS = ("entity_prompt_embeds", "entity_prompt_embeds_mask", "entity_token_ids", "entity_masks",
                   "entity_masks_mask")
@@ -203,10 +203,10 @@ class _EliGen(Feature):
         row = row_label(data)
         masks = loaded(data.get("eligen_entity_masks"))
         prompts = None if masks is None else \
-            text_list(data.get("eligen_entity_prompts"), "eligen_entity_prompts", f"row {row}")
+            text_list(data.get("eligen_entity_prompts"), "eligen_entity_prompts", row)
         if (prompts is None) != (masks is None):
             given = "eligen_entity_prompts" if masks is None else "eligen_entity_masks"
-            raise UserError(f"row {row}: {given} without its other half (EliGen needs eligen_entity_prompts and "
+            raise UserError(f"{row}: {given} without its other half (EliGen needs eligen_entity_prompts and "
                             f"eligen_entity_masks, one prompt per mask image)")
         return {"eligen_entity_prompts": prompts, "eligen_entity_masks": masks}
 

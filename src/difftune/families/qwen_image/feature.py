@@ -4,9 +4,6 @@ input, and a call's input is every prompt's (one copy per prompt of the batch)."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from PIL import Image
 
 
@@ -17,10 +14,6 @@ def loaded(value):
     return value if value is not None and images and all(isinstance(v, Image.Image) for v in images) else None
 
 
-def row_label(data: Mapping[str, Any]):
-    """The row as messages name it (counted from 1)."""
-    row = data.get("_row", "?")
-    return row + 1 if isinstance(row, int) else row
 
 
 def sizes(value):
@@ -33,4 +26,4 @@ def per_prompt(value, batch: int):
     return value if value is None or batch == 1 else [value] * batch
 
 
-__all__ = ["loaded", "per_prompt", "row_label", "sizes"]
+__all__ = ["loaded", "per_prompt", "sizes"]

@@ -21,13 +21,13 @@ from ...core.batch import SAME
 from ...core.latents import pack_latents, unpack_latents
 from ...core.pipeline import BasePipeline
 from ...core.target import ImageStream, Target
-from ...errors import UserError
+from ...errors import UserError, row_label
 from .components import SCHEDULER_CONFIG, TRAINING_MU
 from .context import CONTEXT
 from .controlnet import BLOCKWISE
 from .edit_plus import EDIT
 from .eligen import ELIGEN
-from .feature import row_label, sizes
+from .feature import sizes
 from .model_fn import model_fn_qwen_image
 from .units import (DIVISION_FACTOR, QwenImageInputImageEmbedder, QwenImageNoiseInitializer, QwenImagePromptEmbedder,
                     QwenImageShapeChecker, template_drop_count, vae_decode)
@@ -43,7 +43,7 @@ class QwenImageStream(ImageStream):
 
     def row_value(self, data):
         if isinstance(data.get(self.column), list):
-            raise UserError(f"row {row_label(data)}: 'image' is a list of layers, which needs Qwen-Image-Layered's "
+            raise UserError(f"{row_label(data)}: 'image' is a list of layers, which needs Qwen-Image-Layered's "
                             f"weights (its transformer and RGBA VAE)")
         return super().row_value(data)
 

@@ -26,7 +26,7 @@ def as_list(value, name: str, row) -> list | None:
             parsed = None
         if isinstance(parsed, list):
             return parsed
-    raise UserError(f"row {row}: '{name}' must be a list (a JSON list such as [1, 0, 0]), got {value!r}")
+    raise UserError(f"{row}: '{name}' must be a list (a JSON list such as [1, 0, 0]), got {value!r}")
 
 
 class WanVariantPipeline(WanBasePipeline):

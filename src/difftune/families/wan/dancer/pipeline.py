@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ....core.batch import LIST, SAME
-from ....errors import UserError
+from ....errors import UserError, row_label
 from ....media.image import as_image_list
 from ..units import WanInputVideoEmbedder, WanNoiseInitializer, WanPromptEmbedder, WanShapeChecker, vae_decode
 from ..variant import WanVariantPipeline, as_list
@@ -64,7 +64,7 @@ class WanDancerPipeline(WanVariantPipeline):
     def training_inputs(self, data: dict[str, Any]) -> dict[str, Any]:
         """As Wan's, with the Dancer's columns; a clip of a row with a true framewise_decoding may have any number
         of frames, which stand for 4 (n - 1) + 1 (`framewise_num_frames`)."""
-        row = data.get("_row", "?")
+        row = row_label(data)
         framewise = bool(data.get("framewise_decoding"))
         video = data.get("video") if data.get("video") is not None else data.get("image")
         frames = as_image_list(video)
