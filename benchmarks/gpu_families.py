@@ -4,9 +4,10 @@ difftune's stage-2 step against DiffSynth-Studio's own on the same GPU, blocks a
 Each family's DiT is built at its real width with a few blocks (`--mfu_blocks`), beside text encoders of the real output
 width with one or two layers and the tests' small VAEs (stage 1 only feeds the cache): Qwen-Image (24 heads of 128,
 text 3584), FLUX.1 (24 heads of 128, double:single blocks 1:2, T5 4096 / CLIP 768), Wan 14B (40 heads of 128, FFN
-13824, UMT5 4096), Z-Image (30 heads of 128, one refiner of each kind, Qwen3 2560) and ACE-Step v1.5 (16 heads /
+13824, UMT5 4096), Z-Image (30 heads of 128, one refiner of each kind, Qwen3 2560), ACE-Step v1.5 (16 heads /
 8 KV heads of 128, MLP 6144, its condition encoder 2048 and Qwen3 1024 wide with a layer each, the release's VAE, a
-30 s clip). Per family: stage 1 into a
+30 s clip) and LTX-2.0 (32 video heads of 128 and 32 audio heads of 64; Gemma-3 128 wide with its 48 layers, the
+connectors' inputs; 121 frames at 512x512 with sound). Per family: stage 1 into a
 cache, then stage 2 (bf16, LoRA rank 32 on the family's reference targets, batch 1) with and without gradient
 checkpointing. The model FLOPs of a step are counted, not modelled: torch's `FlopCounterMode` over one warm-up step of
 the run without checkpointing (matrix products and torch's attention kernels, forward and backward; where the
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from common import ROOT, child_command, fresh, ratio, run_child, step_time
 
-FAMILIES = ("qwen_image", "flux", "wan", "z_image", "ace_step")
+FAMILIES = ("qwen_image", "flux", "wan", "z_image", "ace_step", "ltx2")
 COUNTED_STEP = 1  # FLOPs counted between optimizer steps 1 and 2 (a warm-up step: timing drops it)
 ATTENTION_OPS = ("_scaled_dot_product", "scaled_dot_product")
 
@@ -78,6 +79,18 @@ def family_config(family: str, blocks: int, resolution: int, quick: bool):
             text=dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=1, num_attention_heads=16,
                       num_key_value_heads=8, head_dim=128),
             vae=dict(encoder_hidden_size=128, decoder_channels=128), channels=64), resolution=0, seconds=30)
+    if family == "ltx2":
+        # LTX-2.0 19B's DiT at its width (32 video heads of 128, 32 audio heads of 64) with `blocks` blocks; Gemma-3
+        # 128 wide with the 48 layers the text connectors read (49 hidden states) and the connectors at its width
+        # (the DiT projects the context to its own 4096 / 2048), the tests' small VAEs (8 video, 2 audio latent
+        # channels): they only feed the cache. 121 frames at 512x512 with sound (16 latent frames of 16x16: 4,096
+        # video tokens, 126 sound tokens; the reference's 768x512 clips of 121 frames are 6,144 + 126)
+        return Config("realwidth", dict(
+            dit=dict(num_attention_heads=32, audio_num_attention_heads=32, num_layers=blocks),
+            gemma=dict(hidden_size=128), video_vae=dict(latent_channels=8, block_out_channels=[16, 32, 64, 128],
+                                                        layers_per_block=[1, 1, 1, 1, 1],
+                                                        decoder_block_out_channels=[16, 32, 64]),
+            audio_channels=2), resolution=min(resolution, 512), num_frames=121)
     raise SystemExit(f"unknown family {family}")
 
 

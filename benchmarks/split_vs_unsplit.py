@@ -769,6 +769,156 @@ def _ace_step(wd: Path, cfg: Config, n: int) -> Prepared:
                     keys=ACE_STEP_KEYS, extra_flags=("--data_file_keys", "audio"))
 
 
+# LTX-2.0 19B (text to video with its sound): the release's head widths (video 128, audio 64: recognition reads the
+# head counts off the widths), its 32 video + 32 audio heads at 4 + 4 (widths 512 and 256 against 4096 and 2048) and
+# its 48 blocks at 3. The text connectors run at Gemma's width (their heads are 128 wide and the projection in front
+# takes Gemma's 49 stacked hidden states), so Gemma is 128 wide, which makes that projection alone 0.8M: the DiT is
+# sized for the connectors to come near the real 0.076x. Gemma-3 keeps its 48 layers (the connectors' 49 inputs) at
+# width 128 (4 heads of 64, 2 KV heads, MLP 544: 0.62x the DiT as the real language model), its SigLIP tower (loaded,
+# never run on text) at 2 layers of 128; the byte tokenizer's 353 tokens stand in for the 262k vocabulary (a 1.0B
+# embedding of the real 11.8B). The video VAE encoder has the release's blocks and 32x / 8x compression, its widths
+# 2, 4, 8 and 16x the latent channels as there, at 6 latent channels (the release's 128: widths 12..96 against
+# 256..2048) with 2 layers a block and 1 in the middle (the release: 4, 6, 6, 2 and 2). The audio VAE's
+# width is tied to its latent channels (its statistics normalise the packed channels x 16 mel bins): at 1 latent
+# channel (the release's 8) its encoder is still 16 wide, about 9x the release's share. The decoders and the vocoder
+# (in the Repackage layout, not used to train) are small. Clips of 9 frames at 256x256 with sound: 2 latent frames of
+# 8x8 video tokens and 9 sound tokens; the prompt is padded to 1024 tokens for Gemma, as the reference pads it.
+LTX2_REPACKAGE, LTX2_GEMMA = "DiffSynth-Studio/LTX-2-Repackage", "google/gemma-3-12b-it-qat-q4_0-unquantized"
+LTX2_FILES = {DIT: "transformer.safetensors", "text_encoder_post_modules": "text_encoder_post_modules.safetensors",
+              "video_vae_encoder": "video_vae_encoder.safetensors",
+              "audio_vae_encoder": "audio_vae_encoder.safetensors"}
+LTX2_SPEC = dict(
+    dit=dict(num_attention_heads=4, audio_num_attention_heads=4, num_layers=3),
+    gemma=dict(hidden_size=128, intermediate_size=544, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+               query_pre_attn_scalar=64),
+    vision=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=2),
+    video_vae=dict(latent_channels=6, block_out_channels=[12, 24, 48, 96], layers_per_block=[2, 2, 2, 2, 1],
+                   decoder_block_out_channels=[12, 24, 48]),
+    audio_channels=1)
+
+
+def _write_ltx2(hub: Path, spec: dict) -> None:
+    """DiffSynth-Studio/LTX-2-Repackage's seven files and the Gemma-3 folder (google/gemma-3-12b-it-qat-q4_0-
+    unquantized: two shards with their index, config.json, the tokenizer) under `hub` at `spec`'s sizes (the tests'
+    tiny LTX-2.0 for an empty spec)."""
+    from support.ltx2.tiny import write_tiny_gemma3, write_tiny_ltx2_repackage
+
+    if not spec:
+        write_tiny_ltx2_repackage(hub / LTX2_REPACKAGE, "2")
+        write_tiny_gemma3(hub / LTX2_GEMMA)
+        return
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from difftune.families.ltx2 import names as N
+    from support.ltx2.tiny import (GEMMA3_SHARDS, gemma3_hub_names, gemma3_tokenizer, ltx2_classes, tiny_configs,
+                                   tiny_gemma3_config)
+
+    d, gemma, vae, audio = spec["dit"], spec["gemma"], spec["video_vae"], spec["audio_channels"]
+    width, audio_width = d["num_attention_heads"] * 128, d["audio_num_attention_heads"] * 64  # 2.0's head widths
+    configs = tiny_configs("2")
+    configs["dit"].update(d, attention_head_dim=128, cross_attention_dim=width, audio_attention_head_dim=64,
+                          audio_cross_attention_dim=audio_width, caption_channels=gemma["hidden_size"],
+                          in_channels=vae["latent_channels"], out_channels=vae["latent_channels"],
+                          audio_in_channels=16 * audio, audio_out_channels=16 * audio)
+    configs["connectors"].update(
+        caption_channels=gemma["hidden_size"], video_connector_num_attention_heads=gemma["hidden_size"] // 128,
+        audio_connector_num_attention_heads=gemma["hidden_size"] // 128,
+        video_connector_num_learnable_registers=128, audio_connector_num_learnable_registers=128)
+    configs["video_vae"].update(vae)
+    configs["audio_vae"].update(latent_channels=audio, base_channels=16 * audio)
+    classes, parts = ltx2_classes("2"), {}
+    for i, (part, cls) in enumerate(classes.items()):
+        torch.manual_seed(i)
+        parts[part] = {k: v.detach().contiguous() for k, v in cls(**configs[part]).state_dict().items()}
+    for name, state in N.split_single_file(N.diffusers_to_single_file(parts)).items():
+        (hub / LTX2_REPACKAGE).mkdir(parents=True, exist_ok=True)
+        save_file(state, str(hub / LTX2_REPACKAGE / name), metadata={"format": "pt"})
+    folder, tok = hub / LTX2_GEMMA, gemma3_tokenizer()
+    config = tiny_gemma3_config(len(tok))
+    config["text_config"].update(gemma)
+    config["vision_config"].update(spec.get("vision", {}))
+    torch.manual_seed(10)
+    model = Gemma3ForConditionalGeneration(Gemma3Config.from_dict(config))
+    state = gemma3_hub_names({k: v.detach().contiguous() for k, v in model.state_dict().items()})
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = ({k: v for k, v in state.items() if k.startswith("language_model.")},
+              {k: v for k, v in state.items() if not k.startswith("language_model.")})
+    weight_map = {}
+    for name, shard in zip(GEMMA3_SHARDS, shards):  # the language model first, the vision tower and projector next
+        save_file(shard, str(folder / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    tok.save_pretrained(str(folder))
+    (folder / "special_tokens_map.json").write_text(json.dumps(  # as write_tiny_gemma3's (the hub folder's)
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+         "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"},
+        indent=2))
+
+
+def _ltx2_clips(root: Path, n: int, frames: int, size: int) -> Path:
+    """`n` clips (a moving circle, 24 fps) with a stereo tone each as their sound track (a little longer than the
+    clip: the family cuts it to the clip's length) and metadata.csv (video,input_audio,prompt), as the reference's
+    LTX-2-T2AV example data."""
+    from support.audio import tone, write_clip_with_audio
+    from support.video import moving_circle_frames
+
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["video,input_audio,prompt"]
+    for i in range(n):
+        picture = moving_circle_frames(frames, (size, size), color=(220, (40 + 50 * i) % 256, 40),
+                                       background=(40, 60, 220))
+        wave = tone((300.0 * (i + 1), 450.0 * (i + 1)), seconds=frames / 24 + 0.1, rate=16000)
+        write_clip_with_audio(root / f"clip{i}.mp4", picture, wave, fps=24)
+        lines.append(f"clip{i}.mp4,clip{i}.mp4,{PROMPTS[i % len(PROMPTS)]} with a tone of {300 * (i + 1)} hertz")
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n")
+    return root / "metadata.csv"
+
+
+def _ltx2(wd: Path, cfg: Config, n: int) -> Prepared:
+    """The model in the release's layout (the reference's LTX-2-T2AV-splited.sh loads these five) and `n` clips."""
+    from difftune.families.ltx2.components import LORA_TARGET_MODULES
+    from support.ltx2.tiny import GEMMA3_SHARDS
+
+    hub = reuse_or_write(wd / f"ltx2-{cfg.name}", cfg.spec, lambda hub: _write_ltx2(hub, cfg.spec))
+    metadata = wd / f"ltx2-clips-{cfg.resolution}-{cfg.num_frames}-{n}" / "metadata.csv"
+    if not metadata.is_file():
+        _ltx2_clips(metadata.parent, n, cfg.num_frames, cfg.resolution)
+    counted = {c: f"{LTX2_REPACKAGE}/{f}" for c, f in LTX2_FILES.items()}
+    counted["text_encoder"] = f"{LTX2_GEMMA}/model-*.safetensors"
+    paths = {c: str(hub / f) for c, f in counted.items() if c != "text_encoder"}
+    paths["text_encoder"] = tuple(str(hub / LTX2_GEMMA / s) for s in GEMMA3_SHARDS)  # one model in two shards
+    # the reference's LTX2-T2AV flags: the clip and its own sound track, at the default --frame_rate 24
+    return Prepared(hub, metadata, paths, LORA_TARGET_MODULES, tokenizer=hub / LTX2_GEMMA, counted=counted,
+                    num_frames=cfg.num_frames,
+                    extra_flags=("--data_file_keys", "video,input_audio", "--extra_inputs", "input_audio"))
+
+
+def _ltx2_encode(prep: Prepared, cfg: Config, threads: int) -> dict:
+    """One prompt through Gemma-3 (1024 tokens, all 49 hidden states) and the text connectors, one video VAE encode
+    of a clip and one audio VAE encode of its sound (16 kHz stereo, the clip's length)."""
+    import torch
+
+    from difftune.core.units import run_unit
+    from difftune.families.ltx2.pipeline import LTX2Pipeline
+    from difftune.families.ltx2.units import LTX2PromptEmbedder, encode_audio, encode_video
+    from difftune.models import ModelConfig
+
+    torch.set_num_threads(threads)
+    pipe = LTX2Pipeline.from_pretrained(
+        torch_dtype=torch.float32, model_configs=[ModelConfig(list(p) if isinstance(p, tuple) else p)
+                                                  for c, p in prep.paths.items() if c != DIT],
+        tokenizer_config=ModelConfig(str(prep.tokenizer)))
+    clip = torch.rand(1, 3, cfg.num_frames, cfg.resolution, cfg.resolution) * 2 - 1
+    wave = torch.rand(1, 2, int(cfg.num_frames / 24 * 16000)) * 0.2 - 0.1
+    return _times(text_encode_s=lambda: run_unit(pipe, LTX2PromptEmbedder(), {"prompt": PROMPTS[0]}),
+                  vae_encode_s=lambda: encode_video(pipe, clip), audio_vae_encode_s=lambda: encode_audio(pipe, wave))
+
+
 def _variant_is(name: str, then: str, otherwise: str) -> Callable:
     return lambda r: then if r.get("variant") == name else otherwise
 
@@ -875,6 +1025,35 @@ FAMILIES = {
               "tokens, lyrics through Qwen3's embedding table; the condition encoder (in the DiT's file) is stage 1's",
         quick=lambda variant: Config("quick", resolution=0, lora_rank=4, seconds=1),
         samples="clips", defaults={"samples": (2, 4)}),
+    "ltx2": Family(
+        "ltx2_split_vs_unsplit", "LTX-2", _ltx2,
+        lambda variant: Config("proportional", LTX2_SPEC, resolution=256, num_frames=9),
+        # LTX-2.0 19B: the DiT, Gemma-3-12B as the family loads it (Gemma3ForConditionalGeneration: the language
+        # model 11.766B, its SigLIP tower 0.417B and the projector 0.004B; the LM head is tied to the embedding), the
+        # text connectors, the two VAE encoders (the Repackage files: each with its latent statistics); diffusers'
+        # and transformers' classes at the release configs (components.py's DIT_CONFIG, CONNECTORS_CONFIG,
+        # VIDEO_VAE_CONFIG, AUDIO_VAE_CONFIG; Gemma3Config with the 12B's text sizes, hidden 3840, 48 layers, 16
+        # heads / 8 KV heads of 256, MLP 15360, vocabulary 262208, and its vision tower, SigLIP So400m/14 at 896:
+        # 1152 wide, 27 layers, MLP 4304, where Gemma3Config's default is a 768-wide, 12-layer SigLIP), counted on
+        # the meta device
+        real={DIT: 18.876e9, "text_encoder": 12.187e9, "text_encoder_post_modules": 1.4315e9,
+              "video_vae_encoder": 0.6941e9, "audio_vae_encoder": 0.02133e9},
+        release="LTX-2.0 19B",
+        parts={DIT: "DiT", "text_encoder": "Gemma-3", "text_encoder_post_modules": "text connectors",
+               "video_vae_encoder": "video VAE encoder", "audio_vae_encoder": "audio VAE encoder"},
+        lora_on="the reference's targets (to_k,to_q,to_v,to_out.0)",
+        notes="the release's head widths at 4 + 4 heads and 3 of its 48 blocks; Gemma 128 wide with its 48 layers "
+              "and a 353-token vocabulary, prompts padded to 1024 tokens; 6 video and 1 audio latent channels (the "
+              "release's 128 and 8); the audio VAE encoder about 9x its real share (its width is tied to the latent "
+              "channels x 16 mel bins); clips with their sound at 24 fps: 128 video and 9 sound tokens against the "
+              "6,144 + 126 of the reference's 768x512 clips of 121 frames, so the encodes are a far larger share of "
+              "a one-stage step here than at the release's sizes",
+        quick=lambda variant: Config("quick", resolution=64, lora_rank=4, num_frames=9),
+        # the reference's LTX-2-T2AV-splited.sh trains stage 2 --num_epochs 5 --dataset_repeat 100
+        ref_repeat=100, samples="clips", defaults={"samples": (2, 4), "warmup": (1, 2)}, encode=_ltx2_encode,
+        timings={"text_encode_s": "one Gemma-3 and connectors encode of a prompt",
+                 "vae_encode_s": "one video VAE encode of a clip",
+                 "audio_vae_encode_s": "one audio VAE encode of its sound"}),
 }
 
 

@@ -319,3 +319,17 @@ def test_ace_step_split_vs_unsplit_quick(tmp_path):
     assert all(v > 0 for v in r["params"].values())
     assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x50", "step_time_ratio", "peak_rss_ratio"])
     assert r["step_time_stage2_s"] < r["step_time_one_stage_s"]
+
+
+def test_ltx2_split_vs_unsplit_quick(tmp_path):
+    """LTX-2's row in its own process: clips with their sound, the Repackage files and the Gemma-3 folder as a user
+    has them; Gemma-3, the text connectors and both VAE encoders counted and cached in stage 1, the DiT alone in
+    stage 2."""
+    r = run_quick("split_vs_unsplit.py", tmp_path, "--family", "ltx2", timeout=300)
+    assert r["benchmark"] == "ltx2_split_vs_unsplit" and r["steps"] == 4 and r["clips"] == 2 and r["num_frames"] == 9
+    assert set(r["params"]) == {"transformer", "text_encoder", "text_encoder_post_modules", "video_vae_encoder",
+                                "audio_vae_encoder"}
+    assert all(v > 0 for v in r["params"].values()) and set(r["real_params_over_dit"]) == set(r["params"])
+    assert_ratios(r, ["total_time_ratio", "projected_total_time_ratio_5x100", "step_time_ratio", "peak_rss_ratio",
+                      "text_share_of_one_stage_step", "vae_share_of_one_stage_step"])
+    assert r["step_time_stage2_s"] < r["step_time_one_stage_s"]
