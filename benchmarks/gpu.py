@@ -495,7 +495,7 @@ def main(argv=None) -> None:
     p.add_argument("--part_timeout", type=float, default=600, help="seconds a measured process may run")
     p.add_argument("--mfu_blocks", type=int, default=2, help="real-width blocks per family in the mfu and reference "
                                                              "parts")
-    p.add_argument("--families", default=",".join(("qwen_image", "z_image", "flux", "wan", "ace_step")),
+    p.add_argument("--families", default=",".join(("qwen_image", "z_image", "flux", "wan", "ace_step", "ltx2")),
                    help="the mfu part's families, in this order (past --budget the rest are skipped)")
     p.add_argument("--ds-python", dest="ds_python", default=None, help="reference part: python of a venv with "
                                                                        "DiffSynth-Studio's diffsynth package")
