@@ -374,8 +374,10 @@ def detect_components(config: ModelConfig | str | list[str], specs: Sequence[Com
         shapes = det.shapes if det is not None else {k: s for f in per_file.values() for k, s in f.items()}
         key_file = det.key_file if det is not None else {k: f for f, keys in per_file.items() for k in keys}
         for spec in companions:
-            beside = _config_beside(files, [spec]) if _config_class_of(files) in (spec.class_name,
-                                                                                  *spec.config_classes) else None
+            described = _config_class_of(files) in (spec.class_name, *spec.config_classes)
+            if described and any(d.spec.class_name == spec.class_name for d in found):
+                continue  # the main detection built this model from the config.json already
+            beside = _config_beside(files, [spec]) if described else None
             if beside is not None:  # a diffusers folder of the model: its config.json, not the sizes, describes it
                 found.append(DetectedComponent(spec.name, spec, beside[1], files, beside[2], shapes, key_file))
                 continue
