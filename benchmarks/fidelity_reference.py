@@ -1,0 +1,382 @@
+"""The reference's side of benchmarks/fidelity.py: DiffSynth-Studio's own classes, units and loss on the tiny weights
+(run in DiffSynth-Studio's venv by fidelity.py; prints one FIDELITY_RESULT line and writes its tensors).
+
+What it sets up, none of which edits DiffSynth:
+
+* torchvision's op schemas (benchmarks/torchvision_shim.py), before anything imports diffusers or transformers.
+* Model classes at the tiny widths: Z-Image's `ZImageDiT` and Wan's `WanModel` take their sizes as arguments; the
+  text encoders' and VAEs' classes hard-code the release's, so subclasses change only `__init__` (the same layers at the
+  tiny widths; Wan's T5 also gets the tiny UMT5's relative-position range, 32, where the class keeps UMT5-XXL's 128). Every state dict goes through the reference's own converter (its model_configs.py entry for the
+  release's file) and loads with `strict=True`.
+* Z-Image's `TimestepEmbedder` casts its sinusoidal features to bfloat16 whatever the weights' dtype (a bf16-only
+  path: an fp32 run fails in the MLP's matmul); here the cast follows the MLP's weights (the same cast in a bf16 run),
+  and the replay's `tembed_bf16` probe runs the embedding in bf16 as the reference's code has it.
+* The loss's draws: `FlowMatchSFTLoss` calls `torch.randint` (the table index) and `torch.randn_like` (the noise);
+  during the loss they answer the index and the noise fidelity.py gives.
+* Replay: `launch_training_task` itself (AdamW, accelerate, its loop), with `ConstantLR` at factor 1 unless the payload
+  keeps the warm-up (difftune's rate is constant).
+
+Usage: `<diffsynth-venv>/bin/python benchmarks/fidelity_reference.py '<json payload>'`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from torchvision_shim import install as torchvision_shim  # noqa: E402
+
+torchvision_shim()
+
+RESULT_MARK = "FIDELITY_RESULT "
+
+
+def _load(path) -> dict:
+    import torch
+    from safetensors.torch import load_file
+
+    path = str(path)
+    if path.endswith(".safetensors"):
+        return load_file(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _folder(folder: Path) -> dict:
+    out = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        out.update(_load(f))
+    return out
+
+
+# -- Z-Image ------------------------------------------------------------------------------------------------------
+
+def tembed_cast(mode: str = "weights") -> None:
+    """Z-Image's time embedding (see the module docstring): "weights": its cast follows the MLP's dtype; "bf16": the
+    MLP runs in bfloat16 as the reference's cast asks (on a bf16 copy of its weights), its output cast back to the
+    weights' dtype for the fp32 layers after it."""
+    import copy
+
+    import torch
+    from diffsynth.models import z_image_dit
+
+    cls = z_image_dit.TimestepEmbedder
+
+    def forward(self, t):
+        t_freq = self.timestep_embedding(t, self.frequency_embedding_size)
+        dtype = self.mlp[0].weight.dtype
+        if mode == "bf16":
+            return copy.deepcopy(self.mlp).to(torch.bfloat16)(t_freq.to(torch.bfloat16)).to(dtype)
+        return self.mlp(t_freq.to(dtype))
+
+    cls.forward = forward
+
+
+def z_image_pipeline(p: dict):
+    import torch
+    from diffsynth.models.flux_vae import DownSampler, FluxVAEEncoder, ResnetBlock, VAEAttentionBlock
+    from diffsynth.models.z_image_dit import ZImageDiT
+    from diffsynth.models.z_image_text_encoder import ZImageTextEncoder
+    from diffsynth.pipelines.z_image import ZImagePipeline
+    from diffsynth.utils.state_dict_converters.flux_vae import FluxVAEEncoderStateDictConverterDiffusers
+    from diffsynth.utils.state_dict_converters.z_image_text_encoder import ZImageTextEncoderStateDictConverter
+    from torch import nn
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
+
+    spec, repo = p["spec"], Path(p["repo"])
+    vae_config = json.loads((repo / "vae" / "config.json").read_text())
+
+    class TinyTextEncoder(ZImageTextEncoder):
+        def __init__(self):
+            nn.Module.__init__(self)
+            self.model = Qwen3Model(Qwen3Config.from_pretrained(str(repo / "text_encoder")))
+
+    class TinyVAEEncoder(FluxVAEEncoder):
+        """FluxVAEEncoder's layers (two ResNet blocks a level, the mid block, no conv attention, as model_configs.py
+        builds it for Z-Image-Turbo's AE) at the tiny widths and group count."""
+
+        def __init__(self):
+            nn.Module.__init__(self)
+            self.scaling_factor, self.shift_factor = vae_config["scaling_factor"], vae_config["shift_factor"]
+            c, g = vae_config["block_out_channels"], vae_config["norm_num_groups"]
+            self.conv_in = nn.Conv2d(3, c[0], kernel_size=3, padding=1)
+            blocks, prev = [], c[0]
+            for i, width in enumerate(c):
+                blocks += [ResnetBlock(prev, width, groups=g, eps=1e-6), ResnetBlock(width, width, groups=g, eps=1e-6)]
+                if i < len(c) - 1:
+                    blocks.append(DownSampler(width, padding=0, extra_padding=True))
+                prev = width
+            blocks += [ResnetBlock(prev, prev, groups=g, eps=1e-6),
+                       VAEAttentionBlock(1, prev, prev, 1, norm_num_groups=g, eps=1e-6, use_conv_attention=False),
+                       ResnetBlock(prev, prev, groups=g, eps=1e-6)]
+            self.blocks = nn.ModuleList(blocks)
+            self.conv_norm_out = nn.GroupNorm(num_channels=prev, num_groups=g, eps=1e-6)
+            self.conv_act = nn.SiLU()
+            self.conv_out = nn.Conv2d(prev, 2 * vae_config["latent_channels"], kernel_size=3, padding=1)
+
+    dtype = torch.float32
+    pipe = ZImagePipeline(device="cpu", torch_dtype=dtype)
+    dit = ZImageDiT(dim=spec["dim"], n_layers=spec["n_layers"], n_refiner_layers=spec["n_refiner_layers"],
+                    n_heads=spec["n_heads"], n_kv_heads=spec["n_heads"], cap_feat_dim=spec["text_hidden"],
+                    axes_dims=list(spec["axes_dims"]), axes_lens=[1536, 512, 512])
+    dit.load_state_dict(_folder(repo / "transformer"), strict=True)  # model_configs.py: no converter for this file
+    text = TinyTextEncoder()
+    text.load_state_dict(ZImageTextEncoderStateDictConverter(_folder(repo / "text_encoder")), strict=True)
+    vae = TinyVAEEncoder()
+    vae.load_state_dict(FluxVAEEncoderStateDictConverterDiffusers(_folder(repo / "vae")), strict=True)
+    pipe.dit, pipe.text_encoder, pipe.vae_encoder = dit.to(dtype), text.to(dtype).eval(), vae.to(dtype).eval()
+    pipe.tokenizer = AutoTokenizer.from_pretrained(str(repo / "tokenizer"))
+    tembed_cast("weights")
+    return pipe
+
+
+def z_image_inputs(pipe, data):
+    """examples/z_image/model_training/train.py's `get_pipeline_inputs` for sft."""
+    image = data["image"]
+    shared = {"input_image": image, "height": image.size[1], "width": image.size[0], "cfg_scale": 1,
+              "rand_device": pipe.device, "use_gradient_checkpointing": False,
+              "use_gradient_checkpointing_offload": False}
+    return shared, {"prompt": data["prompt"]}, {"negative_prompt": ""}
+
+
+def z_image_dataset(p: dict, repeat: int = 1):
+    from diffsynth.core import UnifiedDataset
+
+    return UnifiedDataset(base_path=p["data"], metadata_path=p["metadata"], repeat=repeat, data_file_keys=["image"],
+                          main_data_operator=UnifiedDataset.default_image_operator(
+                              base_path=p["data"], max_pixels=1024 * 1024, height=p["size"], width=p["size"],
+                              height_division_factor=16, width_division_factor=16))
+
+
+# -- Wan ----------------------------------------------------------------------------------------------------------
+
+def wan_pipeline(p: dict):
+    import torch
+    from diffsynth.models.wan_video_dit import WanModel
+    from diffsynth.models.wan_video_text_encoder import HuggingfaceTokenizer, WanTextEncoder
+    from diffsynth.models.wan_video_vae import WanVideoVAE
+    from diffsynth.pipelines.wan_video import WanVideoPipeline
+
+    repo = Path(p["repo"])
+    cfg = json.loads((repo / "config.json").read_text())
+    dtype = torch.float32
+    pipe = WanVideoPipeline(device="cpu", torch_dtype=dtype)
+    dit_state = _load(repo / "diffusion_pytorch_model.safetensors")
+    dim, heads = cfg["dim"], cfg["num_heads"]
+    text_dim = dit_state["text_embedding.0.weight"].shape[1]
+    freq_dim = dit_state["time_embedding.0.weight"].shape[1]
+    dit = WanModel(dim=dim, in_dim=cfg["in_dim"], ffn_dim=cfg["ffn_dim"], out_dim=cfg["out_dim"], text_dim=text_dim,
+                   freq_dim=freq_dim, eps=1e-6, patch_size=(1, 2, 2), num_heads=heads, num_layers=cfg["num_layers"],
+                   has_image_input=False)
+    dit.load_state_dict(dit_state, strict=True)
+    t5_state = _load(repo / "models_t5_umt5-xxl-enc-bf16.pth")
+    t5_config = json.loads((repo / "diffusers" / "text_encoder" / "config.json").read_text())
+    text = WanTextEncoder(vocab=t5_state["token_embedding.weight"].shape[0], dim=t5_config["d_model"],
+                          dim_attn=t5_config["num_heads"] * t5_config["d_kv"], dim_ffn=t5_config["d_ff"],
+                          num_heads=t5_config["num_heads"], num_layers=t5_config["num_layers"],
+                          num_buckets=t5_config["relative_attention_num_buckets"], shared_pos=False)
+    text.load_state_dict(t5_state, strict=True)
+    from diffsynth.models.wan_video_text_encoder import T5RelativeEmbedding
+
+    for m in text.modules():  # the tiny UMT5's bucket range (the class's default, 128, is UMT5-XXL's)
+        if isinstance(m, T5RelativeEmbedding):
+            m.max_dist = t5_config["relative_attention_max_distance"]
+    vae_state = _load(repo / "Wan2.1_VAE.pth")
+    from diffsynth.models.wan_video_vae import VideoVAE_
+    from diffsynth.utils.state_dict_converters.wan_video_vae import WanVideoVAEStateDictConverter
+
+    class TinyVAE(WanVideoVAE):
+        """WanVideoVAE with its VideoVAE_ at the tiny first width (the level structure is the release's)."""
+
+        def __init__(self):
+            super().__init__(z_dim=16)
+            self.model = VideoVAE_(dim=vae_state["encoder.conv1.weight"].shape[0], z_dim=16).eval().requires_grad_(False)
+
+    vae = TinyVAE()
+
+    vae.load_state_dict(WanVideoVAEStateDictConverter(vae_state), strict=True)
+    pipe.dit, pipe.text_encoder, pipe.vae = dit.to(dtype), text.to(dtype).eval(), vae.to(dtype).eval()
+    pipe.tokenizer = HuggingfaceTokenizer(name=str(repo / "google" / "umt5-xxl"), seq_len=512, clean="whitespace")
+    return pipe
+
+
+def wan_inputs(pipe, data):
+    """examples/wanvideo/model_training/train.py's `get_pipeline_inputs` for T2V sft."""
+    video = data["video"]
+    shared = {"input_video": video, "height": video[0].size[1], "width": video[0].size[0], "num_frames": len(video),
+              "cfg_scale": 1, "tiled": False, "rand_device": pipe.device, "use_gradient_checkpointing": False,
+              "use_gradient_checkpointing_offload": False, "cfg_merge": False, "vace_scale": 1,
+              "max_timestep_boundary": 1, "min_timestep_boundary": 0}
+    return shared, {"prompt": data["prompt"]}, {}
+
+
+def wan_dataset(p: dict, repeat: int = 1):
+    from diffsynth.core import UnifiedDataset
+
+    return UnifiedDataset(base_path=p["data"], metadata_path=p["metadata"], repeat=repeat, data_file_keys=["video"],
+                          main_data_operator=UnifiedDataset.default_video_operator(
+                              base_path=p["data"], max_pixels=1920 * 1080, height=p["size"], width=p["size"],
+                              height_division_factor=16, width_division_factor=16, num_frames=p["frames"],
+                              time_division_factor=4, time_division_remainder=1))
+
+
+FAMILIES = {"z_image": (z_image_pipeline, z_image_inputs, z_image_dataset),
+            "wan": (wan_pipeline, wan_inputs, wan_dataset)}
+
+
+# -- the training module and the loss -----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def forced(index: int, noise):
+    """During the loss: torch.randint answers [index], torch.randn_like the forced noise."""
+    import torch
+
+    randint, randn_like = torch.randint, torch.randn_like
+    torch.randint = lambda *a, **k: torch.tensor([index])
+    torch.randn_like = lambda x, *a, **k: noise.to(dtype=x.dtype, device=x.device).reshape(x.shape).clone()
+    try:
+        yield
+    finally:
+        torch.randint, torch.randn_like = randint, randn_like
+
+
+def make_module(p: dict, pipe, inputs_fn, noise, record: dict):
+    from diffsynth.diffusion.loss import FlowMatchSFTLoss
+    from diffsynth.diffusion.training_module import DiffusionTrainingModule
+
+    class Module(DiffusionTrainingModule):
+        """The family's train.py module shape: training mode in __init__, units + FlowMatchSFTLoss in forward."""
+
+        def __init__(self):
+            super().__init__()
+            self.pipe = pipe
+            self.switch_pipe_to_training_mode(pipe, None, "dit", p["targets"], p["rank"], task="sft")
+            self.split_pipeline_units("sft", pipe, None, "dit")
+
+        def forward(self, data, inputs=None):
+            inputs = inputs_fn(self.pipe, data) if inputs is None else inputs
+            inputs = self.transfer_data_to_device(inputs, self.pipe.device, self.pipe.torch_dtype)
+            for unit in self.pipe.units:
+                inputs = self.pipe.unit_runner(unit, self.pipe, *inputs)
+            record["inputs"] = inputs
+            with forced(p["index"], noise):
+                loss = FlowMatchSFTLoss(self.pipe, **inputs[0], **inputs[1])
+            record.setdefault("losses", []).append(float(loss))
+            return loss
+
+    return Module()
+
+
+def load_lora(module, path: str) -> int:
+    import torch
+
+    init = _load(path)
+    n = 0
+    with torch.no_grad():
+        for name, param in module.pipe.dit.named_parameters():
+            if ".lora_" in name:
+                param.copy_(init.pop(name))
+                n += 1
+    if init:
+        raise KeyError(f"LoRA tensors with no parameter here: {sorted(init)[:5]}")
+    return n
+
+
+def step(p: dict) -> dict:
+    import torch
+    from safetensors.torch import save_file
+
+    build, inputs_fn, dataset_fn = FAMILIES[p["family"]]
+    pipe = build(p)
+    noise = _load(p["noise"])["noise"]
+    record: dict = {}
+    module = make_module(p, pipe, inputs_fn, noise, record)
+    load_lora(module, p["lora"])
+    data = dataset_fn(p)[0]
+    loss = module(data)
+    loss.backward()
+    shared, posi = record["inputs"][0], record["inputs"][1]
+    out = {"stage1.input_latents": shared["input_latents"].float()}
+    embeds = next(d[k] for k in ("prompt_embeds", "context") for d in (posi, shared) if d.get(k) is not None)
+    while isinstance(embeds, (list, tuple)):
+        embeds = embeds[0]
+    out["stage1.prompt_embeds"] = embeds.float()
+    for name, param in pipe.dit.named_parameters():
+        if ".lora_" in name:
+            out[f"grad.{name}"] = param.grad.float()
+    save_file({k: v.detach().contiguous() for k, v in out.items()}, p["result"])
+    timestep = pipe.scheduler.timesteps[p["index"]]
+    return {"loss": float(loss), "timestep": float(timestep), "sigma": float(pipe.scheduler.sigmas[p["index"]]),
+            "weight": float(pipe.scheduler.training_weight(timestep))}
+
+
+def replay(p: dict) -> dict:
+    """`launch_training_task` for `steps` steps on the one sample (repeat = steps), and the probes' variants."""
+    import accelerate
+    import torch
+    from diffsynth.diffusion import runner
+    from diffsynth.diffusion.logger import ModelLogger
+    from safetensors.torch import save_file
+
+    build, inputs_fn, dataset_fn = FAMILIES[p["family"]]
+    noise = _load(p["noise"])["noise"]
+    out, info = {}, {}
+
+    def run(tag: str, warmup: bool, tembed_fp32: bool = True, optimizer: dict | None = None) -> list[float]:
+        pipe = build(p)
+        if p["family"] == "z_image":
+            tembed_cast("weights" if tembed_fp32 else "bf16")
+        record: dict = {}
+        module = make_module(p, pipe, inputs_fn, noise, record)
+        load_lora(module, p["lora"])
+        scheduler_class, optimizer_class = torch.optim.lr_scheduler.ConstantLR, runner.get_optimizer_class
+        if not warmup:
+            runner.torch.optim.lr_scheduler.ConstantLR = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        if optimizer is not None:
+            runner.get_optimizer_class = lambda customized=None: (
+                lambda params, **kw: torch.optim.AdamW(params, **kw, **optimizer))
+        args = SimpleNamespace(learning_rate=p["learning_rate"], weight_decay=p["weight_decay"],
+                               dataset_num_workers=0, save_steps=None, num_epochs=1, enable_model_cpu_offload=False,
+                               enable_optimizer_cpu_offload=False, cpu_offload_split_threshold=None,
+                               customized_optimizer=None, output_path=os.path.join(p["output"], tag))
+        try:
+            runner.launch_training_task(accelerate.Accelerator(cpu=True), dataset_fn(p, repeat=p["steps"]), module,
+                                        ModelLogger(args.output_path, remove_prefix_in_ckpt="pipe.dit."), args=args)
+        finally:
+            torch.optim.lr_scheduler.ConstantLR, runner.get_optimizer_class = scheduler_class, optimizer_class
+        prefix = "final." if tag == "base" else f"probe.{tag}."
+        for name, param in pipe.dit.named_parameters():
+            if ".lora_" in name:
+                out[prefix + name] = param.detach().float().clone()
+        return record["losses"]
+
+    losses = run("base", p["warmup"])
+    probes = p.get("probes", [])
+    if "tembed_bf16" in probes and p["family"] == "z_image":
+        bf16 = run("tembed_bf16", p["warmup"], tembed_fp32=False)
+        info["tembed_bf16"] = {"losses_first_last": [bf16[0], bf16[-1]],
+                               "loss_rel_step1": abs(bf16[0] - losses[0]) / abs(losses[0])}
+    if "unfused_ref" in probes:  # the reference with difftune's AdamW (fused) instead of its default (for-loop)
+        fused = run("fused_adamw", p["warmup"], optimizer={"fused": True})
+        info["fused_adamw"] = {"losses_first_last": [fused[0], fused[-1]]}
+    save_file({k: v.contiguous() for k, v in out.items()}, p["result"])
+    return {"losses": losses, "probes": info}
+
+
+def main() -> None:
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    p = json.loads(sys.argv[1])
+    torch.manual_seed(0)
+    result = step(p) if p["mode"] == "step" else replay(p)
+    print(RESULT_MARK + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
