@@ -27,6 +27,16 @@ def name_list(value) -> tuple[str, ...]:
     return tuple(names(value))
 
 
+def target_list(value) -> tuple[str, ...]:
+    """--lora_target_modules: as `name_list`, and the empty string the reference's scripts give for its automatic
+    choice (`lora.auto_targets`) kept as that choice's marker."""
+    from ..lora.auto_targets import AUTO
+
+    if isinstance(value, str) and not value.strip():
+        return (AUTO,)
+    return name_list(value)
+
+
 def flag_text(value: tuple[str, ...]) -> str | None:
     """A list flag as the command line writes it ("a,b"; None when empty): the form a run records it in, as it did
     before the flags were parsed (so a stage-1 cache's fingerprint and training_args.json read as before)."""
@@ -197,8 +207,9 @@ class RunConfig:
                                 group=O)
     # -- lora
     lora_base_model: str | None = option(None, "Model the LoRA is added to (dit, text_encoder).", group=L)
-    lora_target_modules: tuple[str, ...] = option((), "Comma-separated module names for LoRA.", kind=name_list,
-                                                  group=L)
+    lora_target_modules: tuple[str, ...] = option((), "Comma-separated module names for LoRA; \"\" chooses them as "
+                                                  "the reference does (Linear layers of at least 512 features in "
+                                                  "the model's block lists, logged).", kind=target_list, group=L)
     lora_rank: int = option(32, "", kind=int, group=L)
     lora_alpha: float | None = option(None, "LoRA alpha (default: the rank, as the reference).", kind=float, group=L)
     full_format: str = option("diffusers", "Key names of a fully trained model's checkpoint (--trainable_models): "
@@ -270,7 +281,8 @@ class RunConfig:
     def __post_init__(self):
         # the list flags are parsed here, once, however the config is built (flags, the API, a saved config)
         for name in LIST_FLAGS:
-            object.__setattr__(self, name, name_list(getattr(self, name)))
+            parse = target_list if name == "lora_target_modules" else name_list
+            object.__setattr__(self, name, parse(getattr(self, name)))
 
     # ------------------------------------------------------------------------------------------------
     @classmethod
@@ -349,7 +361,7 @@ class RunConfig:
 
 # the flags that hold a list of names (their `kind` parses them)
 LIST_FLAGS = tuple(f.name for f in dataclasses.fields(RunConfig)
-                   if f.metadata.get("flag", {}).get("kind") is name_list)
+                   if f.metadata.get("flag", {}).get("kind") in (name_list, target_list))
 
 
 def _all_losses() -> dict:

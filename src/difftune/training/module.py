@@ -175,6 +175,10 @@ class DiffusionTrainingModule(torch.nn.Module):
             if model is None:
                 raise UserError(f"--lora_base_model {lora_base_model}: that model is not loaded "
                                 f"(loaded: {sorted(pipe.loaded_models())})")
+            from ..lora.auto_targets import AUTO, resolve_auto_targets
+
+            if _names(lora_target_modules) == [AUTO]:
+                lora_target_modules = resolve_auto_targets(model, lora_base_model)
             targets = lora_targets(pipe, lora_base_model, _names(lora_target_modules))
             if not targets:
                 raise UserError("--lora_target_modules is empty: name the modules to put LoRA on, e.g. to_q,to_k,to_v")
