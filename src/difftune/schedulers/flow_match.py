@@ -204,9 +204,11 @@ class FlowMatchScheduler:
         key = None if mu is None else float(mu)
         if key not in self._tables:
             n = self.num_train_timesteps
-            raw = np.linspace(1.0, 0.0, n + 1)[:-1] if self.training_sigma_min is None else \
-                np.linspace(1.0, self.training_sigma_min, n)
-            sigmas = torch.from_numpy(np.asarray(self.shift_sigmas(raw, key))).to(torch.float32)
+            # in float32 arithmetic throughout, as the reference computes its table (float64 rounded once put 601 of
+            # Z-Image's 1000 timesteps one float32 step off: docs/reference_differences.md)
+            raw = torch.linspace(1.0, 0.0, n + 1, dtype=torch.float32)[:-1] if self.training_sigma_min is None else \
+                torch.linspace(1.0, self.training_sigma_min, n, dtype=torch.float32)
+            sigmas = torch.as_tensor(self.shift_sigmas(raw, key), dtype=torch.float32)
             timesteps = sigmas * n
             self._tables[key] = (sigmas, timesteps, bell_weights(timesteps, n))
         return self._tables[key]
