@@ -51,23 +51,54 @@ def sample_parser() -> argparse.ArgumentParser:
     return p
 
 
-def model_args_from_dir(model_dir: str) -> str:
+def model_args_from_dir(model_dir: str, log=print) -> str:
     """--model_paths JSON for a repository in the official layout: the weights of each component folder (the
-    family recognises them; tokenizers and processors are found beside them)."""
+    family recognises them; tokenizers and processors are found beside them). A folder whose config.json names a
+    class no family loads (LTX-2's latent_upsampler/) is left out with a note."""
     import json
     from pathlib import Path
 
     root = Path(model_dir)
     if not root.is_dir():
         raise UserError(f"--model_dir {model_dir}: not a directory")
+    loadable = _loadable_classes()
     entries = []
     for sub in sorted(p for p in root.iterdir() if p.is_dir()):
         files = sorted(str(f) for f in sub.glob("*.safetensors"))
+        named = _config_class(sub)
+        if files and named is not None and named not in loadable:
+            log(f"note: --model_dir: {sub.name}/ holds a {named}, which no family loads: left out")
+            continue
         if files:
             entries.append(files if len(files) > 1 else files[0])
     if not entries:
         raise UserError(f"--model_dir {model_dir}: no component folder with .safetensors weights found")
     return json.dumps(entries)
+
+
+def _config_class(folder) -> str | None:
+    """The model class a folder's config.json names (diffusers' _class_name, transformers' architectures)."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    named = config.get("_class_name") or (config.get("architectures") or [None])[0]
+    return named if isinstance(named, str) else None
+
+
+def _loadable_classes() -> set[str]:
+    """Every class a family's components are built from or read the config of."""
+    from ..core.family import families
+
+    out = set()
+    for spec in families().values():
+        for c in spec.components:
+            out.update((c.class_name, *c.config_classes, *c.foreign_config_classes))
+    return out
 
 
 def family_inputs(args, family) -> tuple[object, dict]:

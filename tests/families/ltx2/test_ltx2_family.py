@@ -267,7 +267,7 @@ def test_sample_writes_the_clip_with_its_sound_at_the_frame_rate(tmp_path, versi
     assert abs(seconds - 9 / 12) < 0.1  # AAC frames of 1024 samples
 
 
-def test_a_diffusers_repository_samples_what_the_official_file_samples(tmp_path):
+def test_a_diffusers_repository_samples_what_the_official_file_samples(tmp_path, capsys):
     """--model_dir of a repository in diffusers' layout (vae/ and audio_vae/ whole, each with its config.json;
     tokenizer/ beside text_encoder/) fills every slot from the config.json files and samples the clip and sound the
     official file of the same models samples. --separate_streams writes NAME-video.mp4 without a sound track and
@@ -279,6 +279,11 @@ def test_a_diffusers_repository_samples_what_the_official_file_samples(tmp_path)
     from difftune.core.family import get_family
 
     repo = T.write_tiny_ltx2_diffusers(tmp_path / "repo", "2")
+    upsampler = repo / "latent_upsampler"  # the two-stage upscaler of Lightricks/LTX-2, which no family loads
+    upsampler.mkdir()
+    (upsampler / "config.json").write_text(json.dumps({"_class_name": "LTX2LatentUpsamplerModel"}))
+    weights = next((repo / "vocoder").glob("*.safetensors"))  # any weights: the folder is left out before reading
+    (upsampler / "diffusion_pytorch_model.safetensors").write_bytes(weights.read_bytes())
     configs = {"vae": "video_vae", "audio_vae": "audio_vae"}
     for folder, part in configs.items():
         found = detect_components(str(repo / folder), get_family("ltx2").components)
@@ -289,6 +294,8 @@ def test_a_diffusers_repository_samples_what_the_official_file_samples(tmp_path)
     common = ["--prompt", "a circle", "--height", "64", "--width", "64", "--num_frames", "9",
               "--num_inference_steps", "2", "--frame_rate", "12", "--seed", "5", "--separate_streams"]
     assert main(["sample", "--model_dir", str(repo), *common, "--output", str(tmp_path / "d.mp4")]) == 0
+    assert "note: --model_dir: latent_upsampler/ holds a LTX2LatentUpsamplerModel, which no family loads: left out" \
+        in capsys.readouterr().out
     paths = [str(single), [str(gemma / s) for s in T.GEMMA3_SHARDS]]
     assert main(["sample", "--model_paths", json.dumps(paths), *common, "--output", str(tmp_path / "o.mp4")]) == 0
 
