@@ -321,8 +321,10 @@ def _tiny_z_image(folder: Path) -> TinyFamily:
                       trainable_cases={"text_encoder_lora": ("--lora_base_model", "text_encoder",
                                                              "--lora_target_modules", "q_proj,v_proj")},
                       # measured: 7.9e-6 after one step, 1.7e-5 after two, on layers.1's w2 LoRA (lr 1e-3), the
-                      # Adam effect the field describes; Z-Image's own split test holds 1e-5 at its settings
-                      split_tolerance=3e-5, variants=variants)
+                      # Adam effect the field describes; 3.8e-5 for batch 2 against accumulation 2 since the training
+                      # table is float32 (other timesteps by one ulp, other round-off); Z-Image's own split test holds
+                      # 1e-5 at its settings
+                      split_tolerance=5e-5, variants=variants)
 
 
 register_tiny("z_image", _tiny_z_image)
