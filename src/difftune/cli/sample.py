@@ -61,11 +61,13 @@ def model_args_from_dir(model_dir: str, log=print) -> str:
     root = Path(model_dir)
     if not root.is_dir():
         raise UserError(f"--model_dir {model_dir}: not a directory")
+    from ..models.detect import config_class
+
     loadable = _loadable_classes()
     entries = []
     for sub in sorted(p for p in root.iterdir() if p.is_dir()):
         files = sorted(str(f) for f in sub.glob("*.safetensors"))
-        named = _config_class(sub)
+        named = config_class(sub)
         if files and named is not None and named not in loadable:
             log(f"note: --model_dir: {sub.name}/ holds a {named}, which no family loads: left out")
             continue
@@ -74,20 +76,6 @@ def model_args_from_dir(model_dir: str, log=print) -> str:
     if not entries:
         raise UserError(f"--model_dir {model_dir}: no component folder with .safetensors weights found")
     return json.dumps(entries)
-
-
-def _config_class(folder) -> str | None:
-    """The model class a folder's config.json names (diffusers' _class_name, transformers' architectures)."""
-    import json
-
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    named = config.get("_class_name") or (config.get("architectures") or [None])[0]
-    return named if isinstance(named, str) else None
 
 
 def _loadable_classes() -> set[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import UserError
+from .inject import _short_name
 
 AUTO = "(auto)"  # the list flag's value for an empty --lora_target_modules: choose as the reference does
 MIN_SIDE = 512
@@ -41,18 +42,10 @@ def resolve_auto_targets(model: nn.Module, slot: str, log=print) -> list[str]:
         raise UserError(f"--lora_target_modules \"\": no Linear layer of at least {MIN_SIDE} features on both sides "
                         f"in {type(model).__name__}'s block lists ({slot}), which is where the reference's automatic "
                         f"choice looks: name the modules to put LoRA on")
-    short = dict.fromkeys(_inside_block(t) for t in targets)
+    short = dict.fromkeys(_short_name(t) for t in targets)
     log(f"note: --lora_target_modules \"\": {len(targets)} modules of {slot} chosen as the reference chooses (Linear "
         f"layers of at least {MIN_SIDE} features in block lists): {', '.join(short)}")
     return targets
-
-
-def _inside_block(name: str) -> str:
-    parts = name.split(".")
-    for i, p in enumerate(parts[:-1]):
-        if p.isdigit():
-            return ".".join(parts[i + 1:])
-    return name
 
 
 __all__ = ["AUTO", "MIN_SIDE", "auto_target_modules", "resolve_auto_targets"]

@@ -340,14 +340,17 @@ def _config_beside(files: list[str], specs: Sequence[ComponentSpec],
     raise UserError(f"{path}: {classes[0]} is not a model difftune can load here (known: {known})")
 
 
-def _config_class_of(files: list[str]) -> str | None:
-    """The diffusers class a config.json beside the weights names, if any (an unreadable one is left to
-    `_config_beside` to name)."""
+def config_class(folder: str | os.PathLike) -> str | None:
+    """The model class a folder's config.json names (diffusers' `_class_name`, else transformers' first
+    `architectures` entry); None without a readable one (`_config_beside` names an unreadable one)."""
     try:
-        config = json.loads((Path(files[0]).parent / "config.json").read_text())
+        config = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return config.get("_class_name") if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return None
+    named = config.get("_class_name") or (config.get("architectures") or [None])[0]
+    return named if isinstance(named, str) else None
 
 
 def _carries_markers(spec: ComponentSpec, shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -373,8 +376,9 @@ def detect_components(config: ModelConfig | str | list[str], specs: Sequence[Com
         per_file = check_files(files) if det is None else None
         shapes = det.shapes if det is not None else {k: s for f in per_file.values() for k, s in f.items()}
         key_file = det.key_file if det is not None else {k: f for f, keys in per_file.items() for k in keys}
+        named = config_class(Path(files[0]).parent)  # read once for every companion
         for spec in companions:
-            described = _config_class_of(files) in (spec.class_name, *spec.config_classes)
+            described = named in (spec.class_name, *spec.config_classes)
             if described and any(d.spec.class_name == spec.class_name for d in found):
                 continue  # the main detection built this model from the config.json already
             beside = _config_beside(files, [spec]) if described else None
