@@ -19,7 +19,16 @@ Printed per family: the largest relative difference (max |a - b| / max |b|) of e
 difference, and the LoRA gradients' relative L2 difference (all tensors together; the target), with the worst tensor's
 by both measures beside it (a tensor with a small gradient, e.g. the tiny Wan's cross-attention queries at 1/10 the
 median norm, shows fp32 round-off the largest), with the targets (loss <= 1e-5, gradients <= 1e-4) or the documented
-difference a family's figures come from.
+difference a family's figures come from. Where difftune's table gives another timestep or loss weight at the forced
+index than the reference's, difftune runs again at the reference's values (the "at the reference's timestep value"
+note). Qwen-Image gets a second row: the same difftune step against the reference with its DiT MLP's activation set
+to the released model's tanh-GELU (difftune's; docs/reference_differences.md, "MLP activation"), everything else as
+it is, so the row shows what remains once that one documented difference is removed.
+
+Families: `z_image` (Z-Image-Turbo, diffusers layout), `wan` (Wan2.1-T2V-1.3B, Wan-AI's files), `flux` (FLUX.1-dev:
+BFL's flux1-dev.safetensors and ae.safetensors, the script's own fused targets a_to_qkv / b_to_qkv / to_qkv_mlp),
+`qwen_image` (Qwen-Image, diffusers layout, the script's targets; the benchmarks' word tokenizer, whose template is
+the 34 tokens the reference's prompt unit drops). The default runs `z_image,wan` (the smoke test's).
 
 `--replay N` (Z-Image) trains N steps on each side from the same initial LoRA (B = 0, as training starts) with the same
 sample, noise and timestep every step, through each side's own loop (difftune's `fit.train`; the reference's
@@ -100,6 +109,11 @@ class Case:
     ref_lora_name: object = None  # difftune's LoRA parameter name (in its DiT) -> the reference's; None: same
     documented: str = ""  # the docs/reference_differences.md entry its differences come from, if any
     stage1: tuple = ("prompt_embeds", "input_latents")
+    # difftune's stage-1 name -> the reference's names for it (the first present is taken)
+    ref_stage1: dict = field(default_factory=lambda: {"prompt_embeds": ("prompt_embeds", "context"),
+                                                      "input_latents": ("input_latents",)})
+    # further reference runs against the same difftune step: (row title suffix, payload additions, documented)
+    variants: tuple = ()
 
 
 def _image(path: Path, size: int, seed: int = 0) -> Path:
@@ -217,10 +231,126 @@ def _wan_lora_name(name: str) -> str:
     return mapped[: -len(".weight")] + ".lora_" + rest
 
 
+# FLUX.1-dev: BFL's single files as the reference's script names them (flux1-dev.safetensors, ae.safetensors) beside
+# the diffusers repository's text_encoder/, text_encoder_2/ and tokenizers.
+# examples/flux/model_training/lora/FLUX.1-dev.sh's targets: its own module names, a_to_qkv, b_to_qkv and to_qkv_mlp
+# fused layers (one adapter each, which difftune trains as one lora_A shared by diffusers' parts and one lora_B)
+FLUX_TARGETS = ("a_to_qkv,b_to_qkv,ff_a.0,ff_a.2,ff_b.0,ff_b.2,a_to_out,b_to_out,proj_out,norm.linear,"
+                "norm1_a.linear,norm1_b.linear,to_qkv_mlp")
+
+
+def _write_flux(wd: Path, quick: bool) -> dict:
+    import torch
+
+    from support.flux.tiny import TinyFluxSpec, write_tiny_flux, write_tiny_flux_bfl
+
+    spec = TinyFluxSpec()
+    repo = wd / "flux"
+    if not (repo / "ae.safetensors").is_file():
+        write_tiny_flux(repo, spec, shard=False)
+        # The release's AE has two ResNet blocks a level, which the reference's ae.safetensors converter assumes (it
+        # numbers that layout); the tests' tiny AE has one, so it is written again with two (as for Z-Image), then
+        # BFL's single files from the repository.
+        from diffusers import AutoencoderKL
+
+        config = dict(AutoencoderKL.load_config(str(repo / "vae")))
+        torch.manual_seed(spec.seed + 1)
+        AutoencoderKL.from_config({**config, "layers_per_block": 2}).eval().save_pretrained(repo / "vae")
+        write_tiny_flux_bfl(repo)
+    register_tiny_flux(repo, spec)
+    size = 32 if quick else 64
+    data, metadata = _data(wd / "flux-data", size)
+    return {"repo": repo, "data": data, "metadata": metadata, "size": size,
+            "spec": {**spec.__dict__, "axes_dims_rope": list(spec.axes_dims_rope)}, "rank": 4,
+            "targets": FLUX_TARGETS}
+
+
+def register_tiny_flux(repo: Path, spec) -> None:
+    """The tiny DiT's and AE's configs as known ones (as the tests do): BFL's bare files are recognised by those."""
+    from difftune.families.flux.components import DIT, VAE
+    from support.flux.variants import tiny_dit_config
+
+    DIT.known_configs["tiny FLUX.1-dev (fidelity)"] = tiny_dit_config(spec)
+    VAE.known_configs["tiny FLUX.1 AE (fidelity)"] = json.loads((repo / "vae" / "config.json").read_text())
+
+
+def _flux_flags(ws: dict) -> list[str]:
+    repo = ws["repo"]
+    paths = [str(repo / "flux1-dev.safetensors"), str(repo / "text_encoder" / "model.safetensors"),
+             str(repo / "text_encoder_2" / "model.safetensors"), str(repo / "ae.safetensors")]
+    return ["--model_paths", json.dumps(paths), "--tokenizer_1_path", str(repo / "tokenizer"),
+            "--tokenizer_2_path", str(repo / "tokenizer_2"), *_common_flags(ws, ws["targets"], ws["rank"])]
+
+
+_FLUX_DOUBLE = {"attn.to_q": "attn.a_to_qkv", "attn.to_k": "attn.a_to_qkv", "attn.to_v": "attn.a_to_qkv",
+                "attn.add_q_proj": "attn.b_to_qkv", "attn.add_k_proj": "attn.b_to_qkv",
+                "attn.add_v_proj": "attn.b_to_qkv", "attn.to_out.0": "attn.a_to_out", "attn.to_add_out": "attn.b_to_out",
+                "ff.net.0.proj": "ff_a.0", "ff.net.2": "ff_a.2", "ff_context.net.0.proj": "ff_b.0",
+                "ff_context.net.2": "ff_b.2", "norm1.linear": "norm1_a.linear", "norm1_context.linear": "norm1_b.linear"}
+_FLUX_SINGLE = {"attn.to_q": "to_qkv_mlp", "attn.to_k": "to_qkv_mlp", "attn.to_v": "to_qkv_mlp",
+                "proj_mlp": "to_qkv_mlp", "proj_out": "proj_out", "norm.linear": "norm.linear"}
+
+
+def _flux_lora_name(name: str) -> str:
+    """diffusers' module path of a LoRA parameter -> the reference's FluxDiT's; a fused layer's shared lora_A (named
+    after whichever part comes first) and its lora_B (`fused`, all the parts' rows) -> the fused layer's."""
+    module, _, rest = name.partition(".lora_")
+    head, index, tail = module.split(".", 2)
+    table, ref_head = (_FLUX_DOUBLE, "blocks") if head == "transformer_blocks" else (_FLUX_SINGLE, "single_blocks")
+    rest = rest.replace(".fused", ".weight")
+    return f"{ref_head}.{index}.{table[tail]}.lora_{rest}"
+
+
+# Qwen-Image: the official diffusers layout (transformer/, text_encoder/, vae/, tokenizer/), as the reference's script
+# names it; its script's targets (the reference's DiT uses diffusers' module names)
+QWEN_TARGETS = ("to_q,to_k,to_v,add_q_proj,add_k_proj,add_v_proj,to_out.0,to_add_out,img_mlp.net.2,img_mod.1,"
+                "txt_mlp.net.2,txt_mod.1")
+QWEN_REFERENCE_DROP = 34  # template tokens the reference's prompt unit drops (hard-coded; the real tokenizer's count)
+
+
+def _write_qwen_image(wd: Path, quick: bool) -> dict:
+    from common import use_word_tokenizer
+    from difftune.families.qwen_image.units import PROMPT_TEMPLATE, template_drop_count
+    from support.qwen_image import TinyQwenImageSpec, write_tiny_qwen_image
+    from transformers import AutoTokenizer
+
+    spec = TinyQwenImageSpec()
+    repo = wd / "qwen-image"
+    if not (repo / "model_index.json").is_file():
+        write_tiny_qwen_image(repo, spec)
+        # the benchmarks' word tokenizer: the template's system part is 34 tokens, as with the real Qwen tokenizer,
+        # so the reference's hard-coded drop and difftune's counted one agree (the tests' byte tokenizer: ~150)
+        use_word_tokenizer(repo)
+    drop = template_drop_count(AutoTokenizer.from_pretrained(str(repo / "tokenizer")), PROMPT_TEMPLATE)
+    size = 32 if quick else 64
+    data, metadata = _data(wd / "qwen-image-data", size)
+    return {"repo": repo, "data": data, "metadata": metadata, "size": size, "drop": drop,
+            "spec": {k: list(v) if isinstance(v, tuple) else v for k, v in spec.__dict__.items()}, "rank": 4,
+            "targets": QWEN_TARGETS}
+
+
+def _qwen_image_flags(ws: dict) -> list[str]:
+    from support.qwen_image import tiny_qwen_image_paths
+
+    paths = tiny_qwen_image_paths(ws["repo"])
+    entries = [paths[c] if len(paths[c]) > 1 else paths[c][0] for c in ("transformer", "text_encoder", "vae")]
+    return ["--model_paths", json.dumps(entries), "--tokenizer_path", str(ws["repo"] / "tokenizer"),
+            *_common_flags(ws, ws["targets"], ws["rank"])]
+
+
 CASES = {
     "z_image": Case("z_image", "Z-Image (Z-Image-Turbo)", _write_z_image, _z_image_flags,
                     documented="Z-Image: training-table rounding"),
     "wan": Case("wan", "Wan2.1-T2V-1.3B", _write_wan, _wan_flags, ref_lora_name=_wan_lora_name),
+    "flux": Case("flux", "FLUX.1-dev", _write_flux, _flux_flags, ref_lora_name=_flux_lora_name,
+                 stage1=("prompt_embeds", "pooled_prompt_embeds", "input_latents"),
+                 ref_stage1={"prompt_embeds": ("prompt_emb",), "pooled_prompt_embeds": ("pooled_prompt_emb",),
+                             "input_latents": ("input_latents",)}),
+    "qwen_image": Case("qwen_image", "Qwen-Image", _write_qwen_image, _qwen_image_flags,
+                       documented="Qwen-Image: MLP activation",
+                       ref_stage1={"prompt_embeds": ("prompt_emb",), "input_latents": ("input_latents",)},
+                       variants=(("reference's MLP activation set to tanh-GELU (difftune's)",
+                                  {"qwen_mlp_activation": "tanh"}, ""),)),
 }
 
 
@@ -258,6 +388,8 @@ def forced_draws(forced: Forced):
         if forced.values is not None:
             sigma = torch.full((batch_size,), forced.values["sigma"], dtype=torch.float32)
             timestep = torch.full((batch_size,), forced.values["timestep"], dtype=torch.float32)
+            if forced.values.get("weight") is not None and self.weighting == "bell":
+                weight = torch.full((batch_size,), forced.values["weight"], dtype=torch.float32)
         forced.drawn = {"sigma": float(sigma[0]), "timestep": float(timestep[0]), "weight": float(weight[0])}
         return sigma, timestep, weight
 
@@ -283,6 +415,7 @@ def build_difftune(flags: list[str], log=lambda *a: None):
     config = RunConfig.from_namespace(training_parser().parse_args(flags))
     accelerator = make_accelerator(config, config.output_path)
     run = setup(config, accelerator, log)
+    config = run.config  # with the family's own options resolved (as `stages.fit` reads them)
     dataset = make_dataset(run)
     pipe = stage_pipeline(run, None)
     module = PipelineTrainingModule(pipe, run.task.loss, pipe.units, seed=config.seed,
@@ -328,7 +461,9 @@ def difftune_step(case: Case, ws: dict, out: Path, values: dict | None = None) -
     with forced_draws(forced):
         loss = module.forward([dataset[0]], [0])
     loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in lora_params(module).items()}
+    # a LoRA whose output the loss does not read (Qwen-Image's last block's text stream) has no gradient: zeros
+    grads = {n: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+             for n, p in lora_params(module).items()}
     stage1 = {}
     for k, v in seen.items():
         v = v[0] if isinstance(v, (list, tuple)) else v
@@ -364,18 +499,23 @@ def load_tensors(path) -> dict:
     return load_file(str(path))
 
 
-def compare_step(case: Case, ws: dict, wd: Path, ds_python: Path, threads: int, aligned: bool = False) -> dict:
-    ours = difftune_step(case, ws, wd / f"{case.name}-difftune-out")
+def compare_step(case: Case, ws: dict, wd: Path, ds_python: Path, threads: int, aligned: bool = False,
+                 ours: dict | None = None, extra: dict | None = None, tag: str = "") -> dict:
+    """One step on each side, compared. `ours`: difftune's step already taken (a variant's second reference run);
+    `extra`: payload additions for the reference's child; `tag`: its files' suffix."""
+    ours = ours or difftune_step(case, ws, wd / f"{case.name}-difftune-out")
     name = case.ref_lora_name or (lambda n: n)
     to_ref = {n: name(n) for n in ours["init"]}
     payload = {"family": case.name, "mode": "step", "repo": str(ws["repo"]), "data": str(ws["data"]),
                "metadata": str(ws["metadata"]), "size": ws["size"], "frames": ws.get("frames"),
                "spec": ws.get("spec"), "targets": ws["targets"], "rank": ws["rank"], "prompt": PROMPT,
-               "index": TIMESTEP_INDEX, "output": str(wd / f"{case.name}-reference-out"),
+               "index": TIMESTEP_INDEX, "output": str(wd / f"{case.name}{tag}-reference-out"),
+               "stage1": {k: list(v) for k, v in case.ref_stage1.items() if k in case.stage1},
+               "drop": ws.get("drop"),
                "noise": save_tensors(wd / f"{case.name}-noise.safetensors", {"noise": ours["noise"]}),
                "lora": save_tensors(wd / f"{case.name}-lora.safetensors",
                                     {to_ref[n]: v for n, v in ours["init"].items()}),
-               "result": str(wd / f"{case.name}-reference.safetensors")}
+               "result": str(wd / f"{case.name}{tag}-reference.safetensors"), **(extra or {})}
     theirs = run_reference(ds_python, payload, threads)
     tensors = load_tensors(payload["result"])
     stage1 = {}
@@ -395,16 +535,20 @@ def compare_step(case: Case, ws: dict, wd: Path, ds_python: Path, threads: int, 
     whole = rel_l2(torch.cat([a.flatten() for a, _ in grads.values()]), torch.cat([b.flatten() for _, b in grads.values()]))
     loss_rel = abs(ours["loss"] - theirs["loss"]) / abs(theirs["loss"])
     aligned_row = None
-    if aligned:  # difftune again at the reference's sigma and timestep values (its table's, fp32) at the same index
+    # difftune again at the reference's sigma, timestep and loss weight (its table's, fp32) at the same index: asked
+    # for, or where the two tables differ there
+    if aligned or ours["drawn"].get("timestep") != theirs.get("timestep") or \
+            ours["drawn"].get("weight") != theirs.get("weight"):
         again = difftune_step(case, ws, wd / f"{case.name}-difftune-aligned-out",
-                              values={"sigma": theirs["sigma"], "timestep": theirs["timestep"]})
+                              values={"sigma": theirs["sigma"], "timestep": theirs["timestep"],
+                                      "weight": theirs.get("weight")})
         pairs = {n: (g, tensors[f"grad.{to_ref[n]}"]) for n, g in again["grads"].items()}
         aligned_row = {"loss_rel": abs(again["loss"] - theirs["loss"]) / abs(theirs["loss"]),
                        "grad_rel": largest(pairs)[0],
                        "grad_rel_l2_all": rel_l2(torch.cat([a.flatten() for a, _ in pairs.values()]),
                                                  torch.cat([b.flatten() for _, b in pairs.values()])),
                        "grad_rel_l2": max(rel_l2(a, b) for a, b in pairs.values())}
-    return {"family": case.name, "title": case.title, "stage1": stage1, "loss_difftune": ours["loss"],
+    return {"family": case.name, "title": case.title, "stage1": stage1, "loss_difftune": ours["loss"], "_ours": ours,
             "loss_reference": theirs["loss"], "loss_rel": loss_rel, "grad_rel": worst, "grad_worst_tensor": where,
             "grad_rel_l2": max(l2.values()), "grad_worst_tensor_l2": max(l2, key=l2.get), "grad_rel_l2_all": whole,
             "aligned_timestep": aligned_row, "sigma_difftune": ours["drawn"].get("sigma"),
@@ -595,7 +739,25 @@ def main(argv=None) -> dict:
 
                 row = {"family": family, "title": case.title, "error": traceback.format_exc()[-3000:]}
             rows.append(row)
-            print(f"{case.title}: " + json.dumps({k: v for k, v in row.items() if k != "title"}), flush=True)
+            print(f"{case.title}: " + json.dumps({k: v for k, v in row.items() if k not in ("title", "_ours")},
+                                                 default=str), flush=True)
+            for i, (suffix, extra, documented) in enumerate(case.variants if "_ours" in row else ()):
+                # the same difftune step against the reference with one documented difference removed
+                try:
+                    alt = compare_step(case, ws, wd, ds_python, args.threads, ours=row["_ours"], extra=extra,
+                                       tag=f"-variant{i}")
+                    alt.pop("_ours", None)
+                    alt.update({"title": f"{case.title}, {suffix}", "documented": documented,
+                                "family": f"{family}:{'+'.join(f'{k}={v}' for k, v in extra.items())}"})
+                except Exception:
+                    import traceback
+
+                    alt = {"family": f"{family}:variant{i}", "title": f"{case.title}, {suffix}",
+                           "error": traceback.format_exc()[-3000:]}
+                rows.append(alt)
+                print(f"{alt['title']}: " + json.dumps({k: v for k, v in alt.items() if k not in ("title", "_ours")},
+                                                       default=str), flush=True)
+            row.pop("_ours", None)
         replayed = None
         if args.replay and "z_image" in families:
             case = CASES["z_image"]

@@ -5,9 +5,14 @@ What it sets up, none of which edits DiffSynth:
 
 * torchvision's op schemas (benchmarks/torchvision_shim.py), before anything imports diffusers or transformers.
 * Model classes at the tiny widths: Z-Image's `ZImageDiT` and Wan's `WanModel` take their sizes as arguments; the
-  text encoders' and VAEs' classes hard-code the release's, so subclasses change only `__init__` (the same layers at the
-  tiny widths; Wan's T5 also gets the tiny UMT5's relative-position range, 32, where the class keeps UMT5-XXL's 128). Every state dict goes through the reference's own converter (its model_configs.py entry for the
-  release's file) and loads with `strict=True`.
+  text encoders' and VAEs' classes (and FLUX.1's `FluxDiT`, Qwen-Image's `QwenImageDiT`) hard-code the release's, so
+  subclasses change only `__init__` (the same layers at the tiny widths; Wan's T5 also gets the tiny UMT5's
+  relative-position range, 32, where the class keeps UMT5-XXL's 128). Every state dict goes through the reference's
+  own converter (its model_configs.py entry for the release's file: FLUX.1's BFL DiT, CLIP, T5 and ae.safetensors
+  converters) and loads with `strict=True`. The tiny CLIP file holds transformers 5's names (no `text_model.`
+  prefix); the prefix the release's file has is put back before the converter.
+* Qwen-Image: the DiT's `ApproximateGELU` (x * sigmoid(1.702 x)) as the class has it, or, with the payload's
+  `"qwen_mlp_activation": "tanh"`, the released model's tanh-GELU (the documented difference removed).
 * Z-Image's `TimestepEmbedder` casts its sinusoidal features to bfloat16 whatever the weights' dtype (a bf16-only
   path: an fp32 run fails in the MLP's matmul); here the cast follows the MLP's weights (the same cast in a bf16 run),
   and the replay's `tembed_bf16` probe runs the embedding in bf16 as the reference's code has it.
@@ -225,8 +230,204 @@ def wan_dataset(p: dict, repeat: int = 1):
                               time_division_factor=4, time_division_remainder=1))
 
 
+# -- FLUX.1 -------------------------------------------------------------------------------------------------------
+
+def tiny_vae_encoder(vae_config: dict, use_conv_attention: bool):
+    """FluxVAEEncoder's layers (two ResNet blocks a level, the mid block, as model_configs.py builds it for FLUX.1's
+    and Z-Image-Turbo's AE) at the tiny widths and group count of a diffusers AutoencoderKL config."""
+    from diffsynth.models.flux_vae import DownSampler, FluxVAEEncoder, ResnetBlock, VAEAttentionBlock
+    from torch import nn
+
+    class TinyVAEEncoder(FluxVAEEncoder):
+        def __init__(self):
+            nn.Module.__init__(self)
+            self.scaling_factor, self.shift_factor = vae_config["scaling_factor"], vae_config["shift_factor"]
+            c, g = vae_config["block_out_channels"], vae_config["norm_num_groups"]
+            self.conv_in = nn.Conv2d(3, c[0], kernel_size=3, padding=1)
+            blocks, prev = [], c[0]
+            for i, width in enumerate(c):
+                blocks += [ResnetBlock(prev, width, groups=g, eps=1e-6), ResnetBlock(width, width, groups=g, eps=1e-6)]
+                if i < len(c) - 1:
+                    blocks.append(DownSampler(width, padding=0, extra_padding=True))
+                prev = width
+            blocks += [ResnetBlock(prev, prev, groups=g, eps=1e-6),
+                       VAEAttentionBlock(1, prev, prev, 1, norm_num_groups=g, eps=1e-6,
+                                         use_conv_attention=use_conv_attention),
+                       ResnetBlock(prev, prev, groups=g, eps=1e-6)]
+            self.blocks = nn.ModuleList(blocks)
+            self.conv_norm_out = nn.GroupNorm(num_channels=prev, num_groups=g, eps=1e-6)
+            self.conv_act = nn.SiLU()
+            self.conv_out = nn.Conv2d(prev, 2 * vae_config["latent_channels"], kernel_size=3, padding=1)
+
+    return TinyVAEEncoder()
+
+
+def flux_pipeline(p: dict):
+    """FluxImagePipeline with FluxDiT (BFL's flux1-dev.safetensors through FluxDiTStateDictConverter), its CLIP and T5
+    encoders (text_encoder/, text_encoder_2/ through their converters) and FluxVAEEncoder (ae.safetensors through
+    FluxVAEEncoderStateDictConverter), each at the tiny widths."""
+    import torch
+    from diffsynth.models.flux_dit import (AdaLayerNormContinuous, FluxDiT, FluxJointTransformerBlock,
+                                           FluxSingleTransformerBlock, RoPEEmbedding, TimestepEmbeddings)
+    from diffsynth.models.flux_text_encoder_clip import CLIPEncoderLayer, FluxTextEncoderClip
+    from diffsynth.models.flux_text_encoder_t5 import FluxTextEncoderT5
+    from diffsynth.pipelines.flux_image import FluxImagePipeline
+    from diffsynth.utils.state_dict_converters.flux_dit import FluxDiTStateDictConverter
+    from diffsynth.utils.state_dict_converters.flux_text_encoder_clip import FluxTextEncoderClipStateDictConverter
+    from diffsynth.utils.state_dict_converters.flux_text_encoder_t5 import FluxTextEncoderT5StateDictConverter
+    from diffsynth.utils.state_dict_converters.flux_vae import FluxVAEEncoderStateDictConverter
+    from torch import nn
+    from transformers import CLIPTokenizer, T5Config, T5EncoderModel, T5TokenizerFast
+
+    spec, repo = p["spec"], Path(p["repo"])
+    heads, dim = spec["num_attention_heads"], spec["num_attention_heads"] * spec["attention_head_dim"]
+
+    class TinyDiT(FluxDiT):
+        def __init__(self):
+            nn.Module.__init__(self)
+            self.pos_embedder = RoPEEmbedding(dim, 10000, list(spec["axes_dims_rope"]))
+            self.time_embedder = TimestepEmbeddings(256, dim)
+            self.guidance_embedder = TimestepEmbeddings(256, dim) if spec["guidance_embeds"] else None
+            self.pooled_text_embedder = nn.Sequential(nn.Linear(spec["clip_hidden"], dim), nn.SiLU(),
+                                                      nn.Linear(dim, dim))
+            self.context_embedder = nn.Linear(spec["t5_hidden"], dim)
+            self.x_embedder = nn.Linear(64, dim)
+            self.blocks = nn.ModuleList([FluxJointTransformerBlock(dim, heads) for _ in range(spec["num_layers"])])
+            self.single_blocks = nn.ModuleList([FluxSingleTransformerBlock(dim, heads)
+                                                for _ in range(spec["num_single_layers"])])
+            self.final_norm_out = AdaLayerNormContinuous(dim)
+            self.final_proj_out = nn.Linear(dim, 64)
+            self.input_dim = 64
+
+    clip_config = json.loads((repo / "text_encoder" / "config.json").read_text())
+
+    class TinyClip(FluxTextEncoderClip):
+        def __init__(self):
+            nn.Module.__init__(self)
+            width, n_heads = clip_config["hidden_size"], clip_config["num_attention_heads"]
+            self.token_embedding = nn.Embedding(clip_config["vocab_size"], width)
+            self.position_embeds = nn.Parameter(torch.zeros(1, clip_config["max_position_embeddings"], width))
+            self.encoders = nn.ModuleList([CLIPEncoderLayer(width, clip_config["intermediate_size"], num_heads=n_heads,
+                                                            head_dim=width // n_heads)
+                                           for _ in range(clip_config["num_hidden_layers"])])
+            self.attn_mask = self.attention_mask(clip_config["max_position_embeddings"])
+            self.final_layer_norm = nn.LayerNorm(width)
+
+    class TinyT5(FluxTextEncoderT5):
+        def __init__(self):
+            T5EncoderModel.__init__(self, T5Config.from_pretrained(str(repo / "text_encoder_2")))
+
+    dtype = torch.float32
+    pipe = FluxImagePipeline(device="cpu", torch_dtype=dtype)
+    dit = TinyDiT()
+    dit.load_state_dict(FluxDiTStateDictConverter(_load(repo / "flux1-dev.safetensors")), strict=True)
+    clip = TinyClip()
+    # the release's file names CLIPTextModel's weights `text_model.*`; transformers 5 saves them without the prefix
+    clip_state = {k if k.startswith("text_model.") else "text_model." + k: v
+                  for k, v in _load(repo / "text_encoder" / "model.safetensors").items()}
+    clip.load_state_dict(FluxTextEncoderClipStateDictConverter(clip_state), strict=True)
+    t5 = TinyT5()
+    t5.load_state_dict(FluxTextEncoderT5StateDictConverter(_folder(repo / "text_encoder_2")), strict=True)
+    vae = tiny_vae_encoder(json.loads((repo / "vae" / "config.json").read_text()), use_conv_attention=True)
+    vae.load_state_dict(FluxVAEEncoderStateDictConverter(_load(repo / "ae.safetensors")), strict=True)
+    pipe.dit, pipe.text_encoder_1, pipe.text_encoder_2 = dit.to(dtype), clip.to(dtype).eval(), t5.to(dtype).eval()
+    pipe.vae_encoder = vae.to(dtype).eval()
+    pipe.tokenizer_1 = CLIPTokenizer.from_pretrained(str(repo / "tokenizer"))
+    pipe.tokenizer_2 = T5TokenizerFast.from_pretrained(str(repo / "tokenizer_2"))
+    return pipe
+
+
+def flux_inputs(pipe, data):
+    """examples/flux/model_training/train.py's `get_pipeline_inputs` (sft, no extra inputs)."""
+    image = data["image"]
+    shared = {"input_image": image, "height": image.size[1], "width": image.size[0], "cfg_scale": 1,
+              "embedded_guidance": 1, "t5_sequence_length": 512, "tiled": False, "rand_device": pipe.device,
+              "use_gradient_checkpointing": False, "use_gradient_checkpointing_offload": False}
+    return shared, {"prompt": data["prompt"]}, {"negative_prompt": ""}
+
+
+# -- Qwen-Image ---------------------------------------------------------------------------------------------------
+
+def qwen_mlp_activation(mode: str) -> None:
+    """The DiT MLP's activation: "reference" leaves `ApproximateGELU` as it is (x * sigmoid(1.702 x)); "tanh" makes it
+    the tanh approximation of GELU, the released model's (diffusers' `gelu-approximate`, which difftune runs)."""
+    import torch
+    from diffsynth.models import qwen_image_dit
+
+    cls = qwen_image_dit.ApproximateGELU
+    if not hasattr(cls, "_fidelity_forward"):
+        cls._fidelity_forward = cls.forward
+    if mode == "tanh":
+        cls.forward = lambda self, x: torch.nn.functional.gelu(self.proj(x), approximate="tanh")
+    else:
+        cls.forward = cls._fidelity_forward
+
+
+def qwen_image_pipeline(p: dict):
+    """QwenImagePipeline with QwenImageDiT, QwenImageTextEncoder and QwenImageVAE at the tiny widths, loaded strictly
+    from the diffusers / transformers files (model_configs.py: no converter for the DiT and the VAE)."""
+    import torch
+    from diffsynth.models.general_modules import AdaLayerNorm, RMSNorm, TimestepEmbeddings
+    from diffsynth.models.qwen_image_dit import QwenEmbedRope, QwenImageDiT, QwenImageTransformerBlock
+    from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
+    from diffsynth.models.qwen_image_vae import QwenImageVAE
+    from diffsynth.pipelines.qwen_image import QwenImagePipeline
+    from torch import nn
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    spec, repo = p["spec"], Path(p["repo"])
+    heads, head_dim, text = spec["num_attention_heads"], spec["attention_head_dim"], spec["text_hidden"]
+    dim = heads * head_dim
+
+    class TinyDiT(QwenImageDiT):
+        def __init__(self):
+            nn.Module.__init__(self)
+            self.pos_embed = QwenEmbedRope(theta=10000, axes_dim=list(spec["axes_dims_rope"]), scale_rope=True)
+            self.time_text_embed = TimestepEmbeddings(256, dim, diffusers_compatible_format=True, scale=1000,
+                                                      align_dtype_to_timestep=False, use_additional_t_cond=False)
+            self.txt_norm = RMSNorm(text, eps=1e-6)
+            self.img_in, self.txt_in = nn.Linear(64, dim), nn.Linear(text, dim)
+            self.transformer_blocks = nn.ModuleList([QwenImageTransformerBlock(
+                dim=dim, num_attention_heads=heads, attention_head_dim=head_dim) for _ in range(spec["num_layers"])])
+            self.norm_out, self.proj_out = AdaLayerNorm(dim, single=True), nn.Linear(dim, 64)
+
+    class TinyTextEncoder(QwenImageTextEncoder):
+        """The class's forward on transformers' Qwen2.5-VL of the tiny config (its __init__ builds the 7B's)."""
+
+        def __init__(self, hf):
+            nn.Module.__init__(self)
+            self.model, self.lm_head, self.config = hf.model, hf.lm_head, hf.config
+
+    dtype = torch.float32
+    pipe = QwenImagePipeline(device="cpu", torch_dtype=dtype)
+    dit = TinyDiT()
+    dit.load_state_dict(_folder(repo / "transformer"), strict=True)
+    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(repo / "text_encoder"), torch_dtype=dtype)
+    vae = QwenImageVAE(base_dim=spec["vae_base_dim"], z_dim=16, dim_mult=list(spec["vae_dim_mult"]),
+                       num_res_blocks=spec["vae_num_res_blocks"], temperal_downsample=[False, True, True])
+    vae.load_state_dict(_folder(repo / "vae"), strict=True)
+    pipe.dit, pipe.text_encoder = dit.to(dtype), TinyTextEncoder(hf).to(dtype).eval()
+    pipe.vae = vae.to(dtype).eval()
+    pipe.tokenizer = AutoTokenizer.from_pretrained(str(repo / "tokenizer"))
+    if p.get("drop") is not None and p["drop"] != 34:  # not the template count the prompt unit hard-codes
+        raise ValueError(f"the tokenizer's template is {p['drop']} tokens; the reference drops 34")
+    qwen_mlp_activation(p.get("qwen_mlp_activation", "reference"))
+    return pipe
+
+
+def qwen_image_inputs(pipe, data):
+    """examples/qwen_image/model_training/train.py's `get_pipeline_inputs` (sft, one image, no extra inputs)."""
+    image = data["image"]
+    shared = {"cfg_scale": 1, "rand_device": pipe.device, "use_gradient_checkpointing": False,
+              "use_gradient_checkpointing_offload": False, "edit_image_auto_resize": True, "zero_cond_t": False,
+              "input_image": image, "height": image.size[1], "width": image.size[0]}
+    return shared, {"prompt": data["prompt"]}, {"negative_prompt": ""}
+
+
 FAMILIES = {"z_image": (z_image_pipeline, z_image_inputs, z_image_dataset),
-            "wan": (wan_pipeline, wan_inputs, wan_dataset)}
+            "wan": (wan_pipeline, wan_inputs, wan_dataset),
+            "flux": (flux_pipeline, flux_inputs, z_image_dataset),
+            "qwen_image": (qwen_image_pipeline, qwen_image_inputs, z_image_dataset)}
 
 
 # -- the training module and the loss -----------------------------------------------------------------------------
@@ -301,14 +502,16 @@ def step(p: dict) -> dict:
     loss = module(data)
     loss.backward()
     shared, posi = record["inputs"][0], record["inputs"][1]
-    out = {"stage1.input_latents": shared["input_latents"].float()}
-    embeds = next(d[k] for k in ("prompt_embeds", "context") for d in (posi, shared) if d.get(k) is not None)
-    while isinstance(embeds, (list, tuple)):
-        embeds = embeds[0]
-    out["stage1.prompt_embeds"] = embeds.float()
+    out = {}
+    stage1 = p.get("stage1") or {"prompt_embeds": ["prompt_embeds", "context"], "input_latents": ["input_latents"]}
+    for ours, names in stage1.items():  # difftune's name -> the reference's names for the value
+        value = next(d[k] for k in names for d in (posi, shared) if d.get(k) is not None)
+        while isinstance(value, (list, tuple)):
+            value = value[0]
+        out[f"stage1.{ours}"] = value.float()
     for name, param in pipe.dit.named_parameters():
-        if ".lora_" in name:
-            out[f"grad.{name}"] = param.grad.float()
+        if ".lora_" in name:  # no gradient where the loss does not read the layer (as difftune's side: zeros)
+            out[f"grad.{name}"] = param.grad.float() if param.grad is not None else torch.zeros_like(param).float()
     save_file({k: v.detach().contiguous() for k, v in out.items()}, p["result"])
     timestep = pipe.scheduler.timesteps[p["index"]]
     return {"loss": float(loss), "timestep": float(timestep), "sigma": float(pipe.scheduler.sigmas[p["index"]]),
