@@ -83,6 +83,9 @@ class Scripts:
     # (script, monkeypatch) -> what to check after its run, armed before it
     run_checks: Callable[[str, pytest.MonkeyPatch], Callable[[Run], None]] | None = None
     variants: tuple[Variant, ...] = ()
+    # (workspace, a LoRA checkpoint) -> the same tensors under `lora_prefix<module>.lora_A/B.weight` (and `.alpha`),
+    # for a layout of other names (kohya's flattened lora_unet_ ... lora_down / lora_up); None: read as saved
+    canonical: Callable[[Path, dict], dict] | None = None
 
     @property
     def root(self) -> Path:
@@ -1398,12 +1401,61 @@ LTX2_SCRIPTS = Scripts(
     full=_ltx2_released, once_per_configuration=True, slow=True)
 
 
+# -- Stable Diffusion 1.x --------------------------------------------------------------------------------------------
+
+
+def _sd_workspace(root):
+    from support.stable_diffusion import write_sd_script_workspace
+
+    return write_sd_script_workspace(root)
+
+
+def _sd_released(workspace, argv, script):
+    """The whole UNet, `pipe.unet.` removed: diffusers' names, as the released unet/ file."""
+    from support.stable_diffusion import REPO
+
+    return _load(workspace / "models" / REPO / "unet" / "diffusion_pytorch_model.safetensors")
+
+
+def _kohya_canonical(workspace: Path, saved: dict) -> dict:
+    """A kohya file (lora_unet_<path with _>.lora_down / lora_up + alpha) under the UNet's module names."""
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    from support.stable_diffusion import REPO
+
+    config = UNet2DConditionModel.load_config(workspace / "models" / REPO / "unet")
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config(config)
+    names = {n.replace(".", "_"): n for n, _ in unet.named_modules() if n}
+    out = {}
+    for key, value in saved.items():
+        flat, _, end = key.removeprefix("lora_unet_").partition(".")
+        end = {"lora_down.weight": "lora_A.weight", "lora_up.weight": "lora_B.weight"}.get(end, end)
+        out[f"{names[flat]}.{end}"] = value
+    return out
+
+
+SD_SCRIPTS = Scripts(
+    folder="stable_diffusion/model_training", workspace=_sd_workspace,
+    snapshot=("full/stable-diffusion-v1-5.sh", "lora/stable-diffusion-v1-5.sh"),
+    # `--lora_target_modules ""`: the reference's automatic choice on the tiny UNet's 512-wide block (its ResNets'
+    # time projections), in kohya's layout (the default for SD 1.x)
+    lora_prefix="", lora_exact=True, lora_alpha=True, canonical=_kohya_canonical,
+    lora_modules=frozenset({"down_blocks.1.resnets.0.time_emb_proj", "up_blocks.0.resnets.0.time_emb_proj",
+                            "up_blocks.0.resnets.1.time_emb_proj"}),
+    notes={"lora/": "note: --lora_target_modules \"\": 3 modules of unet chosen as the reference chooses"},
+    full=_sd_released)
+
+
 # -- the manifest ---------------------------------------------------------------------------------------------------
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("ace_step", "support.ace_step", lambda s, root: s.write_tiny_ace_step_hubs(root), scripts=ACE_STEP_SCRIPTS,
            recognition=ACE_STEP_RECOGNITION),
     Family("ltx2", "support.ltx2", lambda s, root: s.write_ltx2_script_workspace(root), scripts=LTX2_SCRIPTS),
+    Family("stable_diffusion", "support.stable_diffusion", lambda s, root: s.write_tiny_sd_hub(root),
+           scripts=SD_SCRIPTS),
     Family("ernie_image", "support.ernie_image", lambda s, root: s.write_tiny_ernie_image_hub(root),
            scripts=ERNIE_IMAGE_SCRIPTS, sample=ERNIE_IMAGE_SAMPLE, recognition=ERNIE_IMAGE_RECOGNITION,
            lora=ERNIE_IMAGE_LORA),

@@ -22,7 +22,7 @@ from families.manifest import FAMILIES as ENTRIES, Run, covered
 from support import read_reference_script
 from support.scripts import at_small_size, flag_value, resolve_scripts, trains_end_to_end
 
-FAMILIES = ("z_image", "ernie_image", "ace_step")
+FAMILIES = ("z_image", "ernie_image", "ace_step", "stable_diffusion")
 COVERED_SCRIPTS = covered(ENTRIES[f] for f in FAMILIES)  # tests/test_reference_coverage.py (reference_scripts/)
 
 
@@ -100,6 +100,7 @@ def _written(argv, before: dict[Path, int]) -> dict:
 def _check_checkpoint(family, saved: dict, argv, workspace: Path, script: str) -> None:
     entry = family.scripts
     if flag_value(argv, "--lora_base_model"):
+        saved = entry.canonical(workspace, saved) if entry.canonical else saved
         # the entry's modules in its layout, at the script's rank, trained
         ends = (".lora_A.weight", ".lora_B.weight", *((".alpha",) if entry.lora_alpha else ()))
         stray = [k for k in saved if not (k.startswith(entry.lora_prefix) and k.endswith(ends))]

@@ -137,6 +137,9 @@ class ComponentSpec:
     # Further config.json classes that describe this spec's model: its class is built from their config as it is
     # (a half of a VAE from the whole VAE's config in a diffusers folder).
     config_classes: tuple[str, ...] = ()
+    # A config.json of this spec's class -> why it is not this spec's model (one class, two families' models: an
+    # SDXL UNet is a UNet2DConditionModel too), or None
+    config_problem: Callable[[dict], str | None] | None = None
 
     def candidate_configs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, dict]:
         """label -> config to match weights of normalised {key: shape} against."""
@@ -331,9 +334,15 @@ def _config_beside(files: list[str], specs: Sequence[ComponentSpec],
     if shapes is not None and any(_carries_markers(spec, shapes) for spec in specs
                                   if any(c in spec.foreign_config_classes for c in classes)):
         return None  # e.g. a fine-tune that kept its base model's config.json beside extra tensors: the weights decide
+    problems = []
     for spec in specs:
         if spec.class_name in classes or any(c in spec.config_classes for c in classes):
-            return spec, config, str(path)
+            problem = spec.config_problem(config) if spec.config_problem else None
+            if problem is None:
+                return spec, config, str(path)
+            problems.append(problem)
+    if problems:
+        raise UserError(f"{path}: {problems[0]}")
     if any(c in spec.foreign_config_classes for spec in specs for c in classes):
         return None
     known = ", ".join(sorted({s.class_name for s in specs}))

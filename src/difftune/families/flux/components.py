@@ -13,6 +13,7 @@ import re
 from functools import partial
 
 from ...models.detect import ComponentSpec, strip_comfyui_prefix
+from ...parts.clip import CLIP_L_TEXT_CONFIG, CLIP_TEXT_MARKER_KEYS, clip_text_key
 from ...parts.flux_ae import AE_MARKER_KEYS, FLUX1_VAE_CONFIG, convert_ldm_ae
 from .bfl import convert_bfl_transformer
 
@@ -74,26 +75,6 @@ FLUX1_SCHNELL_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "guidance_em
 FLUX1_FILL_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "in_channels": 384, "out_channels": 64}
 # ostris/Flex.2-preview: 8 double blocks; 33 condition channels per latent pixel beside the 16 (4 x 49 = 196 inputs).
 FLEX2_TRANSFORMER_CONFIG = {**FLUX1_DEV_TRANSFORMER_CONFIG, "in_channels": 196, "out_channels": 64, "num_layers": 8}
-
-CLIP_L_TEXT_CONFIG = {
-    "architectures": ["CLIPTextModel"],
-    "attention_dropout": 0.0,
-    "bos_token_id": 0,
-    "eos_token_id": 2,
-    "hidden_act": "quick_gelu",
-    "hidden_size": 768,
-    "initializer_factor": 1.0,
-    "initializer_range": 0.02,
-    "intermediate_size": 3072,
-    "layer_norm_eps": 1e-05,
-    "max_position_embeddings": 77,
-    "model_type": "clip_text_model",
-    "num_attention_heads": 12,
-    "num_hidden_layers": 12,
-    "pad_token_id": 1,
-    "projection_dim": 768,
-    "vocab_size": 49408,
-}
 
 T5_XXL_ENCODER_CONFIG = {
     "architectures": ["T5EncoderModel"],
@@ -161,12 +142,6 @@ def infer_flux_config(shapes: dict[str, tuple[int, ...]]) -> dict | None:
     return config
 
 
-def clip_text_key(key: str) -> str:
-    """The official CLIP files name the text model `text_model.*`; transformers>=5's CLIPTextModel has no such
-    level (its own save_pretrained writes the short names)."""
-    return key[len("text_model."):] if key.startswith("text_model.") else key
-
-
 DIT = ComponentSpec(
     name="dit", library="diffusers", class_name="FluxTransformer2DModel",
     known_configs={"black-forest-labs/FLUX.1-dev transformer": FLUX1_DEV_TRANSFORMER_CONFIG,
@@ -185,7 +160,7 @@ VAE = ComponentSpec(
 TEXT_ENCODER = ComponentSpec(
     name="text_encoder", library="transformers", class_name="CLIPTextModel", config_class_name="CLIPTextConfig",
     known_configs={"CLIP ViT-L/14 text model": CLIP_L_TEXT_CONFIG},
-    marker_keys=("embeddings.token_embedding.weight", "final_layer_norm.weight"), normalize_key=clip_text_key,
+    marker_keys=CLIP_TEXT_MARKER_KEYS, normalize_key=clip_text_key,
     description="CLIP-L text encoder (pooled prompt)")
 
 TEXT_ENCODER_2 = ComponentSpec(
