@@ -28,7 +28,8 @@ it is, so the row shows what remains once that one documented difference is remo
 Families: `z_image` (Z-Image-Turbo, diffusers layout), `wan` (Wan2.1-T2V-1.3B, Wan-AI's files), `flux` (FLUX.1-dev:
 BFL's flux1-dev.safetensors and ae.safetensors, the script's own fused targets a_to_qkv / b_to_qkv / to_qkv_mlp),
 `qwen_image` (Qwen-Image, diffusers layout, the script's targets; the benchmarks' word tokenizer, whose template is
-the 34 tokens the reference's prompt unit drops). The default runs `z_image,wan` (the smoke test's).
+the 34 tokens the reference's prompt unit drops), `flux2` (FLUX.2-klein-4B, diffusers layout, Qwen3 text encoder, the
+script's targets). The default runs `z_image,wan` (the smoke test's).
 
 `--replay N` (Z-Image) trains N steps on each side from the same initial LoRA (B = 0, as training starts) with the same
 sample, noise and timestep every step, through each side's own loop (difftune's `fit.train`; the reference's
@@ -36,7 +37,7 @@ sample, noise and timestep every step, through each side's own loop (difftune's 
 fp32, and prints the per-step losses and the final LoRA tensors' largest relative difference, beside a control (difftune
 against itself with the frozen DiT weights perturbed by a relative 1e-6) and the probes of `--probes`.
 
-    .venv/bin/python benchmarks/fidelity.py [--families z_image,wan,flux,qwen_image] [--quick]
+    .venv/bin/python benchmarks/fidelity.py [--families z_image,wan,flux,qwen_image,flux2] [--quick]
     .venv/bin/python benchmarks/fidelity.py --families z_image --replay 20 [--probes all]
 
 Needs DiffSynth-Studio's venv (docs/benchmarks.md, "The peers' environments"): `--ds-python`, else
@@ -114,6 +115,10 @@ class Case:
                                                       "input_latents": ("input_latents",)})
     # further reference runs against the same difftune step: (row title suffix, payload additions, documented)
     variants: tuple = ()
+    # difftune's stage-1 name -> a function putting its value (one sample, batch dimension dropped) in the reference's
+    # layout (FLUX.2's latents: difftune keeps (128, h, w), the reference (h w, 128) tokens)
+    ours_as_ref: dict = field(default_factory=dict)
+    payload: dict = field(default_factory=dict)  # further payload for the reference's child
 
 
 def _image(path: Path, size: int, seed: int = 0) -> Path:
@@ -338,6 +343,33 @@ def _qwen_image_flags(ws: dict) -> list[str]:
             *_common_flags(ws, ws["targets"], ws["rank"])]
 
 
+# FLUX.2-klein-4B: the diffusers layout (transformer/, text_encoder/ (Qwen3), vae/, tokenizer/), as the reference's
+# script names it, with its targets (the reference's Flux2DiT has diffusers' module names; its script names each of
+# the 20 single blocks' attn.to_out)
+FLUX2_TARGETS = ("to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out,linear_in,linear_out,"
+                 "to_qkv_mlp_proj," + ",".join(f"single_transformer_blocks.{i}.attn.to_out" for i in range(20)))
+
+
+def _write_flux2(wd: Path, quick: bool) -> dict:
+    from support.flux2.tiny import TinyFlux2Spec, write_tiny_klein
+
+    spec = TinyFlux2Spec()
+    repo = wd / "flux2-klein-4b"
+    if not (repo / "model_index.json").is_file():
+        write_tiny_klein(repo, "4B", spec, shard=False)
+    size = 32 if quick else 64
+    data, metadata = _data(wd / "flux2-data", size)
+    return {"repo": repo, "data": data, "metadata": metadata, "size": size, "rank": 4, "targets": FLUX2_TARGETS}
+
+
+def _flux2_flags(ws: dict) -> list[str]:
+    repo = ws["repo"]
+    paths = [str(next((repo / "text_encoder").glob("*.safetensors"))),
+             str(next((repo / "transformer").glob("*.safetensors"))), str(repo / "vae" / "diffusion_pytorch_model.safetensors")]
+    return ["--model_paths", json.dumps(paths), "--tokenizer_path", str(repo / "tokenizer"),
+            *_common_flags(ws, ws["targets"], ws["rank"])]
+
+
 CASES = {
     "z_image": Case("z_image", "Z-Image (Z-Image-Turbo)", _write_z_image, _z_image_flags,
                     documented="Z-Image: training-table rounding"),
@@ -351,6 +383,9 @@ CASES = {
                        ref_stage1={"prompt_embeds": ("prompt_emb",), "input_latents": ("input_latents",)},
                        variants=(("reference's MLP activation set to tanh-GELU (difftune's)",
                                   {"qwen_mlp_activation": "tanh"}, ""),)),
+    "flux2": Case("flux2", "FLUX.2-klein-4B", _write_flux2, _flux2_flags,
+                  ours_as_ref={"input_latents": lambda v: v.flatten(1).transpose(0, 1)},
+                  payload={"noise_layout": "tokens"}),
 }
 
 
@@ -515,13 +550,15 @@ def compare_step(case: Case, ws: dict, wd: Path, ds_python: Path, threads: int, 
                "noise": save_tensors(wd / f"{case.name}-noise.safetensors", {"noise": ours["noise"]}),
                "lora": save_tensors(wd / f"{case.name}-lora.safetensors",
                                     {to_ref[n]: v for n, v in ours["init"].items()}),
-               "result": str(wd / f"{case.name}{tag}-reference.safetensors"), **(extra or {})}
+               "result": str(wd / f"{case.name}{tag}-reference.safetensors"), **case.payload, **(extra or {})}
     theirs = run_reference(ds_python, payload, threads)
     tensors = load_tensors(payload["result"])
     stage1 = {}
     for k in case.stage1:
         if k in ours["stage1"]:  # one sample: difftune's batch of one against the reference's unbatched values
             mine, theirs_k = ours["stage1"][k].squeeze(0), tensors[f"stage1.{k}"].squeeze(0)
+            if k in case.ours_as_ref:
+                mine = case.ours_as_ref[k](mine)
             if mine.dim() == 2 and theirs_k.shape[0] > mine.shape[0]:  # the reference pads the prompt with zeros
                 stage1[f"{k} (padding beyond {mine.shape[0]} tokens, max abs)"] = \
                     theirs_k[mine.shape[0]:].abs().max().item()

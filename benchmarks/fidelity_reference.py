@@ -424,10 +424,69 @@ def qwen_image_inputs(pipe, data):
     return shared, {"prompt": data["prompt"]}, {"negative_prompt": ""}
 
 
+# -- FLUX.2 -------------------------------------------------------------------------------------------------------
+
+def _init_kwargs(cls, config: dict, renames: dict | None = None) -> dict:
+    """The values of a diffusers config that `cls.__init__` takes (some under another name)."""
+    import inspect
+
+    names = inspect.signature(cls.__init__).parameters
+    out = {}
+    for key, value in config.items():
+        key = (renames or {}).get(key, key)
+        if key in names and key != "self":
+            out[key] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def flux2_pipeline(p: dict):
+    """Flux2ImagePipeline (klein: the Qwen3 text encoder) with Flux2DiT and Flux2VAE from the diffusers configs (both
+    take their sizes as arguments; no converter for their files) and ZImageTextEncoder at the tiny width (its class
+    hard-codes Qwen3-4B's; the converter drops lm_head)."""
+    import torch
+    from diffsynth.models.flux2_dit import Flux2DiT
+    from diffsynth.models.flux2_vae import Flux2VAE
+    from diffsynth.models.z_image_text_encoder import ZImageTextEncoder
+    from diffsynth.pipelines.flux2_image import Flux2ImagePipeline
+    from diffsynth.utils.state_dict_converters.z_image_text_encoder import ZImageTextEncoderStateDictConverter
+    from torch import nn
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
+
+    repo = Path(p["repo"])
+
+    class TinyTextEncoder(ZImageTextEncoder):
+        def __init__(self):
+            nn.Module.__init__(self)
+            self.model = Qwen3Model(Qwen3Config.from_pretrained(str(repo / "text_encoder")))
+
+    dtype = torch.float32
+    pipe = Flux2ImagePipeline(device="cpu", torch_dtype=dtype)
+    dit = Flux2DiT(**_init_kwargs(Flux2DiT, json.loads((repo / "transformer" / "config.json").read_text())))
+    dit.load_state_dict(_folder(repo / "transformer"), strict=True)
+    text = TinyTextEncoder()
+    text.load_state_dict(ZImageTextEncoderStateDictConverter(_folder(repo / "text_encoder")), strict=True)
+    vae_config = json.loads((repo / "vae" / "config.json").read_text())
+    vae = Flux2VAE(**_init_kwargs(Flux2VAE, vae_config, {"norm_num_groups": "num_groups"}))
+    vae.load_state_dict(_folder(repo / "vae"), strict=True)
+    pipe.dit, pipe.text_encoder_qwen3, pipe.vae = dit.to(dtype), text.to(dtype).eval(), vae.to(dtype).eval()
+    pipe.tokenizer = AutoTokenizer.from_pretrained(str(repo / "tokenizer"))
+    return pipe
+
+
+def flux2_inputs(pipe, data):
+    """examples/flux2/model_training/train.py's `get_pipeline_inputs` (sft, no extra inputs)."""
+    image = data["image"]
+    shared = {"input_image": image, "height": image.size[1], "width": image.size[0], "embedded_guidance": 1.0,
+              "cfg_scale": 1, "rand_device": pipe.device, "use_gradient_checkpointing": False,
+              "use_gradient_checkpointing_offload": False}
+    return shared, {"prompt": data["prompt"]}, {"negative_prompt": ""}
+
+
 FAMILIES = {"z_image": (z_image_pipeline, z_image_inputs, z_image_dataset),
             "wan": (wan_pipeline, wan_inputs, wan_dataset),
             "flux": (flux_pipeline, flux_inputs, z_image_dataset),
-            "qwen_image": (qwen_image_pipeline, qwen_image_inputs, z_image_dataset)}
+            "qwen_image": (qwen_image_pipeline, qwen_image_inputs, z_image_dataset),
+            "flux2": (flux2_pipeline, flux2_inputs, z_image_dataset)}
 
 
 # -- the training module and the loss -----------------------------------------------------------------------------
@@ -495,6 +554,8 @@ def step(p: dict) -> dict:
     build, inputs_fn, dataset_fn = FAMILIES[p["family"]]
     pipe = build(p)
     noise = _load(p["noise"])["noise"]
+    if p.get("noise_layout") == "tokens":  # difftune's (B, C, h, w) latents -> the reference's (B, h w, C) tokens
+        noise = noise.flatten(2).transpose(1, 2).contiguous()
     record: dict = {}
     module = make_module(p, pipe, inputs_fn, noise, record)
     load_lora(module, p["lora"])
