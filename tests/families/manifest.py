@@ -1417,14 +1417,12 @@ def _sd_released(workspace, argv, script):
     return _load(workspace / "models" / REPO / "unet" / "diffusion_pytorch_model.safetensors")
 
 
-def _kohya_canonical(workspace: Path, saved: dict) -> dict:
+def _kohya_canonical(workspace: Path, saved: dict, repo: str = "AI-ModelScope/stable-diffusion-v1-5") -> dict:
     """A kohya file (lora_unet_<path with _>.lora_down / lora_up + alpha) under the UNet's module names."""
     import torch
     from diffusers import UNet2DConditionModel
 
-    from support.stable_diffusion import REPO
-
-    config = UNet2DConditionModel.load_config(workspace / "models" / REPO / "unet")
+    config = UNet2DConditionModel.load_config(workspace / "models" / repo / "unet")
     with torch.device("meta"):
         unet = UNet2DConditionModel.from_config(config)
     names = {n.replace(".", "_"): n for n, _ in unet.named_modules() if n}
@@ -1448,6 +1446,51 @@ SD_SCRIPTS = Scripts(
     full=_sd_released)
 
 
+# -- Stable Diffusion XL --------------------------------------------------------------------------------------------
+
+
+def _sdxl_workspace(root):
+    from support.stable_diffusion_xl import write_sdxl_script_workspace
+
+    return write_sdxl_script_workspace(root)
+
+
+def _sdxl_released(workspace, argv, script):
+    from support.stable_diffusion_xl import REPO
+
+    return _load(workspace / "models" / REPO / "unet" / "diffusion_pytorch_model.safetensors")
+
+
+def _sdxl_canonical(workspace: Path, saved: dict) -> dict:
+    """--align_to_opensource_format's file: kohya's layout in the original (LDM) UNet names."""
+    from difftune.families.stable_diffusion_xl.lora_names import kohya_from_ldm
+    from support.stable_diffusion_xl import REPO
+
+    assert all(k.startswith(("lora_unet_input_blocks_", "lora_unet_output_blocks_", "lora_unet_middle_block_"))
+               for k in saved), sorted(saved)[:3]
+    return _kohya_canonical(workspace, kohya_from_ldm(saved), REPO)
+
+
+
+
+def _sdxl_script_targets() -> frozenset[str]:
+    """The 722 modules the reference's SDXL LoRA script names (its --lora_target_modules)."""
+    from support import read_reference_script
+
+    argv = read_reference_script(SNAPSHOT / "stable_diffusion_xl/model_training/lora/stable-diffusion-xl-base-1.0.sh"
+                                 ).commands[-1]
+    return frozenset(flag_value(argv, "--lora_target_modules").split(","))
+
+
+SDXL_SCRIPTS = Scripts(
+    folder="stable_diffusion_xl/model_training", workspace=_sdxl_workspace,
+    snapshot=("full/stable-diffusion-xl-base-1.0.sh", "lora/stable-diffusion-xl-base-1.0.sh"),
+    # the script's 722 named modules (the tiny UNet has SDXL's blocks), in kohya's layout with the LDM names
+    # (--align_to_opensource_format)
+    lora_prefix="", lora_exact=True, lora_alpha=True, canonical=_sdxl_canonical, lora_modules=_sdxl_script_targets(),
+    full=_sdxl_released)
+
+
 # -- the manifest ---------------------------------------------------------------------------------------------------
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -1456,6 +1499,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("ltx2", "support.ltx2", lambda s, root: s.write_ltx2_script_workspace(root), scripts=LTX2_SCRIPTS),
     Family("stable_diffusion", "support.stable_diffusion", lambda s, root: s.write_tiny_sd_hub(root),
            scripts=SD_SCRIPTS),
+    Family("stable_diffusion_xl", "support.stable_diffusion_xl", lambda s, root: s.write_tiny_sdxl_hub(root),
+           scripts=SDXL_SCRIPTS),
     Family("ernie_image", "support.ernie_image", lambda s, root: s.write_tiny_ernie_image_hub(root),
            scripts=ERNIE_IMAGE_SCRIPTS, sample=ERNIE_IMAGE_SAMPLE, recognition=ERNIE_IMAGE_RECOGNITION,
            lora=ERNIE_IMAGE_LORA),

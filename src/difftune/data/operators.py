@@ -258,15 +258,24 @@ def target_size(width: int, height: int, fixed_height: int | None, fixed_width: 
     return width // width_factor * width_factor, height // height_factor * height_factor
 
 
+ORIGINAL_SIZE, CROP_TOP_LEFT = "difftune_original_size", "difftune_crop_top_left"  # keys of a cropped image's info
+
+
 def cover_crop(img: Image.Image, width: int, height: int) -> Image.Image:
     """Scale (bilinear) so the image covers (width, height), then centre-crop, as torchvision's
     resize + center_crop do in the reference."""
+    h0, w0 = img.height, img.width
     scale = max(width / img.width, height / img.height)
     w, h = round(img.width * scale), round(img.height * scale)
     if (w, h) != img.size:
         img = img.resize((w, h), Image.BILINEAR)
     left, top = int(round((w - width) / 2.0)), int(round((h - height) / 2.0))
-    return img.crop((left, top, left + width, top + height))
+    out = img.crop((left, top, left + width, top + height))
+    # what a size-conditioned model is told (SDXL's micro-conditioning): the picture's size before the resize and
+    # where the crop starts in the resized picture, (height, width) and (top, left)
+    out.info[ORIGINAL_SIZE] = img.info.get(ORIGINAL_SIZE, (h0, w0))
+    out.info[CROP_TOP_LEFT] = (top, left)
+    return out
 
 
 class ImageCropAndResize(DataOperator):

@@ -1,0 +1,138 @@
+"""SDXL: sampling equals diffusers' StableDiffusionXLPipeline, the pooled prompt is bigG's end-of-text embedding (not
+the start token the reference pools), the time ids carry a training picture's real size and crop, and the kohya file
+in the original UNet names loads in diffusers with every module used."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from difftune.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    from support.stable_diffusion_xl import write_tiny_sdxl_hub
+
+    return write_tiny_sdxl_hub(tmp_path_factory.mktemp("sdxl_hub"))
+
+
+def _diffusers_pipe(hub):
+    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+    from diffusers import StableDiffusionXLPipeline as Theirs
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    from support.stable_diffusion_xl import REPO
+
+    repo = hub / REPO
+    return Theirs(vae=AutoencoderKL.from_pretrained(repo / "vae"), unet=UNet2DConditionModel.from_pretrained(repo / "unet"),
+                  text_encoder=CLIPTextModel.from_pretrained(repo / "text_encoder"),
+                  text_encoder_2=CLIPTextModelWithProjection.from_pretrained(repo / "text_encoder_2"),
+                  tokenizer=CLIPTokenizer.from_pretrained(repo / "tokenizer"),
+                  tokenizer_2=CLIPTokenizer.from_pretrained(repo / "tokenizer_2"),
+                  scheduler=DDIMScheduler.from_pretrained(repo / "scheduler"), force_zeros_for_empty_prompt=False)
+
+
+def test_sampling_equals_diffusers_stable_diffusion_xl_pipeline(hub):
+    from difftune.core.latents import seeded_noise
+    from support.stable_diffusion_xl import load_tiny_sdxl
+
+    ours = load_tiny_sdxl(hub)("a red circle", negative_prompt="a blue square", height=32, width=48, seed=5,
+                               num_inference_steps=4, cfg_scale=5.0)
+    noise = seeded_noise((4, 4, 6), 5, 1, device="cpu")
+    theirs = _diffusers_pipe(hub)("a red circle", negative_prompt="a blue square", height=32, width=48,
+                                  num_inference_steps=4, guidance_scale=5.0, latents=noise, output_type="np").images[0]
+    ours = np.asarray(ours, dtype=np.float64) / 255
+    assert ours.shape == theirs.shape == (32, 48, 3)
+    assert np.abs(ours - theirs).max() <= 1.5 / 255
+    assert ours.std() > 0.01
+
+
+def test_the_pooled_prompt_is_the_end_of_text_embedding_and_differs_per_prompt(hub):
+    from difftune.families.stable_diffusion_xl.pipeline import SDXLPromptEmbedder
+    from support.stable_diffusion_xl import load_tiny_sdxl
+
+    pipe = load_tiny_sdxl(hub)
+    out = SDXLPromptEmbedder().embed(pipe, ["a red circle", "a green triangle"])
+    assert out["prompt_embeds"].shape == (2, 77, 64)  # CLIP-L 32 + bigG 32
+    ids = pipe.tokenizer_2(["a red circle"], padding="max_length", max_length=77, return_tensors="pt").input_ids
+    two = pipe.text_encoder_2(ids, output_hidden_states=True)
+    eos = int((ids[0] == pipe.tokenizer_2.eos_token_id).nonzero()[0])
+    want = pipe.text_encoder_2.text_projection(two.last_hidden_state[0, eos])
+    torch.testing.assert_close(out["pooled_prompt_embeds"][0], want)
+    # the reference's (the start token's, which the causal mask shows only itself) is one vector for every prompt
+    bos = pipe.text_encoder_2.text_projection(two.last_hidden_state[0, 0])
+    assert (out["pooled_prompt_embeds"][0] - bos).abs().max() > 1e-3
+    assert (out["pooled_prompt_embeds"][0] - out["pooled_prompt_embeds"][1]).abs().max() > 1e-3
+
+
+def test_time_ids_carry_the_training_pictures_original_size_and_crop(tmp_path):
+    from difftune.data.operators import ImageCropAndResize
+    from difftune.families.stable_diffusion_xl.pipeline import SDXLTimeIds
+
+    picture = Image.new("RGB", (90, 40))  # wide: scaled to cover 32 x 32 -> 72 x 32, cropped 20 px from the left
+    cropped = ImageCropAndResize(32, 32, height_division_factor=8, width_division_factor=8)(picture)
+    assert cropped.size == (32, 32)
+    pipe = type("P", (), {"device": "cpu"})()
+    ids = SDXLTimeIds().process(pipe, [cropped], 32, 32, 1)["add_time_ids"]
+    assert ids.tolist() == [[40, 90, 0, 20, 32, 32]]
+    # a size alone (sampling): its own original, no crop
+    assert SDXLTimeIds().process(pipe, None, 64, 48, 2)["add_time_ids"].tolist() == [[64, 48, 0, 0, 64, 48]] * 2
+
+
+def test_the_kohya_file_in_ldm_names_loads_in_diffusers_with_every_module(hub, tmp_path):
+    """The default LoRA file (kohya, original UNet names): diffusers' SDXL loader reads every module of it and the
+    UNet's output moves by what difftune's own loader fuses."""
+    from difftune.families.stable_diffusion_xl import FAMILY
+    from difftune.lora.formats import save_lora
+    from support.stable_diffusion_xl import load_tiny_sdxl
+
+    pipe = load_tiny_sdxl(hub)
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for name, module in pipe.unet.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.endswith(("attn1.to_q", "attn2.to_k", "ff.net.2")):
+            state[f"{name}.lora_A.weight"] = torch.randn(2, module.in_features, generator=g) / 4
+            state[f"{name}.lora_B.weight"] = torch.randn(module.out_features, 2, generator=g) / 4
+    path = save_lora(tmp_path / "lora.safetensors", {"unet": state}, {"unet": (2, 2, "to_q,to_k,ff.net.2")},
+                     layout="kohya", denoiser="unet", native_names=FAMILY.lora_native_names)
+    from safetensors.torch import load_file
+
+    keys = load_file(str(path))
+    assert all(k.startswith(("lora_unet_input_blocks_", "lora_unet_output_blocks_", "lora_unet_middle_block_"))
+               for k in keys), sorted(keys)[:3]
+    assert len(keys) == 3 * len(state) // 2
+
+    x = torch.randn(1, 4, 4, 4, generator=g)
+    text = torch.randn(1, 77, 64, generator=g)
+    added = {"text_embeds": torch.randn(1, 32, generator=g), "time_ids": torch.tensor([[32.0, 32, 0, 0, 32, 32]])}
+    t = torch.tensor([500])
+    theirs = _diffusers_pipe(hub)
+    base = theirs.unet(x, t, encoder_hidden_states=text, added_cond_kwargs=added).sample
+    theirs.load_lora_weights(str(path))
+    loaded = sum("lora_A" in n for n, _ in theirs.unet.named_parameters())
+    assert loaded == len(state) // 2
+    moved = theirs.unet(x, t, encoder_hidden_states=text, added_cond_kwargs=added).sample
+    pipe.load_lora(pipe.unet, str(path))
+    ours = pipe.unet(x, t, encoder_hidden_states=text, added_cond_kwargs=added).sample
+    assert (moved - base).abs().max() > 1e-3
+    torch.testing.assert_close(moved, ours, rtol=1e-4, atol=1e-5)
+
+
+def test_a_bigg_encoder_of_another_width_is_named(hub, tmp_path):
+    from difftune.families.stable_diffusion_xl.pipeline import StableDiffusionXLPipeline
+    from difftune.models import ModelConfig
+    from support.stable_diffusion_xl import REPO, TinySDXLSpec, tiny_text_encoders
+    from support.tokenizers import clip_tokenizer
+
+    _, two = tiny_text_encoders(TinySDXLSpec(text_2_hidden=48), clip_tokenizer())
+    two.save_pretrained(tmp_path / "te2")
+    repo = hub / REPO
+    configs = [ModelConfig(str(repo / "unet" / "diffusion_pytorch_model.safetensors")),
+               ModelConfig(str(repo / "text_encoder" / "model.safetensors")),
+               ModelConfig(str(tmp_path / "te2" / "model.safetensors")),
+               ModelConfig(str(repo / "vae" / "diffusion_pytorch_model.safetensors"))]
+    with pytest.raises(UserError, match="are 80 wide together and the unet .* cross-attends to 64-wide"):
+        StableDiffusionXLPipeline.from_pretrained(torch_dtype=torch.float32, device="cpu", model_configs=configs)
