@@ -40,9 +40,12 @@ class DiffusionScheduler:
 
     # -- training -------------------------------------------------------------------------------------
     def set_training(self, image_seq_len=None, *, timestep_sampling=None, shift=None, weighting=None, sampling=None,
-                     boundaries=(0.0, 1.0), **_):
-        """Switch to training: uniform timesteps over [int(min * n), int(max * n)) of the boundaries; the flow
-        flags (logit-normal sampling, a dynamic shift, bell weighting) have no meaning here and are refused."""
+                     boundaries=(0.0, 1.0), noise_offset: float = 0.0, noise_offset_random_strength: bool = False,
+                     min_snr_gamma: float | None = None, debiased_estimation_loss: bool = False,
+                     min_timestep: int | None = None, max_timestep: int | None = None, **_):
+        """Switch to training: uniform timesteps over [int(min * n), int(max * n)) of the boundaries (or kohya's
+        [min_timestep, max_timestep)); the flow flags (logit-normal sampling, a dynamic shift, bell weighting) have no
+        meaning here and are refused. kohya's noise offset, min-SNR and debiased weightings apply to each sample."""
         if (timestep_sampling or sampling or "uniform") != "uniform":
             raise UserError("--timestep_sampling: an epsilon / v-prediction model draws its timesteps uniformly")
         if (shift or "fixed") != "fixed":
@@ -50,14 +53,60 @@ class DiffusionScheduler:
         lo, hi = (float(b) for b in boundaries)
         if not 0 <= lo < hi <= 1:
             raise UserError(f"--min/--max_timestep_boundary must satisfy 0 <= min < max <= 1, got {lo}, {hi}")
-        self.boundaries = (lo, hi)
+        n = self.num_train_timesteps
+        steps = (int(lo * n), max(int(hi * n), int(lo * n) + 1))
+        if min_timestep is not None or max_timestep is not None:
+            if (lo, hi) != (0.0, 1.0):
+                raise UserError("--min_timestep / --max_timestep and --min/--max_timestep_boundary say the same "
+                                "thing two ways: give one")
+            steps = (0 if min_timestep is None else int(min_timestep), n if max_timestep is None else int(max_timestep))
+            if not 0 <= steps[0] < steps[1] <= n:
+                raise UserError(f"--min_timestep {steps[0]} / --max_timestep {steps[1]}: 0 <= min < max <= {n} "
+                                f"is needed")
+        if not (noise_offset == noise_offset and noise_offset >= 0):  # NaN or negative
+            raise UserError(f"--noise_offset {noise_offset}: a number >= 0 is needed")
+        if noise_offset_random_strength and not noise_offset:
+            raise UserError("--noise_offset_random_strength scales --noise_offset, which is not set")
+        if min_snr_gamma is not None and not min_snr_gamma > 0:
+            raise UserError(f"--min_snr_gamma {min_snr_gamma}: a number > 0 is needed (5 is usual)")
+        self.steps, self.boundaries = steps, (lo, hi)
+        self.noise_offset, self.noise_offset_random = float(noise_offset), bool(noise_offset_random_strength)
+        self.min_snr_gamma, self.debiased = min_snr_gamma, bool(debiased_estimation_loss)
         self.training = True
 
     def sample_training(self, batch_size: int, generator: torch.Generator, image_seq_len=None):
-        """(timesteps as the noising takes them, timesteps as the model takes them, weights of 1)."""
-        lo, hi = (int(b * self.num_train_timesteps) for b in self.boundaries)
-        t = torch.randint(lo, max(hi, lo + 1), (batch_size,), generator=generator)
-        return t, t, torch.ones(batch_size)
+        """(timesteps as the noising takes them, timesteps as the model takes them, each sample's loss weight: 1, or
+        kohya's min-SNR and / or debiased weights)."""
+        lo, hi = getattr(self, "steps", (0, self.num_train_timesteps))
+        t = torch.randint(lo, hi, (batch_size,), generator=generator)
+        return t, t, self.loss_weight(t)
+
+    def loss_weight(self, t) -> torch.Tensor:
+        """kohya's weights at these timesteps: min-SNR min(SNR, gamma) / SNR (v: / (SNR + 1)), debiased
+        1 / sqrt(min(SNR, 1000)) (v: of SNR + 1); 1 without either."""
+        weight = torch.ones(len(t))
+        if getattr(self, "min_snr_gamma", None) is None and not getattr(self, "debiased", False):
+            return weight
+        snr = self.snr(t).double()
+        v = self.prediction == "v_prediction"
+        if self.min_snr_gamma is not None:
+            weight = weight * (snr.clamp(max=self.min_snr_gamma) / (snr + 1 if v else snr)).float()
+        if self.debiased:
+            snr_t = snr.clamp(max=1000)
+            weight = weight * (1 / (snr_t + 1 if v else snr_t).sqrt()).float()
+        return weight
+
+    def training_noise(self, noise: torch.Tensor, generators) -> torch.Tensor:
+        """kohya's noise offset: per sample one normal value per channel (times a uniform strength with
+        --noise_offset_random_strength), drawn from the sample's generator after its noise."""
+        if not getattr(self, "noise_offset", 0.0):
+            return noise
+        offsets = []
+        for g in generators:
+            strength = self.noise_offset * (torch.rand(1, generator=g).item() if self.noise_offset_random else 1.0)
+            offsets.append(strength * torch.randn(noise.shape[1], generator=g))
+        shape = (noise.shape[0], noise.shape[1]) + (1,) * (noise.dim() - 2)
+        return noise + torch.stack(offsets).reshape(shape).to(device=noise.device, dtype=noise.dtype)
 
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t) -> torch.Tensor:
         t = torch.as_tensor(t, dtype=torch.long).reshape(-1)

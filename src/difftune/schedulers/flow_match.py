@@ -175,12 +175,16 @@ class FlowMatchScheduler:
     def set_training(self, image_seq_len: float | None = None, *, timestep_sampling: str | None = None,
                      shift: str | None = None, weighting: str | None = None, sampling: str | None = None,
                      logit_mean: float = 0.0, logit_std: float = 1.0,
-                     boundaries: tuple[float, float] = (0.0, 1.0)) -> None:
+                     boundaries: tuple[float, float] = (0.0, 1.0), **diffusion_options) -> None:
         """Switch to training. Defaults reproduce DiffSynth-Studio (uniform over its 1000-entry table at the
         family's fixed shift, bell weighting). `sampling` is an alias of `timestep_sampling`;
         `image_seq_len` is the default for `shift="dynamic"` when a draw does not give one. `boundaries`
         (min, max) are the reference's --min/--max_timestep_boundary: the draw is uniform over the table's
         entries [int(min * n), int(max * n)) (the table runs from sigma 1 down, so 0.358 at shift 5 is t ~ 900)."""
+        if diffusion_options:
+            flag = next(iter(diffusion_options))
+            raise UserError(f"--{flag}: an option of epsilon / v-prediction models (SD 1.x, SDXL); this family "
+                            f"trains flow matching, which has no such noise or SNR")
         options = {"--timestep_sampling": (timestep_sampling or sampling or "uniform", TIMESTEP_SAMPLINGS),
                    "--timestep_shift": (shift or "fixed", SHIFTS),
                    "--loss_weighting": (weighting or "bell", WEIGHTINGS)}

@@ -107,7 +107,18 @@ def training_mode_kwargs(config) -> dict:
                 preset_lora_path=config.preset_lora_path, preset_lora_model=config.preset_lora_model,
                 timestep_sampling=config.timestep_sampling, timestep_shift=config.timestep_shift,
                 loss_weighting=config.loss_weighting,
-                timestep_boundaries=(config.min_timestep_boundary, config.max_timestep_boundary))
+                timestep_boundaries=(config.min_timestep_boundary, config.max_timestep_boundary),
+                diffusion_options=diffusion_options(config))
+
+
+def diffusion_options(config) -> dict:
+    """kohya's loss options for epsilon / v-prediction models, as the scheduler takes them; only those set (a flow
+    scheduler refuses any)."""
+    given = {"noise_offset": config.noise_offset or None,
+             "noise_offset_random_strength": config.noise_offset_random_strength or None,
+             "min_snr_gamma": config.min_snr_gamma, "debiased_estimation_loss": config.debiased_estimation_loss or None,
+             "min_timestep": config.min_timestep, "max_timestep": config.max_timestep}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def loop_config(config, resume_from=None):

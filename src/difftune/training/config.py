@@ -174,6 +174,21 @@ class RunConfig:
                                           group=T)
     min_timestep_boundary: float = option(0.0, "Train on the timesteps from this fraction of the training table on "
                                           "(see --max_timestep_boundary).", kind=float, group=T)
+    # kohya sd-scripts' loss options for epsilon / v-prediction models (SD 1.x, SDXL); a flow model refuses them
+    noise_offset: float = option(0.0, "Epsilon / v models: add this times one normal value per sample and channel "
+                                 "to the noise (kohya's --noise_offset; SDXL base was trained with ~0.0357).",
+                                 kind=float, group=T)
+    noise_offset_random_strength: bool = option(False, "With --noise_offset: each sample's offset scaled by a "
+                                                "uniform draw in [0, 1) (kohya's).", kind=SWITCH, group=T)
+    min_snr_gamma: float | None = option(None, "Epsilon / v models: weigh each sample's loss by min(SNR, gamma) / "
+                                         "SNR (v: / (SNR + 1)), kohya's and Hang et al.'s min-SNR (5 is usual).",
+                                         kind=float, group=T)
+    debiased_estimation_loss: bool = option(False, "Epsilon / v models: weigh each sample's loss by 1 / sqrt(SNR) "
+                                            "(v: SNR + 1), SNR at most 1000, kohya's.", kind=SWITCH, group=T)
+    min_timestep: int | None = option(None, "Epsilon / v models: draw training timesteps from this one on (kohya's; "
+                                      "0 .. 1000).", kind=int, group=T)
+    max_timestep: int | None = option(None, "Epsilon / v models: draw training timesteps below this one (kohya's; "
+                                      "1 .. 1000).", kind=int, group=T)
     train_experts: str | None = option(None, "Train both experts of a pair that share the timesteps (both denoisers in "
                                        "--model_paths, the high-noise one first) in one command: stage 1 once, then "
                                        "each expert from the cache with its share of the timesteps "

@@ -57,6 +57,9 @@ def flow_match_sft_loss(pipe, values: dict[str, Any], generators: Sequence[torch
             inputs[pipe.timestep_name(stream)] = draws[id(scheduler)][1]
         point, _, weight = draws[id(scheduler)]
         noise = per_sample_noise(x0, generators).to(device=x0.device, dtype=x0.dtype)
+        offset = getattr(scheduler, "training_noise", None)  # kohya's noise offset (epsilon / v schedulers)
+        if offset is not None:
+            noise = offset(noise, generators)
         inputs[stream.latents] = scheduler.add_noise(x0, noise, point)
         targets[stream.name] = (scheduler.training_target(x0, noise, point), weight)
     pred = pipe.model_fn(**inputs, **pipe.model_fn_kwargs(values), **settings)

@@ -151,7 +151,8 @@ class DiffusionTrainingModule(torch.nn.Module):
                                      preset_lora_model: str | None = None, inject_lora: bool = True,
                                      timestep_sampling: str = "uniform", timestep_shift: str = "fixed",
                                      loss_weighting: str = "bell",
-                                     timestep_boundaries: tuple[float, float] = (0.0, 1.0)) -> None:
+                                     timestep_boundaries: tuple[float, float] = (0.0, 1.0),
+                                     diffusion_options: dict | None = None) -> None:
         """Scheduler in training mode, freeze all but the trainable models, merge a preset LoRA, add the LoRA.
 
         Trainable weights are fp32 (frozen ones keep the pipeline dtype); mixed precision comes from accelerate.
@@ -159,7 +160,7 @@ class DiffusionTrainingModule(torch.nn.Module):
         from ..lora import fuse_lora, inject_lora as inject, load_lora_file, load_lora_into
 
         pipe.scheduler.set_training(sampling=timestep_sampling, shift=timestep_shift, weighting=loss_weighting,
-                                    boundaries=timestep_boundaries)
+                                    boundaries=timestep_boundaries, **(diffusion_options or {}))
         if inject_lora:
             check_lora_and_full(trainable_models, lora_base_model)
         for module in pipe.freeze_except(_names(trainable_models)):

@@ -136,3 +136,24 @@ def test_a_bigg_encoder_of_another_width_is_named(hub, tmp_path):
                ModelConfig(str(repo / "vae" / "diffusion_pytorch_model.safetensors"))]
     with pytest.raises(UserError, match="are 80 wide together and the unet .* cross-attends to 64-wide"):
         StableDiffusionXLPipeline.from_pretrained(torch_dtype=torch.float32, device="cpu", model_configs=configs)
+
+
+def test_stage_1_caches_each_pictures_own_time_ids(hub, tmp_path):
+    """Through the data set and stage 1 (the cache): a 48 x 40 picture trained at 32 x 32 is told its original
+    size (40, 48) and its crop (3 px from the left after the cover resize to 38 x 32)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from conftest import run_train
+    from support import write_example_dataset
+    from support.stable_diffusion_xl import sdxl_model_paths
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(48, 40))
+    run_train("--task", "sft:data_process", "--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta,
+              "--model_paths", json.dumps(sdxl_model_paths(hub)), "--height", 32, "--width", 32,
+              "--output_path", tmp_path / "cache", "--lora_base_model", "unet", "--lora_target_modules", "to_q",
+              "--no_progress")
+    ids = [v.tolist() for f in sorted((tmp_path / "cache").rglob("*.safetensors"))
+           for k, v in load_file(str(f)).items() if k.endswith("/add_time_ids")]
+    assert ids == [[40.0, 48.0, 0.0, 3.0, 32.0, 32.0]] * 2
