@@ -29,7 +29,8 @@ Families: `z_image` (Z-Image-Turbo, diffusers layout), `wan` (Wan2.1-T2V-1.3B, W
 BFL's flux1-dev.safetensors and ae.safetensors, the script's own fused targets a_to_qkv / b_to_qkv / to_qkv_mlp),
 `qwen_image` (Qwen-Image, diffusers layout, the script's targets; the benchmarks' word tokenizer, whose template is
 the 34 tokens the reference's prompt unit drops), `flux2` (FLUX.2-klein-4B, diffusers layout, Qwen3 text encoder, the
-script's targets). The default runs `z_image,wan` (the smoke test's).
+script's targets), `ernie_image` (ERNIE-Image, diffusers layout; a second row with the reference's latent BatchNorm
+epsilon set to difftune's 1e-5, its documented difference). The default runs `z_image,wan` (the smoke test's).
 
 `--replay N` (Z-Image) trains N steps on each side from the same initial LoRA (B = 0, as training starts) with the same
 sample, noise and timestep every step, through each side's own loop (difftune's `fit.train`; the reference's
@@ -37,7 +38,7 @@ sample, noise and timestep every step, through each side's own loop (difftune's 
 fp32, and prints the per-step losses and the final LoRA tensors' largest relative difference, beside a control (difftune
 against itself with the frozen DiT weights perturbed by a relative 1e-6) and the probes of `--probes`.
 
-    .venv/bin/python benchmarks/fidelity.py [--families z_image,wan,flux,qwen_image,flux2] [--quick]
+    .venv/bin/python benchmarks/fidelity.py [--families z_image,wan,flux,qwen_image,flux2,ernie_image] [--quick]
     .venv/bin/python benchmarks/fidelity.py --families z_image --replay 20 [--probes all]
 
 Needs DiffSynth-Studio's venv (docs/benchmarks.md, "The peers' environments"): `--ds-python`, else
@@ -370,6 +371,30 @@ def _flux2_flags(ws: dict) -> list[str]:
             *_common_flags(ws, ws["targets"], ws["rank"])]
 
 
+# ERNIE-Image: PaddlePaddle/ERNIE-Image's diffusers layout (transformer/, text_encoder/ (Mistral3Model), vae/
+# (FLUX.2's AE), tokenizer/), its script's targets (the reference's DiT loads the diffusers file: the same names)
+ERNIE_TARGETS = "to_q,to_k,to_v,to_out.0"
+
+
+def _write_ernie_image(wd: Path, quick: bool) -> dict:
+    from support.ernie_image.tiny import TinyErnieImageSpec, write_tiny_ernie_image
+
+    repo = wd / "ernie-image"
+    if not (repo / "scheduler").is_dir():
+        write_tiny_ernie_image(repo, TinyErnieImageSpec(), shard=False)
+    size = 32 if quick else 64
+    data, metadata = _data(wd / "ernie-image-data", size)
+    return {"repo": repo, "data": data, "metadata": metadata, "size": size, "rank": 4, "targets": ERNIE_TARGETS}
+
+
+def _ernie_image_flags(ws: dict) -> list[str]:
+    repo = ws["repo"]
+    paths = [str(next((repo / "transformer").glob("*.safetensors"))), str(repo / "text_encoder" / "model.safetensors"),
+             str(repo / "vae" / "diffusion_pytorch_model.safetensors")]
+    return ["--model_paths", json.dumps(paths), "--tokenizer_path", str(repo / "tokenizer"),
+            *_common_flags(ws, ws["targets"], ws["rank"])]
+
+
 CASES = {
     "z_image": Case("z_image", "Z-Image (Z-Image-Turbo)", _write_z_image, _z_image_flags,
                     documented="Z-Image: training-table rounding"),
@@ -386,6 +411,10 @@ CASES = {
     "flux2": Case("flux2", "FLUX.2-klein-4B", _write_flux2, _flux2_flags,
                   ours_as_ref={"input_latents": lambda v: v.flatten(1).transpose(0, 1)},
                   payload={"noise_layout": "tokens"}),
+    "ernie_image": Case("ernie_image", "ERNIE-Image", _write_ernie_image, _ernie_image_flags,
+                        documented="ERNIE-Image: BatchNorm epsilon of the latents",
+                        variants=(("reference's latent BatchNorm epsilon set to 1e-5 (difftune's)",
+                                   {"latent_bn_eps": 1e-5}, ""),)),
 }
 
 

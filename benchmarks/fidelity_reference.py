@@ -13,6 +13,10 @@ What it sets up, none of which edits DiffSynth:
   prefix); the prefix the release's file has is put back before the converter.
 * Qwen-Image: the DiT's `ApproximateGELU` (x * sigmoid(1.702 x)) as the class has it, or, with the payload's
   `"qwen_mlp_activation": "tanh"`, the released model's tanh-GELU (the documented difference removed).
+* ERNIE-Image: `Flux2VAE.latent_stats` normalises with eps 1e-4 as the class has it, or, with the payload's
+  `"latent_bn_eps": 1e-5`, difftune's (diffusers') epsilon (the documented difference removed).
+* FLUX.2 and ERNIE-Image: the DiT and the VAE take their sizes as arguments (read from the diffusers configs); the
+  text encoders' classes hard-code the release's widths and get the tiny ones in a subclass's `__init__`.
 * Z-Image's `TimestepEmbedder` casts its sinusoidal features to bfloat16 whatever the weights' dtype (a bf16-only
   path: an fp32 run fails in the MLP's matmul); here the cast follows the MLP's weights (the same cast in a bf16 run),
   and the replay's `tembed_bf16` probe runs the embedding in bf16 as the reference's code has it.
@@ -482,11 +486,79 @@ def flux2_inputs(pipe, data):
     return shared, {"prompt": data["prompt"]}, {"negative_prompt": ""}
 
 
+# -- ERNIE-Image --------------------------------------------------------------------------------------------------
+
+def latent_bn_eps(eps: float | None) -> None:
+    """Flux2VAE's latent normalisation epsilon: the class's 1e-4 (None), or `eps` (difftune's 1e-5, diffusers')."""
+    import torch
+    from diffsynth.models.flux2_vae import Flux2VAE
+
+    if not hasattr(Flux2VAE, "_fidelity_latent_stats"):
+        Flux2VAE._fidelity_latent_stats = Flux2VAE.latent_stats
+    if eps is None:
+        Flux2VAE.latent_stats = Flux2VAE._fidelity_latent_stats
+        return
+
+    def latent_stats(self, device, dtype):
+        mean, var = self.bn()
+        mean = mean.to(device=device, dtype=dtype).view(1, -1, 1, 1)
+        return mean, torch.sqrt(var.to(device=device, dtype=dtype) + eps).view(1, -1, 1, 1)
+
+    Flux2VAE.latent_stats = latent_stats
+
+
+def ernie_image_pipeline(p: dict):
+    """ErnieImagePipeline with ErnieImageDiT and Flux2VAE from the diffusers configs (sizes as arguments, no
+    converter) and ErnieImageTextEncoder at the tiny width (its class hard-codes Ministral-3-3B's; the converter keeps
+    the language model of the Mistral3Model file)."""
+    import torch
+    from diffsynth.models.ernie_image_dit import ErnieImageDiT
+    from diffsynth.models.ernie_image_text_encoder import ErnieImageTextEncoder
+    from diffsynth.models.flux2_vae import Flux2VAE
+    from diffsynth.pipelines.ernie_image import ErnieImagePipeline
+    from diffsynth.utils.state_dict_converters.ernie_image_text_encoder import ErnieImageTextEncoderStateDictConverter
+    from torch import nn
+    from transformers import AutoTokenizer, Ministral3Config, Ministral3Model
+
+    repo = Path(p["repo"])
+    text_config = json.loads((repo / "text_encoder" / "config.json").read_text())["text_config"]
+
+    class TinyTextEncoder(ErnieImageTextEncoder):
+        def __init__(self):
+            nn.Module.__init__(self)
+            self.config = Ministral3Config(**text_config)
+            self.model = Ministral3Model(self.config)
+
+    dtype = torch.float32
+    pipe = ErnieImagePipeline(device="cpu", torch_dtype=dtype)
+    dit = ErnieImageDiT(**_init_kwargs(ErnieImageDiT, json.loads((repo / "transformer" / "config.json").read_text())))
+    dit.load_state_dict(_folder(repo / "transformer"), strict=True)
+    text = TinyTextEncoder()
+    text.load_state_dict(ErnieImageTextEncoderStateDictConverter(_folder(repo / "text_encoder")), strict=True)
+    vae_config = json.loads((repo / "vae" / "config.json").read_text())
+    vae = Flux2VAE(**_init_kwargs(Flux2VAE, vae_config, {"norm_num_groups": "num_groups"}))
+    vae.load_state_dict(_folder(repo / "vae"), strict=True)
+    pipe.dit, pipe.text_encoder, pipe.vae = dit.to(dtype), text.to(dtype).eval(), vae.to(dtype).eval()
+    pipe.tokenizer = AutoTokenizer.from_pretrained(str(repo / "tokenizer"))
+    latent_bn_eps(p.get("latent_bn_eps"))
+    return pipe
+
+
+def ernie_image_inputs(pipe, data):
+    """examples/ernie_image/model_training/train.py's `get_pipeline_inputs` (sft, no extra inputs)."""
+    image = data["image"]
+    shared = {"input_image": image, "height": image.size[1], "width": image.size[0], "cfg_scale": 1,
+              "rand_device": pipe.device, "use_gradient_checkpointing": False,
+              "use_gradient_checkpointing_offload": False}
+    return shared, {"prompt": data["prompt"]}, {"negative_prompt": ""}
+
+
 FAMILIES = {"z_image": (z_image_pipeline, z_image_inputs, z_image_dataset),
             "wan": (wan_pipeline, wan_inputs, wan_dataset),
             "flux": (flux_pipeline, flux_inputs, z_image_dataset),
             "qwen_image": (qwen_image_pipeline, qwen_image_inputs, z_image_dataset),
-            "flux2": (flux2_pipeline, flux2_inputs, z_image_dataset)}
+            "flux2": (flux2_pipeline, flux2_inputs, z_image_dataset),
+            "ernie_image": (ernie_image_pipeline, ernie_image_inputs, z_image_dataset)}
 
 
 # -- the training module and the loss -----------------------------------------------------------------------------
