@@ -38,6 +38,9 @@ UNET_MARKER_KEYS = ("conv_in.weight", "time_embedding.linear_1.weight", "down_bl
 DDPM_SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012,
                          "beta_schedule": "scaled_linear", "clip_sample": False, "set_alpha_to_one": False,
                          "steps_offset": 1}
+# Zero terminal SNR (Lin et al.): the betas rescaled so the last timestep is pure noise, sampled from it ("trailing"
+# spacing); only a v-predicting model can learn that step (its noise is the input itself).
+ZERO_TERMINAL_SNR = {"rescale_betas_zero_snr": True, "timestep_spacing": "trailing"}
 
 
 def _shift(vae) -> float:
@@ -73,5 +76,5 @@ def unet_call(unet, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds
     return out.to(latents.dtype)
 
 
-__all__ = ["DDPM_SCHEDULER_CONFIG", "KL_F8_VAE_CONFIG", "KL_F8_XL_VAE_CONFIG", "LATENT_CHANNELS", "UNET_MARKER_KEYS",
+__all__ = ["DDPM_SCHEDULER_CONFIG", "ZERO_TERMINAL_SNR", "KL_F8_VAE_CONFIG", "KL_F8_XL_VAE_CONFIG", "LATENT_CHANNELS", "UNET_MARKER_KEYS",
            "VAE_MARKER_KEYS", "VAE_SCALE", "unet_call", "vae_decode", "vae_encode"]

@@ -157,3 +157,54 @@ def test_stage_1_caches_each_pictures_own_time_ids(hub, tmp_path):
     ids = [v.tolist() for f in sorted((tmp_path / "cache").rglob("*.safetensors"))
            for k, v in load_file(str(f)).items() if k.endswith("/add_time_ids")]
     assert ids == [[40.0, 48.0, 0.0, 3.0, 32.0, 32.0]] * 2
+
+
+def test_v_prediction_with_zero_terminal_snr_trains_and_samples_as_diffusers(hub, tmp_path):
+    """--v_parameterization --zero_terminal_snr --min_snr_gamma: the velocity target, the rescaled schedule (the last
+    step pure noise, weighed 0 by min-SNR), and sampling equal to diffusers' pipeline with the same DDIM schedule."""
+    import json
+
+    from diffusers import DDIMScheduler, DDPMScheduler
+
+    from conftest import run_train
+    from difftune.core.features import RunContext
+    from difftune.core.latents import seeded_noise
+    from difftune.families.stable_diffusion_xl import FAMILY, SDXLOptions
+    from difftune.families.stable_diffusion_xl.pipeline import StableDiffusionXLZeroTerminalSNRPipeline as ZT
+    from support import write_example_dataset
+    from support.stable_diffusion_xl import REPO, load_tiny_sdxl, sdxl_model_paths
+
+    options = SDXLOptions(v_parameterization=True, zero_terminal_snr=True)
+    assert FAMILY.pipeline_for(RunContext(options=options)) is ZT
+    with pytest.raises(UserError, match="--zero_terminal_snr needs --v_parameterization"):
+        SDXLOptions(zero_terminal_snr=True)
+
+    scheduler = ZT.default_scheduler()
+    ddpm = DDPMScheduler.from_pretrained(hub / REPO / "scheduler", rescale_betas_zero_snr=True,
+                                         prediction_type="v_prediction")
+    torch.testing.assert_close(scheduler.train.alphas_cumprod, ddpm.alphas_cumprod)
+    assert float(scheduler.train.alphas_cumprod[-1]) < 1e-6  # the last step: pure noise
+    x0, noise, t = torch.randn(1, 4, 4, 4), torch.randn(1, 4, 4, 4), torch.tensor([999])
+    torch.testing.assert_close(scheduler.training_target(x0, noise, t), ddpm.get_velocity(x0, noise, t))
+    scheduler.set_training(min_snr_gamma=5.0)
+    assert float(scheduler.loss_weight(t)[0]) == 0.0  # v: min(SNR, 5) / (SNR + 1) at SNR 0
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(32, 32))
+    run_train("--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta, "--height", 32, "--width", 32,
+              "--model_paths", json.dumps(sdxl_model_paths(hub)), "--lora_base_model", "unet",
+              "--lora_target_modules", "to_q", "--lora_rank", 2, "--max_steps", 2, "--no_progress",
+              "--v_parameterization", "--zero_terminal_snr", "--min_snr_gamma", 5, "--output_path", tmp_path / "out")
+    assert sorted((tmp_path / "out").glob("*.safetensors"))
+
+    pipe = load_tiny_sdxl(hub)
+    ours = ZT(device="cpu", torch_dtype=torch.float32)
+    for name in ("unet", "text_encoder", "text_encoder_2", "vae", "tokenizer", "tokenizer_2"):
+        setattr(ours, name, getattr(pipe, name))
+    ours.spec = pipe.spec
+    image = ours("a red circle", height=32, width=32, seed=2, num_inference_steps=4, cfg_scale=5.0)
+    theirs = _diffusers_pipe(hub)
+    theirs.scheduler = DDIMScheduler.from_config(theirs.scheduler.config, rescale_betas_zero_snr=True,
+                                                 timestep_spacing="trailing", prediction_type="v_prediction")
+    want = theirs("a red circle", height=32, width=32, num_inference_steps=4, guidance_scale=5.0,
+                  latents=seeded_noise((4, 4, 4), 2, 1, device="cpu"), output_type="np").images[0]
+    assert np.abs(np.asarray(image, dtype=np.float64) / 255 - want).max() <= 1.5 / 255

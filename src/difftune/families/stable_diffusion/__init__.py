@@ -1,13 +1,37 @@
 """The Stable Diffusion 1.x family (stable-diffusion-v1-5 and its fine-tunes): its spec, found by the family scan."""
 
+from dataclasses import dataclass
+
 from ...core.family import FamilySpec, text_tokenizer
+from ...core.options import SWITCH, option
+from ...errors import UserError
 from .components import COMPONENTS, LORA_TARGET_MODULES
-from .pipeline import StableDiffusionPipeline
+from .pipeline import VARIANTS, StableDiffusionPipeline
+
+GROUP = "Stable Diffusion 1.x"
+
+
+@dataclass(frozen=True)
+class SDOptions:
+    v_parameterization: bool = option(False, "The base predicts the velocity (v-prediction: SD 2.x 768-v, NoobAI-XL "
+                                      "v-pred): train and sample it so (kohya's --v_parameterization).", kind=SWITCH,
+                                      group=GROUP, sample=True)
+    zero_terminal_snr: bool = option(False, "With --v_parameterization: the schedule rescaled to zero SNR at its last "
+                                     "step, sampled from there (kohya's --zero_terminal_snr).", kind=SWITCH,
+                                     group=GROUP, sample=True)
+
+    def __post_init__(self):
+        if self.zero_terminal_snr and not self.v_parameterization:
+            raise UserError("--zero_terminal_snr needs --v_parameterization: at zero SNR the noise is the input "
+                            "itself, which an epsilon-predicting model cannot learn")
+
 
 FAMILY = FamilySpec(
     name="stable_diffusion",
     pipeline=StableDiffusionPipeline,
+    variants=VARIANTS,
     components=COMPONENTS,
+    options=SDOptions,
     tokenizers=(text_tokenizer("tokenizer_path", "AI-ModelScope/stable-diffusion-v1-5:tokenizer/"),),
     lora_prefixes={"unet": "unet", "text_encoder": "text_encoder"},
     lora_target_modules=LORA_TARGET_MODULES,

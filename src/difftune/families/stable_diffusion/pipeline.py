@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...core.common_units import NoiseInitializer, PromptEmbedder, ShapeChecker
 from ...core.pipeline import PromptImagePipeline
-from ...core.target import EPSILON, ImageStream, Target
+from ...core.target import EPSILON, V_PREDICTION, ImageStream, Target
 from ...core.units import PipelineUnit
 from ...errors import UserError
 from ...media.image import images_to_tensor
@@ -90,4 +90,28 @@ class StableDiffusionPipeline(PromptImagePipeline):
         return ldm.unet_call(self.unet, latents, timestep, prompt_embeds, **inputs)
 
 
-__all__ = ["CALL_DEFAULTS", "StableDiffusionPipeline"]
+class StableDiffusionVPredictionPipeline(StableDiffusionPipeline):
+    """--v_parameterization: a base that predicts the velocity (SD 2.x 768-v, NoobAI-XL v-pred and their
+    fine-tunes); trained against diffusers' `get_velocity` and sampled with v steps."""
+
+    target = Target(StableDiffusionPipeline.target.streams, prediction=V_PREDICTION)
+
+    @classmethod
+    def claims(cls, context) -> bool:
+        return bool(context.option("v_parameterization")) and not context.option("zero_terminal_snr")
+
+
+class StableDiffusionZeroTerminalSNRPipeline(StableDiffusionVPredictionPipeline):
+    """--v_parameterization --zero_terminal_snr: the schedule rescaled so its last step is pure noise, sampled from
+    there (diffusers' rescale_betas_zero_snr and "trailing" spacing)."""
+
+    scheduler_config = {**ldm.DDPM_SCHEDULER_CONFIG, **ldm.ZERO_TERMINAL_SNR}
+
+    @classmethod
+    def claims(cls, context) -> bool:
+        return bool(context.option("v_parameterization")) and bool(context.option("zero_terminal_snr"))
+
+
+VARIANTS = (StableDiffusionVPredictionPipeline, StableDiffusionZeroTerminalSNRPipeline)
+
+__all__ = ["CALL_DEFAULTS", "VARIANTS", "StableDiffusionPipeline", "StableDiffusionVPredictionPipeline", "StableDiffusionZeroTerminalSNRPipeline"]

@@ -13,7 +13,7 @@ import torch
 
 from ...core.common_units import NoiseInitializer, PromptEmbedder, ShapeChecker
 from ...core.pipeline import PromptImagePipeline
-from ...core.target import EPSILON, ImageStream, Target
+from ...core.target import EPSILON, V_PREDICTION, ImageStream, Target
 from ...core.units import PipelineUnit
 from ...data.operators import CROP_TOP_LEFT, ORIGINAL_SIZE
 from ...errors import UserError
@@ -144,4 +144,28 @@ class StableDiffusionXLPipeline(PromptImagePipeline):
         return ldm.unet_call(self.unet, latents, timestep, prompt_embeds, added_cond_kwargs=added, **inputs)
 
 
-__all__ = ["CALL_DEFAULTS", "StableDiffusionXLPipeline"]
+class StableDiffusionXLVPredictionPipeline(StableDiffusionXLPipeline):
+    """--v_parameterization: a base that predicts the velocity (SD 2.x 768-v, NoobAI-XL v-pred and their
+    fine-tunes); trained against diffusers' `get_velocity` and sampled with v steps."""
+
+    target = Target(StableDiffusionXLPipeline.target.streams, prediction=V_PREDICTION)
+
+    @classmethod
+    def claims(cls, context) -> bool:
+        return bool(context.option("v_parameterization")) and not context.option("zero_terminal_snr")
+
+
+class StableDiffusionXLZeroTerminalSNRPipeline(StableDiffusionXLVPredictionPipeline):
+    """--v_parameterization --zero_terminal_snr: the schedule rescaled so its last step is pure noise, sampled from
+    there (diffusers' rescale_betas_zero_snr and "trailing" spacing)."""
+
+    scheduler_config = {**ldm.DDPM_SCHEDULER_CONFIG, **ldm.ZERO_TERMINAL_SNR}
+
+    @classmethod
+    def claims(cls, context) -> bool:
+        return bool(context.option("v_parameterization")) and bool(context.option("zero_terminal_snr"))
+
+
+VARIANTS = (StableDiffusionXLVPredictionPipeline, StableDiffusionXLZeroTerminalSNRPipeline)
+
+__all__ = ["CALL_DEFAULTS", "VARIANTS", "StableDiffusionXLPipeline", "StableDiffusionXLVPredictionPipeline", "StableDiffusionXLZeroTerminalSNRPipeline"]
