@@ -63,6 +63,35 @@ def clip_projection_key(key: str) -> str:
     return "text_model." + key
 
 
+def clip_from_prefix(prefix: str):
+    """The converter of a CLIP-L text model stored in a single checkpoint behind `prefix` (SD 1.x's
+    `cond_stage_model.transformer.`, SDXL's `conditioner.embedders.0.transformer.`): its tensors in CLIPTextModel's
+    names; nothing from a file without them."""
+    def convert(state: dict) -> dict:
+        return {clip_text_key(k[len(prefix):]): v for k, v in state.items()
+                if k.startswith(prefix) and not k.endswith("position_ids")}  # a buffer older saves kept
+
+    return convert
+
+
+def open_clip_from_prefix(prefix: str):
+    """The converter of an OpenCLIP text tower stored behind `prefix` (SDXL's `conditioner.embedders.1.model.`: fused
+    in_proj, resblocks, ln_final, a (hidden, projection) text_projection) in CLIPTextModelWithProjection's names, by
+    diffusers' own converter; nothing from a file without it."""
+    def convert(state: dict) -> dict:
+        if f"{prefix}token_embedding.weight" not in state:
+            return {}
+        from types import SimpleNamespace
+
+        from diffusers.loaders.single_file_utils import convert_open_clip_checkpoint
+
+        width = int(state[f"{prefix}token_embedding.weight"].shape[1])
+        part = {k: v for k, v in state.items() if k.startswith(prefix)}
+        return convert_open_clip_checkpoint(SimpleNamespace(config=SimpleNamespace(hidden_size=width)), part, prefix)
+
+    return convert
+
+
 def token_ids(tokenizer, prompts: list[str], device, missing: str = "no CLIP tokenizer") -> torch.Tensor:
     """Prompts padded / truncated to the tokenizer's 77 tokens (diffusers' CLIP prompt encoding); `missing` is the
     message where there is no tokenizer (the family's, naming its flag)."""
@@ -73,4 +102,5 @@ def token_ids(tokenizer, prompts: list[str], device, missing: str = "no CLIP tok
 
 
 __all__ = ["CLIP_BIGG_TEXT_CONFIG", "CLIP_L_TEXT_CONFIG", "CLIP_PROJECTION_MARKER_KEYS", "CLIP_TEXT_MARKER_KEYS",
-           "MAX_LENGTH", "clip_projection_key", "clip_text_key", "token_ids"]
+           "MAX_LENGTH", "clip_from_prefix", "clip_projection_key", "clip_text_key", "open_clip_from_prefix",
+           "token_ids"]

@@ -43,6 +43,44 @@ DDPM_SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "beta_start": 0.00085, "be
 ZERO_TERMINAL_SNR = {"rescale_betas_zero_snr": True, "timestep_spacing": "trailing"}
 
 
+# The single-file (LDM / SGM) checkpoints community models ship as: every model in one file behind these prefixes.
+LDM_UNET_PREFIX, LDM_VAE_PREFIX = "model.diffusion_model.", "first_stage_model."
+
+
+def unet_from_ldm(state: dict) -> dict:
+    """A single file's UNet (`model.diffusion_model.*`, the original names) in diffusers' names, by diffusers' own
+    converter; nothing from a file without it. The converter reads only the layers per level (2 in every SD 1.x /
+    SDXL UNet) and whether the UNet has SDXL's text-time embedding."""
+    if not any(k.startswith(LDM_UNET_PREFIX) for k in state):
+        return {}
+    from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
+
+    config = {"layers_per_block": 2, "addition_embed_type": "text_time" if is_xl_file(state) else None,
+              "class_embed_type": None}
+    return convert_ldm_unet_checkpoint({k: v for k, v in state.items() if k.startswith(LDM_UNET_PREFIX)}, config)
+
+
+def is_xl_file(state: dict) -> bool:
+    """Whether a single file's UNet has SDXL's text-time embedding (its companions then are SDXL's, and not an SD
+    1.x family's, though the autoencoder's tensors are alike)."""
+    return f"{LDM_UNET_PREFIX}label_emb.0.0.weight" in state
+
+
+def only_in(xl: bool, convert):
+    """`convert` for the files of one of the two families only (nothing from the other's)."""
+    return lambda state: convert(state) if is_xl_file(state) == xl else {}
+
+
+def vae_from_ldm(state: dict) -> dict:
+    """A single file's autoencoder (`first_stage_model.*`) in diffusers' names; nothing from a file without it."""
+    part = {k: v for k, v in state.items() if k.startswith(LDM_VAE_PREFIX)}
+    if not part:
+        return {}
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    return convert_ldm_vae_checkpoint(part, KL_F8_VAE_CONFIG)
+
+
 def _shift(vae) -> float:
     return float(getattr(vae.config, "shift_factor", None) or 0.0)
 
@@ -76,5 +114,5 @@ def unet_call(unet, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds
     return out.to(latents.dtype)
 
 
-__all__ = ["DDPM_SCHEDULER_CONFIG", "ZERO_TERMINAL_SNR", "KL_F8_VAE_CONFIG", "KL_F8_XL_VAE_CONFIG", "LATENT_CHANNELS", "UNET_MARKER_KEYS",
-           "VAE_MARKER_KEYS", "VAE_SCALE", "unet_call", "vae_decode", "vae_encode"]
+__all__ = ["DDPM_SCHEDULER_CONFIG", "ZERO_TERMINAL_SNR", "KL_F8_VAE_CONFIG", "LDM_UNET_PREFIX", "LDM_VAE_PREFIX", "KL_F8_XL_VAE_CONFIG", "LATENT_CHANNELS", "UNET_MARKER_KEYS",
+           "VAE_MARKER_KEYS", "VAE_SCALE", "is_xl_file", "only_in", "unet_call", "unet_from_ldm", "vae_decode", "vae_encode", "vae_from_ldm"]

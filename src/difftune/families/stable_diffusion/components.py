@@ -8,8 +8,9 @@ loads with its own key names; bare files of the official sizes are recognised by
 from __future__ import annotations
 
 from ...models.detect import ComponentSpec
-from ...parts.clip import CLIP_L_TEXT_CONFIG, CLIP_TEXT_MARKER_KEYS, clip_text_key
-from ...parts.ldm import KL_F8_VAE_CONFIG, UNET_MARKER_KEYS, VAE_MARKER_KEYS
+from ...parts.clip import CLIP_L_TEXT_CONFIG, CLIP_TEXT_MARKER_KEYS, clip_from_prefix, clip_text_key
+from ...parts.ldm import (KL_F8_VAE_CONFIG, LDM_UNET_PREFIX, LDM_VAE_PREFIX, UNET_MARKER_KEYS, VAE_MARKER_KEYS,
+                          only_in, unet_from_ldm, vae_from_ldm)
 
 # stable-diffusion-v1-5/unet/config.json (the rest are diffusers' defaults: four blocks 320 .. 1280, 2 layers each)
 SD15_UNET_CONFIG = {
@@ -62,6 +63,27 @@ VAE = ComponentSpec(
     known_configs={"stable-diffusion-v1-5 vae (KL-f8)": KL_F8_VAE_CONFIG},
     marker_keys=VAE_MARKER_KEYS, description="Stable Diffusion autoencoder (KL-f8, 4 latent channels)")
 
-COMPONENTS = (UNET, TEXT_ENCODER, VAE)
+# A single-file checkpoint (the original LDM layout community models ship: model.diffusion_model.*,
+# first_stage_model.*, cond_stage_model.transformer.*): the UNet by diffusers' converter, the VAE and CLIP-L from the
+# same file as companions, each matched against the official configs above.
+CLIP_PREFIX = "cond_stage_model.transformer."
+UNET_SINGLE_FILE = ComponentSpec(
+    name="unet", library="diffusers", class_name="UNet2DConditionModel", known_configs=UNET.known_configs,
+    marker_keys=(f"{LDM_UNET_PREFIX}input_blocks.0.0.weight", f"{LDM_UNET_PREFIX}out.2.weight"),
+    convert_state_dict=only_in(False, unet_from_ldm), config_problem=_not_xl,
+    description="SD 1.x UNet in a single-file checkpoint (original names)")
+VAE_SINGLE_FILE = ComponentSpec(
+    name="vae", library="diffusers", class_name="AutoencoderKL", known_configs=VAE.known_configs,
+    marker_keys=(f"{LDM_VAE_PREFIX}encoder.conv_in.weight",), convert_state_dict=only_in(False, vae_from_ldm),
+    companion=True,
+    description="SD 1.x autoencoder in a single-file checkpoint")
+TEXT_ENCODER_SINGLE_FILE = ComponentSpec(
+    name="text_encoder", library="transformers", class_name="CLIPTextModel", config_class_name="CLIPTextConfig",
+    known_configs=TEXT_ENCODER.known_configs, marker_keys=(f"{CLIP_PREFIX}text_model.final_layer_norm.weight",),
+    convert_state_dict=only_in(False, clip_from_prefix(CLIP_PREFIX)),
+    companion=True,
+    description="CLIP-L in a single-file checkpoint")
+
+COMPONENTS = (UNET, TEXT_ENCODER, VAE, UNET_SINGLE_FILE, VAE_SINGLE_FILE, TEXT_ENCODER_SINGLE_FILE)
 
 __all__ = ["COMPONENTS", "LORA_TARGET_MODULES", "SD15_UNET_CONFIG", "TEXT_ENCODER", "UNET", "VAE"]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from ...models.detect import ComponentSpec
 from ...parts.clip import (CLIP_BIGG_TEXT_CONFIG, CLIP_L_TEXT_CONFIG, CLIP_PROJECTION_MARKER_KEYS,
-                           CLIP_TEXT_MARKER_KEYS, clip_projection_key, clip_text_key)
-from ...parts.ldm import KL_F8_XL_VAE_CONFIG, UNET_MARKER_KEYS, VAE_MARKER_KEYS
+                           CLIP_TEXT_MARKER_KEYS, clip_from_prefix, clip_projection_key, clip_text_key,
+                           open_clip_from_prefix)
+from ...parts.ldm import (KL_F8_XL_VAE_CONFIG, LDM_UNET_PREFIX, LDM_VAE_PREFIX, UNET_MARKER_KEYS, VAE_MARKER_KEYS,
+                          only_in, unet_from_ldm, vae_from_ldm)
 
 # stable-diffusion-xl-base-1.0/unet/config.json
 SDXL_UNET_CONFIG = {
@@ -76,7 +78,37 @@ VAE = ComponentSpec(
     known_configs={"stable-diffusion-xl-base-1.0 vae (KL-f8)": KL_F8_XL_VAE_CONFIG},
     marker_keys=VAE_MARKER_KEYS, description="SDXL autoencoder (KL-f8, 4 latent channels, scale 0.13025)")
 
+# A single-file checkpoint (Stability's SGM layout every SDXL fine-tune ships: model.diffusion_model.*,
+# first_stage_model.*, conditioner.embedders.0.transformer.* = CLIP-L, conditioner.embedders.1.model.* = OpenCLIP
+# bigG): the UNet by diffusers' converter, the rest from the same file as companions, matched against the official
+# configs above.
+CLIP_PREFIX, OPEN_CLIP_PREFIX = "conditioner.embedders.0.transformer.", "conditioner.embedders.1.model."
+UNET_SINGLE_FILE = ComponentSpec(
+    name="unet", library="diffusers", class_name="UNet2DConditionModel", known_configs=UNET.known_configs,
+    marker_keys=(f"{LDM_UNET_PREFIX}input_blocks.0.0.weight", f"{LDM_UNET_PREFIX}label_emb.0.0.weight"),
+    convert_state_dict=only_in(True, unet_from_ldm), config_problem=_xl_only,
+    description="SDXL UNet in a single-file checkpoint (original names)")
+VAE_SINGLE_FILE = ComponentSpec(
+    name="vae", library="diffusers", class_name="AutoencoderKL", known_configs=VAE.known_configs,
+    marker_keys=(f"{LDM_VAE_PREFIX}encoder.conv_in.weight",), convert_state_dict=only_in(True, vae_from_ldm),
+    companion=True,
+    description="SDXL autoencoder in a single-file checkpoint")
+TEXT_ENCODER_SINGLE_FILE = ComponentSpec(
+    name="text_encoder", library="transformers", class_name="CLIPTextModel", config_class_name="CLIPTextConfig",
+    known_configs=TEXT_ENCODER.known_configs, marker_keys=(f"{CLIP_PREFIX}text_model.final_layer_norm.weight",),
+    convert_state_dict=only_in(True, clip_from_prefix(CLIP_PREFIX)),
+    companion=True,
+    description="CLIP-L in a single-file checkpoint")
+TEXT_ENCODER_2_SINGLE_FILE = ComponentSpec(
+    name="text_encoder_2", library="transformers", class_name="CLIPTextModelWithProjection",
+    config_class_name="CLIPTextConfig", known_configs=TEXT_ENCODER_2.known_configs,
+    marker_keys=(f"{OPEN_CLIP_PREFIX}token_embedding.weight", f"{OPEN_CLIP_PREFIX}text_projection"),
+    convert_state_dict=only_in(True, open_clip_from_prefix(OPEN_CLIP_PREFIX)),
+    companion=True,
+    description="OpenCLIP bigG in a single-file checkpoint")
+
 # the encoder with the projection first: a CLIP-L file (no text_projection) is not one, a bigG file fits both
-COMPONENTS = (UNET, TEXT_ENCODER_2, TEXT_ENCODER, VAE)
+COMPONENTS = (UNET, TEXT_ENCODER_2, TEXT_ENCODER, VAE, UNET_SINGLE_FILE, VAE_SINGLE_FILE, TEXT_ENCODER_SINGLE_FILE,
+              TEXT_ENCODER_2_SINGLE_FILE)
 
 __all__ = ["COMPONENTS", "LORA_TARGET_MODULES", "SDXL_UNET_CONFIG", "TEXT_ENCODER", "TEXT_ENCODER_2", "UNET", "VAE"]
