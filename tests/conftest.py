@@ -58,6 +58,7 @@ LONGEST_FIRST = ("training/test_deepspeed.py", "families/test_contract.py", "tes
                  "training/test_training.py", "families/flux/test_flux_reference_scripts.py",
                  "families/wan/test_reference_scripts_b.py", "training/test_demo.py",
                  "training/test_offload_training.py", "training/test_resume.py",
+                 "families/test_reference_scripts_b.py", "families/ltx2/test_ltx2_family.py",
                  "families/test_reference_scripts.py", "families/wan/test_wan.py",
                  "training/test_run_safety.py")
 

@@ -2,7 +2,7 @@
 
 Every script runs as a subprocess (`--quick --no-doc`, so docs/benchmarks.md is never touched), the way a
 user runs it; the last stdout line is the JSON result. The scripts whose --quick runs stay in their process (the split
-benchmark's eight families, overhead, batching, batched stage 1, host overhead, gpu.py's CPU parts, peers) share one
+benchmark's ten families, overhead, batching, batched stage 1, host overhead, gpu.py's CPU parts, peers) share one
 subprocess, run one after another as `__main__`. The peers benchmark needs DiffSynth-Studio's own venv (see benchmarks/peers.py);
 without it the test checks that the script says how to make it and skips.
 """
@@ -42,9 +42,10 @@ def assert_ratios(result: dict, keys: list[str]) -> None:
 
 
 # The in-process smoke runs (their --quick runs stay in this process by design, and the benchmarks' own helpers reset
-# accelerate between runs) share ONE interpreter, one after another: one start (imports ~10 s) instead of thirteen.
+# accelerate between runs) share ONE interpreter, one after another: one start (imports ~10 s) instead of sixteen.
 # Each: (script, its extra arguments); "{workdir}" in them is the job's own folder, also its --workdir.
-SPLIT_FAMILIES = ("qwen_image", "flux", "wan", "z_image", "flux2", "krea2", "ernie_image", "ideogram4")
+SPLIT_FAMILIES = ("qwen_image", "flux", "wan", "z_image", "flux2", "krea2", "ernie_image", "ideogram4", "ace_step",
+                  "ltx2")
 SMOKES = {**{family: ("split_vs_unsplit.py", ("--family", family)) for family in SPLIT_FAMILIES},
           "overhead": ("overhead.py", ()), "batched_stage1": ("batched_stage1.py", ()), "batching": ("batching.py", ()),
           "host_overhead": ("host_overhead.py", ("--families", "qwen_image,z_image")),
@@ -132,9 +133,10 @@ def test_peers_quick(smokes):
 # A peer child imported as DiffSynth's venv runs it, on a CPU-only torch: there torchvision's CUDA wheel fails to import
 # until its op schemas are defined, so the first import of diffusers or of difftune's families (which may import
 # torchvision) is recorded with whether they were defined by then. torchvision itself is kept out (no stand-in is the
-# real one).
+# real one). Both children share one interpreter: it imports torch (what the children import before anything else)
+# and forks one process a child, so each child's imports start from torch alone, as in its own venv's process.
 PEER_IMPORT = r"""
-import importlib, importlib.abc, json, sys
+import importlib, importlib.abc, json, os, sys, traceback
 import torch
 
 torch.version.cuda = None
@@ -155,22 +157,51 @@ class PeerVenv(importlib.abc.MetaPathFinder):
         return None
 
 
-sys.meta_path.insert(0, PeerVenv())
 sys.path.insert(0, sys.argv[2])
-importlib.import_module(sys.argv[1])
-print("PEER " + json.dumps({"first": PeerVenv.first, "shim_after": schemas()}))
+for child in sys.argv[1].split(","):
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            sys.meta_path.insert(0, PeerVenv())
+            importlib.import_module(child)
+            print("PEER " + json.dumps({"child": child, "first": PeerVenv.first, "shim_after": schemas()}))
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print("EXIT " + json.dumps({"child": child, "rc": os.waitstatus_to_exitcode(status)}), flush=True)
 """
+PEER_CHILDREN = ("peer_diffsynth", "peer_diffusers")
 
 
-@pytest.mark.parametrize("child", ["peer_diffsynth", "peer_diffusers"])
-def test_a_peer_child_defines_torchvisions_schemas_before_difftunes_families_import(child):
+@pytest.fixture(scope="module")
+def peer_imports():
+    """child -> (its exit status, its report), both children imported in one interpreter's forks."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", PEER_IMPORT, ",".join(PEER_CHILDREN), str(ROOT / "benchmarks")],
+                          capture_output=True, text=True, timeout=300, cwd=str(ROOT), env=env)
+    found = {}
+    for line in proc.stdout.splitlines():
+        for tag in ("PEER ", "EXIT "):
+            if line.startswith(tag):
+                record = json.loads(line[len(tag):])
+                found.setdefault(record["child"], {})[tag.strip()] = record
+    return found, proc
+
+
+@pytest.mark.parametrize("child", PEER_CHILDREN)
+def test_a_peer_child_defines_torchvisions_schemas_before_difftunes_families_import(peer_imports, child):
     """benchmarks/common.py imports difftune's families (diffusers, transformers, which may import torchvision): in
     DiffSynth's venv the torchvision shim must be in place before that, or the child dies at its imports."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", PEER_IMPORT, child, str(ROOT / "benchmarks")], capture_output=True,
-                          text=True, timeout=300, cwd=str(ROOT), env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    report = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("PEER "))[len("PEER "):])
+    found, proc = peer_imports
+    records = found.get(child, {})
+    assert records.get("EXIT", {}).get("rc") == 0 and "PEER" in records, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = records["PEER"]
     assert report["first"] is not None and report["first"]["shim"], report
     assert report["shim_after"]
 
@@ -309,10 +340,10 @@ def test_family_split_vs_unsplit_quick(smokes, family):
         assert r["step_time_stage2_s"] < r["step_time_one_stage_s"]
 
 
-def test_ace_step_split_vs_unsplit_quick(tmp_path):
-    """ACE-Step's row in its own process: 48 kHz stereo clips with prompts and lyrics, the condition encoder (in the
-    DiT's file) counted and cached in stage 1, the DiT alone in stage 2."""
-    r = run_quick("split_vs_unsplit.py", tmp_path, "--family", "ace_step", timeout=300)
+def test_ace_step_split_vs_unsplit_quick(smokes):
+    """ACE-Step's row: 48 kHz stereo clips with prompts and lyrics, the condition encoder (in the DiT's file) counted
+    and cached in stage 1, the DiT alone in stage 2."""
+    r = smoke(smokes, "ace_step")
     assert r["benchmark"] == "ace_step_split_vs_unsplit" and r["steps"] == 4 and r["clips"] == 2
     assert r["clip_seconds"] == 1
     assert set(r["params"]) == {"transformer", "conditioner", "text_encoder", "vae"}
@@ -321,11 +352,10 @@ def test_ace_step_split_vs_unsplit_quick(tmp_path):
     assert r["step_time_stage2_s"] < r["step_time_one_stage_s"]
 
 
-def test_ltx2_split_vs_unsplit_quick(tmp_path):
-    """LTX-2's row in its own process: clips with their sound, the Repackage files and the Gemma-3 folder as a user
-    has them; Gemma-3, the text connectors and both VAE encoders counted and cached in stage 1, the DiT alone in
-    stage 2."""
-    r = run_quick("split_vs_unsplit.py", tmp_path, "--family", "ltx2", timeout=300)
+def test_ltx2_split_vs_unsplit_quick(smokes):
+    """LTX-2's row: clips with their sound, the Repackage files and the Gemma-3 folder as a user has them; Gemma-3,
+    the text connectors and both VAE encoders counted and cached in stage 1, the DiT alone in stage 2."""
+    r = smoke(smokes, "ltx2")
     assert r["benchmark"] == "ltx2_split_vs_unsplit" and r["steps"] == 4 and r["clips"] == 2 and r["num_frames"] == 9
     assert set(r["params"]) == {"transformer", "text_encoder", "text_encoder_post_modules", "video_vae_encoder",
                                 "audio_vae_encoder"}

@@ -122,11 +122,20 @@ def _scalars(folder: Path) -> dict:
 SOUND = ("--data_file_keys", "video,input_audio", "--extra_inputs", "input_audio")
 
 
-def test_the_sound_alone_changes_the_lora_and_each_stream_logs_its_loss(tiny, tmp_path):
+@pytest.fixture(scope="module")
+def sound_run(tiny, tmp_path_factory) -> tuple:
+    """The plain run (the clips and their sound) that both LoRA comparisons start from, trained once: (its output
+    folder, its LoRA). Each test writes its own copy of the data set (the same files) to change."""
+    root = tmp_path_factory.mktemp("ltx2_sound")
+    out = root / "a"
+    return out, _train(tiny, write_ltx2_dataset(root / "data"), out, *SOUND)
+
+
+def test_the_sound_alone_changes_the_lora_and_each_stream_logs_its_loss(tiny, sound_run, tmp_path):
     meta = write_ltx2_dataset(tmp_path / "data")
-    base = _train(tiny, meta, tmp_path / "a", *SOUND)
+    folder, base = sound_run
     again = _train(tiny, meta, tmp_path / "again", *SOUND)
-    assert _differs(base, again) == 0.0  # a repeated run is the same run
+    assert _differs(base, again) == 0.0  # a repeated run (of another copy of the data set) is the same run
     for i in range(2):  # other tones, the same pictures
         write_audio(meta.parent / f"clip{i}.wav", tone((900.0 + 100 * i, 1200.0), FRAMES_S, 16000), 16000)
     lines = meta.read_text().splitlines()
@@ -134,7 +143,7 @@ def test_the_sound_alone_changes_the_lora_and_each_stream_logs_its_loss(tiny, tm
         f"clip{i}.mp4,clip{i}.mp4", f"clip{i}.mp4,clip{i}.wav") for i, ln in enumerate(lines[1:])]) + "\n")
     other = _train(tiny, meta, tmp_path / "b", *SOUND)
     assert _differs(base, other) > 0
-    scalars = _scalars(tmp_path / "a")
+    scalars = _scalars(folder)
     assert len(scalars["train/loss_video"]) == len(scalars["train/loss_audio"]) == 2
     assert all(v > 0 for v in scalars["train/loss_audio"])
 
@@ -149,13 +158,13 @@ def test_a_clip_without_sound_trains_the_video_stream_alone(tiny, tmp_path):
     assert len(scalars["train/loss_video"]) == 2 and "train/loss_audio" not in scalars
 
 
-def test_the_input_image_and_the_in_context_clip_each_change_the_lora(tiny, tmp_path):
+def test_the_input_image_and_the_in_context_clip_each_change_the_lora(tiny, sound_run, tmp_path):
     from PIL import Image
 
     meta = write_ltx2_dataset(tmp_path / "data")
     i2av = (*SOUND[:3], "input_audio,input_image")
     first = _train(tiny, meta, tmp_path / "first", *i2av)  # the clips' first frames
-    plain = _train(tiny, meta, tmp_path / "plain", *SOUND)
+    _, plain = sound_run  # the same data set without the input image
     assert _differs(first, plain) > 0
     for i in range(2):
         Image.new("RGB", (64, 64), (250, 250 - 100 * i, 20)).save(meta.parent / f"still{i}.png")

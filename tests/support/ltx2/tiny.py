@@ -17,7 +17,7 @@ and Gemma keeps its 48 layers (the connectors' 49 inputs):
 |---|---|---|
 | DiT video | 48 layers, 32 heads x 128, latents 128 | 2 layers; 2.0: 1 head x 128; 2.3: 2 heads x 8 (16); latents 8 |
 | DiT audio | 32 heads x 64, in 128 (8 ch x 16 mel) | 2.0: 1 head x 64; 2.3: 2 heads x 4 (8); in 32 (2 ch x 16 mel) |
-| Gemma-3 | 3840 wide, 48 layers (factor 49) | 128 wide, 48 layers (factor 49), vocabulary 320 |
+| Gemma-3 | 3840 wide, 48 layers (factor 49), 16 heads | 128 wide, 48 layers (factor 49), 1 head, vocabulary 320 |
 | connectors 2.0 | 2 layers, 30 x 128, 128 registers | 2 layers, 1 x 128 (= Gemma width), 16 registers |
 | connectors 2.3 | 8 layers, video 32 x 128, audio 32 x 64 | 2 layers, video 2 x 8, audio 2 x 4 |
 | video VAE | 32x space, 8x time; widths 128..2048 | the same blocks and compression; widths 8..128, 1 layer a block |
@@ -248,7 +248,7 @@ def tiny_gemma3_config(vocab_size: int) -> dict:
         "transformers_version": "4.50.0.dev0",
         "text_config": {
             "model_type": "gemma3_text", "vocab_size": vocab_size, "hidden_size": GEMMA_HIDDEN,
-            "intermediate_size": 64, "num_hidden_layers": GEMMA_LAYERS, "num_attention_heads": 2,
+            "intermediate_size": 64, "num_hidden_layers": GEMMA_LAYERS, "num_attention_heads": 1,
             "num_key_value_heads": 1, "head_dim": 16, "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
             "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
             "rope_local_base_freq": 10000.0, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
