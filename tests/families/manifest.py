@@ -1446,6 +1446,18 @@ SD_SCRIPTS = Scripts(
     full=_sd_released)
 
 
+# the model folder, and kohya's --clip_skip reaching the call
+SD_SAMPLE = Sample(
+    size=(32, 32), cases=(
+        SampleCase("model-folder", lambda s, hub, tmp: ["--model_dir", str(hub / s.REPO), "--prompt", "a red circle"],
+                   lambda s, hub, tmp, kw: [s.load_tiny_sd(hub)("a red circle", **kw)]),
+        SampleCase("clip-skip", lambda s, hub, tmp: ["--model_dir", str(hub / s.REPO), "--prompt", "a cat",
+                                                     "--clip_skip", "2"],
+                   lambda s, hub, tmp, kw: [s.load_tiny_sd(hub)("a cat", clip_skip=2, **kw),
+                                            s.load_tiny_sd(hub)("a cat", **kw)]),
+    ))
+
+
 # -- Stable Diffusion XL --------------------------------------------------------------------------------------------
 
 
@@ -1498,7 +1510,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            recognition=ACE_STEP_RECOGNITION),
     Family("ltx2", "support.ltx2", lambda s, root: s.write_ltx2_script_workspace(root), scripts=LTX2_SCRIPTS),
     Family("stable_diffusion", "support.stable_diffusion", lambda s, root: s.write_tiny_sd_hub(root),
-           scripts=SD_SCRIPTS),
+           scripts=SD_SCRIPTS, sample=SD_SAMPLE),
     Family("stable_diffusion_xl", "support.stable_diffusion_xl", lambda s, root: s.write_tiny_sdxl_hub(root),
            scripts=SDXL_SCRIPTS),
     Family("ernie_image", "support.ernie_image", lambda s, root: s.write_tiny_ernie_image_hub(root),

@@ -113,14 +113,14 @@ def family_inputs(args, family) -> tuple[object, dict]:
 
 def call_inputs_of(pipeline, family, flags: dict) -> dict:
     """The sampling inputs the chosen pipeline class takes from the flags (`sample_values`): a sampling flag it does
-    not take is refused; a flag training takes too that is a sampling input (Insert-Anything's size) goes to the
-    call when given (unset, the pipeline's default is the option's)."""
+    not take is refused; a flag training takes too that is a sampling input (Insert-Anything's size, SD's clip skip: a
+    feature's input or setting, or the pipeline's own call parameter) goes to the call when given (unset, the pipeline's default is the option's)."""
     given = flags["_given"]
     own = pipeline.all_sample_flags()
     for name in sorted(given):
         if name not in own and not flag_meta(family.sample_options, name)["train"]:
             raise UserError(f"--{name}: {pipeline.__name__} does not take it")
-    inputs = {*pipeline.call_inputs(), *pipeline.call_settings()}
+    inputs = {*pipeline.call_inputs(), *pipeline.call_settings(), *pipeline.call_parameters}
     call = {name: flags[name] for name in given if name in inputs and name not in own
             and flag_meta(family.sample_options, name)["train"]}
     call.update(pipeline.sample_values(flags))

@@ -135,3 +135,45 @@ def test_a_text_encoder_of_another_width_is_named(hub, tmp_path):
                ModelConfig(str(repo / "vae" / "diffusion_pytorch_model.safetensors"))]
     with pytest.raises(UserError, match="text_encoder .* is 48 wide and the unet .* cross-attends to 32-wide"):
         StableDiffusionPipeline.from_pretrained(torch_dtype=torch.float32, device="cpu", model_configs=configs)
+
+
+def test_clip_skip_2_samples_as_diffusers_clip_skip_1_and_trains(hub, tmp_path):
+    """kohya's --clip_skip 2 (the second-to-last layer through the final layer norm) is diffusers' clip_skip=1; the
+    run's flag reaches training."""
+    from conftest import run_train
+    from difftune.core.latents import seeded_noise
+    from support import write_example_dataset
+    from support.stable_diffusion import load_tiny_sd, sd_model_paths
+
+    pipe = load_tiny_sd(hub)
+    kw = dict(negative_prompt="", height=32, width=32, seed=4, num_inference_steps=3, cfg_scale=7.5)
+    ours = np.asarray(pipe("a red circle", clip_skip=2, **kw), dtype=np.float64) / 255
+    plain = np.asarray(pipe("a red circle", **kw), dtype=np.float64) / 255
+    # diffusers' clip_skip=1 (hidden_states[-2] through the final layer norm), computed here: diffusers 0.42's own
+    # reaches for `text_encoder.text_model`, which transformers 5's CLIPTextModel no longer has
+    them = _diffusers_pipe(hub)
+
+    def embeds(prompt):
+        ids = them.tokenizer([prompt], padding="max_length", max_length=77, truncation=True, return_tensors="pt")
+        hidden = them.text_encoder(ids.input_ids, output_hidden_states=True).hidden_states[-2]
+        return them.text_encoder.final_layer_norm(hidden)
+
+    with torch.no_grad():
+        theirs = them(prompt_embeds=embeds("a red circle"), negative_prompt_embeds=embeds(""), height=32, width=32,
+                      num_inference_steps=3, guidance_scale=7.5, latents=seeded_noise((4, 4, 4), 4, 1, device="cpu"),
+                      output_type="np").images[0]
+    assert np.abs(ours - theirs).max() <= 1.5 / 255
+    assert np.abs(ours - plain).max() > 2 / 255
+    with pytest.raises(UserError, match="--clip_skip 3: the text encoder has 2 layers"):
+        pipe("a red circle", clip_skip=3, **kw)
+
+    meta = write_example_dataset(tmp_path / "data", n=2, size=(32, 32))
+    for skip in (1, 2):
+        run_train("--dataset_base_path", tmp_path / "data", "--dataset_metadata_path", meta, "--height", 32,
+                  "--width", 32, "--model_paths", json.dumps(sd_model_paths(hub)), "--lora_base_model", "unet",
+                  "--lora_target_modules", "to_k", "--lora_rank", 2, "--learning_rate", 1e-2, "--max_steps", 1,
+                  "--no_progress", "--clip_skip", skip, "--output_path", tmp_path / f"skip{skip}")
+    from safetensors.torch import load_file
+
+    one, two = (load_file(str(next((tmp_path / f"skip{s}").glob("*.safetensors")))) for s in (1, 2))
+    assert any(not torch.equal(one[k], two[k]) for k in one)  # to_k reads the prompt: another layer, another LoRA

@@ -20,7 +20,13 @@ class SDOptions:
                                      "step, sampled from there (kohya's --zero_terminal_snr).", kind=SWITCH,
                                      group=GROUP, sample=True)
 
+    clip_skip: int = option(1, "Read CLIP-L's hidden states this many layers from the end (1: the last; 2: the "
+                            "second-to-last, the anime models' habit), through its final layer norm (kohya's "
+                            "--clip_skip; diffusers' clip_skip is one less).", kind=int, group=GROUP, sample=True)
+
     def __post_init__(self):
+        if self.clip_skip < 1:
+            raise UserError(f"--clip_skip {self.clip_skip}: 1 (the last layer) or more is needed")
         if self.zero_terminal_snr and not self.v_parameterization:
             raise UserError("--zero_terminal_snr needs --v_parameterization: at zero SNR the noise is the input "
                             "itself, which an epsilon-predicting model cannot learn")
@@ -33,6 +39,7 @@ FAMILY = FamilySpec(
     components=COMPONENTS,
     options=SDOptions,
     tokenizers=(text_tokenizer("tokenizer_path", "AI-ModelScope/stable-diffusion-v1-5:tokenizer/"),),
+    unit_settings=lambda options: {"run_clip_skip": int(options.clip_skip)},
     lora_prefixes={"unet": "unet", "text_encoder": "text_encoder"},
     lora_target_modules=LORA_TARGET_MODULES,
     # kohya's names (lora_unet_<diffusers path>, lora_down / lora_up, alpha): what A1111, Forge, ComfyUI and diffusers

@@ -7,7 +7,7 @@ reference's prompt embedder); latents are the KL-f8 autoencoder's posterior mean
 from __future__ import annotations
 
 
-from ...core.common_units import NoiseInitializer, PromptEmbedder, ShapeChecker
+from ...core.common_units import NoiseInitializer, PromptEmbedder, ShapeChecker, prompt_list
 from ...core.pipeline import PromptImagePipeline
 from ...core.target import EPSILON, V_PREDICTION, ImageStream, Target
 from ...core.units import PipelineUnit
@@ -46,11 +46,25 @@ class SDInputImageEmbedder(PipelineUnit):
 
 
 class SDPromptEmbedder(PromptEmbedder):
-    """The prompt (and the negative prompt) through CLIP-L: its last hidden states, 77 tokens."""
+    """The prompt (and the negative prompt) through CLIP-L: its last hidden states, 77 tokens; with `clip_skip` N > 1
+    the N-th from the end through the final layer norm (kohya's and A1111's clip skip)."""
 
-    def embed(self, pipe, prompts):
+    inputs = ("clip_skip", "run_clip_skip")  # a sampling call's, else the run's --clip_skip
+
+    def process(self, pipe, prompt, clip_skip=None, run_clip_skip=None):
+        if prompt is None:
+            return {}
+        return self.embed(pipe, prompt_list(prompt), int(clip_skip or run_clip_skip or 1))
+
+    def embed(self, pipe, prompts, clip_skip: int = 1):
         ids = token_ids(pipe.tokenizer, prompts, pipe.device, NO_TOKENIZER)
-        return {"prompt_embeds": pipe.text_encoder(ids)[0].to(pipe.torch_dtype)}
+        if clip_skip == 1:
+            return {"prompt_embeds": pipe.text_encoder(ids)[0].to(pipe.torch_dtype)}
+        layers = pipe.text_encoder.config.num_hidden_layers
+        if clip_skip > layers:
+            raise UserError(f"--clip_skip {clip_skip}: the text encoder has {layers} layers")
+        hidden = pipe.text_encoder(ids, output_hidden_states=True).hidden_states[-clip_skip]
+        return {"prompt_embeds": pipe.text_encoder.final_layer_norm(hidden).to(pipe.torch_dtype)}
 
 
 def _decode(pipe, latents):
@@ -58,6 +72,8 @@ def _decode(pipe, latents):
 
 
 class StableDiffusionPipeline(PromptImagePipeline):
+    settings = PromptImagePipeline.settings | {"run_clip_skip"}
+    call_parameters = {"clip_skip": None}
     model_names = ("unet", "text_encoder", "vae")
     loss_models = ("unet",)
     model_fn_inputs = ("prompt_embeds",)
