@@ -112,7 +112,8 @@ def _as_text(value):
 
 
 def read_metadata(path, text_columns=()) -> list[dict[str, Any]]:
-    """Rows of a .csv, .json (a list of objects) or .jsonl metadata file. `text_columns` (and the prompt
+    """Rows of a .csv, .json (a list of objects) or .jsonl metadata file, or of a folder of images with their
+    caption files (kohya's layout, `read_caption_folder`). `text_columns` (and the prompt
     columns, TEXT_COLUMNS) stay strings; in a csv file, other columns whose every value is a number or
     true/false become numbers or booleans (see `_convert_csv_column`)."""
     text_columns = set(text_columns) | set(TEXT_COLUMNS)
@@ -120,7 +121,7 @@ def read_metadata(path, text_columns=()) -> list[dict[str, Any]]:
     if not os.path.exists(path):
         raise DataError(f"--dataset_metadata_path {path}: file not found")
     if os.path.isdir(path):
-        raise DataError(f"--dataset_metadata_path {path}: is a folder, not a metadata file")
+        return read_caption_folder(path)
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".csv", ".json", ".jsonl"):
         raise DataError(f"--dataset_metadata_path {path}: unknown metadata format '{ext or '(no extension)'}' "
@@ -159,6 +160,60 @@ def read_metadata(path, text_columns=()) -> list[dict[str, Any]]:
         for row in rows:
             for key in text_columns & row.keys():
                 row[key] = _as_text(row[key])
+    return rows
+
+
+CAPTION_EXTENSIONS = (".txt", ".caption")  # kohya's: a caption file of the image's name beside it
+_REPEATS_FOLDER = re.compile(r"^(\d+)_(.*)$")  # kohya's `<repeats>_<class tokens>/` subfolders
+METADATA_NAMES = ("metadata.csv", "metadata.json", "metadata.jsonl")
+
+
+def caption_files(folder) -> list[str]:
+    """The caption files a caption folder's rows read (what its cache's identity follows)."""
+    return sorted(os.path.join(d, f) for d, _, files in os.walk(folder) for f in files
+                  if os.path.splitext(f)[1].lower() in CAPTION_EXTENSIONS)
+
+
+def read_caption_folder(folder) -> list[dict[str, Any]]:
+    """kohya's data layout as rows (`image`: its absolute path, `prompt`): the images in `folder` and in its
+    subfolders one level down, each with the caption file of its name beside it (.txt, else .caption). A subfolder
+    named `<repeats>_<class tokens>` gives each of its images `repeats` times, and its class tokens to an image
+    without a caption file; any other image without one is refused, naming the file it looked for."""
+    folder = os.path.abspath(os.fspath(folder))
+    present = [n for n in METADATA_NAMES if os.path.isfile(os.path.join(folder, n))]
+    if present:
+        raise DataError(f"--dataset_metadata_path {folder}: a folder holding {present[0]}: name that file, or "
+                        f"remove it to read the folder's images and their caption files")
+    places = [(folder, 1, None)]
+    for name in sorted(os.listdir(folder)):
+        sub = os.path.join(folder, name)
+        if os.path.isdir(sub) and not name.startswith("."):
+            m = _REPEATS_FOLDER.match(name)
+            places.append((sub, int(m.group(1)), m.group(2).replace("_", " ").strip()) if m else (sub, 1, None))
+    rows = []
+    for where, repeats, tokens in places:
+        if repeats < 1:
+            raise DataError(f"{where}: a folder of 0 repeats (kohya's <repeats>_<name>) trains nothing")
+        for name in sorted(os.listdir(where)):
+            image = os.path.join(where, name)
+            stem, ext = os.path.splitext(image)
+            if name.startswith(".") or ext.lower() not in IMAGE_EXTENSIONS or not os.path.isfile(image):
+                continue
+            caption = next((stem + c for c in CAPTION_EXTENSIONS if os.path.isfile(stem + c)), None)
+            if caption is not None:
+                try:
+                    with open(caption, encoding="utf-8-sig") as f:
+                        prompt = f.read().strip()
+                except UnicodeDecodeError:
+                    raise DataError(f"{caption}: the caption file is not UTF-8 text") from None
+            elif tokens:
+                prompt = tokens
+            else:
+                raise DataError(f"{image}: no caption file beside it ({os.path.basename(stem)}.txt or .caption)")
+            rows.extend({"image": image, "prompt": prompt} for _ in range(repeats))
+    if not rows:
+        raise DataError(f"--dataset_metadata_path {folder}: no images ({', '.join(IMAGE_EXTENSIONS)}) in the folder "
+                        f"or its subfolders")
     return rows
 
 
@@ -235,7 +290,8 @@ class UnifiedDataset(torch.utils.data.Dataset):
         if int(repeat) < 1:
             raise DataError(f"--dataset_repeat must be at least 1, got {repeat}")
         self.metadata_path = os.fspath(metadata_path)
-        self.base_path = os.fspath(base_path) if base_path is not None else os.path.dirname(self.metadata_path)
+        self.base_path = (os.fspath(base_path) if base_path is not None else self.metadata_path
+                          if os.path.isdir(self.metadata_path) else os.path.dirname(self.metadata_path))
         self.repeat = int(repeat)
         self.on_bad_sample = on_bad_sample
         self.allow_paths_outside = bool(allow_paths_outside)

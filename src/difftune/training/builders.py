@@ -28,7 +28,9 @@ def make_dataset(run):
 
     config, family = run.config, run.family
     if not config.dataset_metadata_path:
-        raise UserError("--dataset_metadata_path is required (only --task *:train reads a cache without metadata)")
+        raise UserError("--dataset_metadata_path is required (only --task *:train reads a cache without metadata); "
+                        "a folder of images with their caption files (kohya's layout) is read with "
+                        "--dataset_metadata_path <that folder>")
     check_data_columns(config, run.pipeline, family.name)
     stream = run.pipeline.target.primary
     factor = stream.division

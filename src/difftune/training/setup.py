@@ -119,7 +119,7 @@ def data_columns(config: RunConfig) -> frozenset[str]:
 def unread_file_columns(config: RunConfig, pipeline: type) -> list[str]:
     """Columns --data_file_keys loads from the metadata that neither --extra_inputs nor the pipeline's own inputs
     name: the reference loads and ignores them, and so does difftune, with a note."""
-    if not config.dataset_metadata_path or not os.path.isfile(config.dataset_metadata_path):
+    if not config.dataset_metadata_path or not os.path.exists(config.dataset_metadata_path):
         return []
     from ..data.dataset import read_metadata
 

@@ -40,6 +40,10 @@ def stage1_fingerprint(run) -> dict:
     data_files = []
     if config.dataset_metadata_path and os.path.isfile(config.dataset_metadata_path):
         data_files.append(_file_identity(config.dataset_metadata_path))
+    elif config.dataset_metadata_path and os.path.isdir(config.dataset_metadata_path):  # a caption folder
+        from ..data.dataset import caption_files
+
+        data_files.extend(_file_identity(f) for f in caption_files(config.dataset_metadata_path))
     # The metadata's identity holds only its name: the same metadata in another folder names other images.
     root = config.dataset_base_path or os.path.dirname(config.dataset_metadata_path or "")
     # how a stage-1 model's weights are stored changes its outputs: FP8, or 4 bits (--quant_options)
