@@ -290,9 +290,9 @@ def test_metadata_errors(tmp_path, data):
         one_line_error(err, *parts)
     with pytest.raises(DataError, match="^--dataset_metadata_path is required$"):
         UnifiedDataset(data, None)
-    with pytest.raises(DataError) as err:
+    with pytest.raises(DataError) as err:  # a folder of metadata and images: its metadata file is meant
         UnifiedDataset(data, data)
-    one_line_error(err, str(data), "is a folder")
+    one_line_error(err, str(data), "a folder holding", "name that file")
     missing_value = write_metadata(data / "gap.jsonl", [ROWS[0], {"prompt": "no image here"}])
     with pytest.raises(DataError) as err:
         UnifiedDataset(data, missing_value)[1]

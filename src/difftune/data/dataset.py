@@ -165,7 +165,7 @@ def read_metadata(path, text_columns=()) -> list[dict[str, Any]]:
 
 CAPTION_EXTENSIONS = (".txt", ".caption")  # kohya's: a caption file of the image's name beside it
 _REPEATS_FOLDER = re.compile(r"^(\d+)_(.*)$")  # kohya's `<repeats>_<class tokens>/` subfolders
-METADATA_NAMES = ("metadata.csv", "metadata.json", "metadata.jsonl")
+METADATA_EXTENSIONS = (".csv", ".json", ".jsonl")
 
 
 def caption_files(folder) -> list[str]:
@@ -180,7 +180,8 @@ def read_caption_folder(folder) -> list[dict[str, Any]]:
     named `<repeats>_<class tokens>` gives each of its images `repeats` times, and its class tokens to an image
     without a caption file; any other image without one is refused, naming the file it looked for."""
     folder = os.path.abspath(os.fspath(folder))
-    present = [n for n in METADATA_NAMES if os.path.isfile(os.path.join(folder, n))]
+    present = sorted(n for n in os.listdir(folder) if os.path.splitext(n)[1].lower() in METADATA_EXTENSIONS
+                     and os.path.isfile(os.path.join(folder, n)))
     if present:
         raise DataError(f"--dataset_metadata_path {folder}: a folder holding {present[0]}: name that file, or "
                         f"remove it to read the folder's images and their caption files")
