@@ -1503,6 +1503,38 @@ SDXL_SCRIPTS = Scripts(
     full=_sdxl_released)
 
 
+# -- Anima ----------------------------------------------------------------------------------------------------------
+
+
+def _anima_workspace(root):
+    from support.anima import write_anima_script_workspace
+
+    return write_anima_script_workspace(root)
+
+
+def _anima_released(workspace, argv, script):
+    """The released split file's DiT under difftune's names (`transformer.*` / `text_conditioner.*`: diffusers'
+    Cosmos-Predict2 converter and the adapter's own names), `pipe.dit.` removed."""
+    from difftune.families.anima.components import convert_original_dit, dit_key
+    from support.anima import DIT_FILE, REPO
+
+    return convert_original_dit({dit_key(k): v for k, v in _load(workspace / "models" / REPO / DIT_FILE).items()})
+
+
+ANIMA_SCRIPTS = Scripts(
+    folder="anima/model_training", workspace=_anima_workspace,
+    snapshot=("full/anima-preview.sh", "lora/anima-preview.sh"),
+    # `--lora_target_modules ""`: the reference's automatic choice on the tiny 512-wide DiT (its blocks' attention
+    # and MLP layers; the 32-wide adapter has none), written in the released names behind `diffusion_model.` with
+    # an alpha each (ComfyUI's layout, the family's default)
+    lora_prefix="diffusion_model.", lora_exact=True, lora_alpha=True,
+    lora_modules=frozenset(f"blocks.{i}.{m}" for i in range(2) for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.output_proj", "cross_attn.q_proj",
+        "cross_attn.output_proj", "mlp.layer1", "mlp.layer2")),
+    notes={"lora/": "note: --lora_target_modules \"\": 16 modules of dit chosen as the reference chooses"},
+    full=_anima_released)
+
+
 # -- the manifest ---------------------------------------------------------------------------------------------------
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -1513,6 +1545,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            scripts=SD_SCRIPTS, sample=SD_SAMPLE),
     Family("stable_diffusion_xl", "support.stable_diffusion_xl", lambda s, root: s.write_tiny_sdxl_hub(root),
            scripts=SDXL_SCRIPTS),
+    Family("anima", "support.anima", lambda s, root: s.write_tiny_anima_hub(root), scripts=ANIMA_SCRIPTS),
     Family("ernie_image", "support.ernie_image", lambda s, root: s.write_tiny_ernie_image_hub(root),
            scripts=ERNIE_IMAGE_SCRIPTS, sample=ERNIE_IMAGE_SAMPLE, recognition=ERNIE_IMAGE_RECOGNITION,
            lora=ERNIE_IMAGE_LORA),

@@ -22,7 +22,7 @@ from families.manifest import FAMILIES as ENTRIES, Run, covered
 from support import read_reference_script
 from support.scripts import at_small_size, flag_value, resolve_scripts, trains_end_to_end
 
-FAMILIES = ("z_image", "ernie_image", "ace_step", "stable_diffusion", "stable_diffusion_xl")
+FAMILIES = ("z_image", "ernie_image", "ace_step", "stable_diffusion", "stable_diffusion_xl", "anima")
 COVERED_SCRIPTS = covered(ENTRIES[f] for f in FAMILIES)  # tests/test_reference_coverage.py (reference_scripts/)
 
 

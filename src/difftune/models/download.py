@@ -134,7 +134,9 @@ def match_files(root: Path, pattern: str) -> list[Path]:
 
 
 def _weights_pattern(pattern: str) -> str:
-    return pattern + "*" if pattern.endswith("/") else pattern
+    """A folder (`tokenizer/`) -> its files; the repository's root (`./`, the reference's spelling) -> every file."""
+    pattern = pattern.removeprefix("./")
+    return pattern + "*" if pattern.endswith("/") or not pattern else pattern
 
 
 def _state(root: Path, pattern: str) -> tuple[list[Path], list[tuple[Path, str]]]:

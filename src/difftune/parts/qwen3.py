@@ -29,6 +29,9 @@ QWEN3_4B_CONFIG = {
     "use_sliding_window": False,
     "vocab_size": 151936,
 }
+# Qwen/Qwen3-0.6B's config.json (the backbone a 1024-wide text encoder is).
+QWEN3_06B_CONFIG = {**QWEN3_4B_CONFIG, "hidden_size": 1024, "intermediate_size": 3072, "max_window_layers": 28,
+                    "num_attention_heads": 16, "num_hidden_layers": 28}
 # Tensors that mark Qwen3's backbone (the q/k norms tell it from Qwen2).
 QWEN3_MARKER_KEYS = ("embed_tokens.weight", "norm.weight", "layers.0.self_attn.q_norm.weight")
 
@@ -64,19 +67,19 @@ def drop_lm_head(state: dict) -> dict:
     return {k: v for k, v in state.items() if not k.startswith("lm_head.")}
 
 
-def qwen3_config_from_weights(shapes: dict) -> dict | None:
-    """A Qwen3 causal LM of any size from its weights (head size from the q/k norms)."""
+def qwen3_config_from_weights(shapes: dict, base: dict = QWEN3_4B_CONFIG) -> dict | None:
+    """A Qwen3 causal LM of any size from its weights (head size from the q/k norms); the rest as `base`."""
     if "layers.0.self_attn.q_norm.weight" not in shapes:
         return None
     vocab, hidden = shapes["embed_tokens.weight"]
     head = shapes["layers.0.self_attn.q_norm.weight"][0]
     layers = len({k.split(".")[1] for k in shapes if k.startswith("layers.")})
-    return {**QWEN3_4B_CONFIG, "vocab_size": vocab, "hidden_size": hidden, "head_dim": head,
+    return {**base, "vocab_size": vocab, "hidden_size": hidden, "head_dim": head,
             "num_hidden_layers": layers,
             "intermediate_size": shapes["layers.0.mlp.gate_proj.weight"][0],
             "num_attention_heads": shapes["layers.0.self_attn.q_proj.weight"][0] // head,
             "num_key_value_heads": shapes["layers.0.self_attn.k_proj.weight"][0] // head}
 
 
-__all__ = ["QWEN3_4B_CONFIG", "QWEN3_MARKER_KEYS", "QWEN_CHAT_TOKENS", "drop_lm_head", "qwen3_config_from_weights",
+__all__ = ["QWEN3_06B_CONFIG", "QWEN3_4B_CONFIG", "QWEN3_MARKER_KEYS", "QWEN_CHAT_TOKENS", "drop_lm_head", "qwen3_config_from_weights",
            "qwen3_key", "qwen3_tokenizer_problem"]

@@ -34,6 +34,38 @@ def qwen_image_vae_spec(extra_configs: dict[str, dict] | None = None) -> Compone
         marker_keys=QWEN_IMAGE_VAE_MARKER_KEYS, description="Qwen-Image VAE")
 
 
+def convert_original_vae(state: dict) -> dict:
+    """The VAE in its original single-file layout (ComfyUI's `qwen_image_vae.safetensors`: `encoder.conv1`,
+    `encoder.downsamples.N`, `decoder.middle.N`, `conv1` / `conv2` for the quant convs) -> diffusers' names, by
+    diffusers' own single-file converter for that layout (its names are AutoencoderKLQwenImage's too)."""
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    if "encoder.conv1.weight" not in state or "decoder.middle.0.residual.0.gamma" not in state:
+        raise KeyError("not the original single-file VAE layout")
+    return convert_wan_vae_to_diffusers(dict(state))
+
+
+def vae_config_from_weights(shapes: dict) -> dict | None:
+    """A Qwen-Image VAE of any width (diffusers' names, two residual blocks per level as the original layout has):
+    the base width from the first convolution, each level's multiple from its first residual block."""
+    if "encoder.conv_in.weight" not in shapes or "encoder.down_blocks.0.conv1.weight" not in shapes:
+        return None
+    base = shapes["encoder.conv_in.weight"][0]
+    mult = [shapes[f"encoder.down_blocks.{3 * i}.conv2.weight"][0] // base for i in range(4)]
+    return {**QWEN_IMAGE_VAE_CONFIG, "base_dim": base, "dim_mult": mult, "z_dim": shapes["conv1.weight"][0] // 2
+            if "conv1.weight" in shapes else shapes["quant_conv.weight"][0] // 2}
+
+
+def qwen_image_vae_original_spec() -> ComponentSpec:
+    """The VAE slot for the Qwen-Image VAE saved in its original single-file layout (ComfyUI's split file)."""
+    return ComponentSpec(
+        name="vae", library="diffusers", class_name="AutoencoderKLQwenImage",
+        known_configs={"Qwen/Qwen-Image VAE": QWEN_IMAGE_VAE_CONFIG},
+        marker_keys=("encoder.conv1.weight", "decoder.middle.0.residual.0.gamma", "conv1.weight"),
+        convert_state_dict=convert_original_vae,
+        infer_config=vae_config_from_weights, description="Qwen-Image VAE, original single-file layout")
+
+
 def _latent_stats(vae, dtype, device):
     mean = torch.tensor(vae.config.latents_mean, dtype=dtype, device=device).view(1, -1, 1, 1)
     std = torch.tensor(vae.config.latents_std, dtype=dtype, device=device).view(1, -1, 1, 1)
@@ -58,4 +90,5 @@ def vae_decode(pipe, latents: torch.Tensor) -> torch.Tensor:
     return vae.decode((latents * std + mean).unsqueeze(2)).sample[:, :, 0]
 
 
-__all__ = ["QWEN_IMAGE_VAE_CONFIG", "QWEN_IMAGE_VAE_MARKER_KEYS", "qwen_image_vae_spec", "vae_decode", "vae_encode"]
+__all__ = ["QWEN_IMAGE_VAE_CONFIG", "QWEN_IMAGE_VAE_MARKER_KEYS", "convert_original_vae", "qwen_image_vae_original_spec",
+           "qwen_image_vae_spec", "vae_config_from_weights", "vae_decode", "vae_encode"]
