@@ -83,8 +83,8 @@ def test_time_ids_carry_the_training_pictures_original_size_and_crop(tmp_path):
 
 
 def test_the_kohya_file_in_ldm_names_loads_in_diffusers_with_every_module(hub, tmp_path):
-    """The default LoRA file (kohya, original UNet names): diffusers' SDXL loader reads every module of it and the
-    UNet's output moves by what difftune's own loader fuses."""
+    """The default LoRA file (kohya, original UNet names): ComfyUI's key map has every module of it, diffusers' SDXL
+    loader reads every module of it and the UNet's output moves by what difftune's own loader fuses."""
     from difftune.families.stable_diffusion_xl import FAMILY
     from difftune.lora.formats import save_lora
     from support.stable_diffusion_xl import load_tiny_sdxl
@@ -104,6 +104,14 @@ def test_the_kohya_file_in_ldm_names_loads_in_diffusers_with_every_module(hub, t
     assert all(k.startswith(("lora_unet_input_blocks_", "lora_unet_output_blocks_", "lora_unet_middle_block_"))
                for k in keys), sorted(keys)[:3]
     assert len(keys) == 3 * len(state) // 2
+    # ComfyUI's SDXL key map (comfy/lora.py model_lora_keys_unet: `lora_unet_` + each LDM state-dict key of its
+    # UNet, `.weight` cut and dots as underscores) holds every module of the file
+    from support.ldm_files import ldm_unet
+
+    comfy = {"lora_unet_" + k[len("model.diffusion_model."):-len(".weight")].replace(".", "_")
+             for k in ldm_unet(pipe.unet.state_dict()) if k.endswith(".weight")}
+    modules = {k.split(".")[0] for k in keys}
+    assert modules <= comfy, sorted(modules - comfy)[:3]
 
     x = torch.randn(1, 4, 4, 4, generator=g)
     text = torch.randn(1, 77, 64, generator=g)
