@@ -177,3 +177,34 @@ def test_clip_skip_2_samples_as_diffusers_clip_skip_1_and_trains(hub, tmp_path):
 
     one, two = (load_file(str(next((tmp_path / f"skip{s}").glob("*.safetensors")))) for s in (1, 2))
     assert any(not torch.equal(one[k], two[k]) for k in one)  # to_k reads the prompt: another layer, another LoRA
+
+
+def test_the_default_kohya_file_loads_in_diffusers_with_every_module_at_our_strength(hub, tmp_path):
+    """SD 1.x's default LoRA file (kohya's layout in diffusers' module paths, which ComfyUI's and A1111's maps
+    know too): diffusers' loader reads every module and moves the UNet as difftune's own loader does."""
+    from difftune.lora.formats import save_lora
+    from support.stable_diffusion import load_tiny_sd
+
+    pipe = load_tiny_sd(hub)
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for name, module in pipe.unet.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.endswith(("attn1.to_q", "attn2.to_v", "ff.net.2")):
+            state[f"{name}.lora_A.weight"] = torch.randn(2, module.in_features, generator=g) / 4
+            state[f"{name}.lora_B.weight"] = torch.randn(module.out_features, 2, generator=g) / 4
+    path = save_lora(tmp_path / "lora.safetensors", {"unet": state}, {"unet": (2, 3, "to_q,to_v,ff.net.2")},
+                     layout="kohya", denoiser="unet")
+    from safetensors.torch import load_file
+
+    keys = load_file(str(path))
+    assert all(k.startswith("lora_unet_down_blocks_") or k.startswith("lora_unet_up_blocks_")
+               or k.startswith("lora_unet_mid_block_") for k in keys), sorted(keys)[:3]
+    x, text, t = torch.randn(1, 4, 4, 4, generator=g), torch.randn(1, 77, 32, generator=g), torch.tensor([300])
+    theirs = _diffusers_pipe(hub)
+    base = theirs.unet(x, t, encoder_hidden_states=text).sample
+    theirs.load_lora_weights(str(path))
+    assert sum("lora_A" in n for n, _ in theirs.unet.named_parameters()) == len(state) // 2
+    moved = theirs.unet(x, t, encoder_hidden_states=text).sample
+    pipe.load_lora(pipe.unet, str(path))
+    assert (moved - base).abs().max() > 1e-3
+    torch.testing.assert_close(moved, pipe.unet(x, t, encoder_hidden_states=text).sample, rtol=1e-4, atol=1e-5)
