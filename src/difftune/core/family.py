@@ -141,6 +141,9 @@ class FamilySpec:
     # Qwen-Image-Layered; each says which runs are its own (`claims`), tried in order before `pipeline`.
     variants: tuple[type, ...] = ()
     description: str = ""
+    # kohya's `ss_base_model_version` of the family's models (sd_v1, sdxl_base_v1-0), which A1111, Forge and Civitai
+    # read from a kohya-layout LoRA file's metadata; None: not written
+    kohya_model_version: str | None = None
 
     def __post_init__(self):
         for cls in self.pipelines:

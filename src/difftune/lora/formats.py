@@ -206,6 +206,12 @@ def save_lora(path: str | os.PathLike, state_dicts: Mapping[str, Mapping[str, to
         DIFFTUNE_METADATA_KEY: json.dumps({"version": 1, "difftune_version": __version__, "components": ours,
                                            "base_model": dict(base_info or {})}, sort_keys=True, default=str),
     }
+    if layout == "kohya":  # the training metadata kohya's trainer writes, which A1111, Forge and Civitai show
+        spec = ours[next(iter(ours))]
+        metadata.update({"ss_network_module": "networks.lora", "ss_network_dim": str(spec["rank"]),
+                         "ss_network_alpha": str(spec["alpha"]), "ss_training_comment": "trained with difftune"})
+        if (base_info or {}).get("kohya_model_version"):
+            metadata["ss_base_model_version"] = str(base_info["kohya_model_version"])
     if adapter_meta:  # only for the diffusers layout: diffusers would apply it on top of the .alpha tensors
         metadata[ADAPTER_METADATA_KEY] = json.dumps(adapter_meta, indent=2, sort_keys=True)
     return write_safetensors(path, tensors, metadata)

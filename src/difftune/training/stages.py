@@ -188,7 +188,9 @@ def make_hooks(run: Run, dataset, from_cache: bool, resume_state):
     denoiser = (run.pipeline.loss_models or (None,))[0]
     saver = CheckpointSaver(config.output_path, config.checkpoint_prefix(denoiser),
                             lora_prefixes=dict(family.lora_prefixes),
-                            base_info={"family": family.name, "task": config.task},
+                            base_info={"family": family.name, "task": config.task,
+                                       **({"kohya_model_version": family.kohya_model_version}
+                                          if family.kohya_model_version else {})},
                             lora_format=lora_format(config, family, (run.pipeline.loss_models or (None,))[0], run.pipeline),
                             denoiser=(run.pipeline.loss_models or (None,))[0],
                             native_names=family.lora_native_names, reference_names=family.lora_reference_names,

@@ -89,6 +89,13 @@ def test_the_options_change_what_sd_trains_and_a_flow_family_refuses_them(tmp_pa
         (f,) = sorted((tmp_path / name).glob("*.safetensors"))
         saved[name] = load_file(str(f))
     assert saved["plain"].keys() == saved["kohya"].keys()
+    from safetensors import safe_open
+
+    with safe_open(str(next((tmp_path / "plain").glob("*.safetensors"))), "pt") as f:
+        meta = f.metadata()  # kohya's training metadata, which A1111, Forge and Civitai show
+    assert {k: meta[k] for k in ("ss_network_module", "ss_network_dim", "ss_base_model_version")} == {
+        "ss_network_module": "networks.lora", "ss_network_dim": "2", "ss_base_model_version": "sd_v1"}
+    assert float(meta["ss_network_alpha"]) == 2.0
     assert any(not torch.equal(saved["plain"][k], saved["kohya"][k]) for k in saved["plain"])
 
     from difftune.schedulers.flow_match import FlowMatchScheduler

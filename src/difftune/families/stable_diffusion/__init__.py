@@ -45,6 +45,7 @@ FAMILY = FamilySpec(
     # kohya's names (lora_unet_<diffusers path>, lora_down / lora_up, alpha): what A1111, Forge, ComfyUI and diffusers
     # all read for SD 1.x (docs/stable_diffusion.md)
     lora_default_format="kohya",
+    kohya_model_version="sd_v1",
     repositories=("AI-ModelScope/stable-diffusion-v1-5", "stable-diffusion-v1-5/stable-diffusion-v1-5",
                   "runwayml/stable-diffusion-v1-5"),
     description="Stable Diffusion 1.x (diffusers UNet2DConditionModel, CLIP-L, KL-f8 VAE; epsilon prediction)",

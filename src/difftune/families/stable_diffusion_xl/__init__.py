@@ -54,6 +54,7 @@ FAMILY = FamilySpec(
     lora_target_modules=LORA_TARGET_MODULES,
     # kohya's layout in the original UNet names: what A1111, Forge, ComfyUI and diffusers read for SDXL
     lora_default_format="kohya",
+    kohya_model_version="sdxl_base_v1-0",
     lora_native_names=ldm_names,
     lora_converters=(kohya_from_ldm,),
     repositories=(REPO,),
