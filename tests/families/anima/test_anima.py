@@ -126,6 +126,12 @@ def test_auto_targets_on_the_official_dit_are_the_references_340():
     assert len(ours) == len(reference) == 340
     assert sorted(ours) == sorted(reference)
     assert sum(t.startswith("llm_adapter.") for t in ours) == 60
+    # the family's named targets (for a command that names none) are the same modules
+    from difftune.families.anima.components import LORA_TARGET_MODULES
+
+    ends = tuple("." + n for n in LORA_TARGET_MODULES.split(","))
+    named = [n for n, m in dit.named_modules() if isinstance(m, torch.nn.Linear) and n.endswith(ends)]
+    assert sorted(named) == sorted(auto_target_modules(dit))
 
 
 def test_the_default_lora_file_is_read_by_diffusers_anima_converter(pipe, tmp_path):
@@ -190,3 +196,30 @@ def test_the_repository_root_pattern_resolves_to_the_root_folder(tmp_path):
     (tmp_path / "org" / "repo" / "tokenizer.json").write_text("{}")
     assert resolve_hub("org/repo", "./", base=tmp_path, skip=True, source="huggingface") == \
         str(tmp_path / "org" / "repo" / ".")
+
+
+def test_kohya_layout_in_the_released_names_reads_back_exactly(pipe, tmp_path):
+    """`--lora_format kohya` writes `lora_unet_<released name, flattened>`; difftune reads it back onto the DiT."""
+    from safetensors.torch import load_file
+
+    from difftune.families.anima import FAMILY
+    from difftune.lora.formats import load_lora_file, save_lora
+
+    targets = ["transformer.transformer_blocks.1.attn2.to_out.0", "text_conditioner.blocks.1.mlp.0"]
+    modules = dict(pipe.dit.named_modules())
+    g = torch.Generator().manual_seed(3)
+    state = {}
+    for t in targets:
+        m = modules[t]
+        state[f"{t}.lora_A.weight"] = torch.randn(2, m.in_features, generator=g)
+        state[f"{t}.lora_B.weight"] = torch.randn(m.out_features, 2, generator=g)
+    path = save_lora(tmp_path / "kohya.safetensors", {"dit": state}, {"dit": (2, 2, "to_out.0,mlp.0")},
+                     layout="kohya", native_names=FAMILY.lora_native_names)
+    saved = load_file(str(path))
+    assert "lora_unet_blocks_1_cross_attn_output_proj.lora_down.weight" in saved
+    assert "lora_unet_llm_adapter_blocks_1_mlp_0.lora_up.weight" in saved
+    back = load_lora_file(path, resolve_against=pipe.dit, component="dit", converters=FAMILY.lora_converters)
+    key = back.select("dit")
+    assert sorted(back.components[key]) == sorted(state)
+    for name, value in state.items():
+        torch.testing.assert_close(back.components[key][name], value)

@@ -4,7 +4,7 @@ from ...core.family import FamilySpec, TokenizerSpec, text_tokenizer
 from ...models.load import load_tokenizer
 from ...parts.qwen3 import qwen3_tokenizer_problem
 from .components import COMPONENTS, LORA_TARGET_MODULES, original_dit_keys
-from .lora import from_original_names, original_names
+from .lora import from_kohya_original_names, from_original_names, original_names
 from .pipeline import AnimaPipeline
 
 REPO = "circlestone-labs/Anima"
@@ -27,7 +27,7 @@ FAMILY = FamilySpec(
     # Anima loader all read (docs/anima.md)
     lora_default_format="comfyui",
     lora_native_names=original_names,
-    lora_converters=(from_original_names,),
+    lora_converters=(from_original_names, from_kohya_original_names),
     full_native_keys={"dit": original_dit_keys},
     repositories=(REPO,),
     description="Anima (Cosmos-Predict2 MiniTrainDIT + LLM adapter: diffusers CosmosTransformer3DModel + "
