@@ -30,7 +30,12 @@ BFL's flux1-dev.safetensors and ae.safetensors, the script's own fused targets a
 `qwen_image` (Qwen-Image, diffusers layout, the script's targets; the benchmarks' word tokenizer, whose template is
 the 34 tokens the reference's prompt unit drops), `flux2` (FLUX.2-klein-4B, diffusers layout, Qwen3 text encoder, the
 script's targets), `ernie_image` (ERNIE-Image, diffusers layout; a second row with the reference's latent BatchNorm
-epsilon set to difftune's 1e-5, its documented difference). The default runs `z_image,wan` (the smoke test's).
+epsilon set to difftune's 1e-5, its documented difference), `krea2` (Krea-2-Raw: raw.safetensors, the tiny Qwen3-VL with
+a word tokenizer whose template is the reference's hard-coded 34 + 5 tokens, Qwen-Image's VAE; the DiT's MLPs 128 wide,
+the only width the reference's SwiGLU rule gives; a second row with the reference's text positions counting real
+tokens, as difftune and diffusers do). Ideogram-4 is not covered: its reference hard-codes the latent statistics
+(the tiny AE's are others) and trains attention.qkv as one adapter where difftune trains three
+(docs/reference_differences.md). The default runs `z_image,wan` (the smoke test's).
 
 `--replay N` (Z-Image) trains N steps on each side from the same initial LoRA (B = 0, as training starts) with the same
 sample, noise and timestep every step, through each side's own loop (difftune's `fit.train`; the reference's
@@ -38,7 +43,7 @@ sample, noise and timestep every step, through each side's own loop (difftune's 
 fp32, and prints the per-step losses and the final LoRA tensors' largest relative difference, beside a control (difftune
 against itself with the frozen DiT weights perturbed by a relative 1e-6) and the probes of `--probes`.
 
-    .venv/bin/python benchmarks/fidelity.py [--families z_image,wan,flux,qwen_image,flux2,ernie_image] [--quick]
+    .venv/bin/python benchmarks/fidelity.py [--families z_image,wan,flux,qwen_image,flux2,ernie_image,krea2] [--quick]
     .venv/bin/python benchmarks/fidelity.py --families z_image --replay 20 [--probes all]
 
 Needs DiffSynth-Studio's venv (docs/benchmarks.md, "The peers' environments"): `--ds-python`, else
@@ -395,6 +400,80 @@ def _ernie_image_flags(ws: dict) -> list[str]:
             *_common_flags(ws, ws["targets"], ws["rank"])]
 
 
+# Krea-2 (Raw): Krea's single file raw.safetensors (original names), Qwen/Qwen3-VL-4B-Instruct's files and tokenizer,
+# Qwen-Image's VAE, as the reference's script names them, with its targets (its own module names). The DiT's MLP
+# widths are 128 here (the tests' tiny DiT has 96 / 64): the reference's SwiGLU sizes its MLP as
+# round_up(int(2 features / 3) x multiplier, 128), which no other width of a 64-wide DiT gives.
+KREA2_TARGETS = "wq,wk,wv,gate,wo,gate,up,down,first,tmlp.0,tmlp.2,projector,txtmlp.1,txtmlp.3,last.linear,tproj.1"
+
+
+def _write_krea2(wd: Path, quick: bool) -> dict:
+    from support.krea2.tiny import KREA2_QWEN3_VL_REPO, TinyKrea2Spec, krea2_model_paths, write_tiny_krea2_hub
+
+    spec = TinyKrea2Spec(intermediate=128, text_intermediate=128)
+    base = wd / "krea2"
+    if not (base / "krea" / "Krea-2-Raw" / "raw.safetensors").is_file():
+        write_tiny_krea2_hub(base, spec, turbo=False)
+        use_krea2_word_tokenizer(base / KREA2_QWEN3_VL_REPO)
+    size = 32 if quick else 64
+    data, metadata = _data(wd / "krea2-data", size)
+    return {"repo": base, "data": data, "metadata": metadata, "size": size, "rank": 4, "targets": KREA2_TARGETS,
+            "paths": krea2_model_paths(base), "tokenizer": str(base / KREA2_QWEN3_VL_REPO),
+            "spec": {**spec.__dict__, "multiplier": 1}}
+
+
+def use_krea2_word_tokenizer(folder: Path) -> None:
+    """The tests' byte-level Qwen3-VL tokenizer plus BPE merges that make each word of Krea-2's template (and of the
+    prompt) one token, so the template's prefix is the 34 tokens and its suffix the 5 that the reference's prompt unit
+    hard-codes (the real tokenizer's counts; one token per byte gives ~170 and ~30); the text encoder's vocabulary
+    grows to match (seeded new rows). As benchmarks/common.py's `word_tokenizer` does for Qwen-Image."""
+    import re
+
+    import torch
+    from transformers import AutoTokenizer, Qwen2Tokenizer, Qwen3VLForConditionalGeneration
+
+    from difftune.families.krea2.prompt import PREFIX, SUFFIX, token_count
+    from support import QWEN_SPECIAL_TOKENS
+
+    base = AutoTokenizer.from_pretrained(str(folder))
+    vocab = {k: v for k, v in base.get_vocab().items() if k not in QWEN_SPECIAL_TOKENS[1:]}
+    merges, seen = [], set()
+    for text in (PREFIX, SUFFIX, PROMPT):
+        for piece in re.split(r"<\|[a-z_]+\|>", text):
+            for word, _ in base._tokenizer.pre_tokenizer.pre_tokenize_str(piece):
+                for i in range(2, len(word) + 1):  # prefix merges: w + o -> wo, wo + r -> wor, ...
+                    if (word[:i - 1], word[i - 1]) not in seen:
+                        seen.add((word[:i - 1], word[i - 1]))
+                        merges.append((word[:i - 1], word[i - 1]))
+                    vocab.setdefault(word[:i], len(vocab))
+    tok = Qwen2Tokenizer(vocab=vocab, merges=merges)
+    tok.add_special_tokens({"additional_special_tokens": QWEN_SPECIAL_TOKENS[1:]})
+    tok.pad_token = "<|endoftext|>"
+    tok.model_max_length = 4096
+    if (token_count(tok, PREFIX), token_count(tok, SUFFIX)) != (34, 5):
+        raise RuntimeError(f"the word tokenizer's template is {token_count(tok, PREFIX)} + {token_count(tok, SUFFIX)} "
+                           "tokens, not the reference's 34 + 5")
+    encoder = Qwen3VLForConditionalGeneration.from_pretrained(str(folder))
+    torch.manual_seed(0)
+    encoder.resize_token_embeddings(len(tok), mean_resizing=False)
+    encoder.save_pretrained(str(folder), max_shard_size="10GB")
+    tok.save_pretrained(str(folder))
+
+
+def _krea2_flags(ws: dict) -> list[str]:
+    return ["--model_paths", json.dumps(ws["paths"]), "--tokenizer_path", ws["tokenizer"],
+            *_common_flags(ws, ws["targets"], ws["rank"])]
+
+
+def _krea2_lora_name(name: str) -> str:
+    """diffusers' module path of a LoRA parameter -> Krea's original one (the family's own DiT key map)."""
+    from difftune.families.krea2.components import original_dit_keys
+
+    module, _, rest = name.partition(".lora_")
+    (mapped,) = original_dit_keys({module + ".weight": None})
+    return mapped[: -len(".weight")] + ".lora_" + rest
+
+
 CASES = {
     "z_image": Case("z_image", "Z-Image (Z-Image-Turbo)", _write_z_image, _z_image_flags,
                     documented="Z-Image: training-table rounding"),
@@ -415,6 +494,12 @@ CASES = {
                         documented="ERNIE-Image: BatchNorm epsilon of the latents",
                         variants=(("reference's latent BatchNorm epsilon set to 1e-5 (difftune's)",
                                    {"latent_bn_eps": 1e-5}, ""),)),
+    "krea2": Case("krea2", "Krea-2-Raw", _write_krea2, _krea2_flags, ref_lora_name=_krea2_lora_name,
+                  documented="Krea-2: prompt suffix positions",
+                  variants=(("reference's text positions counting real tokens only (difftune's, diffusers')",
+                             {"krea2_text_positions": "real"}, ""),),
+                  ref_stage1={"prompt_embeds": ("prompt_emb",), "input_latents": ("input_latents",)},
+                  payload={"stage1_masks": {"prompt_embeds": "prompt_emb_mask"}}),
 }
 
 
@@ -575,7 +660,7 @@ def compare_step(case: Case, ws: dict, wd: Path, ds_python: Path, threads: int, 
                "spec": ws.get("spec"), "targets": ws["targets"], "rank": ws["rank"], "prompt": PROMPT,
                "index": TIMESTEP_INDEX, "output": str(wd / f"{case.name}{tag}-reference-out"),
                "stage1": {k: list(v) for k, v in case.ref_stage1.items() if k in case.stage1},
-               "drop": ws.get("drop"),
+               "drop": ws.get("drop"), "paths": ws.get("paths"),
                "noise": save_tensors(wd / f"{case.name}-noise.safetensors", {"noise": ours["noise"]}),
                "lora": save_tensors(wd / f"{case.name}-lora.safetensors",
                                     {to_ref[n]: v for n, v in ours["init"].items()}),
@@ -603,10 +688,14 @@ def compare_step(case: Case, ws: dict, wd: Path, ds_python: Path, threads: int, 
     aligned_row = None
     # difftune again at the reference's sigma, timestep and loss weight (its table's, fp32) at the same index: asked
     # for, or where the two tables differ there
-    if aligned or ours["drawn"].get("timestep") != theirs.get("timestep") or \
+    # (a reference whose table holds sigmas as its timesteps, Krea-2's: difftune keeps its own timestep there)
+    ref_timestep = theirs.get("timestep")
+    if ref_timestep is not None and abs(ref_timestep - theirs["sigma"]) < 1e-6 and ref_timestep < 1.5:
+        ref_timestep = ours["drawn"].get("timestep")
+    if aligned or ours["drawn"].get("timestep") != ref_timestep or ours["drawn"].get("sigma") != theirs["sigma"] or \
             ours["drawn"].get("weight") != theirs.get("weight"):
         again = difftune_step(case, ws, wd / f"{case.name}-difftune-aligned-out",
-                              values={"sigma": theirs["sigma"], "timestep": theirs["timestep"],
+                              values={"sigma": theirs["sigma"], "timestep": ref_timestep,
                                       "weight": theirs.get("weight")})
         pairs = {n: (g, tensors[f"grad.{to_ref[n]}"]) for n, g in again["grads"].items()}
         aligned_row = {"loss_rel": abs(again["loss"] - theirs["loss"]) / abs(theirs["loss"]),

@@ -15,6 +15,10 @@ What it sets up, none of which edits DiffSynth:
   `"qwen_mlp_activation": "tanh"`, the released model's tanh-GELU (the documented difference removed).
 * ERNIE-Image: `Flux2VAE.latent_stats` normalises with eps 1e-4 as the class has it, or, with the payload's
   `"latent_bn_eps": 1e-5`, difftune's (diffusers') epsilon (the documented difference removed).
+* Krea-2: its attention asks for the cuDNN kernel alone (`sdpa_kernel(SDPBackend.CUDNN_ATTENTION)`), absent on a
+  CPU, so `krea2_dit.sdpa_kernel` is made a no-op (the same scaled_dot_product_attention, any backend); with the
+  payload's `"krea2_text_positions": "real"` the text encoder gets positions counting real tokens only (difftune's and
+  diffusers'), where the reference, passing only the mask, numbers the padding too.
 * FLUX.2 and ERNIE-Image: the DiT and the VAE take their sizes as arguments (read from the diffusers configs); the
   text encoders' classes hard-code the release's widths and get the tiny ones in a subclass's `__init__`.
 * Z-Image's `TimestepEmbedder` casts its sinusoidal features to bfloat16 whatever the weights' dtype (a bf16-only
@@ -553,12 +557,79 @@ def ernie_image_inputs(pipe, data):
     return shared, {"prompt": data["prompt"]}, {"negative_prompt": ""}
 
 
+# -- Krea-2 -------------------------------------------------------------------------------------------------------
+
+def krea2_pipeline(p: dict):
+    """Krea2Pipeline with SingleStreamDiT at the tiny sizes (its config dict; raw.safetensors loads as it is),
+    Krea2TextEncoder at the tiny width (its class hard-codes Qwen3-VL-4B's; its converter) and QwenImageVAE."""
+    import torch
+    from diffsynth.models.krea2_dit import SingleStreamDiT
+    from diffsynth.models.krea2_text_encoder import Krea2TextEncoder
+    from diffsynth.models.qwen_image_vae import QwenImageVAE
+    from diffsynth.pipelines.krea2 import Krea2Pipeline
+    from diffsynth.utils.state_dict_converters.krea2_text_encoder import Krea2TextEncoderStateDictConverter
+    from torch import nn
+    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    spec, dit_path, text_path, vae_path = p["spec"], *map(Path, p["paths"])
+    # its attention asks for the cuDNN kernel only (`sdpa_kernel(SDPBackend.CUDNN_ATTENTION)`), which a CPU has not:
+    # the same scaled_dot_product_attention with any backend (the math one here)
+    import contextlib as _contextlib
+
+    from diffsynth.models import krea2_dit
+
+    krea2_dit.sdpa_kernel = lambda *a, **k: _contextlib.nullcontext()
+
+    real_positions = p.get("krea2_text_positions") == "real"
+
+    class TinyTextEncoder(Krea2TextEncoder):
+        def __init__(self):
+            nn.Module.__init__(self)
+            self.config = Qwen3VLConfig.from_pretrained(str(text_path.parent))
+            self.model = Qwen3VLForConditionalGeneration(self.config)
+
+        def forward(self, input_ids=None, attention_mask=None, output_hidden_states=True, **kwargs):
+            if real_positions:  # positions counting real tokens only (diffusers' Krea2Pipeline, difftune)
+                positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+                kwargs["position_ids"] = positions.unsqueeze(0).expand(3, -1, -1)
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    dtype = torch.float32
+    pipe = Krea2Pipeline(device="cpu", torch_dtype=dtype)
+    features = spec["hidden_heads"] * spec["head_dim"]
+    dit = SingleStreamDiT(config={"features": features, "tdim": 32, "txtdim": spec["text_hidden"],
+                                  "heads": spec["hidden_heads"], "kvheads": spec["kv_heads"],
+                                  "multiplier": spec["multiplier"], "layers": spec["layers"], "patch": 2, "channels": 16,
+                                  "txtheads": spec["text_heads"], "txtkvheads": spec["text_heads"], "txtlayers": 12})
+    dit.load_state_dict(_load(dit_path), strict=True)
+    text = TinyTextEncoder()
+    text.load_state_dict(Krea2TextEncoderStateDictConverter(_load(text_path)), strict=True)
+    vae_config = json.loads((vae_path.parent / "config.json").read_text())
+    vae = QwenImageVAE(base_dim=vae_config["base_dim"], z_dim=vae_config["z_dim"], dim_mult=vae_config["dim_mult"],
+                       num_res_blocks=vae_config["num_res_blocks"],
+                       temperal_downsample=vae_config["temperal_downsample"])
+    vae.load_state_dict(_load(vae_path), strict=True)
+    pipe.dit, pipe.text_encoder, pipe.vae = dit.to(dtype), text.to(dtype).eval(), vae.to(dtype).eval()
+    pipe.tokenizer = AutoTokenizer.from_pretrained(str(text_path.parent), max_length=512)
+    return pipe
+
+
+def krea2_inputs(pipe, data):
+    """examples/krea2/model_training/train.py's `get_pipeline_inputs` (sft, no extra inputs)."""
+    image = data["image"]
+    shared = {"input_image": image, "height": image.size[1], "width": image.size[0], "cfg_scale": 1,
+              "rand_device": pipe.device, "use_gradient_checkpointing": False,
+              "use_gradient_checkpointing_offload": False}
+    return shared, {"prompt": data["prompt"]}, {"negative_prompt": ""}
+
+
 FAMILIES = {"z_image": (z_image_pipeline, z_image_inputs, z_image_dataset),
             "wan": (wan_pipeline, wan_inputs, wan_dataset),
             "flux": (flux_pipeline, flux_inputs, z_image_dataset),
             "qwen_image": (qwen_image_pipeline, qwen_image_inputs, z_image_dataset),
             "flux2": (flux2_pipeline, flux2_inputs, z_image_dataset),
-            "ernie_image": (ernie_image_pipeline, ernie_image_inputs, z_image_dataset)}
+            "ernie_image": (ernie_image_pipeline, ernie_image_inputs, z_image_dataset),
+            "krea2": (krea2_pipeline, krea2_inputs, z_image_dataset)}
 
 
 # -- the training module and the loss -----------------------------------------------------------------------------
@@ -641,6 +712,10 @@ def step(p: dict) -> dict:
         value = next(d[k] for k in names for d in (posi, shared) if d.get(k) is not None)
         while isinstance(value, (list, tuple)):
             value = value[0]
+        mask_name = (p.get("stage1_masks") or {}).get(ours)
+        if mask_name is not None:  # a fixed-length sequence: its real (unmasked) tokens, as difftune keeps them
+            mask = next(d[mask_name] for d in (posi, shared) if d.get(mask_name) is not None)
+            value = value[0][mask[0].bool()]
         out[f"stage1.{ours}"] = value.float()
     for name, param in pipe.dit.named_parameters():
         if ".lora_" in name:  # no gradient where the loss does not read the layer (as difftune's side: zeros)
