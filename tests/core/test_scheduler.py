@@ -325,3 +325,22 @@ def test_set_timesteps_keeps_training_mode():
     assert s.timestep_sampling == "logit_normal"
     s.set_timesteps(4, image_seq_len=256)  # e.g. a distillation loss unrolling a short schedule
     assert s.training
+
+
+def test_the_bell_weights_are_computed_in_float32_as_the_reference_does():
+    """exp(-2((t - 500)/1000)^2) - min, scaled to mean 1, each operation in float32 on float32 timesteps (the
+    reference's arithmetic; float64 rounded once differed from it in most entries by ~1e-7)."""
+    import torch
+
+    from difftune.schedulers.flow_match import bell_weights
+
+    t = torch.linspace(1000, 3, 1000, dtype=torch.float32)
+    y = torch.exp(-2 * ((t - 500.0) / 1000) ** 2)
+    y = y - y.min()
+    want = y * (1000 / y.sum())
+    got = bell_weights(t)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    t64 = t.double()
+    y64 = torch.exp(-2 * ((t64 - 500.0) / 1000) ** 2)
+    y64 = y64 - y64.min()
+    assert not torch.equal(got, (y64 * (1000 / y64.sum())).float())  # the old float64 weights: not these
