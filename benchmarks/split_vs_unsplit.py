@@ -919,6 +919,118 @@ def _ltx2_encode(prep: Prepared, cfg: Config, threads: int) -> dict:
                   vae_encode_s=lambda: encode_video(pipe, clip), audio_vae_encode_s=lambda: encode_audio(pipe, wave))
 
 
+# Stable Diffusion 1.5 and SDXL (the UNet families; the UNet is the benchmark's DIT, stage 2's model): the releases'
+# UNet layouts (SD 1.5: four levels of 2 ResNets, cross-attention in the first three, 8 heads; SDXL: three levels,
+# 1 / 2 / 10 transformer layers, heads of 64 against 32 here, linear projections, text-time conditioning) at a tenth of
+# the widths (32 .. 128 against 320 .. 1280); CLIP-L with its 12 layers at width 96 (MLP 320: 0.14x SD's UNet, 0.048x
+# SDXL's as the real ones), bigG with its 32 layers at width 128 (MLP 560, projection 128: 0.26x the UNet), the KL-f8
+# VAE's layout at widths 12 .. 48 (a tenth of 128 .. 512); only its encoder and quant_conv are stage 1's and counted.
+# The byte tokenizer's 514 tokens stand in for CLIP's 49,408 (a 38M embedding of the real CLIP-L's 123M). Prompts are
+# 77 tokens, as the family pads them; 256x256 gives a 32x32 latent (the releases': 64x64 at 512, 128x128 at 1024).
+SD_FILES = {DIT: "unet/diffusion_pytorch_model.safetensors", "text_encoder": "text_encoder/model.safetensors",
+            "vae": "vae/diffusion_pytorch_model.safetensors"}
+SDXL_FILES = {DIT: "unet/diffusion_pytorch_model.safetensors", "text_encoder": "text_encoder/model.safetensors",
+              "text_encoder_2": "text_encoder_2/model.safetensors", "vae": "vae/diffusion_pytorch_model.safetensors"}
+SD_VAE_KEYS = {"vae": ("encoder.", "quant_conv.")}  # the VAE encoder: what stage 1 runs
+CLIP_L_SPEC = dict(hidden_size=96, intermediate_size=320, num_hidden_layers=12, num_attention_heads=2)
+SD_SPEC = dict(unet=dict(block_out_channels=[32, 64, 128, 128]), text=CLIP_L_SPEC, vae_width=12)
+SDXL_SPEC = dict(unet=dict(block_out_channels=[32, 64, 128], attention_head_dim=[1, 2, 4], addition_time_embed_dim=32),
+                 text=CLIP_L_SPEC, text_2=dict(hidden_size=128, intermediate_size=560, num_hidden_layers=32,
+                                               num_attention_heads=2, projection_dim=128), vae_width=12)
+
+
+def _write_sd(hub: Path, spec: dict, xl: bool) -> Path:
+    """The release's diffusers folders (unet/, text_encoder/ (, text_encoder_2/), vae/, tokenizer/ (, tokenizer_2/),
+    scheduler/) under `hub` at `spec`'s sizes (the tests' tiny model for an empty spec); returns the repo."""
+    if xl:
+        from support.stable_diffusion_xl.tiny import REPO, SCHEDULER_CONFIG, write_tiny_sdxl as write_tiny
+    else:
+        from support.stable_diffusion.tiny import REPO, SCHEDULER_CONFIG, write_tiny_sd as write_tiny
+    repo = hub / REPO
+    if not spec:
+        return write_tiny(repo)
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    from difftune.parts.clip import CLIP_BIGG_TEXT_CONFIG, CLIP_L_TEXT_CONFIG
+    from difftune.parts.ldm import KL_F8_VAE_CONFIG, KL_F8_XL_VAE_CONFIG
+    from support.tokenizers import clip_tokenizer
+
+    def bare(config):
+        return {k: v for k, v in config.items() if not k.startswith("_")}
+
+    tok = clip_tokenizer()
+    ids = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id)
+    torch.manual_seed(2)
+    texts = {"text_encoder": CLIPTextModel(CLIPTextConfig(**{**bare(CLIP_L_TEXT_CONFIG), **ids, **spec["text"]}))}
+    width = spec["text"]["hidden_size"]
+    if xl:
+        from difftune.families.stable_diffusion_xl.components import SDXL_UNET_CONFIG as unet_config
+
+        two = {**bare(CLIP_BIGG_TEXT_CONFIG), **ids, **spec["text_2"]}
+        torch.manual_seed(3)
+        texts["text_encoder_2"] = CLIPTextModelWithProjection(CLIPTextConfig(**two))
+        extra = dict(cross_attention_dim=width + two["hidden_size"], projection_class_embeddings_input_dim=(
+            6 * spec["unet"]["addition_time_embed_dim"] + two["projection_dim"]))
+    else:
+        from difftune.families.stable_diffusion.components import SD15_UNET_CONFIG as unet_config
+
+        extra = dict(cross_attention_dim=width)
+    torch.manual_seed(0)
+    UNet2DConditionModel(**{**bare(unet_config), **spec["unet"], **extra}).save_pretrained(repo / "unet")
+    w = spec["vae_width"]
+    torch.manual_seed(1)
+    vae = {**bare(KL_F8_XL_VAE_CONFIG if xl else KL_F8_VAE_CONFIG), "block_out_channels": [w, 2 * w, 4 * w, 4 * w],
+           "norm_num_groups": 4}
+    AutoencoderKL(**vae).save_pretrained(repo / "vae")
+    for name, model in texts.items():
+        model.save_pretrained(repo / name)
+    for name in ("tokenizer", "tokenizer_2") if xl else ("tokenizer",):
+        tok.save_pretrained(repo / name)
+    (repo / "scheduler").mkdir(parents=True, exist_ok=True)
+    (repo / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER_CONFIG, indent=2))
+    return repo
+
+
+def _sd(wd: Path, cfg: Config, n: int, xl: bool = False) -> Prepared:
+    from difftune.families.stable_diffusion.components import LORA_TARGET_MODULES
+
+    from support.stable_diffusion.tiny import REPO as SD_REPO
+    from support.stable_diffusion_xl.tiny import REPO as SDXL_REPO
+
+    files = SDXL_FILES if xl else SD_FILES
+    hub = reuse_or_write(wd / f"{'sdxl' if xl else 'sd'}-{cfg.name}", cfg.spec,
+                         lambda hub: _write_sd(hub, cfg.spec, xl))
+    repo = hub / (SDXL_REPO if xl else SD_REPO)
+    return Prepared(repo, _images(wd, cfg, n), {c: str(repo / f) for c, f in files.items()}, LORA_TARGET_MODULES,
+                    lora_base="unet", counted=files, keys=SD_VAE_KEYS,
+                    # stage 1's CLIP-L and VAE alone fit FLUX.1's and both SD families' slots: the family is named
+                    extra_flags=("--family", "stable_diffusion_xl" if xl else "stable_diffusion"))
+
+
+def _sd_encode(prep: Prepared, cfg: Config, threads: int) -> dict:
+    """One prompt through CLIP-L (and bigG; 77 tokens, their hidden states) and one VAE encode of an image (its
+    posterior mean, as the family caches it)."""
+    import torch
+    from diffusers import AutoencoderKL
+    from transformers import AutoTokenizer, CLIPTextModel, CLIPTextModelWithProjection
+
+    torch.set_num_threads(threads)
+    vae = AutoencoderKL.from_pretrained(prep.repo / "vae").eval()
+    ids = AutoTokenizer.from_pretrained(prep.repo / "tokenizer")([PROMPTS[0]], padding="max_length", max_length=77,
+                                                                  truncation=True, return_tensors="pt").input_ids
+    image = torch.rand(1, 3, cfg.resolution, cfg.resolution) * 2 - 1
+    one = CLIPTextModel.from_pretrained(prep.repo / "text_encoder").eval()
+    timed = {"text_encode_s": lambda: one(ids, output_hidden_states=True)}
+    if "text_encoder_2" in prep.paths:
+        two = CLIPTextModelWithProjection.from_pretrained(prep.repo / "text_encoder_2").eval()
+        timed["text_2_encode_s"] = lambda: two(ids, output_hidden_states=True)
+    timed["vae_encode_s"] = lambda: vae.encode(image).latent_dist.mode()
+    return _times(**timed)
+
+
 def _variant_is(name: str, then: str, otherwise: str) -> Callable:
     return lambda r: then if r.get("variant") == name else otherwise
 
@@ -1054,6 +1166,33 @@ FAMILIES = {
         timings={"text_encode_s": "one Gemma-3 and connectors encode of a prompt",
                  "vae_encode_s": "one video VAE encode of a clip",
                  "audio_vae_encode_s": "one audio VAE encode of its sound"}),
+    "stable_diffusion": Family(
+        "stable_diffusion_split_vs_unsplit", "SD 1.5", _sd,
+        lambda variant: Config("proportional", SD_SPEC, resolution=256),
+        # stable-diffusion-v1-5: the UNet (SD15_UNET_CONFIG), CLIP-L (parts/clip.py's CLIP_L_TEXT_CONFIG), the KL-f8
+        # VAE's encoder and quant_conv (parts/ldm.py's KL_F8_VAE_CONFIG), counted on the meta device
+        real={DIT: 859.52e6, "text_encoder": 123.06e6, "vae": 34.164e6}, release="SD 1.5",
+        parts={DIT: "UNet", "text_encoder": "CLIP-L", "vae": "VAE encoder"},
+        lora_on="the family's default targets (to_q,to_k,to_v,to_out.0,ff.net.0.proj,ff.net.2,proj_in,proj_out)",
+        notes="prompts padded to 77 tokens; CLIP's 49,408-token vocabulary at the byte tokenizer's 514",
+        quick=lambda variant: Config("quick", resolution=32, lora_rank=4), encode=_sd_encode,
+        timings={"text_encode_s": PROMPT.format("CLIP-L"), "vae_encode_s": IMAGE.format("VAE")}),
+    "stable_diffusion_xl": Family(
+        "stable_diffusion_xl_split_vs_unsplit", "SDXL", lambda wd, cfg, n: _sd(wd, cfg, n, xl=True),
+        lambda variant: Config("proportional", SDXL_SPEC, resolution=256),
+        # stable-diffusion-xl-base-1.0: the UNet (SDXL_UNET_CONFIG), CLIP-L, OpenCLIP bigG with its projection
+        # (CLIP_BIGG_TEXT_CONFIG), the VAE's encoder and quant_conv, counted on the meta device
+        real={DIT: 2567.46e6, "text_encoder": 123.06e6, "text_encoder_2": 694.66e6, "vae": 34.164e6},
+        release="SDXL base 1.0",
+        parts={DIT: "UNet", "text_encoder": "CLIP-L", "text_encoder_2": "bigG", "vae": "VAE encoder"},
+        lora_on="the family's default targets (to_q,to_k,to_v,to_out.0,ff.net.0.proj,ff.net.2,proj_in,proj_out)",
+        notes="prompts padded to 77 tokens for both encoders; CLIP's 49,408-token vocabulary at the byte tokenizer's "
+              "514",
+        quick=lambda variant: Config("quick", resolution=32, lora_rank=4),
+        # the reference's lora/stable-diffusion-xl-base-1.0.sh trains --num_epochs 5 --dataset_repeat 10
+        ref_repeat=10, encode=_sd_encode,
+        timings={"text_encode_s": PROMPT.format("CLIP-L"), "text_2_encode_s": PROMPT.format("bigG"),
+                 "vae_encode_s": IMAGE.format("VAE")}),
 }
 
 

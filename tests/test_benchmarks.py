@@ -45,7 +45,7 @@ def assert_ratios(result: dict, keys: list[str]) -> None:
 # accelerate between runs) share ONE interpreter, one after another: one start (imports ~10 s) instead of sixteen.
 # Each: (script, its extra arguments); "{workdir}" in them is the job's own folder, also its --workdir.
 SPLIT_FAMILIES = ("qwen_image", "flux", "wan", "z_image", "flux2", "krea2", "ernie_image", "ideogram4", "ace_step",
-                  "ltx2")
+                  "ltx2", "stable_diffusion", "stable_diffusion_xl")
 SMOKES = {**{family: ("split_vs_unsplit.py", ("--family", family)) for family in SPLIT_FAMILIES},
           "overhead": ("overhead.py", ()), "batched_stage1": ("batched_stage1.py", ()), "batching": ("batching.py", ()),
           "host_overhead": ("host_overhead.py", ("--families", "qwen_image,z_image")),
@@ -338,6 +338,20 @@ def test_family_split_vs_unsplit_quick(smokes, family):
     assert set(r["params"]) == {"transformer", "text_encoder", "vae"} and r["params"]["transformer"] > 0
     if family == "ideogram4":  # stage 2 runs the DiT alone: Qwen3-VL's 36 layers and the AE are left out of its steps
         assert r["step_time_stage2_s"] < r["step_time_one_stage_s"]
+
+
+@pytest.mark.parametrize("family,projection", [("stable_diffusion", "5x50"), ("stable_diffusion_xl", "5x10")])
+def test_stable_diffusion_split_vs_unsplit_quick(smokes, family, projection):
+    """SD 1.5's and SDXL's rows: the UNet alone in stage 2; CLIP-L (and bigG) and the VAE's encoder (its encoder.* and
+    quant_conv.* counted) cached in stage 1."""
+    r = smoke(smokes, family)
+    assert r["benchmark"] == f"{family}_split_vs_unsplit" and r["steps"] == 4
+    parts = {"transformer", "text_encoder", "vae"} | ({"text_encoder_2"} if family.endswith("_xl") else set())
+    assert set(r["params"]) == parts == set(r["real_params_over_dit"]) and all(v > 0 for v in r["params"].values())
+    timed = ["text_share_of_one_stage_step", "vae_share_of_one_stage_step"]
+    assert_ratios(r, ["total_time_ratio", f"projected_total_time_ratio_{projection}", "step_time_ratio",
+                      "peak_rss_ratio", *timed, *(["text_2_share_of_one_stage_step"] if "text_encoder_2" in parts
+                                                    else [])])
 
 
 def test_ace_step_split_vs_unsplit_quick(smokes):
